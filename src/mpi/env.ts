@@ -1,0 +1,116 @@
+/**
+ * Where a rank finds its place in the job (API §5): `LIFELINE_*` variables set by
+ * `lifeline run`, or the rank variables of another launcher (Open MPI, PMI, Slurm, Kubernetes
+ * indexed jobs) plus `LIFELINE_COORDINATOR`. `init(options)` accepts the same fields.
+ *
+ * @example
+ * const place = resolveRankPlace({}, process.env); // throws MPI_INIT naming what is missing
+ */
+import { LifelineError } from "../errors.ts";
+
+export type Mode = "cpr" | "retry-one" | "none";
+export const MODES: readonly Mode[] = ["cpr", "retry-one", "none"];
+
+/** Names of the variables the launcher sets for each rank. */
+export const ENV = {
+  rank: "LIFELINE_RANK",
+  size: "LIFELINE_SIZE",
+  coordinator: "LIFELINE_COORDINATOR",
+  job: "LIFELINE_JOB",
+  mode: "LIFELINE_MODE",
+  store: "LIFELINE_STORE",
+  attempt: "LIFELINE_ATTEMPT",
+  /** Fault injection for tests and drills, see faults.ts. */
+  faults: "LIFELINE_FAULTS",
+  /** "ipc" or "tcp": how the rank's data socket binds. */
+  transport: "LIFELINE_TRANSPORT",
+  /** A private directory for ipc endpoints. */
+  runDir: "LIFELINE_RUN_DIR",
+  /** File descriptor of a pipe from the launcher; its end means the launcher is gone. */
+  watchFd: "LIFELINE_WATCH_FD",
+  heartbeatMs: "LIFELINE_HEARTBEAT_MS",
+  failureTimeoutMs: "LIFELINE_FAILURE_TIMEOUT_MS",
+} as const;
+
+export interface InitOptions {
+  rank?: number;
+  size?: number;
+  coordinator?: string;
+  job?: string;
+  mode?: Mode;
+  store?: string;
+  attempt?: number;
+  transport?: "ipc" | "tcp";
+  runDir?: string;
+  faults?: string;
+}
+
+export interface RankPlace {
+  rank: number;
+  size: number;
+  coordinator: string;
+  job: string;
+  mode: Mode;
+  store: string;
+  attempt: number;
+  transport: "ipc" | "tcp";
+  runDir: string | undefined;
+  faults: string;
+  watchFd: number | undefined;
+  heartbeatMs: number;
+  failureTimeoutMs: number;
+}
+
+function intFrom(name: string, raw: string | undefined): number | undefined {
+  if (raw === undefined || raw === "") return undefined;
+  const n = Number(raw);
+  if (!Number.isInteger(n) || n < 0) throw new LifelineError("MPI_INIT", `${name}=${JSON.stringify(raw)} is not a non-negative integer`);
+  return n;
+}
+
+/** Resolves this process's place from explicit options first, then the environment. */
+export function resolveRankPlace(opts: InitOptions, env: NodeJS.ProcessEnv): RankPlace {
+  const rank = opts.rank
+    ?? intFrom(ENV.rank, env[ENV.rank])
+    ?? intFrom("OMPI_COMM_WORLD_RANK", env.OMPI_COMM_WORLD_RANK)
+    ?? intFrom("PMI_RANK", env.PMI_RANK)
+    ?? intFrom("SLURM_PROCID", env.SLURM_PROCID)
+    ?? intFrom("JOB_COMPLETION_INDEX", env.JOB_COMPLETION_INDEX);
+  const size = opts.size
+    ?? intFrom(ENV.size, env[ENV.size])
+    ?? intFrom("OMPI_COMM_WORLD_SIZE", env.OMPI_COMM_WORLD_SIZE)
+    ?? intFrom("PMI_SIZE", env.PMI_SIZE)
+    ?? intFrom("SLURM_NTASKS", env.SLURM_NTASKS);
+  const coordinator = opts.coordinator ?? env[ENV.coordinator];
+  const missing: string[] = [];
+  if (rank === undefined) missing.push(`${ENV.rank} (or OMPI_COMM_WORLD_RANK, PMI_RANK, SLURM_PROCID, JOB_COMPLETION_INDEX)`);
+  if (size === undefined) missing.push(`${ENV.size} (or OMPI_COMM_WORLD_SIZE, PMI_SIZE, SLURM_NTASKS)`);
+  if (coordinator === undefined || coordinator === "") missing.push(ENV.coordinator);
+  if (missing.length > 0) {
+    throw new LifelineError(
+      "MPI_INIT",
+      `init() cannot find its place in a job: ${missing.join(", ")} not set. Start the program with \`lifeline run -n <ranks> <app>\`, or pass these fields to init().`,
+    );
+  }
+  if (size! < 1) throw new LifelineError("MPI_INIT", `job size ${size} must be at least 1`);
+  if (rank! >= size!) throw new LifelineError("MPI_INIT", `rank ${rank} is outside 0..${size! - 1}`);
+  const mode = (opts.mode ?? env[ENV.mode] ?? "none") as Mode;
+  if (!MODES.includes(mode)) throw new LifelineError("MPI_INIT", `mode ${JSON.stringify(mode)} is not one of ${MODES.join(", ")}`);
+  const transport = (opts.transport ?? env[ENV.transport] ?? "tcp") as "ipc" | "tcp";
+  if (transport !== "ipc" && transport !== "tcp") throw new LifelineError("MPI_INIT", `transport ${JSON.stringify(transport)} is not ipc or tcp`);
+  return {
+    rank: rank!,
+    size: size!,
+    coordinator: coordinator!,
+    job: opts.job ?? env[ENV.job] ?? "job",
+    mode,
+    store: opts.store ?? env[ENV.store] ?? ".lifeline",
+    attempt: opts.attempt ?? intFrom(ENV.attempt, env[ENV.attempt]) ?? 0,
+    transport,
+    runDir: opts.runDir ?? env[ENV.runDir],
+    faults: opts.faults ?? env[ENV.faults] ?? "",
+    watchFd: intFrom(ENV.watchFd, env[ENV.watchFd]),
+    heartbeatMs: intFrom(ENV.heartbeatMs, env[ENV.heartbeatMs]) ?? 500,
+    failureTimeoutMs: intFrom(ENV.failureTimeoutMs, env[ENV.failureTimeoutMs]) ?? 5000,
+  };
+}

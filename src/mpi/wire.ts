@@ -1,0 +1,113 @@
+/**
+ * The frame header every Lifeline message carries, as a fixed 40-byte binary struct.
+ *
+ * A fixed layout rather than msgpack: it is decoded for every arriving frame, validated
+ * before anything else is trusted (stray processes may connect and send garbage), and it
+ * reserves room for the recovery protocols' piggyback (epoch, recording bit, per-channel
+ * sequence number, sender incarnation) so that no protocol ever needs a second frame.
+ *
+ * Layout (little endian):
+ * ```
+ *  0 u32 magic "LFL1"      4 u8 version       5 u8 kind        6 u8 flags      7 u8 encoding
+ *  8 u32 job key          12 i32 source      16 i32 tag       20 u32 channel sequence number
+ * 24 u32 epoch            28 u32 collective sequence number   32 u32 collective signature
+ * 36 u8 array type        37 u8 reserved     38 u16 sender attempt (incarnation)
+ * ```
+ */
+import { LifelineError } from "../errors.ts";
+
+export const HEADER_BYTES = 40;
+export const WIRE_MAGIC = 0x314c464c; // "LFL1" read as little-endian u32
+export const WIRE_VERSION = 1;
+
+/** What a frame is for; collectives and protocol traffic never match application receives. */
+export const Kind = { app: 1, collective: 2, protocol: 3 } as const;
+export type Kind = (typeof Kind)[keyof typeof Kind];
+
+/** Flag bits. `recording` is the coordinated protocol's "sender still records" bit. */
+export const Flag = { recording: 1, replayed: 2 } as const;
+
+/** How the body frames are encoded (see codec.ts). */
+export const Encoding = { none: 0, msgpack: 1, typedArray: 2 } as const;
+export type Encoding = (typeof Encoding)[keyof typeof Encoding];
+
+export interface Header {
+  kind: Kind;
+  flags: number;
+  encoding: Encoding;
+  jobKey: number;
+  source: number;
+  tag: number;
+  /** Count of messages sent on the channel source→destination before this one (0-based). */
+  channelSeq: number;
+  /** The sender's epoch at send time (cpr); 0 in other modes. */
+  epoch: number;
+  /** Collective sequence number (kind collective); 0 otherwise. */
+  collSeq: number;
+  /** Hash of the collective's identity (kind, root, op, type, length) for mismatch detection. */
+  signature: number;
+  /** Typed-array type code (encoding typedArray). */
+  arrayType: number;
+  /** The sender's attempt (incarnation), so that frames from a dead incarnation can be told apart. */
+  attempt: number;
+}
+
+export function encodeHeader(h: Header): Buffer {
+  const b = Buffer.allocUnsafe(HEADER_BYTES);
+  b.writeUInt32LE(WIRE_MAGIC, 0);
+  b[4] = WIRE_VERSION;
+  b[5] = h.kind;
+  b[6] = h.flags;
+  b[7] = h.encoding;
+  b.writeUInt32LE(h.jobKey >>> 0, 8);
+  b.writeInt32LE(h.source, 12);
+  b.writeInt32LE(h.tag, 16);
+  b.writeUInt32LE(h.channelSeq >>> 0, 20);
+  b.writeUInt32LE(h.epoch >>> 0, 24);
+  b.writeUInt32LE(h.collSeq >>> 0, 28);
+  b.writeUInt32LE(h.signature >>> 0, 32);
+  b[36] = h.arrayType;
+  b[37] = 0;
+  b.writeUInt16LE(h.attempt & 0xffff, 38);
+  return b;
+}
+
+/**
+ * Decodes and validates a header. Throws `MPI_DECODE` with the reason for anything that is not
+ * a well-formed Lifeline header of this job; the caller drops the frame with a warning.
+ */
+export function decodeHeader(b: Buffer | undefined, expect: { jobKey: number; size: number }): Header {
+  if (b === undefined || b.length !== HEADER_BYTES) {
+    throw new LifelineError("MPI_DECODE", `frame header has ${b?.length ?? 0} bytes, expected ${HEADER_BYTES}`);
+  }
+  if (b.readUInt32LE(0) !== WIRE_MAGIC) throw new LifelineError("MPI_DECODE", "frame header has a bad magic number");
+  if (b[4] !== WIRE_VERSION) throw new LifelineError("MPI_DECODE", `frame header has wire version ${b[4]}, expected ${WIRE_VERSION}`);
+  const kind = b[5]!;
+  if (kind !== Kind.app && kind !== Kind.collective && kind !== Kind.protocol) {
+    throw new LifelineError("MPI_DECODE", `frame header has unknown kind ${kind}`);
+  }
+  const encoding = b[7]!;
+  if (encoding !== Encoding.none && encoding !== Encoding.msgpack && encoding !== Encoding.typedArray) {
+    throw new LifelineError("MPI_DECODE", `frame header has unknown encoding ${encoding}`);
+  }
+  const jobKey = b.readUInt32LE(8);
+  if (jobKey !== expect.jobKey >>> 0) throw new LifelineError("MPI_DECODE", "frame belongs to another job (job key differs)");
+  const source = b.readInt32LE(12);
+  if (source < 0 || source >= expect.size) {
+    throw new LifelineError("MPI_DECODE", `frame names source rank ${source}, outside 0..${expect.size - 1}`);
+  }
+  return {
+    kind: kind as Kind,
+    flags: b[6]!,
+    encoding: encoding as Encoding,
+    jobKey,
+    source,
+    tag: b.readInt32LE(16),
+    channelSeq: b.readUInt32LE(20),
+    epoch: b.readUInt32LE(24),
+    collSeq: b.readUInt32LE(28),
+    signature: b.readUInt32LE(32),
+    arrayType: b[36]!,
+    attempt: b.readUInt16LE(38),
+  };
+}
