@@ -36,9 +36,11 @@ export type LifelineErrorCode =
   | "STORE_CORRUPT"
   | "STORE_LOCKED"
   | "STORE_IO"
+  | "STORE_NOT_FOUND"       // no Lifeline store at the path: missing, not a directory, or a directory that is not a store
   // launcher
   | "LAUNCH_USAGE"          // bad flags or arguments
   | "LAUNCH_SPAWN"          // a rank process could not be started
+  | "LAUNCH_RENDEZVOUS"     // a rank did not join (say hello) within the rendezvous timeout
   | "LAUNCH_RANK_FAILED"    // a rank died (exit code or signal)
   | "LAUNCH_STUCK"          // a rank made no progress within --stuck-timeout
   | "LAUNCH_HEARTBEAT"      // a rank missed heartbeats for --failure-timeout

@@ -1,0 +1,180 @@
+#!/usr/bin/env node
+/**
+ * The `lifeline` command (API §4): argv parsing only; the work happens in src/launch/.
+ *
+ * Exit codes: 0 when every rank finalized and exited 0; 2 for usage errors; 130/143/129 when
+ * the launcher was stopped by SIGINT/SIGTERM/SIGHUP; otherwise the failed rank's exit status
+ * (its code, or 128 + signal number), or 1 for failures the launcher detected itself.
+ * docs/cli.md documents every flag and output format.
+ *
+ * @example
+ * lifeline run -n 4 --mode none app.ts --size 1024
+ * const code = await main(["run", "-n", "2", "--mode", "none", "app.js"], { stdout: process.stdout, stderr: process.stderr, env: process.env, cwd: process.cwd() });
+ */
+import { realpathSync } from "node:fs";
+import { createRequire } from "node:module";
+import { fileURLToPath } from "node:url";
+import { Command, CommanderError, Option } from "commander";
+import { errorMessage, isLifelineError } from "./errors.ts";
+import { MODES } from "./mpi/env.ts";
+import { DEFAULTS, NP_MAX, resolveRunConfig, SUPPORTED_MODES, type RunFlags } from "./launch/options.ts";
+import type { OutStream } from "./launch/progress.ts";
+import { runJob } from "./launch/run.ts";
+
+/** Exit code of usage errors (bad flags), as is conventional for command-line tools. */
+export const EXIT_USAGE = 2;
+
+export interface CliIo {
+  stdout: OutStream;
+  stderr: OutStream;
+  env: NodeJS.ProcessEnv;
+  cwd: string;
+  /** See RunIo.handleSignals. */
+  handleSignals?: boolean;
+}
+
+/** Runs the CLI on `argv` (without node and script). Resolves to the process exit code. */
+export async function main(argv: readonly string[], io: CliIo): Promise<number> {
+  let exitCode = 0;
+  const program = buildProgram(io, (code) => (exitCode = code));
+  try {
+    await program.parseAsync([...argv], { from: "user" });
+  } catch (err) {
+    if (err instanceof CommanderError) {
+      // Help and --version "fail" with exit code 0; everything else is a usage error.
+      return err.exitCode === 0 ? 0 : EXIT_USAGE;
+    }
+    if (isLifelineError(err, "LAUNCH_USAGE")) {
+      io.stderr.write(`lifeline: error: ${indent(err.message)}\n(see lifeline run --help)\n`);
+      return EXIT_USAGE;
+    }
+    io.stderr.write(`lifeline: internal error: ${err instanceof Error ? (err.stack ?? err.message) : errorMessage(err)}\n`);
+    return 1;
+  }
+  return exitCode;
+}
+
+function buildProgram(io: CliIo, setExit: (code: number) => void): Command {
+  const version = (createRequire(import.meta.url)("../package.json") as { version: string }).version;
+  const program = new Command("lifeline")
+    .description("Checkpoint-restart middleware for message-passing programs: start and supervise a job of ranks.")
+    .version(version, "-V, --version")
+    .enablePositionalOptions()
+    .exitOverride()
+    .configureOutput({
+      writeOut: (s) => void io.stdout.write(s),
+      writeErr: (s) => void io.stderr.write(s),
+      outputError: (s, write) => write(`lifeline: ${s}`),
+    })
+    .showHelpAfterError("(add --help for usage)");
+
+  const supported = SUPPORTED_MODES.join(", ");
+  const run = program
+    .command("run")
+    .summary("run a job (a .ts or .js app)")
+    .description(
+      "Start <ranks> processes of <app>, connect them through a coordinator and supervise them until every rank has called finalize().\n" +
+        "Options after <app> are passed to the app.",
+    )
+    .argument("<app>", "program every rank runs (.ts/.mts/.cts run through lifeline's bundled tsx; .js/.mjs/.cjs as is)")
+    .argument("[args...]", "arguments for the app");
+  addRunOptions(run, supported);
+  run.passThroughOptions().action(async (app: string, args: string[], opts: Record<string, unknown>) => {
+    const config = resolveRunConfig(toFlags(app, args, opts), { cwd: io.cwd });
+    const outcome = await runJob(config, { stdout: io.stdout, stderr: io.stderr, env: io.env, handleSignals: io.handleSignals ?? true });
+    setExit(outcome.exitCode);
+  });
+
+  // Commands of API §4 that need the recovery modes: listed so users learn they are coming,
+  // refused with a clear message instead of "unknown command".
+  for (const [name, summary, why] of [
+    ["drill", "run clean, then under injected faults, and compare (not available yet)", "it compares runs under --mode cpr/retry-one, which have not landed; use `lifeline run --mode none --inject <rank>@<trigger>` to inject a fault into one run"],
+    ["lines", "list recovery lines in a store (not available yet)", "recovery lines are written by --mode cpr, which has not landed"],
+  ] as const) {
+    program
+      .command(name)
+      .summary(summary)
+      .allowUnknownOption()
+      .allowExcessArguments()
+      .helpOption(false)
+      .action(() => {
+        io.stderr.write(`lifeline: error: \`lifeline ${name}\` is not available in this version: ${why}\n`);
+        setExit(EXIT_USAGE);
+      });
+  }
+  return program;
+}
+
+function addRunOptions(cmd: Command, supported: string): void {
+  cmd
+    .option("-n, --np <ranks>", `number of ranks, 1..${NP_MAX} (required)`)
+    .addOption(new Option("--mode <mode>", `recovery mode: ${MODES.join(" | ")} (default cpr; available now: ${supported})`))
+    .option("--checkpoint-every <when>", "cpr: how often to take a global checkpoint, a duration (10s) or steps (50steps); default 10s")
+    .option("--store <dir>", `directory of the recovery-line store (default ${DEFAULTS.store})`)
+    .option("--keep-lines <n>", `recovery lines to keep (default ${DEFAULTS.keepLines})`)
+    .option("--max-restarts <n>", `restarts allowed before the job fails (default ${DEFAULTS.maxRestarts})`)
+    .option("--heartbeat <ms>", `rank heartbeat interval (default ${DEFAULTS.heartbeatMs}ms)`)
+    .option("--failure-timeout <ms>", `a rank silent this long is failed (default ${DEFAULTS.failureTimeoutMs}ms, at least 2x --heartbeat)`)
+    .option("--stuck-timeout <dur>", "a rank with no checkpoint() call for this long is stuck and failed (default: not monitored)")
+    .option("--rendezvous-timeout <dur>", `time for every rank to call init() (default ${DEFAULTS.rendezvousTimeoutMs / 1000}s)`)
+    .option("--results <file>", "write every rank's finalize() result and the job's outcome as JSON")
+    .option("--json", "events as JSON lines on stderr, for machines")
+    .option("-q, --quiet", "print only errors (the ranks' own output is still forwarded)")
+    .option("--transport <ipc|tcp>", `how ranks and coordinator connect (default ${DEFAULTS.transport})`)
+    .option("--inject <rank@trigger>", "inject a fault: 1@step:5, 2@send:3, 0@time:1500, 1@hang:step:2 (repeatable)", (v: string, prev: string[]) => [...prev, v], [] as string[])
+    .addHelpText(
+      "after",
+      "\nExit codes: 0 every rank finalized and exited 0; 2 usage error; 130/143/129 interrupted by SIGINT/SIGTERM/SIGHUP;\n" +
+        "otherwise the failed rank's exit code (128+signal if killed), or 1 for failures the launcher detected.\n" +
+        "Durations take ms, s, m or h (a bare number is milliseconds).",
+    );
+}
+
+function toFlags(app: string, args: string[], o: Record<string, unknown>): RunFlags {
+  const str = (k: string): string | undefined => (typeof o[k] === "string" ? (o[k] as string) : undefined);
+  return {
+    np: str("np"),
+    mode: str("mode"),
+    checkpointEvery: str("checkpointEvery"),
+    store: str("store"),
+    keepLines: str("keepLines"),
+    maxRestarts: str("maxRestarts"),
+    heartbeat: str("heartbeat"),
+    failureTimeout: str("failureTimeout"),
+    stuckTimeout: str("stuckTimeout"),
+    rendezvousTimeout: str("rendezvousTimeout"),
+    results: str("results"),
+    json: o.json === true,
+    quiet: o.quiet === true,
+    transport: str("transport"),
+    inject: (o.inject as string[] | undefined) ?? [],
+    app,
+    appArgs: args,
+  };
+}
+
+function indent(message: string): string {
+  return message.includes("\n") ? `\n${message}` : message;
+}
+
+/** True when this file is the program being run (also through npm's bin symlink). */
+function isEntryPoint(): boolean {
+  const script = process.argv[1];
+  if (script === undefined) return false;
+  try {
+    return realpathSync(script) === realpathSync(fileURLToPath(import.meta.url));
+  } catch {
+    return false;
+  }
+}
+
+if (isEntryPoint()) {
+  // A reader of our stdout that went away (`lifeline run ... | head`) must not crash the
+  // launcher mid-job: that would kill the ranks. Further output is simply dropped.
+  process.stdout.on("error", () => undefined);
+  process.stderr.on("error", () => undefined);
+  const code = await main(process.argv.slice(2), { stdout: process.stdout, stderr: process.stderr, env: process.env, cwd: process.cwd() });
+  // Output to pipes, files and terminals is synchronous on Linux, so nothing is lost by exiting
+  // now; exiting explicitly does not wait for handles a rank's helper processes may hold.
+  process.exit(code);
+}

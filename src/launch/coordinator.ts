@@ -1,0 +1,412 @@
+/**
+ * The job's coordinator: the launcher's end of the control channel (src/mpi/control.ts).
+ *
+ * One ZeroMQ `Router` bound on a private endpoint. Every rank connects a `Dealer` whose
+ * routing id is `controlIdentity(rank, attempt)` and says `hello` with its data endpoint;
+ * once all ranks have, the coordinator sends each the `table` of endpoints (rendezvous).
+ * Afterwards it relays what ranks report — progress (`step`), results (`finalize`),
+ * job-fatal errors (`abort`), liveness (`heartbeat`) — as {@link CoordinatorEvent}s to its
+ * owner (the supervisor), and sends `release` once every rank has finalized.
+ *
+ * The coordinator decides nothing about failures: it reports, the supervisor's policy acts.
+ * Anything on the Router that is not a well-formed message from a known rank (a stray
+ * process, a port scanner on tcp) is dropped with a rate-limited warning, never a crash.
+ *
+ * @example
+ * const coord = new Coordinator({ size: 2, jobKey, transport: "ipc", runDir, rendezvousTimeoutMs: 30_000, onEvent });
+ * const endpoint = await coord.start(); // pass to ranks as LIFELINE_COORDINATOR
+ * // ... onEvent({ kind: "ready" }) once both said hello; coord.abort("LAUNCH_RANK_FAILED", "rank 1 died")
+ * await coord.close();
+ */
+import assert from "node:assert/strict";
+import { join } from "node:path";
+import { Router } from "zeromq";
+import { LifelineError, errorMessage } from "../errors.ts";
+import { decodeValue } from "../mpi/codec.ts";
+import { controlIdentity, decodeControl, encodeControl, type CoordinatorToRank, type RankToCoordinator } from "../mpi/control.ts";
+
+/** What the coordinator reports to its owner. */
+export type CoordinatorEvent =
+  /** A rank said hello (its data socket is up). */
+  | { kind: "rank-up"; rank: number; attempt: number; pid: number; endpoint: string }
+  /** Every rank said hello and was sent the table. */
+  | { kind: "ready"; endpoints: string[] }
+  /** A rank reached a step boundary (a checkpoint() call). */
+  | { kind: "step"; rank: number; steps: number; epoch: number }
+  | { kind: "heartbeat"; rank: number }
+  /** A rank called finalize(result); `result` is decoded. */
+  | { kind: "finalized"; rank: number; result: unknown }
+  /** A rank's finalize result could not be decoded. */
+  | { kind: "bad-result"; rank: number; message: string }
+  /** Every rank finalized; `release` was sent to all. */
+  | { kind: "released" }
+  /** A rank asked for the job to stop (a job-fatal error on its side). */
+  | { kind: "rank-abort"; rank: number; code: string; message: string }
+  /** Not every rank said hello within the rendezvous timeout. */
+  | { kind: "rendezvous-timeout"; missing: number[]; timeoutMs: number }
+  | { kind: "warning"; message: string };
+
+export interface CoordinatorOptions {
+  size: number;
+  /** Random per job; ranks use it to reject data messages from other jobs. */
+  jobKey: number;
+  transport: "ipc" | "tcp";
+  /** Private directory for the ipc endpoint. */
+  runDir: string;
+  /** Time allowed from {@link Coordinator.start} until every rank said hello. */
+  rendezvousTimeoutMs: number;
+  onEvent: (ev: CoordinatorEvent) => void;
+  /** Bound on a blocked send to one rank (a rank that stopped reading its Dealer). */
+  sendTimeoutMs?: number;
+}
+
+/** Per-rank view of the control channel. */
+export interface RankLink {
+  attempt: number;
+  identity: string;
+  up: boolean;
+  pid: number | undefined;
+  endpoint: string | undefined;
+  steps: number;
+  epoch: number;
+  finalized: boolean;
+  result: unknown;
+}
+
+type Phase = "new" | "rendezvous" | "running" | "released" | "aborted" | "closed";
+
+/** After this many warnings about stray traffic, further ones are counted, not printed. */
+const WARNINGS_MAX = 10;
+/** Unix socket paths are limited to 107 bytes (sun_path) on Linux. */
+const IPC_PATH_MAX = 107;
+
+export class Coordinator {
+  private readonly router: Router;
+  private readonly links: RankLink[];
+  private readonly byIdentity = new Map<string, number>();
+  private phase: Phase = "new";
+  private helloCount = 0;
+  private finalizedCount = 0;
+  private rendezvousTimer: NodeJS.Timeout | undefined;
+  private sendChain: Promise<void> = Promise.resolve();
+  private readLoop: Promise<void> | undefined;
+  private warnings = 0;
+  private suppressedWarnings = 0;
+  private endpointValue: string | undefined;
+
+  constructor(private readonly opts: CoordinatorOptions) {
+    assert(Number.isInteger(opts.size) && opts.size >= 1, "coordinator size must be a positive integer");
+    // mandatory: a send to a rank that is gone fails (and is reported) instead of vanishing;
+    // sendTimeout bounds a send to a rank whose queue is full, so one stuck rank cannot
+    // block the release or abort of the others (sends are serialized).
+    this.router = new Router({ linger: 0, mandatory: true, sendTimeout: opts.sendTimeoutMs ?? 2_000 });
+    this.links = Array.from({ length: opts.size }, (_, rank) => ({
+      attempt: 0,
+      identity: controlIdentity(rank, 0),
+      up: false,
+      pid: undefined,
+      endpoint: undefined,
+      steps: 0,
+      epoch: 0,
+      finalized: false,
+      result: undefined,
+    }));
+  }
+
+  /** The endpoint ranks connect to (`LIFELINE_COORDINATOR`); set by {@link start}. */
+  get endpoint(): string {
+    assert(this.endpointValue !== undefined, "coordinator not started");
+    return this.endpointValue;
+  }
+
+  /** Read-only view of each rank's link. */
+  rank(rank: number): Readonly<RankLink> {
+    const link = this.links[rank];
+    assert(link !== undefined, `rank ${rank} outside the job`);
+    return link;
+  }
+
+  /** Ranks that have not said hello yet. */
+  missingRanks(): number[] {
+    return this.links.flatMap((l, r) => (l.up ? [] : [r]));
+  }
+
+  /**
+   * Binds the Router and starts the rendezvous clock. Resolves to the endpoint to hand to ranks.
+   * Rejects with `LAUNCH_SPAWN` if the endpoint cannot be bound.
+   */
+  async start(): Promise<string> {
+    assert.equal(this.phase, "new", "coordinator started twice");
+    let address: string;
+    if (this.opts.transport === "ipc") {
+      const path = join(this.opts.runDir, "coordinator");
+      if (Buffer.byteLength(path) > IPC_PATH_MAX) {
+        throw new LifelineError("LAUNCH_SPAWN", `ipc path ${path} is longer than ${IPC_PATH_MAX} bytes; set TMPDIR to a shorter directory or use --transport tcp`);
+      }
+      address = `ipc://${path}`;
+    } else {
+      // Port 0: the OS picks a free port, so concurrent jobs (and tests) never collide.
+      address = "tcp://127.0.0.1:0";
+    }
+    try {
+      await this.router.bind(address);
+    } catch (err) {
+      throw new LifelineError("LAUNCH_SPAWN", `coordinator cannot bind ${address}: ${errorMessage(err)}`, { cause: err });
+    }
+    this.endpointValue = this.router.lastEndpoint ?? address;
+    this.phase = "rendezvous";
+    this.rendezvousTimer = setTimeout(() => this.onRendezvousTimeout(), this.opts.rendezvousTimeoutMs);
+    this.readLoop = this.receive();
+    return this.endpointValue;
+  }
+
+  /**
+   * Tells every rank that said hello to stop (`abort`), e.g. because another rank failed.
+   * Later messages from ranks are still read (and ignored) so none blocks on a full queue.
+   */
+  async abort(code: string, message: string): Promise<void> {
+    if (this.phase === "closed" || this.phase === "new") return;
+    this.phase = "aborted";
+    this.clearRendezvousTimer();
+    const sends = this.links.flatMap((l, r) => (l.up ? [this.send(r, { t: "abort", code, message })] : []));
+    await Promise.all(sends);
+  }
+
+  /** Closes the Router. Safe to call more than once. */
+  async close(): Promise<void> {
+    if (this.phase === "closed") return;
+    this.phase = "closed";
+    this.clearRendezvousTimer();
+    // Pending sends are abandoned: close() with linger 0 drops them, which is what we want
+    // when the job is over (ranks that still wait are killed by the supervisor).
+    this.router.close();
+    await this.readLoop?.catch(() => undefined);
+  }
+
+  // ---- receiving ------------------------------------------------------------------------
+
+  private async receive(): Promise<void> {
+    try {
+      for await (const frames of this.router) {
+        if (this.phase === "closed") break;
+        try {
+          this.onFrames(frames);
+        } catch (err) {
+          // An event handler threw: that is a launcher bug, not rank input. Surface it
+          // without killing the read loop, so the job can still be stopped cleanly.
+          this.opts.onEvent({ kind: "warning", message: `internal error while handling a control message: ${errorMessage(err)}` });
+        }
+      }
+    } catch (err) {
+      if (this.phase !== "closed") this.opts.onEvent({ kind: "warning", message: `coordinator stopped reading: ${errorMessage(err)}` });
+    }
+  }
+
+  private onFrames(frames: Buffer[]): void {
+    const [idFrame, ...body] = frames;
+    const identity = idFrame?.toString("latin1") ?? "";
+    // A Dealer sends one frame; tolerate a leading empty delimiter (REQ-style peers).
+    const payload = body.length === 2 && body[0]!.length === 0 ? body[1] : body.length === 1 ? body[0] : undefined;
+    if (payload === undefined) {
+      this.warn(`ignored a ${body.length}-frame message from ${printable(identity)} on the control channel (not a lifeline rank?)`);
+      return;
+    }
+    let msg: RankToCoordinator;
+    try {
+      msg = decodeControl(payload) as RankToCoordinator;
+    } catch (err) {
+      this.warn(`ignored garbage from ${printable(identity)} on the control channel: ${errorMessage(err)}`);
+      return;
+    }
+    const problem = malformed(msg, this.opts.size);
+    if (problem !== undefined) {
+      this.warn(`ignored a malformed control message from ${printable(identity)}: ${problem}`);
+      return;
+    }
+    if (msg.t === "hello") {
+      this.onHello(identity, msg);
+      return;
+    }
+    const rank = this.byIdentity.get(identity);
+    if (rank === undefined) {
+      this.warn(`ignored a ${msg.t} message from ${printable(identity)}, which has not said hello`);
+      return;
+    }
+    if (msg.rank !== rank) {
+      this.warn(`ignored a ${msg.t} message claiming rank ${msg.rank} from ${printable(identity)} (rank ${rank})`);
+      return;
+    }
+    const link = this.links[rank]!;
+    switch (msg.t) {
+      case "step":
+        link.steps = msg.steps;
+        link.epoch = msg.epoch;
+        this.opts.onEvent({ kind: "step", rank, steps: msg.steps, epoch: msg.epoch });
+        return;
+      case "heartbeat":
+        this.opts.onEvent({ kind: "heartbeat", rank });
+        return;
+      case "finalize":
+        this.onFinalize(rank, link, msg.result);
+        return;
+      case "abort":
+        this.opts.onEvent({ kind: "rank-abort", rank, code: msg.code, message: msg.message });
+        return;
+      default: {
+        const never: never = msg;
+        void never;
+      }
+    }
+  }
+
+  private onHello(identity: string, msg: Extract<RankToCoordinator, { t: "hello" }>): void {
+    const link = this.links[msg.rank]!;
+    if (identity !== controlIdentity(msg.rank, msg.attempt)) {
+      this.warn(`ignored hello for rank ${msg.rank} attempt ${msg.attempt} from routing id ${printable(identity)} (expected ${controlIdentity(msg.rank, msg.attempt)})`);
+      return;
+    }
+    if (msg.size !== this.opts.size) {
+      this.warn(`ignored hello from rank ${msg.rank} of a job of size ${msg.size} (this job has ${this.opts.size} ranks)`);
+      return;
+    }
+    if (msg.attempt !== link.attempt) {
+      this.warn(`ignored hello from rank ${msg.rank} attempt ${msg.attempt}; expected attempt ${link.attempt}`);
+      return;
+    }
+    if (link.up) {
+      this.warn(`ignored a second hello from rank ${msg.rank} (pid ${msg.pid}; rank ${msg.rank} is pid ${link.pid})`);
+      return;
+    }
+    if (this.phase !== "rendezvous") {
+      this.warn(`ignored hello from rank ${msg.rank} after the rendezvous (${this.phase})`);
+      return;
+    }
+    link.up = true;
+    link.pid = msg.pid;
+    link.endpoint = msg.endpoint;
+    this.byIdentity.set(identity, msg.rank);
+    this.helloCount++;
+    this.opts.onEvent({ kind: "rank-up", rank: msg.rank, attempt: msg.attempt, pid: msg.pid, endpoint: msg.endpoint });
+    if (this.helloCount === this.opts.size) this.onAllUp();
+  }
+
+  private onAllUp(): void {
+    this.clearRendezvousTimer();
+    this.phase = "running";
+    const endpoints = this.links.map((l) => l.endpoint!);
+    const table: CoordinatorToRank = { t: "table", jobKey: this.opts.jobKey, endpoints, attempts: this.links.map((l) => l.attempt) };
+    for (let r = 0; r < this.opts.size; r++) void this.send(r, table);
+    this.opts.onEvent({ kind: "ready", endpoints });
+  }
+
+  private onFinalize(rank: number, link: RankLink, bytes: Uint8Array): void {
+    if (link.finalized) {
+      this.warn(`ignored a second finalize from rank ${rank}`);
+      return;
+    }
+    let result: unknown;
+    try {
+      result = decodeValue(Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength));
+    } catch (err) {
+      this.opts.onEvent({ kind: "bad-result", rank, message: `the finalize() result of rank ${rank} cannot be decoded: ${errorMessage(err)}` });
+      return;
+    }
+    link.finalized = true;
+    link.result = result;
+    this.finalizedCount++;
+    this.opts.onEvent({ kind: "finalized", rank, result });
+    if (this.finalizedCount === this.opts.size && this.phase === "running") this.releaseAll();
+  }
+
+  private releaseAll(): void {
+    this.phase = "released";
+    for (let r = 0; r < this.opts.size; r++) void this.send(r, { t: "release" });
+    this.opts.onEvent({ kind: "released" });
+  }
+
+  private onRendezvousTimeout(): void {
+    this.rendezvousTimer = undefined;
+    if (this.phase !== "rendezvous") return;
+    this.opts.onEvent({ kind: "rendezvous-timeout", missing: this.missingRanks(), timeoutMs: this.opts.rendezvousTimeoutMs });
+  }
+
+  // ---- sending --------------------------------------------------------------------------
+
+  /**
+   * Sends one message to one rank. zeromq.js allows one send in flight per socket, so sends
+   * are chained; a failed send (rank gone, queue full past the timeout) is reported as a
+   * warning and does not break the chain.
+   */
+  private send(rank: number, msg: CoordinatorToRank): Promise<void> {
+    const identity = this.links[rank]!.identity;
+    const frame = encodeControl(msg);
+    const next = this.sendChain.then(async () => {
+      if (this.phase === "closed") return;
+      try {
+        await this.router.send([identity, frame]);
+      } catch (err) {
+        // A rank that already exited cannot receive its abort/release; that is expected
+        // during a teardown, so only other cases are worth a warning.
+        if (!this.tearingDown()) {
+          this.opts.onEvent({ kind: "warning", message: `could not send ${msg.t} to rank ${rank}: ${errorMessage(err)}` });
+        }
+      }
+    });
+    this.sendChain = next;
+    return next;
+  }
+
+  private tearingDown(): boolean {
+    return this.phase === "aborted" || this.phase === "closed";
+  }
+
+  private clearRendezvousTimer(): void {
+    if (this.rendezvousTimer !== undefined) clearTimeout(this.rendezvousTimer);
+    this.rendezvousTimer = undefined;
+  }
+
+  private warn(message: string): void {
+    if (this.warnings < WARNINGS_MAX) {
+      this.warnings++;
+      const tail = this.warnings === WARNINGS_MAX ? " (further warnings about stray control traffic are suppressed)" : "";
+      this.opts.onEvent({ kind: "warning", message: message + tail });
+    } else {
+      this.suppressedWarnings++;
+    }
+  }
+
+  /** Count of stray-traffic warnings that were not reported. */
+  get suppressedWarningCount(): number {
+    return this.suppressedWarnings;
+  }
+}
+
+/** Checks the fields of a decoded rank message; returns what is wrong, or undefined. */
+function malformed(msg: RankToCoordinator, size: number): string | undefined {
+  const m = msg as unknown as Record<string, unknown>;
+  const isRank = (v: unknown): boolean => Number.isInteger(v) && (v as number) >= 0 && (v as number) < size;
+  const isCount = (v: unknown): boolean => Number.isInteger(v) && (v as number) >= 0;
+  if (!isRank(m.rank)) return `${String(m.t)}: rank ${JSON.stringify(m.rank)} is not in 0..${size - 1}`;
+  switch (msg.t) {
+    case "hello":
+      if (!isCount(m.attempt) || !isCount(m.pid) || !isCount(m.size) || typeof m.endpoint !== "string" || m.endpoint === "") {
+        return "hello needs attempt, pid, size and endpoint";
+      }
+      return undefined;
+    case "step":
+      return isCount(m.steps) && isCount(m.epoch) ? undefined : "step needs steps and epoch counts";
+    case "finalize":
+      return m.result instanceof Uint8Array ? undefined : "finalize needs a binary result";
+    case "abort":
+      return typeof m.code === "string" && typeof m.message === "string" ? undefined : "abort needs code and message strings";
+    case "heartbeat":
+      return undefined;
+    default:
+      return `unknown message type ${JSON.stringify((msg as { t: unknown }).t)}`;
+  }
+}
+
+/** A routing id for a log line: zeromq generates binary ids for peers that set none. */
+function printable(identity: string): string {
+  return /^[\x20-\x7e]{1,64}$/.test(identity) ? JSON.stringify(identity) : `a peer with binary id ${Buffer.from(identity, "latin1").toString("hex").slice(0, 32)}`;
+}

@@ -1,0 +1,86 @@
+/**
+ * Failure suspicion for ranks that are alive as processes but not working (DESIGN.md,
+ * "Failure detection and supervision", after KungFu's monitor). Process exits need no
+ * detector: the supervisor sees them at once.
+ *
+ * - Heartbeats catch frozen or unreachable ranks: no control message for `failureTimeoutMs`.
+ *   Armed per rank by its first heartbeat, so a rank side that sends none (another engine's
+ *   launcher, an older library) is never declared dead for silence.
+ * - Steps catch hung ranks: no `checkpoint()` boundary for `stuckTimeoutMs`. Armed by the first
+ *   step, so a program that never calls `checkpoint()` is not killed as stuck.
+ * A rank that finalized is no longer watched: it waits for the others by design.
+ *
+ * Pure: time comes in as arguments, so tests drive it without timers.
+ *
+ * @example
+ * const d = new FailureDetector({ size: 2, failureTimeoutMs: 5000, stuckTimeoutMs: undefined });
+ * d.heard(0, now, { heartbeat: true });
+ * d.check(now + 6000); // [{ kind: "heartbeat", rank: 0, silentMs: 6000 }]
+ */
+
+export type Suspicion =
+  | { kind: "heartbeat"; rank: number; silentMs: number }
+  | { kind: "stuck"; rank: number; silentMs: number };
+
+interface Watch {
+  heartbeatArmed: boolean;
+  lastHeardMs: number;
+  stepArmed: boolean;
+  lastStepMs: number;
+  done: boolean;
+}
+
+export class FailureDetector {
+  private readonly watches: Watch[];
+
+  constructor(private readonly opts: { size: number; failureTimeoutMs: number; stuckTimeoutMs: number | undefined }) {
+    this.watches = Array.from({ length: opts.size }, () => ({ heartbeatArmed: false, lastHeardMs: 0, stepArmed: false, lastStepMs: 0, done: false }));
+  }
+
+  /** Any control message from `rank` at `nowMs`; `heartbeat` arms heartbeat monitoring. */
+  heard(rank: number, nowMs: number, how: { heartbeat: boolean }): void {
+    const w = this.watches[rank];
+    if (w === undefined) return;
+    w.lastHeardMs = nowMs;
+    if (how.heartbeat) w.heartbeatArmed = true;
+  }
+
+  /** A step boundary of `rank` at `nowMs` (also counts as being heard). */
+  stepped(rank: number, nowMs: number): void {
+    const w = this.watches[rank];
+    if (w === undefined) return;
+    w.lastHeardMs = nowMs;
+    w.lastStepMs = nowMs;
+    w.stepArmed = true;
+  }
+
+  /** Stop watching `rank` (finalized, exited, or being restarted). */
+  forget(rank: number): void {
+    const w = this.watches[rank];
+    if (w !== undefined) w.done = true;
+  }
+
+  /** Start watching `rank` afresh (a restarted rank); nothing is armed until it speaks. */
+  reset(rank: number): void {
+    this.watches[rank] = { heartbeatArmed: false, lastHeardMs: 0, stepArmed: false, lastStepMs: 0, done: false };
+  }
+
+  /** Ranks suspected at `nowMs`. Each suspicion is reported once; the rank is then forgotten. */
+  check(nowMs: number): Suspicion[] {
+    const out: Suspicion[] = [];
+    this.watches.forEach((w, rank) => {
+      if (w.done) return;
+      if (w.heartbeatArmed && nowMs - w.lastHeardMs >= this.opts.failureTimeoutMs) {
+        out.push({ kind: "heartbeat", rank, silentMs: nowMs - w.lastHeardMs });
+        w.done = true;
+        return;
+      }
+      const stuck = this.opts.stuckTimeoutMs;
+      if (stuck !== undefined && w.stepArmed && nowMs - w.lastStepMs >= stuck) {
+        out.push({ kind: "stuck", rank, silentMs: nowMs - w.lastStepMs });
+        w.done = true;
+      }
+    });
+    return out;
+  }
+}

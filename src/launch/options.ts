@@ -1,0 +1,309 @@
+/**
+ * The run configuration of `lifeline run` (API §4) and the validation of its flags.
+ *
+ * The CLI hands raw strings to {@link resolveRunConfig}; every check lives here so that the
+ * launcher can also be driven from code with the same errors. All problems with one command
+ * line are reported together (one per line), so a user fixes them in one go.
+ *
+ * @example
+ * const config = resolveRunConfig({ np: "4", mode: "none", app: "app.ts", appArgs: [] }, { cwd: process.cwd() });
+ * // throws LifelineError LAUNCH_USAGE naming every bad flag
+ */
+import { existsSync, statSync } from "node:fs";
+import { dirname, extname, isAbsolute, resolve } from "node:path";
+import { LifelineError, isLifelineError } from "../errors.ts";
+import { MODES, type Mode } from "../mpi/env.ts";
+import { parseFaults } from "../mpi/faults.ts";
+
+/**
+ * Modes whose recovery the launcher implements today. `run` refuses the others before
+ * spawning anything: running `cpr` without its protocol would silently give the user the
+ * baseline they did not ask for. Add a mode here when its restart policy lands in
+ * `supervisor.ts` (`policyFor`).
+ */
+export const SUPPORTED_MODES: readonly Mode[] = ["none"];
+
+/** API §4: `cpr` is the default mode. */
+export const DEFAULT_MODE: Mode = "cpr";
+
+/** Largest job `-n` accepts; far beyond what one host runs, it guards against typos like `-n 40000`. */
+export const NP_MAX = 1024;
+
+/** App file types a rank can run: TypeScript through the bundled tsx loader, JavaScript as is. */
+export const TS_EXTENSIONS = [".ts", ".mts", ".cts"] as const;
+export const JS_EXTENSIONS = [".js", ".mjs", ".cjs"] as const;
+
+/** When the initiator asks for a global checkpoint (cpr): every so often, or every so many steps. */
+export type CheckpointEvery = { kind: "time"; ms: number } | { kind: "steps"; steps: number };
+
+/** Everything `lifeline run` needs, validated. Options unused by a mode are still carried. */
+export interface RunConfig {
+  /** Number of ranks. */
+  size: number;
+  mode: Mode;
+  /** Absolute path of the program every rank runs. */
+  app: string;
+  appArgs: string[];
+  /** Working directory of the ranks (the launcher's). */
+  cwd: string;
+  checkpointEvery: CheckpointEvery;
+  /** Absolute path of the recovery-line store (not created by mode none). */
+  store: string;
+  keepLines: number;
+  maxRestarts: number;
+  heartbeatMs: number;
+  failureTimeoutMs: number;
+  /** No step boundary for this long = stuck; `undefined` = not monitored. */
+  stuckTimeoutMs: number | undefined;
+  /** A rank that has not said hello this long after the coordinator is up fails the job. */
+  rendezvousTimeoutMs: number;
+  /** Absolute path of the results file, if any. */
+  resultsPath: string | undefined;
+  json: boolean;
+  quiet: boolean;
+  transport: "ipc" | "tcp";
+  /** `LIFELINE_FAULTS` of each rank ("" = none), from `--inject`. */
+  faults: string[];
+}
+
+/** The raw strings the CLI collected; `undefined` = flag not given. */
+export interface RunFlags {
+  np?: string | undefined;
+  mode?: string | undefined;
+  checkpointEvery?: string | undefined;
+  store?: string | undefined;
+  keepLines?: string | undefined;
+  maxRestarts?: string | undefined;
+  heartbeat?: string | undefined;
+  failureTimeout?: string | undefined;
+  stuckTimeout?: string | undefined;
+  rendezvousTimeout?: string | undefined;
+  results?: string | undefined;
+  json?: boolean | undefined;
+  quiet?: boolean | undefined;
+  transport?: string | undefined;
+  inject?: string[] | undefined;
+  app?: string | undefined;
+  appArgs?: string[] | undefined;
+}
+
+export const DEFAULTS = {
+  checkpointEvery: { kind: "time", ms: 10_000 } as CheckpointEvery,
+  store: ".lifeline",
+  keepLines: 2,
+  maxRestarts: 3,
+  // The rank side (src/mpi/env.ts) uses the same defaults when the variables are missing.
+  heartbeatMs: 500,
+  failureTimeoutMs: 5_000,
+  rendezvousTimeoutMs: 30_000,
+  transport: "ipc" as "ipc" | "tcp",
+} as const;
+
+const UNIT_MS: Record<string, number> = { ms: 1, s: 1_000, m: 60_000, h: 3_600_000 };
+
+/**
+ * Parses a duration: a number with an optional unit `ms`, `s`, `m` or `h` (`1500`, `1500ms`,
+ * `1.5s`, `2m`). A bare number is milliseconds. Returns whole milliseconds.
+ * Throws `LAUNCH_USAGE` naming `flag`.
+ */
+export function parseDuration(text: string, flag: string): number {
+  const m = /^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$/.exec(text);
+  if (m === null) {
+    throw usage(`${flag} ${JSON.stringify(text)} is not a duration; write e.g. 500ms, 10s, 2m or 1h (a bare number is milliseconds)`);
+  }
+  const ms = Math.round(Number(m[1]) * UNIT_MS[m[2] ?? "ms"]!);
+  if (!Number.isSafeInteger(ms)) throw usage(`${flag} ${JSON.stringify(text)} is too large`);
+  return ms;
+}
+
+/** Parses `--checkpoint-every`: a duration (`10s`) or a step count (`50steps`). */
+export function parseCheckpointEvery(text: string): CheckpointEvery {
+  const steps = /^\s*(\d+)\s*steps?\s*$/.exec(text);
+  if (steps !== null) {
+    const n = Number(steps[1]);
+    if (!Number.isSafeInteger(n) || n < 1) throw usage(`--checkpoint-every ${JSON.stringify(text)}: the step count must be at least 1`);
+    return { kind: "steps", steps: n };
+  }
+  if (/^\s*\d+(\.\d+)?\s*$/.test(text)) {
+    throw usage(`--checkpoint-every ${JSON.stringify(text)} is ambiguous; write a duration (${text.trim()}s) or a step count (${text.trim()}steps)`);
+  }
+  let ms: number;
+  try {
+    ms = parseDuration(text, "--checkpoint-every");
+  } catch {
+    throw usage(`--checkpoint-every ${JSON.stringify(text)} is neither a duration (10s, 500ms, 2m) nor a step count (50steps)`);
+  }
+  if (ms < 1) throw usage(`--checkpoint-every ${JSON.stringify(text)} must be longer than 0`);
+  return { kind: "time", ms };
+}
+
+/** Parses a whole number within [min, max]; throws `LAUNCH_USAGE` naming `flag`. */
+export function parseCount(text: string, flag: string, min: number, max: number): number {
+  const n = /^\s*\d+\s*$/.test(text) ? Number(text) : NaN;
+  if (!Number.isSafeInteger(n) || n < min || n > max) {
+    throw usage(`${flag} must be a whole number from ${min} to ${max}, got ${JSON.stringify(text)}`);
+  }
+  return n;
+}
+
+/**
+ * Parses one `--inject <rank>@<trigger>` (`1@step:5`, `2@send:3`, `0@time:1500`, `0@time:1.5s`,
+ * `1@hang:step:2`, `1@step:3@attempt=1`). The trigger is checked with the rank side's own
+ * parser (src/mpi/faults.ts), so the launcher never hands a rank a spec it would reject.
+ */
+export function parseInject(text: string, size: number | undefined): { rank: number; spec: string } {
+  const at = text.indexOf("@");
+  if (at <= 0 || at === text.length - 1) {
+    throw usage(`--inject ${JSON.stringify(text)}: write <rank>@<trigger>, e.g. 1@step:5, 2@send:3 or 0@time:1500`);
+  }
+  const rankText = text.slice(0, at);
+  const rank = /^\d+$/.test(rankText) ? Number(rankText) : NaN;
+  if (!Number.isSafeInteger(rank)) throw usage(`--inject ${JSON.stringify(text)}: ${JSON.stringify(rankText)} is not a rank number`);
+  if (size !== undefined && rank >= size) {
+    throw usage(`--inject ${JSON.stringify(text)}: rank ${rank} is outside 0..${size - 1} (the job has ${size} rank${size === 1 ? "" : "s"})`);
+  }
+  // Accept a unit on time triggers (as drill's --kill does: 2@time:1.5s); the rank side wants ms.
+  let spec = text.slice(at + 1).replace(/^((?:hang:)?time:)([^@;]+)/, (_all, head: string, dur: string) => {
+    if (/^\d+$/.test(dur)) return head + dur;
+    return head + String(parseDuration(dur, `--inject ${JSON.stringify(text)}: time`));
+  });
+  spec = spec.trim();
+  try {
+    parseFaults(spec);
+  } catch (err) {
+    if (isLifelineError(err, "LAUNCH_FAULT_SPEC")) throw usage(`--inject ${JSON.stringify(text)}: ${err.message}`);
+    throw err;
+  }
+  return { rank, spec };
+}
+
+/** Builds the run configuration from raw flags. Throws one `LAUNCH_USAGE` listing every problem. */
+export function resolveRunConfig(flags: RunFlags, ctx: { cwd: string }): RunConfig {
+  const problems: string[] = [];
+  const check = <T>(fn: () => T): T | undefined => {
+    try {
+      return fn();
+    } catch (err) {
+      if (isLifelineError(err, "LAUNCH_USAGE")) {
+        problems.push(err.message);
+        return undefined;
+      }
+      throw err;
+    }
+  };
+
+  let size: number | undefined;
+  if (flags.np === undefined) problems.push("missing -n/--np <ranks>: how many ranks to start");
+  else size = check(() => parseCount(flags.np!, "-n/--np", 1, NP_MAX));
+
+  const mode = check((): Mode => {
+    const raw = flags.mode ?? DEFAULT_MODE;
+    if (!(MODES as readonly string[]).includes(raw)) {
+      throw usage(`--mode ${JSON.stringify(raw)} is not a mode; use one of ${MODES.join(", ")}`);
+    }
+    const m = raw as Mode;
+    if (!SUPPORTED_MODES.includes(m)) {
+      const which = flags.mode === undefined ? `mode ${m} (the default)` : `--mode ${m}`;
+      throw usage(
+        `${which} is not available yet: its recovery protocol has not landed in this version of lifeline. ` +
+          `Pass --mode none to run without checkpoint-restart (a failed rank then fails the job).`,
+      );
+    }
+    return m;
+  });
+
+  const checkpointEvery = flags.checkpointEvery === undefined ? DEFAULTS.checkpointEvery : check(() => parseCheckpointEvery(flags.checkpointEvery!));
+  const keepLines = flags.keepLines === undefined ? DEFAULTS.keepLines : check(() => parseCount(flags.keepLines!, "--keep-lines", 1, 1000));
+  const maxRestarts = flags.maxRestarts === undefined ? DEFAULTS.maxRestarts : check(() => parseCount(flags.maxRestarts!, "--max-restarts", 0, 1_000_000));
+  const heartbeatMs = flags.heartbeat === undefined ? DEFAULTS.heartbeatMs : check(() => bounded(parseDuration(flags.heartbeat!, "--heartbeat"), "--heartbeat", flags.heartbeat!, 10, 3_600_000));
+  const failureTimeoutMs = flags.failureTimeout === undefined
+    ? Math.max(DEFAULTS.failureTimeoutMs, 2 * (heartbeatMs ?? DEFAULTS.heartbeatMs))
+    : check(() => bounded(parseDuration(flags.failureTimeout!, "--failure-timeout"), "--failure-timeout", flags.failureTimeout!, 1, 86_400_000));
+  if (heartbeatMs !== undefined && failureTimeoutMs !== undefined && failureTimeoutMs < 2 * heartbeatMs) {
+    problems.push(
+      `--failure-timeout (${failureTimeoutMs} ms) must be at least twice --heartbeat (${heartbeatMs} ms), so that one late heartbeat is not taken for a failure`,
+    );
+  }
+  const stuckTimeoutMs = flags.stuckTimeout === undefined ? undefined : check(() => bounded(parseDuration(flags.stuckTimeout!, "--stuck-timeout"), "--stuck-timeout", flags.stuckTimeout!, 1, 30 * 86_400_000));
+  const rendezvousTimeoutMs = flags.rendezvousTimeout === undefined
+    ? DEFAULTS.rendezvousTimeoutMs
+    : check(() => bounded(parseDuration(flags.rendezvousTimeout!, "--rendezvous-timeout"), "--rendezvous-timeout", flags.rendezvousTimeout!, 1, 86_400_000));
+
+  const transport = check((): "ipc" | "tcp" => {
+    const t = flags.transport ?? DEFAULTS.transport;
+    if (t !== "ipc" && t !== "tcp") throw usage(`--transport ${JSON.stringify(t)} must be ipc or tcp`);
+    return t;
+  });
+
+  if (flags.json === true && flags.quiet === true) {
+    problems.push("--json and --quiet cannot be combined: --json is for machines, which can filter its events themselves");
+  }
+
+  const resultsPath = flags.results === undefined ? undefined : check(() => {
+    if (flags.results!.trim() === "") throw usage("--results needs a file name");
+    const path = resolve(ctx.cwd, flags.results!);
+    // Checked now rather than after a long job: a missing directory would lose every result.
+    const dir = dirname(path);
+    if (!existsSync(dir) || !statSync(dir).isDirectory()) throw usage(`--results ${JSON.stringify(flags.results)}: directory ${dir} does not exist`);
+    if (existsSync(path) && statSync(path).isDirectory()) throw usage(`--results ${JSON.stringify(flags.results)} is a directory; give a file name`);
+    return path;
+  });
+
+  const faults: string[] = size === undefined ? [] : new Array<string>(size).fill("");
+  for (const text of flags.inject ?? []) {
+    const inj = check(() => parseInject(text, size));
+    if (inj !== undefined && size !== undefined) faults[inj.rank] = faults[inj.rank] === "" ? inj.spec : `${faults[inj.rank]};${inj.spec}`;
+  }
+
+  const app = check(() => {
+    if (flags.app === undefined || flags.app === "") throw usage("missing <app>: the .ts or .js program every rank runs");
+    const path = isAbsolute(flags.app) ? flags.app : resolve(ctx.cwd, flags.app);
+    if (!existsSync(path)) throw usage(`app ${JSON.stringify(flags.app)} not found (looked for ${path})`);
+    if (!statSync(path).isFile()) throw usage(`app ${JSON.stringify(flags.app)} is not a file`);
+    const ext = extname(path);
+    if (!(TS_EXTENSIONS as readonly string[]).includes(ext) && !(JS_EXTENSIONS as readonly string[]).includes(ext)) {
+      throw usage(`app ${JSON.stringify(flags.app)}: lifeline runs TypeScript (${TS_EXTENSIONS.join(" ")}) or JavaScript (${JS_EXTENSIONS.join(" ")}) programs, not ${JSON.stringify(ext || "files without an extension")}`);
+    }
+    return path;
+  });
+
+  if (problems.length > 0) {
+    throw usage(problems.length === 1 ? problems[0]! : problems.map((p) => `- ${p}`).join("\n"));
+  }
+  return {
+    size: size!,
+    mode: mode!,
+    app: app!,
+    appArgs: flags.appArgs ?? [],
+    cwd: ctx.cwd,
+    checkpointEvery: checkpointEvery!,
+    store: resolve(ctx.cwd, flags.store ?? DEFAULTS.store),
+    keepLines: keepLines!,
+    maxRestarts: maxRestarts!,
+    heartbeatMs: heartbeatMs!,
+    failureTimeoutMs: failureTimeoutMs!,
+    stuckTimeoutMs,
+    rendezvousTimeoutMs: rendezvousTimeoutMs!,
+    resultsPath,
+    json: flags.json === true,
+    quiet: flags.quiet === true,
+    transport: transport!,
+    faults,
+  };
+}
+
+function bounded(ms: number, flag: string, text: string, min: number, max: number): number {
+  if (ms < min || ms > max) throw usage(`${flag} ${JSON.stringify(text)} must be between ${fmtMs(min)} and ${fmtMs(max)}`);
+  return ms;
+}
+
+function fmtMs(ms: number): string {
+  if (ms % 3_600_000 === 0) return `${ms / 3_600_000}h`;
+  if (ms % 60_000 === 0) return `${ms / 60_000}m`;
+  if (ms % 1_000 === 0) return `${ms / 1_000}s`;
+  return `${ms}ms`;
+}
+
+function usage(message: string): LifelineError {
+  return new LifelineError("LAUNCH_USAGE", message);
+}

@@ -1,0 +1,373 @@
+/**
+ * What the launcher tells people and machines while a job runs.
+ *
+ * The supervisor emits {@link JobEvent}s and forwards rank output; a {@link Reporter} renders
+ * them in one of four styles:
+ * - `tty`: a live status line on stderr (ranks up, per-rank steps, elapsed), redrawn in place
+ *   and cleared before any forwarded rank line, then event lines and a final summary;
+ * - `plain` (stderr is a pipe or file): one line per event, no control characters;
+ * - `json` (`--json`): one JSON object per line on stderr per event, for machines; rank stderr
+ *   lines are carried as `output` events so that every stderr line parses;
+ * - `quiet` (`--quiet`): only failures.
+ * Rank output is forwarded in every style: stdout lines to stdout as `[rank] line`, stderr
+ * lines to stderr likewise (as `output` events under `--json`). Launcher messages never go to
+ * stdout, so a job's stdout can be piped on as the program's own output.
+ *
+ * @example
+ * const reporter = createReporter({ style: pickStyle({ json: false, quiet: false, stderr: process.stderr, env: process.env }), stdout, stderr, size: 4 });
+ * reporter.event({ kind: "rank-up", rank: 0, pid: 123 });
+ * reporter.rankLine(0, "stdout", "hello"); // "[0] hello" on stdout
+ */
+import { inspect } from "node:util";
+
+/** Events of a job, in the order they happen. `t` (ms since launch) is added by the reporter. */
+export type JobEvent =
+  | { kind: "job-starting"; job: string; size: number; mode: string; app: string; coordinator: string; transport: string }
+  | { kind: "rank-spawned"; rank: number; attempt: number; pid: number }
+  | { kind: "rank-up"; rank: number; pid: number }
+  | { kind: "job-started"; rendezvousMs: number }
+  | { kind: "rank-step"; rank: number; steps: number; epoch: number }
+  | { kind: "rank-finalized"; rank: number }
+  | {
+      kind: "rank-failed";
+      rank: number;
+      pid: number | undefined;
+      /** What went wrong, e.g. "exited with code 3 before finalizing". */
+      reason: string;
+      code: number | null;
+      signal: string | null;
+      stderrTail: string[];
+    }
+  | { kind: "rank-exited"; rank: number; code: number | null; signal: string | null; killedByLauncher: boolean }
+  /** The job is being stopped for a reason that is not one rank's fault (or not only). */
+  | { kind: "job-stopping"; reason: string; rank?: number | undefined; stderrTail?: string[] | undefined }
+  | { kind: "warning"; message: string }
+  | {
+      kind: "job-finished";
+      ok: boolean;
+      exitCode: number;
+      wallMs: number;
+      size: number;
+      finalized: number;
+      restarts: number;
+      error: { code: string; message: string } | undefined;
+      results: readonly unknown[];
+      resultsPath: string | undefined;
+    };
+
+export type ReportStyle = "tty" | "plain" | "json" | "quiet";
+
+/** Minimal writable the reporter needs (process.stdout/stderr or a test buffer). */
+export interface OutStream {
+  write(chunk: string): unknown;
+  isTTY?: boolean;
+  columns?: number;
+}
+
+export interface Reporter {
+  event(ev: JobEvent): void;
+  /** Forwards one line of a rank's output. */
+  rankLine(rank: number, stream: "stdout" | "stderr", line: string): void;
+  /** Stops timers and clears the status line. */
+  close(): void;
+}
+
+/** Chooses the style from the flags and where stderr goes. */
+export function pickStyle(opts: { json: boolean; quiet: boolean; stderr: OutStream; env: NodeJS.ProcessEnv }): ReportStyle {
+  if (opts.json) return "json";
+  if (opts.quiet) return "quiet";
+  if (opts.stderr.isTTY === true && opts.env.TERM !== "dumb" && opts.env.CI === undefined) return "tty";
+  return "plain";
+}
+
+export interface ReporterOptions {
+  style: ReportStyle;
+  stdout: OutStream;
+  stderr: OutStream;
+  size: number;
+  /** Milliseconds since launch; defaults to a clock started now. */
+  elapsedMs?: () => number;
+  /** Colour on tty (default: unless NO_COLOR is set). */
+  color?: boolean;
+}
+
+/** Builds the reporter for a style. */
+export function createReporter(opts: ReporterOptions): Reporter {
+  const start = performance.now();
+  const elapsedMs = opts.elapsedMs ?? (() => performance.now() - start);
+  switch (opts.style) {
+    case "json":
+      return new JsonReporter(opts, elapsedMs);
+    case "tty":
+      return new HumanReporter(opts, elapsedMs, true);
+    case "plain":
+      return new HumanReporter(opts, elapsedMs, false);
+    case "quiet":
+      return new HumanReporter(opts, elapsedMs, false, true);
+  }
+}
+
+// ---- JSON lines --------------------------------------------------------------------------
+
+/** At most one `rank-step` event per rank per this many ms: steps can come thousands a second. */
+export const STEP_EVENT_INTERVAL_MS = 250;
+
+class JsonReporter implements Reporter {
+  private readonly lastStepEmit: number[];
+  private readonly pendingStep = new Map<number, Extract<JobEvent, { kind: "rank-step" }>>();
+  private stepTimer: NodeJS.Timeout | undefined;
+
+  constructor(private readonly opts: ReporterOptions, private readonly elapsedMs: () => number) {
+    this.lastStepEmit = new Array<number>(opts.size).fill(-Infinity);
+  }
+
+  event(ev: JobEvent): void {
+    if (ev.kind === "rank-step") {
+      const now = this.elapsedMs();
+      if (now - (this.lastStepEmit[ev.rank] ?? -Infinity) >= STEP_EVENT_INTERVAL_MS) {
+        this.lastStepEmit[ev.rank] = now;
+        this.pendingStep.delete(ev.rank);
+        this.emit(ev);
+      } else {
+        // Keep the newest; flushed by the timer so the last count is never lost.
+        this.pendingStep.set(ev.rank, ev);
+        this.stepTimer ??= setTimeout(() => this.flushSteps(), STEP_EVENT_INTERVAL_MS);
+        this.stepTimer.unref();
+      }
+      return;
+    }
+    if (ev.kind === "job-finished" || ev.kind === "rank-finalized" || ev.kind === "rank-failed") this.flushSteps();
+    this.emit(ev);
+  }
+
+  rankLine(rank: number, stream: "stdout" | "stderr", line: string): void {
+    if (stream === "stdout") this.opts.stdout.write(`[${rank}] ${line}\n`);
+    else this.write({ event: "output", rank, stream, line });
+  }
+
+  close(): void {
+    this.flushSteps();
+  }
+
+  private flushSteps(): void {
+    if (this.stepTimer !== undefined) clearTimeout(this.stepTimer);
+    this.stepTimer = undefined;
+    const now = this.elapsedMs();
+    for (const ev of this.pendingStep.values()) {
+      this.lastStepEmit[ev.rank] = now;
+      this.emit(ev);
+    }
+    this.pendingStep.clear();
+  }
+
+  private emit(ev: JobEvent): void {
+    const { kind, ...fields } = ev;
+    if (kind === "job-finished") {
+      const f = fields as Omit<Extract<JobEvent, { kind: "job-finished" }>, "kind">;
+      // Results go to --results; the event stays one short line.
+      const { results: _results, ...rest } = f;
+      void _results;
+      this.write({ event: kind, ...rest });
+      return;
+    }
+    this.write({ event: kind, ...fields });
+  }
+
+  private write(obj: Record<string, unknown>): void {
+    obj.t = Math.round(this.elapsedMs());
+    this.opts.stderr.write(`${JSON.stringify(obj)}\n`);
+  }
+}
+
+// ---- people ------------------------------------------------------------------------------
+
+/** Status line redraw period on a tty (elapsed time keeps moving even without events). */
+const STATUS_REDRAW_MS = 200;
+/** Per-rank step counts are listed up to this many ranks; larger jobs show min..max. */
+const STATUS_RANKS_LISTED_MAX = 8;
+/** Result previews in the summary: ranks shown, characters per result. */
+const SUMMARY_RESULTS_MAX = 8;
+const SUMMARY_RESULT_CHARS_MAX = 100;
+
+class HumanReporter implements Reporter {
+  private readonly steps: number[];
+  private readonly up: boolean[];
+  private readonly finalized: boolean[];
+  private statusShown = false;
+  private redrawTimer: NodeJS.Timeout | undefined;
+  private job = "";
+  private readonly color: boolean;
+
+  constructor(
+    private readonly opts: ReporterOptions,
+    private readonly elapsedMs: () => number,
+    private readonly tty: boolean,
+    private readonly quiet = false,
+  ) {
+    this.steps = new Array<number>(opts.size).fill(0);
+    this.up = new Array<boolean>(opts.size).fill(false);
+    this.finalized = new Array<boolean>(opts.size).fill(false);
+    this.color = tty && (opts.color ?? process.env.NO_COLOR === undefined);
+    if (tty) {
+      this.redrawTimer = setInterval(() => this.drawStatus(), STATUS_REDRAW_MS);
+      this.redrawTimer.unref();
+    }
+  }
+
+  event(ev: JobEvent): void {
+    switch (ev.kind) {
+      case "job-starting":
+        this.job = ev.job;
+        this.info(`job ${ev.job}: starting ${ev.size} rank${plural(ev.size)} of ${ev.app} (mode ${ev.mode})`);
+        break;
+      case "rank-spawned":
+        break;
+      case "rank-up":
+        this.up[ev.rank] = true;
+        break;
+      case "job-started":
+        this.info(`all ${this.opts.size} rank${plural(this.opts.size)} up after ${secs(ev.rendezvousMs)}`);
+        break;
+      case "rank-step":
+        this.steps[ev.rank] = ev.steps;
+        break;
+      case "rank-finalized":
+        this.finalized[ev.rank] = true;
+        this.info(`rank ${ev.rank} finalized at ${secs(this.elapsedMs())}`);
+        break;
+      case "rank-failed": {
+        const lines = [`rank ${ev.rank}${ev.pid === undefined ? "" : ` (pid ${ev.pid})`} ${ev.reason}`];
+        lines.push(...stderrBlock(ev.rank, ev.stderrTail));
+        this.error(lines.join("\n"));
+        break;
+      }
+      case "rank-exited":
+        break;
+      case "job-stopping":
+        if (ev.stderrTail !== undefined && ev.rank !== undefined) this.error([`stopping the job: ${ev.reason}`, ...stderrBlock(ev.rank, ev.stderrTail)].join("\n"));
+        else if (ev.reason.startsWith("interrupted")) this.info(`stopping the job: ${ev.reason}`);
+        else this.error(`stopping the job: ${ev.reason}`);
+        break;
+      case "warning":
+        if (!this.quiet) this.print(`${this.paint("warning:", "33")} ${ev.message}`);
+        break;
+      case "job-finished":
+        this.finish(ev);
+        break;
+      default: {
+        const never: never = ev;
+        void never;
+      }
+    }
+    this.drawStatus();
+  }
+
+  rankLine(rank: number, stream: "stdout" | "stderr", line: string): void {
+    this.clearStatus();
+    (stream === "stdout" ? this.opts.stdout : this.opts.stderr).write(`[${rank}] ${line}\n`);
+    this.drawStatus();
+  }
+
+  close(): void {
+    if (this.redrawTimer !== undefined) clearInterval(this.redrawTimer);
+    this.redrawTimer = undefined;
+    this.clearStatus();
+  }
+
+  private finish(ev: Extract<JobEvent, { kind: "job-finished" }>): void {
+    this.close();
+    if (ev.ok) {
+      if (this.quiet) return;
+      const lines = [
+        `${this.paint("done:", "32")} ${ev.finalized}/${ev.size} rank${plural(ev.size)} finalized in ${secs(ev.wallMs)}` +
+          (ev.restarts > 0 ? `, ${ev.restarts} restart${plural(ev.restarts)}` : ""),
+      ];
+      lines.push(...resultPreview(ev.results));
+      if (ev.resultsPath !== undefined) lines.push(`results written to ${ev.resultsPath}`);
+      this.print(lines.join("\n"));
+      return;
+    }
+    const what = ev.error === undefined ? "the job failed" : ev.error.message;
+    const lines = [`${this.paint("job failed", "31")} (exit ${ev.exitCode}) after ${secs(ev.wallMs)}, ${ev.finalized}/${ev.size} ranks finalized: ${what}`];
+    if (ev.resultsPath !== undefined) lines.push(`partial results written to ${ev.resultsPath}`);
+    this.print(lines.join("\n"));
+  }
+
+  private info(message: string): void {
+    if (!this.quiet) this.print(message);
+  }
+
+  private error(message: string): void {
+    this.print(`${this.paint("error:", "31")} ${message}`);
+  }
+
+  private print(message: string): void {
+    this.clearStatus();
+    this.opts.stderr.write(
+      message
+        .split("\n")
+        .map((l) => `lifeline: ${l}`)
+        .join("\n") + "\n",
+    );
+  }
+
+  private paint(text: string, sgr: string): string {
+    return this.color ? `\x1b[${sgr}m${text}\x1b[0m` : text;
+  }
+
+  private statusText(): string {
+    const size = this.opts.size;
+    const upCount = this.up.filter(Boolean).length;
+    const doneCount = this.finalized.filter(Boolean).length;
+    const parts = [`lifeline ${this.job}`, `${upCount}/${size} up`];
+    if (doneCount > 0) parts.push(`${doneCount}/${size} finalized`);
+    if (this.steps.some((s) => s > 0)) {
+      parts.push(
+        size <= STATUS_RANKS_LISTED_MAX
+          ? `steps ${this.steps.join(" ")}`
+          : `steps ${Math.min(...this.steps)}..${Math.max(...this.steps)}`,
+      );
+    }
+    parts.push(secs(this.elapsedMs()));
+    const text = parts.join(" · ");
+    const cols = this.opts.stderr.columns ?? 80;
+    return text.length >= cols ? text.slice(0, Math.max(0, cols - 2)) + "…" : text;
+  }
+
+  private drawStatus(): void {
+    if (!this.tty || this.redrawTimer === undefined) return;
+    // \r + erase line, then the status without a newline: the next draw overwrites it.
+    this.opts.stderr.write(`\r\x1b[2K${this.paint(this.statusText(), "2")}`);
+    this.statusShown = true;
+  }
+
+  private clearStatus(): void {
+    if (!this.statusShown) return;
+    this.opts.stderr.write("\r\x1b[2K");
+    this.statusShown = false;
+  }
+}
+
+/** The stderr tail of a failed rank, indented under the error line. */
+function stderrBlock(rank: number, tail: readonly string[]): string[] {
+  if (tail.length === 0) return [`  (rank ${rank} wrote nothing to stderr)`];
+  return [`  last ${tail.length} stderr line${plural(tail.length)} of rank ${rank}:`, ...tail.map((l) => `  | ${l}`)];
+}
+
+function resultPreview(results: readonly unknown[]): string[] {
+  if (results.every((r) => r === undefined)) return [];
+  const lines = results.slice(0, SUMMARY_RESULTS_MAX).map((r, rank) => {
+    const text = inspect(r, { depth: 2, breakLength: Infinity, maxArrayLength: 8, maxStringLength: SUMMARY_RESULT_CHARS_MAX, compact: true });
+    return `  rank ${rank}: ${text.length > SUMMARY_RESULT_CHARS_MAX ? `${text.slice(0, SUMMARY_RESULT_CHARS_MAX)}…` : text}`;
+  });
+  if (results.length > SUMMARY_RESULTS_MAX) lines.push(`  … and ${results.length - SUMMARY_RESULTS_MAX} more (use --results <file>)`);
+  return ["results:", ...lines];
+}
+
+function secs(ms: number): string {
+  return ms < 10_000 ? `${(ms / 1000).toFixed(2)}s` : ms < 600_000 ? `${(ms / 1000).toFixed(1)}s` : `${Math.floor(ms / 60_000)}m${Math.round((ms % 60_000) / 1000)}s`;
+}
+
+function plural(n: number): string {
+  return n === 1 ? "" : "s";
+}

@@ -1,0 +1,237 @@
+/**
+ * One rank's operating-system process: how it is started, how its output is read, and how it
+ * is stopped.
+ *
+ * - Command: a `.ts` app runs as `node --import <tsx loader> app.ts` — one process, with the
+ *   tsx that ships with lifeline, so users need no TypeScript tooling of their own; a `.js`
+ *   app runs as `node app.js`.
+ * - stdio: stdin is ignored (N ranks cannot share a terminal's input); stdout and stderr are
+ *   pipes read line by line; fd 3 is a pipe whose other end only the launcher holds (libuv
+ *   opens it close-on-exec, so sibling ranks do not inherit it). When the launcher dies, even
+ *   by SIGKILL, the rank reads EOF there and ends itself (src/index.ts watches it).
+ * - Each rank is its own process group (`detached`), so a terminal's Ctrl-C reaches only the
+ *   launcher, which stops the job in order, and killing the group also takes any helper
+ *   processes the rank started.
+ *
+ * @example
+ * const proc = await spawnRank({ rank: 0, attempt: 0, app: "/abs/app.ts", appArgs: [], env, cwd }, sinks);
+ * proc.signal("SIGTERM");           // to the whole process group
+ * const exit = await proc.exited;   // { code, signal, status }
+ */
+import { spawn, type ChildProcess } from "node:child_process";
+import { createRequire } from "node:module";
+import { constants as osConstants } from "node:os";
+import { extname } from "node:path";
+import { pathToFileURL } from "node:url";
+import { LifelineError, errorMessage } from "../errors.ts";
+import { TS_EXTENSIONS } from "./options.ts";
+
+/** How a rank process ended. `status` is the shell's view: the code, or 128 + signal number. */
+export interface RankExit {
+  code: number | null;
+  signal: NodeJS.Signals | null;
+  status: number;
+}
+
+export interface RankSpawnSpec {
+  rank: number;
+  attempt: number;
+  app: string;
+  appArgs: readonly string[];
+  env: NodeJS.ProcessEnv;
+  cwd: string;
+}
+
+/** Where a rank's output lines go. */
+export interface RankOutputSink {
+  line(rank: number, stream: "stdout" | "stderr", line: string): void;
+}
+
+/** Lines of stderr kept per rank for failure messages. */
+export const STDERR_TAIL_LINES = 20;
+/** A line longer than this is cut (and the rest forwarded as further lines) to bound memory. */
+const LINE_CHARS_MAX = 64 * 1024;
+/** Lines kept in the tail are cut to this length: a failure message must stay readable. */
+const TAIL_LINE_CHARS_MAX = 1000;
+
+let tsxLoaderUrl: string | undefined;
+
+/**
+ * URL of the tsx ESM loader installed with lifeline (not the user's), for `node --import`.
+ * Throws `LAUNCH_SPAWN` if it cannot be found.
+ */
+export function resolveTsxLoader(): string {
+  if (tsxLoaderUrl !== undefined) return tsxLoaderUrl;
+  try {
+    // import.meta.resolve is synchronous in Node >= 20.6; some module runners (vitest) lack it.
+    const resolveFn = (import.meta as { resolve?: (s: string) => string }).resolve;
+    tsxLoaderUrl = typeof resolveFn === "function" ? resolveFn("tsx") : pathToFileURL(createRequire(import.meta.url).resolve("tsx")).href;
+  } catch (err) {
+    throw new LifelineError("LAUNCH_SPAWN", `cannot find the tsx loader that lifeline uses to run .ts apps: ${errorMessage(err)}. Reinstall lifeline, or compile the app to .js.`, { cause: err });
+  }
+  return tsxLoaderUrl;
+}
+
+/** The `node` command line for an app. */
+export function rankCommand(app: string, appArgs: readonly string[]): { command: string; args: string[] } {
+  const ts = (TS_EXTENSIONS as readonly string[]).includes(extname(app));
+  const args = ts ? ["--import", resolveTsxLoader(), app, ...appArgs] : [app, ...appArgs];
+  return { command: process.execPath, args };
+}
+
+/** Exit status as a shell reports it. */
+export function exitStatus(code: number | null, signal: NodeJS.Signals | null): number {
+  if (code !== null) return code;
+  if (signal !== null) return 128 + (osConstants.signals[signal] ?? 0);
+  return 1;
+}
+
+/** A running (or ended) rank process. */
+export class RankProcess {
+  /** Resolves when the process has ended (exit event; output may still be draining). */
+  readonly exited: Promise<RankExit>;
+  /** Resolves when the process has ended and its output pipes are drained. */
+  readonly closed: Promise<void>;
+  private exitInfo: RankExit | undefined;
+  private readonly tail: string[] = [];
+
+  constructor(
+    readonly rank: number,
+    readonly attempt: number,
+    readonly pid: number,
+    private readonly child: ChildProcess,
+    sink: RankOutputSink,
+  ) {
+    this.exited = new Promise((resolve) => {
+      child.once("exit", (code, signal) => {
+        this.exitInfo = { code, signal, status: exitStatus(code, signal) };
+        resolve(this.exitInfo);
+      });
+    });
+    const drains = [
+      readLines(child.stdout!, (line) => sink.line(rank, "stdout", line)),
+      readLines(child.stderr!, (line) => {
+        this.tail.push(line.length > TAIL_LINE_CHARS_MAX ? `${line.slice(0, TAIL_LINE_CHARS_MAX)}…` : line);
+        if (this.tail.length > STDERR_TAIL_LINES) this.tail.shift();
+        sink.line(rank, "stderr", line);
+      }),
+    ];
+    this.closed = Promise.all([this.exited, ...drains]).then(() => undefined);
+    // The watch pipe: never written; kept open until the rank ends. Its errors (EPIPE when
+    // the rank closed its end) are expected and carry no information.
+    const watch = child.stdio[3] as (NodeJS.ReadableStream & { on(ev: "error", fn: () => void): unknown; resume(): unknown }) | null;
+    watch?.on("error", () => undefined);
+    watch?.resume();
+  }
+
+  /** True until the process has exited. */
+  get alive(): boolean {
+    return this.exitInfo === undefined;
+  }
+
+  get exit(): RankExit | undefined {
+    return this.exitInfo;
+  }
+
+  /** The last {@link STDERR_TAIL_LINES} lines the rank wrote to stderr. */
+  stderrTail(): string[] {
+    return [...this.tail];
+  }
+
+  /**
+   * Sends `sig` to the rank's process group (the rank and anything it started). Returns false
+   * if nothing was there. Safe after exit: the group id cannot be reused while a member lives.
+   */
+  signal(sig: NodeJS.Signals): boolean {
+    try {
+      process.kill(-this.pid, sig);
+      return true;
+    } catch {
+      // ESRCH: the group is gone, which is the goal. EPERM cannot happen for our own children.
+      return false;
+    }
+  }
+
+  /** Stops the rank: SIGTERM (plus SIGCONT so a frozen rank can act on it) now, SIGKILL after `graceMs`. */
+  terminate(graceMs: number): void {
+    this.signal("SIGTERM");
+    this.signal("SIGCONT");
+    const timer = setTimeout(() => this.signal("SIGKILL"), graceMs);
+    timer.unref();
+    void this.closed.then(() => {
+      // The rank is gone; sweep the group once more for helpers it left, then stop the timer.
+      this.signal("SIGKILL");
+      clearTimeout(timer);
+    });
+  }
+
+  /** Kills at once (SIGKILL to the group). */
+  kill(): void {
+    this.signal("SIGKILL");
+  }
+}
+
+/**
+ * Starts a rank. Resolves once the OS has started the process; rejects with `LAUNCH_SPAWN`
+ * if it could not be started.
+ */
+export function spawnRank(spec: RankSpawnSpec, sink: RankOutputSink): Promise<RankProcess> {
+  const { command, args } = rankCommand(spec.app, spec.appArgs);
+  return new Promise((resolve, reject) => {
+    let child: ChildProcess;
+    try {
+      child = spawn(command, args, {
+        cwd: spec.cwd,
+        env: spec.env,
+        stdio: ["ignore", "pipe", "pipe", "pipe"],
+        detached: true,
+        windowsHide: true,
+      });
+    } catch (err) {
+      reject(new LifelineError("LAUNCH_SPAWN", `cannot start rank ${spec.rank}: ${errorMessage(err)}`, { cause: err }));
+      return;
+    }
+    const onError = (err: Error): void => {
+      reject(new LifelineError("LAUNCH_SPAWN", `cannot start rank ${spec.rank} (${command}): ${err.message}`, { cause: err }));
+    };
+    child.once("error", onError);
+    child.once("spawn", () => {
+      child.off("error", onError);
+      // Later errors (a failed kill) are not fatal; exits are reported through `exit`.
+      child.on("error", () => undefined);
+      resolve(new RankProcess(spec.rank, spec.attempt, child.pid!, child, sink));
+    });
+  });
+}
+
+/** Calls `onLine` for each line of `stream` (without its newline); resolves at end of stream. */
+function readLines(stream: NodeJS.ReadableStream, onLine: (line: string) => void): Promise<void> {
+  return new Promise((resolve) => {
+    let pending = "";
+    stream.setEncoding("utf8"); // decodes multi-byte characters split across chunks
+    stream.on("data", (chunk: string) => {
+      pending += chunk;
+      let nl: number;
+      while ((nl = pending.indexOf("\n")) >= 0) {
+        onLine(stripCr(pending.slice(0, nl)));
+        pending = pending.slice(nl + 1);
+      }
+      while (pending.length > LINE_CHARS_MAX) {
+        onLine(pending.slice(0, LINE_CHARS_MAX));
+        pending = pending.slice(LINE_CHARS_MAX);
+      }
+    });
+    const finish = (): void => {
+      if (pending !== "") onLine(stripCr(pending));
+      pending = "";
+      resolve();
+    };
+    stream.once("end", finish);
+    stream.once("close", finish);
+    stream.once("error", finish);
+  });
+}
+
+function stripCr(line: string): string {
+  return line.endsWith("\r") ? line.slice(0, -1) : line;
+}

@@ -1,0 +1,115 @@
+/**
+ * `lifeline run` as a function: sets up the job's private directory and identity, runs the
+ * {@link Supervisor}, handles the launcher's own signals, writes `--results`, prints the
+ * summary and cleans up. The CLI only parses flags and calls {@link runJob}.
+ *
+ * @example
+ * const outcome = await runJob(resolveRunConfig(flags, { cwd }), { stdout: process.stdout, stderr: process.stderr, env: process.env });
+ * process.exitCode = outcome.exitCode;
+ */
+import { randomBytes } from "node:crypto";
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { basename, extname, join } from "node:path";
+import { errorMessage, isLifelineError, LifelineError } from "../errors.ts";
+import type { RunConfig } from "./options.ts";
+import { createReporter, pickStyle, type OutStream } from "./progress.ts";
+import { writeResultsFile } from "./results.ts";
+import { Supervisor, type JobOutcome } from "./supervisor.ts";
+
+export interface RunIo {
+  stdout: OutStream;
+  stderr: OutStream;
+  /** Environment the ranks inherit. */
+  env: NodeJS.ProcessEnv;
+  /**
+   * Install SIGINT/SIGTERM/SIGHUP handlers that stop the job gracefully, and a process `exit`
+   * hook that kills any rank still alive (default true; tests running in-process may disable).
+   */
+  handleSignals?: boolean;
+}
+
+/** Signals that stop a job gracefully; a second one kills the ranks at once. */
+const STOP_SIGNALS: readonly NodeJS.Signals[] = ["SIGINT", "SIGTERM", "SIGHUP"];
+
+/**
+ * Runs one job to the end. Resolves with the outcome (its `exitCode` is what the launcher
+ * exits with); rejects only for launcher bugs.
+ */
+export async function runJob(config: RunConfig, io: RunIo): Promise<JobOutcome> {
+  const jobKey = randomBytes(4).readUInt32LE(0);
+  const jobId = `${basename(config.app, extname(config.app)).replace(/[^A-Za-z0-9_.-]/g, "_").slice(0, 32)}-${jobKey.toString(16).padStart(8, "0")}`;
+  const runDir = makeRunDir();
+  const reporter = createReporter({
+    style: pickStyle({ json: config.json, quiet: config.quiet, stderr: io.stderr, env: io.env }),
+    stdout: io.stdout,
+    stderr: io.stderr,
+    size: config.size,
+  });
+  const supervisor = new Supervisor(config, { reporter, runDir, jobId, jobKey, baseEnv: io.env });
+
+  const handleSignals = io.handleSignals ?? true;
+  const onSignal = (signal: NodeJS.Signals): void => supervisor.interrupt(signal);
+  // Runs even when the launcher crashes: Node emits `exit` on an uncaught exception.
+  const onExit = (): void => supervisor.killAllNow();
+  if (handleSignals) {
+    for (const s of STOP_SIGNALS) process.on(s, onSignal);
+    process.on("exit", onExit);
+  }
+
+  let outcome: JobOutcome;
+  try {
+    outcome = await supervisor.run();
+  } finally {
+    if (handleSignals) {
+      for (const s of STOP_SIGNALS) process.off(s, onSignal);
+      process.off("exit", onExit);
+    }
+    rmSync(runDir, { recursive: true, force: true });
+  }
+
+  if (config.resultsPath !== undefined) {
+    try {
+      await writeResultsFile(config.resultsPath, {
+        ranks: outcome.results,
+        restarts: outcome.restarts,
+        mode: config.mode,
+        size: config.size,
+        wallMs: outcome.wallMs,
+        exitCode: outcome.exitCode,
+        job: jobId,
+        error: outcome.error === undefined ? undefined : { code: outcome.error.code, message: outcome.error.message },
+      });
+    } catch (err) {
+      // The job ran, but its results are lost: that is a failure the exit code must show.
+      const error = isLifelineError(err) ? err : new LifelineError("LAUNCH_USAGE", errorMessage(err), { cause: err });
+      outcome = { ...outcome, ok: false, exitCode: outcome.exitCode === 0 ? 1 : outcome.exitCode, error: outcome.error ?? error, summary: outcome.summary ?? error.message };
+      reporter.event({ kind: "warning", message: error.message });
+    }
+  }
+
+  reporter.event({
+    kind: "job-finished",
+    ok: outcome.ok,
+    exitCode: outcome.exitCode,
+    wallMs: outcome.wallMs,
+    size: outcome.size,
+    finalized: outcome.finalizedCount,
+    restarts: outcome.restarts,
+    error: outcome.error === undefined ? undefined : { code: outcome.error.code, message: outcome.summary ?? outcome.error.message },
+    results: outcome.results,
+    resultsPath: config.resultsPath,
+  });
+  reporter.close();
+  return outcome;
+}
+
+/**
+ * A fresh private directory (mode 0700) for the job's ipc endpoints. Unix socket paths are
+ * short (107 bytes), so a long TMPDIR falls back to /tmp.
+ */
+function makeRunDir(): string {
+  const base = tmpdir();
+  const dir = base.length <= 60 ? base : "/tmp";
+  return mkdtempSync(join(dir, "lifeline-"));
+}

@@ -1,0 +1,528 @@
+/**
+ * The supervisor runs one job: it starts the coordinator and the rank processes, watches
+ * them (process exits at once; frozen or hung ranks through {@link FailureDetector}), and
+ * decides what a failure means through a {@link RestartPolicy} — today only fail-fast
+ * (`--mode none`); the cpr (restart all) and retry-one (restart one) policies plug in here.
+ *
+ * Teardown guarantees: when the job fails or is interrupted, every live rank is sent `abort`
+ * on the control channel and SIGTERM (plus SIGCONT, for frozen ones) to its process group,
+ * then SIGKILL after a grace period; the supervisor resolves only once every rank process
+ * has exited. {@link Supervisor.killAllNow} is the synchronous last resort for a launcher
+ * that is exiting abnormally; if the launcher is SIGKILLed, ranks see EOF on their watch pipe.
+ *
+ * @example
+ * const sup = new Supervisor(config, { reporter, runDir, jobId, jobKey, baseEnv: process.env });
+ * process.once("SIGINT", () => sup.interrupt("SIGINT"));
+ * const outcome = await sup.run(); // { ok, exitCode, results, error, ... }
+ */
+import { constants as osConstants } from "node:os";
+import { LifelineError, errorMessage, isLifelineError, type LifelineErrorCode } from "../errors.ts";
+import { ENV, type Mode } from "../mpi/env.ts";
+import { Coordinator, type CoordinatorEvent } from "./coordinator.ts";
+import { FailureDetector, type Suspicion } from "./detector.ts";
+import { SUPPORTED_MODES, type RunConfig } from "./options.ts";
+import type { Reporter } from "./progress.ts";
+import { spawnRank, type RankExit, type RankOutputSink, type RankProcess } from "./rank-process.ts";
+
+/** Grace between SIGTERM and SIGKILL when a failure stops the job (fail fast: all gone within 1 s). */
+export const FAIL_FAST_GRACE_MS = 500;
+/** Grace between SIGTERM and SIGKILL when the user interrupts the launcher. */
+export const INTERRUPT_GRACE_MS = 2_000;
+/** How long ranks may take to exit after `release` before they are killed. */
+export const RELEASE_EXIT_TIMEOUT_MS = 10_000;
+/** How long to wait for a dead rank's last output before writing its failure message. */
+const OUTPUT_DRAIN_WAIT_MS = 300;
+/** How long to wait for all output pipes to drain once every rank has exited. */
+const FINAL_DRAIN_WAIT_MS = 500;
+
+/** Why a rank (or the job as a whole) failed. */
+export interface RankFailure {
+  kind: "exit" | "abort" | "heartbeat" | "stuck" | "bad-result" | "rendezvous" | "spawn" | "release-hang" | "interrupted";
+  /** The rank at fault, if one is. */
+  rank: number | undefined;
+  code: LifelineErrorCode;
+  /** One line, for the summary: "rank 1 (pid 123) was killed by SIGKILL before finalizing". */
+  message: string;
+  /** The rank's own exit status, when it ended by itself; becomes the launcher's exit code. */
+  exitStatus: number | undefined;
+}
+
+/** What a policy may look at. */
+export interface JobView {
+  readonly size: number;
+  readonly mode: Mode;
+  readonly restarts: number;
+  readonly maxRestarts: number;
+  readonly finalized: readonly boolean[];
+}
+
+/** A policy's answer to a failure. */
+export type PolicyDecision =
+  /** Stop the job: abort and kill every rank, report `failure`. */
+  | { kind: "fail-job" }
+  /** Restart these ranks (attempt + 1) after `delayMs`; the others keep running or are rolled back by the protocol. */
+  | { kind: "restart"; ranks: number[]; delayMs: number };
+
+/**
+ * The hook through which recovery modes decide what a failure means. Detection and teardown
+ * stay in the supervisor; a policy only decides.
+ */
+export interface RestartPolicy {
+  readonly mode: Mode;
+  decide(failure: RankFailure, job: JobView): PolicyDecision;
+}
+
+/** `--mode none`: any failure fails the job (the baseline). */
+export const failFastPolicy: RestartPolicy = {
+  mode: "none",
+  decide: () => ({ kind: "fail-job" }),
+};
+
+/** The policy of a mode. Throws `LAUNCH_USAGE` for modes whose recovery is not implemented. */
+export function policyFor(mode: Mode): RestartPolicy {
+  if (!SUPPORTED_MODES.includes(mode)) {
+    throw new LifelineError("LAUNCH_USAGE", `mode ${mode} is not available yet; pass --mode none`);
+  }
+  switch (mode) {
+    case "none":
+      return failFastPolicy;
+    case "cpr":
+    case "retry-one":
+      throw new LifelineError("LAUNCH_USAGE", `mode ${mode} is listed as supported but has no restart policy`);
+  }
+}
+
+/** How a job ended. */
+export interface JobOutcome {
+  ok: boolean;
+  /** The launcher's exit code (docs/cli.md, "Exit codes"). */
+  exitCode: number;
+  wallMs: number;
+  size: number;
+  finalizedCount: number;
+  /** Decoded finalize() results by rank; `undefined` for ranks that did not finalize. */
+  results: unknown[];
+  restarts: number;
+  /** Why the job failed: one-line `message` plus the failed rank's stderr tail. */
+  error: LifelineError | undefined;
+  /** The failure in one line (for summaries and JSON events). */
+  summary: string | undefined;
+  /** Pids of every rank process started, for diagnostics (and tests that check none survive). */
+  pids: number[];
+}
+
+export interface SupervisorDeps {
+  reporter: Reporter;
+  /** Private directory for ipc endpoints; the caller creates and removes it. */
+  runDir: string;
+  jobId: string;
+  jobKey: number;
+  /** Environment the ranks inherit (LIFELINE_* entries in it are replaced). */
+  baseEnv: NodeJS.ProcessEnv;
+  policy?: RestartPolicy;
+}
+
+export class Supervisor {
+  private readonly policy: RestartPolicy;
+  private readonly procs: (RankProcess | undefined)[];
+  private readonly finalized: boolean[];
+  private readonly results: unknown[];
+  private readonly detector: FailureDetector;
+  private coordinator: Coordinator | undefined;
+  private readonly startMs = performance.now();
+  private failure: RankFailure | undefined;
+  private failureDetail: string | undefined;
+  private failureReported: Promise<void> = Promise.resolve();
+  private stopping = false;
+  private interruptedBy: NodeJS.Signals | undefined;
+  private spawning = false;
+  private detectorTimer: NodeJS.Timeout | undefined;
+  private releaseTimer: NodeJS.Timeout | undefined;
+  private resolveAllExited: (() => void) | undefined;
+  private readonly pids: number[] = [];
+  private readonly restarts = 0;
+
+  constructor(private readonly config: RunConfig, private readonly deps: SupervisorDeps) {
+    this.policy = deps.policy ?? policyFor(config.mode);
+    this.procs = new Array<RankProcess | undefined>(config.size).fill(undefined);
+    this.finalized = new Array<boolean>(config.size).fill(false);
+    this.results = new Array<unknown>(config.size).fill(undefined);
+    this.detector = new FailureDetector({ size: config.size, failureTimeoutMs: config.failureTimeoutMs, stuckTimeoutMs: config.stuckTimeoutMs });
+  }
+
+  /** Runs the job to the end. Never rejects for rank failures: they are in the outcome. */
+  async run(): Promise<JobOutcome> {
+    const allExited = new Promise<void>((resolve) => (this.resolveAllExited = resolve));
+    const coordinator = new Coordinator({
+      size: this.config.size,
+      jobKey: this.deps.jobKey,
+      transport: this.config.transport,
+      runDir: this.deps.runDir,
+      rendezvousTimeoutMs: this.config.rendezvousTimeoutMs,
+      onEvent: (ev) => this.onCoordinatorEvent(ev),
+    });
+    this.coordinator = coordinator;
+    try {
+      const endpoint = await coordinator.start();
+      this.deps.reporter.event({
+        kind: "job-starting",
+        job: this.deps.jobId,
+        size: this.config.size,
+        mode: this.config.mode,
+        app: this.config.app,
+        coordinator: endpoint,
+        transport: this.config.transport,
+      });
+      const tickMs = Math.max(20, Math.min(250, Math.floor(Math.min(this.config.failureTimeoutMs, this.config.stuckTimeoutMs ?? Infinity) / 4)));
+      this.detectorTimer = setInterval(() => this.onTick(), tickMs);
+      this.detectorTimer.unref();
+      await this.spawnAll(endpoint);
+    } catch (err) {
+      this.fail({
+        kind: "spawn",
+        rank: undefined,
+        code: isLifelineError(err) ? err.code : "LAUNCH_SPAWN",
+        message: errorMessage(err),
+        exitStatus: undefined,
+      });
+    }
+    this.checkAllExited();
+    await allExited;
+    await this.failureReported;
+    // Let the last forwarded lines through before the summary is printed.
+    await withTimeout(Promise.all(this.procs.map((p) => p?.closed)), FINAL_DRAIN_WAIT_MS);
+    this.stopTimers();
+    await coordinator.close();
+    return this.outcome();
+  }
+
+  /**
+   * Stops the job because the launcher received `signal`: abort + SIGTERM now, SIGKILL after
+   * {@link INTERRUPT_GRACE_MS}. A second interrupt kills every rank at once.
+   */
+  interrupt(signal: NodeJS.Signals): void {
+    if (this.interruptedBy !== undefined) {
+      this.killAllNow();
+      return;
+    }
+    this.interruptedBy = signal;
+    this.deps.reporter.event({ kind: "job-stopping", reason: `interrupted by ${signal}; stopping the ranks (${signal} again kills them at once)` });
+    this.fail({ kind: "interrupted", rank: undefined, code: "LAUNCH_INTERRUPTED", message: `interrupted by ${signal}`, exitStatus: undefined }, INTERRUPT_GRACE_MS);
+  }
+
+  /** SIGKILLs every rank's process group, synchronously: for a launcher that is going down. */
+  killAllNow(): void {
+    for (const p of this.procs) p?.kill();
+  }
+
+  // ---- starting -------------------------------------------------------------------------
+
+  private async spawnAll(coordinator: string): Promise<void> {
+    this.spawning = true;
+    try {
+      for (let rank = 0; rank < this.config.size; rank++) {
+        if (this.stopping) return;
+        const proc = await spawnRank(
+          {
+            rank,
+            attempt: 0,
+            app: this.config.app,
+            appArgs: this.config.appArgs,
+            env: this.rankEnv(rank, 0, coordinator),
+            cwd: this.config.cwd,
+          },
+          this.outputSink(),
+        );
+        this.procs[rank] = proc;
+        this.pids.push(proc.pid);
+        this.deps.reporter.event({ kind: "rank-spawned", rank, attempt: 0, pid: proc.pid });
+        void proc.exited.then((exit) => this.onExit(proc, exit));
+        // A failure or interrupt while this rank was starting already swept the others.
+        if (this.stopping) proc.terminate(FAIL_FAST_GRACE_MS);
+      }
+    } finally {
+      this.spawning = false;
+    }
+  }
+
+  /** The environment of one rank (API §5 and src/mpi/env.ts). */
+  private rankEnv(rank: number, attempt: number, coordinator: string): NodeJS.ProcessEnv {
+    const env: NodeJS.ProcessEnv = {};
+    // Variables of an enclosing job (a launcher started from inside a rank) must not leak in.
+    for (const [k, v] of Object.entries(this.deps.baseEnv)) if (!k.startsWith("LIFELINE_")) env[k] = v;
+    env[ENV.rank] = String(rank);
+    env[ENV.size] = String(this.config.size);
+    env[ENV.coordinator] = coordinator;
+    env[ENV.job] = this.deps.jobId;
+    env[ENV.mode] = this.config.mode;
+    env[ENV.store] = this.config.store;
+    env[ENV.attempt] = String(attempt);
+    env[ENV.transport] = this.config.transport;
+    env[ENV.runDir] = this.deps.runDir;
+    env[ENV.watchFd] = "3";
+    env[ENV.heartbeatMs] = String(this.config.heartbeatMs);
+    env[ENV.failureTimeoutMs] = String(this.config.failureTimeoutMs);
+    env[ENV.faults] = this.config.faults[rank] ?? "";
+    return env;
+  }
+
+  private outputSink(): RankOutputSink {
+    return { line: (rank, stream, line) => this.deps.reporter.rankLine(rank, stream, line) };
+  }
+
+  // ---- watching -------------------------------------------------------------------------
+
+  private onCoordinatorEvent(ev: CoordinatorEvent): void {
+    const now = this.nowMs();
+    switch (ev.kind) {
+      case "rank-up":
+        this.detector.heard(ev.rank, now, { heartbeat: false });
+        this.deps.reporter.event({ kind: "rank-up", rank: ev.rank, pid: ev.pid });
+        return;
+      case "ready":
+        this.deps.reporter.event({ kind: "job-started", rendezvousMs: Math.round(now) });
+        return;
+      case "step":
+        this.detector.stepped(ev.rank, now);
+        this.deps.reporter.event({ kind: "rank-step", rank: ev.rank, steps: ev.steps, epoch: ev.epoch });
+        return;
+      case "heartbeat":
+        this.detector.heard(ev.rank, now, { heartbeat: true });
+        return;
+      case "finalized":
+        this.finalized[ev.rank] = true;
+        this.results[ev.rank] = ev.result;
+        this.detector.forget(ev.rank);
+        this.deps.reporter.event({ kind: "rank-finalized", rank: ev.rank });
+        return;
+      case "bad-result":
+        this.rankFailed({ kind: "bad-result", rank: ev.rank, code: "LAUNCH_RANK_FAILED", message: ev.message, exitStatus: undefined });
+        return;
+      case "released":
+        this.releaseTimer = setTimeout(() => this.onReleaseTimeout(), RELEASE_EXIT_TIMEOUT_MS);
+        this.releaseTimer.unref();
+        return;
+      case "rank-abort": {
+        const proc = this.procs[ev.rank];
+        const code = ev.code.startsWith("MPI_") || ev.code.startsWith("CPR_") || ev.code.startsWith("STORE_") || ev.code.startsWith("LAUNCH_") ? (ev.code as LifelineErrorCode) : "LAUNCH_RANK_FAILED";
+        this.rankFailed({
+          kind: "abort",
+          rank: ev.rank,
+          code,
+          message: `rank ${ev.rank}${pidText(proc)} aborted the job: ${ev.code}: ${ev.message}`,
+          exitStatus: undefined,
+        });
+        return;
+      }
+      case "rendezvous-timeout": {
+        const missing = ev.missing;
+        const who = missing.length === 1 ? `rank ${missing[0]}` : `ranks ${missing.join(", ")}`;
+        this.fail({
+          kind: "rendezvous",
+          rank: missing[0],
+          code: "LAUNCH_RENDEZVOUS",
+          message:
+            `${who} did not join the job within ${ev.timeoutMs} ms (--rendezvous-timeout): a rank joins when its program calls init() from "lifeline"; ` +
+            `check that ${this.config.app} does, and does so early`,
+          exitStatus: undefined,
+        });
+        return;
+      }
+      case "warning":
+        this.deps.reporter.event({ kind: "warning", message: ev.message });
+        return;
+      default: {
+        const never: never = ev;
+        void never;
+      }
+    }
+  }
+
+  private onExit(proc: RankProcess, exit: RankExit): void {
+    const rank = proc.rank;
+    this.detector.forget(rank);
+    this.deps.reporter.event({ kind: "rank-exited", rank, code: exit.code, signal: exit.signal, killedByLauncher: this.stopping });
+    if (!this.stopping) {
+      const fine = this.finalized[rank]! && exit.code === 0;
+      if (!fine) {
+        const how = exit.signal !== null ? `was killed by ${exit.signal}` : exit.code === 0 ? "exited with code 0" : `exited with code ${exit.code}`;
+        const when = this.finalized[rank] ? "after finalizing" : exit.code === 0 ? "without calling finalize()" : "before finalizing";
+        this.rankFailed({
+          kind: "exit",
+          rank,
+          code: "LAUNCH_RANK_FAILED",
+          message: `rank ${rank}${pidText(proc)} ${how} ${when}`,
+          exitStatus: exit.status === 0 ? undefined : exit.status,
+        });
+      }
+    }
+    this.checkAllExited();
+  }
+
+  private onTick(): void {
+    if (this.stopping) return;
+    for (const s of this.detector.check(this.nowMs())) this.onSuspicion(s);
+  }
+
+  private onSuspicion(s: Suspicion): void {
+    const proc = this.procs[s.rank];
+    if (proc === undefined || !proc.alive) return;
+    // A frozen or hung rank will not act on SIGTERM; it is failed, so kill it now.
+    proc.kill();
+    const message =
+      s.kind === "heartbeat"
+        ? `rank ${s.rank}${pidText(proc)} sent no heartbeat for ${s.silentMs} ms (--failure-timeout ${this.config.failureTimeoutMs} ms): frozen or unreachable, killed`
+        : `rank ${s.rank}${pidText(proc)} reached no step boundary (checkpoint() call) for ${s.silentMs} ms (--stuck-timeout ${this.config.stuckTimeoutMs} ms): stuck, killed`;
+    this.rankFailed({ kind: s.kind, rank: s.rank, code: s.kind === "heartbeat" ? "LAUNCH_HEARTBEAT" : "LAUNCH_STUCK", message, exitStatus: undefined });
+  }
+
+  private onReleaseTimeout(): void {
+    this.releaseTimer = undefined;
+    const late = this.procs.flatMap((p) => (p !== undefined && p.alive ? [p] : []));
+    if (late.length === 0 || this.stopping) return;
+    const first = late[0]!;
+    this.fail({
+      kind: "release-hang",
+      rank: first.rank,
+      code: "LAUNCH_RANK_FAILED",
+      message: `rank${late.length === 1 ? "" : "s"} ${late.map((p) => p.rank).join(", ")} finalized but did not exit within ${RELEASE_EXIT_TIMEOUT_MS} ms of being released; killed`,
+      exitStatus: undefined,
+    });
+  }
+
+  // ---- failing --------------------------------------------------------------------------
+
+  /** A rank failed: ask the policy what that means. */
+  private rankFailed(failure: RankFailure): void {
+    if (this.stopping) return;
+    const decision = this.policy.decide(failure, {
+      size: this.config.size,
+      mode: this.config.mode,
+      restarts: this.restarts,
+      maxRestarts: this.config.maxRestarts,
+      finalized: this.finalized,
+    });
+    switch (decision.kind) {
+      case "fail-job":
+        this.fail(failure);
+        return;
+      case "restart":
+        // No supported mode restarts yet (SUPPORTED_MODES); a policy that asks is a bug.
+        this.fail({ ...failure, message: `${failure.message} (restarting is not implemented for mode ${this.config.mode})` });
+        return;
+      default: {
+        const never: never = decision;
+        void never;
+      }
+    }
+  }
+
+  /**
+   * Stops the job because of `failure` (the first failure is the one reported): abort and
+   * SIGTERM every live rank now, SIGKILL after `graceMs`.
+   */
+  private fail(failure: RankFailure, graceMs = FAIL_FAST_GRACE_MS): void {
+    if (this.failure === undefined || failure.kind === "interrupted") {
+      if (this.failure === undefined) this.failure = failure;
+      else if (this.failure.kind !== "interrupted") this.failure = { ...failure, message: `${failure.message} (while stopping: ${this.failure.message})` };
+    }
+    if (this.stopping) {
+      if (failure.kind === "interrupted") for (const p of this.procs) if (p?.alive) p.terminate(graceMs);
+      return;
+    }
+    this.stopping = true;
+    this.failureReported = this.reportFailure(failure);
+    void this.coordinator?.abort(failure.code, failure.message);
+    for (const p of this.procs) {
+      if (p === undefined || !p.alive) continue;
+      if (failure.kind === "abort" && p.rank === failure.rank) {
+        // The aborting rank is shutting down on its own and may still be printing why:
+        // give it the grace before any signal.
+        const timer = setTimeout(() => p.kill(), graceMs);
+        timer.unref();
+        void p.exited.then(() => clearTimeout(timer));
+        continue;
+      }
+      p.terminate(graceMs);
+    }
+    this.checkAllExited();
+  }
+
+  /** Emits `rank-failed` with the rank's last stderr lines once its output has drained. */
+  private async reportFailure(failure: RankFailure): Promise<void> {
+    const proc = failure.rank === undefined ? undefined : this.procs[failure.rank];
+    if (proc !== undefined) await withTimeout(proc.closed, OUTPUT_DRAIN_WAIT_MS);
+    const tail = proc?.stderrTail() ?? [];
+    this.failureDetail =
+      tail.length === 0 ? failure.message : `${failure.message}\nlast ${tail.length} stderr line${tail.length === 1 ? "" : "s"} of rank ${failure.rank}:\n${tail.map((l) => `  | ${l}`).join("\n")}`;
+    if (failure.rank !== undefined && RANK_FAULT_KINDS.includes(failure.kind)) {
+      const exit = proc?.exit;
+      this.deps.reporter.event({
+        kind: "rank-failed",
+        rank: failure.rank,
+        pid: proc?.pid,
+        reason: failure.message.replace(new RegExp(`^rank ${failure.rank}( \\(pid \\d+\\))? `), ""),
+        code: exit?.code ?? null,
+        signal: exit?.signal ?? null,
+        stderrTail: tail,
+      });
+    } else if (failure.kind !== "interrupted") {
+      this.deps.reporter.event({ kind: "job-stopping", reason: failure.message, rank: failure.rank, stderrTail: proc === undefined ? undefined : tail });
+    }
+  }
+
+  private checkAllExited(): void {
+    if (this.spawning) return;
+    const anyAlive = this.procs.some((p) => p !== undefined && p.alive);
+    if (anyAlive) return;
+    // Without a failure, the job is over only when every rank has been started and has ended.
+    const allStarted = this.procs.every((p) => p !== undefined);
+    if (!this.stopping && !allStarted) return;
+    this.resolveAllExited?.();
+  }
+
+  private outcome(): JobOutcome {
+    const finalizedCount = this.finalized.filter(Boolean).length;
+    const wallMs = Math.round(this.nowMs());
+    const base = { wallMs, size: this.config.size, finalizedCount, results: [...this.results], restarts: this.restarts, pids: [...this.pids] };
+    if (this.failure === undefined) {
+      const allZero = this.procs.every((p) => p?.exit?.code === 0);
+      if (finalizedCount === this.config.size && allZero) {
+        return { ...base, ok: true, exitCode: 0, error: undefined, summary: undefined };
+      }
+      // Unreachable by construction (every non-clean exit is a failure); kept as a safe answer.
+      const message = `${this.config.size - finalizedCount} rank(s) did not finalize`;
+      return { ...base, ok: false, exitCode: 1, error: new LifelineError("LAUNCH_RANK_FAILED", message), summary: message };
+    }
+    const f = this.failure;
+    let exitCode: number;
+    if (this.interruptedBy !== undefined) exitCode = 128 + (osConstants.signals[this.interruptedBy] ?? 0);
+    else exitCode = f.exitStatus !== undefined && f.exitStatus !== 0 ? f.exitStatus : 1;
+    const detail = this.failureDetail ?? f.message;
+    return { ...base, ok: false, exitCode, error: new LifelineError(f.code, detail), summary: f.message };
+  }
+
+  private stopTimers(): void {
+    if (this.detectorTimer !== undefined) clearInterval(this.detectorTimer);
+    if (this.releaseTimer !== undefined) clearTimeout(this.releaseTimer);
+    this.detectorTimer = undefined;
+    this.releaseTimer = undefined;
+  }
+
+  private nowMs(): number {
+    return performance.now() - this.startMs;
+  }
+}
+
+/** Failures that are one rank's own doing, reported as `rank-failed`; the rest are job-level. */
+const RANK_FAULT_KINDS: readonly RankFailure["kind"][] = ["exit", "abort", "heartbeat", "stuck", "bad-result"];
+
+function pidText(proc: RankProcess | undefined): string {
+  return proc === undefined ? "" : ` (pid ${proc.pid})`;
+}
+
+async function withTimeout(p: Promise<unknown>, ms: number): Promise<void> {
+  let timer: NodeJS.Timeout | undefined;
+  await Promise.race([p, new Promise<void>((resolve) => (timer = setTimeout(resolve, ms)))]);
+  clearTimeout(timer);
+}
