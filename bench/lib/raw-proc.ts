@@ -1,0 +1,96 @@
+/**
+ * Plumbing shared by the raw zeromq.js baseline processes (`bench/programs/raw-*.ts`):
+ * arguments, endpoints, payloads and the command loop. The timed code itself lives in each
+ * program, next to the socket it uses.
+ */
+import { CtrlClient, exitWithParent, programArgs, type HarnessMessage } from "./ctrl.ts";
+import type { BenchName } from "./plan.ts";
+
+export interface RawArgs {
+  ctrl: string;
+  id: string;
+  rank: number;
+  size: number;
+  transport: "ipc" | "tcp";
+  dir: string;
+  payload: PayloadKind;
+  idleMs: number;
+}
+
+export type PayloadKind = "f64" | "u8";
+
+export function rawArgs(argv: readonly string[]): RawArgs {
+  const m = programArgs(argv);
+  const need = (k: string): string => {
+    const v = m.get(k);
+    if (v === undefined) throw new Error(`missing --${k}`);
+    return v;
+  };
+  const transport = m.get("transport") ?? "ipc";
+  if (transport !== "ipc" && transport !== "tcp") throw new Error(`--transport ${transport}: expected ipc or tcp`);
+  const payload = m.get("payload") ?? "f64";
+  if (payload !== "f64" && payload !== "u8") throw new Error(`--payload ${payload}: expected f64 or u8`);
+  return {
+    ctrl: need("ctrl"),
+    id: need("id"),
+    rank: Number(need("rank")),
+    size: Number(need("size")),
+    transport,
+    dir: need("dir"),
+    payload,
+    idleMs: Number(m.get("idle-ms") ?? 120_000),
+  };
+}
+
+/** Where a raw process binds: an ipc path in the run's temp dir, or an ephemeral tcp port. */
+export function bindAddress(a: RawArgs, name: string): string {
+  return a.transport === "ipc" ? `ipc://${a.dir}/${name}-${a.rank}` : "tcp://127.0.0.1:0";
+}
+
+/**
+ * A payload of `bytes` bytes: a Float64Array (filled with `fill`) when the size allows and
+ * `kind` is f64, else a Uint8Array. The same rule is used on the Lifeline side.
+ */
+export function makePayload(bytes: number, kind: PayloadKind, fill: number): Float64Array | Uint8Array {
+  if (kind === "f64" && bytes % 8 === 0) return new Float64Array(bytes / 8).fill(fill);
+  return new Uint8Array(bytes).fill(fill & 0xff);
+}
+
+export function elapsedSeconds(t0: bigint): number {
+  return Number(process.hrtime.bigint() - t0) / 1e9;
+}
+
+/** Runs the command loop until `quit`: each `run` → the program's timed block → `done`. */
+export async function serveCommands(
+  ctrl: CtrlClient,
+  a: RawArgs,
+  runBlock: (bench: BenchName, bytes: number, iters: number) => Promise<number>,
+): Promise<void> {
+  for (;;) {
+    const cmd: HarnessMessage = await ctrl.receive(a.idleMs);
+    if (cmd.t === "quit") return;
+    if (cmd.t !== "run") throw new Error(`unexpected command ${cmd.t}`);
+    try {
+      const seconds = await runBlock(cmd.bench, cmd.bytes, cmd.iters);
+      await ctrl.send({ t: "done", seq: cmd.seq, rank: a.rank, seconds });
+    } catch (err) {
+      await ctrl.send({ t: "error", seq: cmd.seq, rank: a.rank, message: (err as Error).stack ?? String(err) });
+      throw err;
+    }
+  }
+}
+
+/** Start-up shared by the raw programs: stdin watch, control connection. */
+export async function startRaw(argv: readonly string[]): Promise<{ a: RawArgs; ctrl: CtrlClient }> {
+  exitWithParent();
+  const a = rawArgs(argv);
+  const ctrl = await CtrlClient.connect(a.ctrl, `${a.id}:${a.rank}`);
+  return { a, ctrl };
+}
+
+/** Waits for the harness's endpoint table. */
+export async function receivePeers(ctrl: CtrlClient, a: RawArgs): Promise<string[]> {
+  const msg = await ctrl.receive(a.idleMs);
+  if (msg.t !== "peers") throw new Error(`expected the peer table, got ${msg.t}`);
+  return msg.endpoints;
+}

@@ -1,0 +1,405 @@
+/**
+ * `npm run bench`: Lifeline's message layer next to raw zeromq.js, measured in the same run,
+ * with the same sizes and process layout, timed in alternation.
+ *
+ * For each group of cases with one rank count, the harness starts a Lifeline job (the real
+ * launcher running bench/programs/mpi-bench.ts) and the raw baseline processes
+ * (bench/programs/raw-*.ts), keeps them all running, and drives them over a control channel
+ * (bench/lib/ctrl.ts). For each case: calibrate each variant to ~`--target-ms` per timed block,
+ * one warm-up block each, then `--reps` timed blocks alternating L R, R L, ...; every block
+ * starts with a barrier inside the job. The figure is the median over the blocks.
+ *
+ * Usage: see `--help` and bench/README.md.
+ */
+import { execFileSync } from "node:child_process";
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+import { parseArgs } from "node:util";
+import { CtrlServer } from "./lib/ctrl.ts";
+import { LifelineJob, RawJob, type Job, type JobEnv } from "./lib/jobs.ts";
+import {
+  BENCH_NAMES, FULL_SIZES, QUICK_SIZES, buildCases, caseKey, display, peerFigure, peerPerOpSeconds, perOpSeconds,
+  ratioOf, rawProgramFor, targetFor, unitOf, type BenchName, type Case, type PeersFile,
+} from "./lib/plan.ts";
+import { installCleanup, killAllSync } from "./lib/procs.ts";
+import { renderTables, type CaseResult, type VariantResult } from "./lib/report.ts";
+import { calibrate, fmt, fmtRatio, median, quantile, spread } from "./lib/stats.ts";
+
+const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
+
+const HELP = `Usage: npm run bench -- [options]
+       node --import tsx bench/run.ts [options]      (after npm run build)
+
+  --quick               tiny sizes, 3 reps, 5 ms per timing (< 60 s; the smoke test uses it)
+  --only <names>        comma list of: ${BENCH_NAMES.join(", ")}
+  --transport <t>       ipc (default; endpoints in a temp dir) or tcp (127.0.0.1, port 0)
+  --reps <n>            timed repetitions per case and variant (default 9; quick 3)
+  --target-ms <ms>      calibrate each timed block to about this long (default 50; quick 5)
+  --variant <v>         both (default), lifeline or raw
+  --payload <p>         f64 (default; Float64Array) or u8 (Uint8Array) for ping-pong/stream
+  --out <file>          JSON output (default bench/results/<timestamp>.json)
+  --timeout-s <s>       bound on the whole run (default 900; quick 120)
+  --verbose             echo the children's output
+  -h, --help
+`;
+
+interface Options {
+  quick: boolean;
+  only: Set<BenchName>;
+  transport: "ipc" | "tcp";
+  reps: number;
+  targetMs: number;
+  variant: "both" | "lifeline" | "raw";
+  payload: "f64" | "u8";
+  out: string;
+  timeoutS: number;
+  verbose: boolean;
+}
+
+function usage(msg: string): never {
+  process.stderr.write(`bench: ${msg}\n\n${HELP}`);
+  process.exit(2);
+}
+
+function parseOptions(argv: string[]): Options {
+  let v;
+  try {
+    v = parseArgs({
+      args: argv,
+      options: {
+        quick: { type: "boolean", default: false },
+        only: { type: "string" },
+        transport: { type: "string", default: "ipc" },
+        reps: { type: "string" },
+        "target-ms": { type: "string" },
+        variant: { type: "string", default: "both" },
+        payload: { type: "string", default: "f64" },
+        out: { type: "string" },
+        "timeout-s": { type: "string" },
+        verbose: { type: "boolean", default: false },
+        help: { type: "boolean", short: "h", default: false },
+      },
+      strict: true,
+      allowPositionals: false,
+    }).values;
+  } catch (err) {
+    usage((err as Error).message);
+  }
+  if (v.help) {
+    process.stdout.write(HELP);
+    process.exit(0);
+  }
+  const only = new Set<BenchName>();
+  for (const name of (v.only ?? BENCH_NAMES.join(",")).split(",").map((s) => s.trim()).filter(Boolean)) {
+    if (!BENCH_NAMES.includes(name as BenchName)) usage(`--only ${name}: expected one of ${BENCH_NAMES.join(", ")}`);
+    only.add(name as BenchName);
+  }
+  if (v.transport !== "ipc" && v.transport !== "tcp") usage(`--transport ${v.transport}: expected ipc or tcp`);
+  if (v.variant !== "both" && v.variant !== "lifeline" && v.variant !== "raw") usage(`--variant ${v.variant}: expected both, lifeline or raw`);
+  if (v.payload !== "f64" && v.payload !== "u8") usage(`--payload ${v.payload}: expected f64 or u8`);
+  const posInt = (name: string, raw: string | undefined, dflt: number): number => {
+    if (raw === undefined) return dflt;
+    const n = Number(raw);
+    if (!Number.isInteger(n) || n < 1) usage(`--${name} ${raw}: expected a positive integer`);
+    return n;
+  };
+  const quick = v.quick;
+  const stamp = new Date().toISOString().replace(/[:.]/g, "-");
+  return {
+    quick,
+    only,
+    transport: v.transport,
+    reps: posInt("reps", v.reps, quick ? 3 : 9),
+    targetMs: posInt("target-ms", v["target-ms"], quick ? 5 : 50),
+    variant: v.variant,
+    payload: v.payload,
+    out: path.resolve(v.out ?? path.join(ROOT, "bench", "results", `${stamp}.json`)),
+    timeoutS: posInt("timeout-s", v["timeout-s"], quick ? 120 : 900),
+    verbose: v.verbose,
+  };
+}
+
+function progress(line: string): void {
+  process.stderr.write(`${line}\n`);
+}
+
+function gitCommit(): string | null {
+  try {
+    return execFileSync("git", ["rev-parse", "--short", "HEAD"], { cwd: ROOT, encoding: "utf8", stdio: ["ignore", "pipe", "ignore"] }).trim();
+  } catch {
+    return null; // not a git checkout
+  }
+}
+
+/** One group of cases sharing a rank count, and the jobs they need. */
+interface Session {
+  np: number;
+  cases: Case[];
+}
+
+function sessionsOf(cases: readonly Case[]): Session[] {
+  const byNp = new Map<number, Case[]>();
+  for (const c of cases) {
+    let list = byNp.get(c.np);
+    if (list === undefined) byNp.set(c.np, (list = []));
+    list.push(c);
+  }
+  return [...byNp.entries()].sort((a, b) => a[0] - b[0]).map(([np, list]) => ({ np, cases: list }));
+}
+
+/** Jobs of one session, started on first use and restarted (a bounded number of times) after a failure. */
+class JobPool {
+  private readonly jobs = new Map<string, Job>();
+  private readonly starts = new Map<string, number>();
+  readonly summaries: Record<string, unknown>[] = [];
+  private static readonly STARTS_MAX = 2;
+
+  constructor(private readonly np: number, private readonly env: JobEnv) {}
+
+  async get(kind: "lifeline" | "raw-pingpong" | "raw-pushpull"): Promise<Job> {
+    const have = this.jobs.get(kind);
+    if (have !== undefined && have.broken === undefined) return have;
+    if (have !== undefined) await this.retire(kind, have);
+    const n = this.starts.get(kind) ?? 0;
+    if (n >= JobPool.STARTS_MAX) throw new Error(`${kind} np ${this.np} failed ${n} times; not starting it again`);
+    this.starts.set(kind, n + 1);
+    const job = kind === "lifeline" ? new LifelineJob(this.np, this.env, n) : new RawJob(kind, this.np, this.env, n);
+    progress(`  starting ${job.name} (${this.np} processes${kind === "lifeline" ? " via `lifeline run`" : ""})`);
+    const t0 = performance.now();
+    this.jobs.set(kind, job);
+    await job.start();
+    if (job instanceof LifelineJob) {
+      const reported = new Set(job.hellos.map((h) => (h.t === "hello" ? h.transport ?? "(unset)" : "")));
+      if (!reported.has(this.env.transport)) {
+        progress(`  WARNING: Lifeline ranks report LIFELINE_TRANSPORT=${[...reported].join(",")}, the raw baseline uses ${this.env.transport}`);
+      }
+    }
+    progress(`  ${job.name} up in ${((performance.now() - t0) / 1000).toFixed(1)} s`);
+    return job;
+  }
+
+  private async retire(kind: string, job: Job): Promise<void> {
+    this.jobs.delete(kind);
+    const summary = await job.stop().catch((err: Error) => ({ stopError: err.message }));
+    this.summaries.push({ job: job.name, np: this.np, broken: job.broken?.message.split("\n")[0] ?? null, ...summary });
+  }
+
+  async closeAll(): Promise<void> {
+    for (const [kind, job] of [...this.jobs]) await this.retire(kind, job);
+  }
+}
+
+interface Measured {
+  wallS: number;
+  perOpS: number;
+}
+
+async function measure(job: Job, c: Case, iters: number): Promise<Measured> {
+  const seconds = await job.run(c.bench, c.bytes, iters);
+  return { wallS: Math.max(...seconds), perOpS: perOpSeconds(c.bench, iters, seconds) };
+}
+
+async function runCase(c: Case, pool: JobPool, opts: Options, peers: PeersFile): Promise<CaseResult> {
+  const errors: string[] = [];
+  const kinds: ("lifeline" | "raw")[] = [];
+  if (opts.variant !== "raw") kinds.push("lifeline");
+  const rawProgram = rawProgramFor(c.bench);
+  if (opts.variant !== "lifeline" && rawProgram !== undefined) kinds.push("raw");
+
+  const jobs = new Map<"lifeline" | "raw", Job>();
+  for (const k of kinds) {
+    try {
+      jobs.set(k, await pool.get(k === "lifeline" ? "lifeline" : rawProgram!));
+    } catch (err) {
+      errors.push(`${k}: ${(err as Error).message}`);
+    }
+  }
+
+  const targetS = opts.targetMs / 1000;
+  const state = new Map<"lifeline" | "raw", { iters: number; calibration: [number, number][]; warmupPerOpS: number; perOpS: number[] }>();
+  const drop = (k: "lifeline" | "raw", err: unknown): void => {
+    errors.push(`${k}: ${(err as Error).message}`);
+    progress(`    ${k} FAILED: ${(err as Error).message.split("\n")[0]}`);
+    jobs.delete(k);
+    state.delete(k);
+  };
+  for (const [k, job] of jobs) {
+    try {
+      const cal = await calibrate(async (iters) => (await measure(job, c, iters)).wallS, { targetS, itersMax: 100_000 });
+      const warm = await measure(job, c, cal.iters);
+      state.set(k, { iters: cal.iters, calibration: cal.probes, warmupPerOpS: warm.perOpS, perOpS: [] });
+    } catch (err) {
+      drop(k, err);
+    }
+  }
+  for (let rep = 0; rep < opts.reps; rep++) {
+    const order = [...jobs.keys()];
+    if (rep % 2 === 1) order.reverse(); // L R, R L, L R, ...
+    for (const k of order) {
+      const s = state.get(k);
+      if (s === undefined) continue;
+      try {
+        s.perOpS.push((await measure(jobs.get(k)!, c, s.iters)).perOpS);
+      } catch (err) {
+        drop(k, err);
+      }
+    }
+  }
+
+  const variant = (k: "lifeline" | "raw"): VariantResult | null => {
+    const s = state.get(k);
+    const job = jobs.get(k);
+    if (s === undefined || job === undefined || s.perOpS.length === 0) return null;
+    const med = median(s.perOpS);
+    return { job: job.name, iters: s.iters, calibration: s.calibration, warmupPerOpS: s.warmupPerOpS, perOpS: s.perOpS, medianPerOpS: med, value: display(c, med), spread: spread(s.perOpS) };
+  };
+  const lifeline = variant("lifeline");
+  const raw = variant("raw");
+  let ratio: number | null = null;
+  let ratioQ1: number | null = null;
+  let ratioQ3: number | null = null;
+  if (lifeline !== null && raw !== null) {
+    ratio = ratioOf(c, lifeline.medianPerOpS, raw.medianPerOpS);
+    const n = Math.min(lifeline.perOpS.length, raw.perOpS.length);
+    const paired = Array.from({ length: n }, (_, i) => ratioOf(c, lifeline.perOpS[i]!, raw.perOpS[i]!));
+    ratioQ1 = quantile(paired, 0.25);
+    ratioQ3 = quantile(paired, 0.75);
+  }
+  const mpiTcp = peerFigure(peers, c) ?? null;
+  const ratioMpiTcp = lifeline !== null && mpiTcp !== null ? ratioOf(c, lifeline.medianPerOpS, peerPerOpSeconds(c, mpiTcp)) : null;
+  const t = targetFor(c);
+  return {
+    key: caseKey(c),
+    bench: c.bench,
+    np: c.np,
+    bytes: c.bytes,
+    label: c.label,
+    unit: unitOf(c.bench),
+    lifeline,
+    raw,
+    ratio,
+    ratioQ1,
+    ratioQ3,
+    mpiTcp,
+    ratioMpiTcp,
+    target: t === undefined ? null : { text: t.text, met: ratio === null ? null : t.met(ratio) },
+    errors,
+  };
+}
+
+async function main(): Promise<void> {
+  const opts = parseOptions(process.argv.slice(2));
+  const startedAt = new Date();
+  const tmpDir = mkdtempSync(path.join(os.tmpdir(), "lfbench-"));
+  let ctrl: CtrlServer | undefined;
+  installCleanup(() => rmSync(tmpDir, { recursive: true, force: true }));
+  const watchdog = setTimeout(() => {
+    progress(`bench: the run exceeded --timeout-s ${opts.timeoutS}; killing every child process`);
+    killAllSync();
+    process.exit(1);
+  }, opts.timeoutS * 1000);
+  watchdog.unref();
+
+  if (opts.variant !== "raw") {
+    const missing = LifelineJob.available(ROOT);
+    if (missing !== undefined) usage(`the Lifeline side needs the built package: ${missing}`);
+  }
+  const peers = JSON.parse(readFileSync(path.join(ROOT, "bench", "peers.json"), "utf8")) as PeersFile;
+  // With --variant raw, benchmarks without a raw baseline have nothing to measure.
+  const cases = buildCases(opts.quick ? QUICK_SIZES : FULL_SIZES, opts.only)
+    .filter((c) => opts.variant !== "raw" || rawProgramFor(c.bench) !== undefined);
+  const sessions = sessionsOf(cases);
+  progress(
+    `bench: ${cases.length} cases, ${opts.reps} reps, ~${opts.targetMs} ms per timing, transport ${opts.transport}, variant ${opts.variant}` +
+      `, ${os.cpus().length} CPUs, load ${os.loadavg().map((x) => x.toFixed(2)).join(" ")}`,
+  );
+
+  const results: CaseResult[] = [];
+  const jobSummaries: Record<string, unknown>[] = [];
+  try {
+    ctrl = await CtrlServer.open(`ipc://${tmpDir}/ctrl`);
+    const env: JobEnv = {
+      ctrl,
+      root: ROOT,
+      tmpDir,
+      transport: opts.transport,
+      payload: opts.payload,
+      echo: opts.verbose,
+      startTimeoutMs: 90_000,
+      commandTimeoutMs: opts.quick ? 30_000 : 60_000,
+      idleMs: 180_000,
+    };
+    let done = 0;
+    for (const session of sessions) {
+      progress(`\n== ${session.np} processes: ${[...new Set(session.cases.map((c) => c.bench))].join(", ")}`);
+      const pool = new JobPool(session.np, env);
+      try {
+        for (const c of session.cases) {
+          done++;
+          const t0 = performance.now();
+          progress(`[${done}/${cases.length}] ${c.bench} ${c.label}`);
+          const r = await runCase(c, pool, opts, peers);
+          results.push(r);
+          const u = r.unit;
+          progress(
+            `    lifeline ${fmt(r.lifeline?.value)} ${u} (${r.lifeline?.iters ?? "-"} ops/timing)` +
+              `, raw ${fmt(r.raw?.value)} ${u} (${r.raw?.iters ?? "-"} ops/timing)` +
+              `, L/raw ${fmtRatio(r.ratio)}, L/MPI-TCP ${fmtRatio(r.ratioMpiTcp)}` +
+              (r.target ? `, target ${r.target.text}: ${r.target.met === null ? "n/a" : r.target.met ? "met" : "NOT met"}` : "") +
+              ` [${((performance.now() - t0) / 1000).toFixed(1)} s]`,
+          );
+        }
+      } finally {
+        await pool.closeAll();
+        jobSummaries.push(...pool.summaries);
+      }
+    }
+  } finally {
+    ctrl?.close();
+    rmSync(tmpDir, { recursive: true, force: true });
+  }
+
+  const finishedAt = new Date();
+  const tables = renderTables(results, opts.transport);
+  process.stdout.write(`\n${tables}\n`);
+  const report = {
+    schema: "lifeline-bench/1",
+    startedAt: startedAt.toISOString(),
+    finishedAt: finishedAt.toISOString(),
+    durationS: (finishedAt.getTime() - startedAt.getTime()) / 1000,
+    commit: gitCommit(),
+    machine: {
+      node: process.version,
+      platform: `${os.platform()} ${os.release()}`,
+      cpus: os.cpus().length,
+      cpuModel: os.cpus()[0]?.model ?? null,
+      totalMemGiB: os.totalmem() / 2 ** 30,
+      loadavgAtEnd: os.loadavg(),
+    },
+    options: { ...opts, only: [...opts.only] },
+    method: {
+      timing: `calibrated to ~${opts.targetMs} ms per timed block, 1 warm-up block, ${opts.reps} timed blocks per variant, lifeline and raw alternating (L R, R L, ...), barrier before each block`,
+      figure: "median over the timed blocks of seconds per operation",
+      ratio: "us rows: lifeline time / raw time; MB/s rows: lifeline MB/s / raw MB/s",
+    },
+    peers: { source: peers.source, date: peers.date },
+    results,
+    jobs: jobSummaries,
+    tables,
+  };
+  mkdirSync(path.dirname(opts.out), { recursive: true });
+  writeFileSync(opts.out, `${JSON.stringify(report, null, 2)}\n`);
+  progress(`bench: ${results.length} cases in ${report.durationS.toFixed(0)} s; JSON written to ${path.relative(process.cwd(), opts.out) || opts.out}`);
+  clearTimeout(watchdog);
+  const failed = results.filter((r) => r.errors.length > 0).length;
+  process.exitCode = failed > 0 ? 1 : 0;
+}
+
+await main().catch((err: unknown) => {
+  process.stderr.write(`bench: ${(err as Error).stack ?? String(err)}\n`);
+  killAllSync();
+  process.exit(1);
+});
+process.exit(process.exitCode ?? 0);
