@@ -98,7 +98,7 @@ export class LifelineJob extends Job {
 
   command(): string[] {
     return [
-      "dist/cli.js", "run", "-n", String(this.np), "--mode", "none",
+      "dist/cli.js", "run", "-n", String(this.np), "--mode", "none", "--transport", this.env.transport,
       "--results", this.resultsFile,
       "--store", path.join(this.env.tmpDir, `${this.name}-store`),
       "bench/programs/mpi-bench.ts",
@@ -108,8 +108,7 @@ export class LifelineJob extends Job {
   }
 
   async start(): Promise<void> {
-    const env = { ...process.env, LIFELINE_TRANSPORT: this.env.transport };
-    const child = spawnChild(this.name, process.execPath, this.command(), { cwd: this.env.root, env, echo: this.env.echo });
+    const child = spawnChild(this.name, process.execPath, this.command(), { cwd: this.env.root, echo: this.env.echo });
     this.child = child;
     void child.exited.then((s) => {
       this.failAll(new Error(`${this.name}: launcher exited (code ${s.code}, signal ${s.signal})\n${child.tail()}`));

@@ -34,7 +34,7 @@ const size = world.size;
 
 const payloads = new Map<string, Float64Array | Uint8Array>();
 function payload(bench: BenchName, bytes: number): Float64Array | Uint8Array {
-  const key = `${bench === "allreduce" ? "f64" : payloadKind}:${bytes}`;
+  const key = `${bench}:${bytes}`; // per benchmark: allreduce fills with rank + 1, the others with 1
   let buf = payloads.get(key);
   if (buf === undefined) {
     buf = bench === "allreduce" ? makePayload(bytes, "f64", rank + 1) : makePayload(bytes, payloadKind, 1);

@@ -1,0 +1,97 @@
+/**
+ * Goal: `npm run bench` keeps working — its programs start, rendezvous, run every kind of
+ * timed block, shut down, and write a JSON report of the documented shape.
+ *
+ * Method: run bench/run.ts with `--quick` (tiny sizes, 3 reps of ~5 ms) once with the raw
+ * zeromq.js baselines only, and once with the Lifeline side too when the package is built
+ * (`npm test` builds first). Check the report's shape and that every figure is a positive
+ * number. No timing assertions: this machine is shared and noisy.
+ */
+import { execFile } from "node:child_process";
+import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+import { afterAll, describe, expect, it } from "vitest";
+
+const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
+const tmp = mkdtempSync(path.join(os.tmpdir(), "lfbench-smoke-"));
+afterAll(() => rmSync(tmp, { recursive: true, force: true }));
+
+interface Variant { job: string; iters: number; perOpS: number[]; medianPerOpS: number; value: number; spread: number; calibration: [number, number][] }
+interface Result {
+  key: string; bench: string; np: number; bytes: number; unit: string;
+  lifeline: Variant | null; raw: Variant | null;
+  ratio: number | null; mpiTcp: number | null; ratioMpiTcp: number | null;
+  target: { text: string; met: boolean | null } | null; errors: string[];
+}
+interface Report { schema: string; durationS: number; options: { quick: boolean; reps: number }; results: Result[]; jobs: Record<string, unknown>[]; tables: string }
+
+function runBench(args: string[], timeoutMs: number): Promise<{ code: number | null; stdout: string; stderr: string }> {
+  return new Promise((resolve) => {
+    const child = execFile(process.execPath, ["--import", "tsx", "bench/run.ts", ...args], { cwd: ROOT, timeout: timeoutMs, killSignal: "SIGTERM", maxBuffer: 16 << 20 }, (err, stdout, stderr) => {
+      resolve({ code: err ? ((err as { code?: number }).code ?? null) : 0, stdout, stderr });
+    });
+    child.stdin?.end();
+  });
+}
+
+function expectVariant(v: Variant | null, reps: number, what: string): void {
+  expect(v, what).not.toBeNull();
+  expect(v!.iters).toBeGreaterThanOrEqual(1);
+  expect(v!.perOpS).toHaveLength(reps);
+  for (const x of v!.perOpS) expect(x, what).toBeGreaterThan(0);
+  expect(v!.medianPerOpS).toBeGreaterThan(0);
+  expect(v!.value).toBeGreaterThan(0);
+  expect(Number.isFinite(v!.spread)).toBe(true);
+  expect(v!.calibration.length).toBeGreaterThanOrEqual(1);
+}
+
+async function quickReport(variant: "raw" | "both", timeoutMs: number): Promise<Report> {
+  const out = path.join(tmp, `${variant}.json`);
+  const r = await runBench(["--quick", "--variant", variant, "--out", out, "--timeout-s", String(Math.floor(timeoutMs / 1000) - 5)], timeoutMs);
+  if (r.code !== 0) throw new Error(`bench exited with ${r.code}\n${r.stderr.slice(-4000)}`);
+  expect(r.stdout).toContain("### Ping-pong latency");
+  return JSON.parse(readFileSync(out, "utf8")) as Report;
+}
+
+describe("bench --quick", () => {
+  it("raw zeromq.js baselines: every case measured, report well formed", async () => {
+    const report = await quickReport("raw", 50_000);
+    expect(report.schema).toBe("lifeline-bench/1");
+    expect(report.options.quick).toBe(true);
+    const benches = new Set(report.results.map((r) => r.bench));
+    expect([...benches].sort()).toEqual(["allreduce", "pingpong", "stream"]);
+    expect(report.results.some((r) => r.bench === "allreduce" && r.np === 4)).toBe(true);
+    for (const r of report.results) {
+      expect(r.errors, r.key).toEqual([]);
+      expect(r.lifeline).toBeNull();
+      expectVariant(r.raw, report.options.reps, r.key);
+      expect(r.unit).toBe(r.bench === "stream" ? "MB/s" : "us");
+      expect(r.mpiTcp === null || r.mpiTcp > 0).toBe(true);
+    }
+  }, 60_000);
+
+  const built = existsSync(path.join(ROOT, "dist/cli.js")) && existsSync(path.join(ROOT, "dist/index.js"));
+  it.skipIf(!built)("Lifeline next to raw: ratios, peers and targets filled in", async () => {
+    const report = await quickReport("both", 55_000);
+    const benches = new Set(report.results.map((r) => r.bench));
+    expect([...benches].sort()).toEqual(["allreduce", "barrier", "bcast", "pingpong", "stream"]);
+    for (const r of report.results) {
+      expect(r.errors, r.key).toEqual([]);
+      expectVariant(r.lifeline, report.options.reps, `${r.key} lifeline`);
+      if (r.bench === "bcast" || r.bench === "barrier") {
+        expect(r.raw).toBeNull();
+      } else {
+        expectVariant(r.raw, report.options.reps, `${r.key} raw`);
+        expect(r.ratio).toBeGreaterThan(0);
+      }
+      if (r.mpiTcp !== null) expect(r.ratioMpiTcp).toBeGreaterThan(0);
+      if (r.target !== null) expect(typeof r.target.met).toBe("boolean");
+    }
+    for (const j of report.jobs.filter((x) => String(x.job).startsWith("lifeline"))) {
+      expect(j.exitCode, JSON.stringify(j)).toBe(0);
+      expect(j.restarts ?? 0).toBe(0);
+    }
+  }, 60_000);
+});
