@@ -1,0 +1,63 @@
+/**
+ * The store's checksum: CRC-32 (IEEE 802.3, the zlib/PNG polynomial).
+ *
+ * Why CRC-32 and not SHA-256: the store guards against accidental damage (torn or bit-rotten
+ * files, truncation, a part file from another line), not against an adversary who can write the
+ * store directory. Measured on this machine's Node 20.20 over 64 MiB: `zlib.crc32` 13.7 ms
+ * (~4.9 GB/s), `sha256` 37.5 ms, `sha1` 35 ms, `md5` 88 ms. At 64 MiB per part the CRC is
+ * ~6% of a synced file write; SHA-256 would be ~18% and would alone eat most of the 1.25x budget.
+ *
+ * `zlib.crc32` exists from Node 20.15 / 22.2. On older 20.x releases the same function is
+ * computed by a table-driven fallback, so stores stay readable across Node versions (only slower).
+ *
+ * @example
+ * const sum = crc32(Buffer.from("123456789")); // 0xcbf43926
+ * formatChecksum(sum);                          // "cbf43926"
+ */
+import * as zlib from "node:zlib";
+
+type Crc32 = (data: Uint8Array, value?: number) => number;
+
+const native: Crc32 | undefined = (zlib as { crc32?: Crc32 }).crc32;
+
+let table: Uint32Array | undefined;
+
+function crc32Fallback(data: Uint8Array, value = 0): number {
+  if (table === undefined) {
+    table = new Uint32Array(256);
+    for (let n = 0; n < 256; n++) {
+      let c = n;
+      for (let k = 0; k < 8; k++) c = c & 1 ? 0xedb88320 ^ (c >>> 1) : c >>> 1;
+      table[n] = c >>> 0;
+    }
+  }
+  let crc = ~value >>> 0;
+  for (let i = 0; i < data.length; i++) crc = table[(crc ^ data[i]!) & 0xff]! ^ (crc >>> 8);
+  return ~crc >>> 0;
+}
+
+/**
+ * CRC-32 of `data` (unsigned 32-bit), optionally continuing from a previous value.
+ * Never throws.
+ *
+ * @example
+ * const whole = crc32(Buffer.from("abcdef"));
+ * whole === crc32(Buffer.from("def"), crc32(Buffer.from("abc"))); // true
+ */
+export function crc32(data: Uint8Array, value = 0): number {
+  return native !== undefined ? native(data, value) : crc32Fallback(data, value);
+}
+
+/** For tests: the portable implementation, to check it agrees with `zlib.crc32`. */
+export const crc32Portable: Crc32 = crc32Fallback;
+
+/**
+ * A checksum as people read it in messages and in `lifeline lines`: 8 lowercase hex digits.
+ *
+ * @example
+ * formatChecksum(0xcbf43926); // "cbf43926"
+ * formatChecksum(1);          // "00000001"
+ */
+export function formatChecksum(sum: number): string {
+  return (sum >>> 0).toString(16).padStart(8, "0");
+}

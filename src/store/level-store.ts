@@ -1,0 +1,396 @@
+/**
+ * The on-disk store: LevelDB (classic-level) for records, plain files for large parts.
+ *
+ * Layout of a store directory (`--store`, default `./.lifeline`):
+ *
+ *   LIFELINE-STORE            marker: {"format":"lifeline-store","version":1}; what tools look for
+ *   manifest/                 LevelDB of the coordinator: commit records, abort markers
+ *   rank-<r>/parts/           LevelDB of rank r: one record per part (small parts inline)
+ *   rank-<r>/blobs/           rank r's large parts: <epoch>-<tag>.part, header + bytes
+ *
+ * One process per LevelDB, as LevelDB requires: the coordinator holds `manifest/`, rank r
+ * holds `rank-<r>/parts/` (whose lock also guards `rank-<r>/blobs/`). Nothing is shared between
+ * ranks, so a rank's directory can as well live on its own host's disk.
+ *
+ * Durability: blob files are written, fsynced, and their directory fsynced before the record
+ * naming them is written with `sync: true`; databases are created under a temporary name and
+ * renamed into place, so a directory named `manifest` or `parts` always holds a whole
+ * database and opening never silently creates an empty one over a damaged one.
+ *
+ * @example
+ * const store = new LevelRecoveryStore(".lifeline");
+ * const manifest = await store.openManifest();
+ */
+import { randomBytes } from "node:crypto";
+import { constants as fsConstants } from "node:fs";
+import { mkdir, open, readdir, readFile, rename, rm, stat, unlink, writeFile, type FileHandle } from "node:fs/promises";
+import { dirname, join, resolve } from "node:path";
+import { Level } from "level";
+import { LifelineError } from "../errors.ts";
+import type { BlobDir, KvDb, KvOp } from "./backend.ts";
+import { crc32 } from "./checksum.ts";
+import { KvLineManifest } from "./manifest.ts";
+import { KvRankPartStore } from "./part-store.ts";
+import { checkRank, corrupt, deepestMessage, storeError } from "./records.ts";
+import type { LineManifest, RankPartStore, RecoveryStore } from "./types.ts";
+
+/** The marker file that makes a directory a Lifeline store. */
+export const STORE_MARKER = "LIFELINE-STORE";
+const MARKER_BODY = JSON.stringify({ format: "lifeline-store", version: 1 }) + "\n";
+/** Entries a store directory may hold; anything else means it is someone else's directory. */
+const OWN_ENTRY_RE = /^(LIFELINE-STORE(\.tmp-[0-9a-f]+)?|manifest(\.tmp-[0-9a-f]+)?|rank-\d+)$/;
+const RANK_DIR_RE = /^rank-(\d+)$/;
+
+/** Options of {@link LevelRecoveryStore}. */
+export interface LevelRecoveryStoreOptions {
+  /** Clock for commit and part times (tests pass a fixed one). Default `Date.now`. */
+  readonly nowMs?: () => number;
+  /**
+   * Inspection mode (`lifeline lines`): create nothing, collect no garbage, reject writes with
+   * `TypeError`; a location that is not a store yet is `STORE_NOT_FOUND`.
+   */
+  readonly readOnly?: boolean;
+}
+
+/**
+ * A {@link RecoveryStore} in a directory, for real jobs. Errors as documented on
+ * {@link RecoveryStore}; the constructor does no I/O.
+ *
+ * @example
+ * const store = new LevelRecoveryStore("/var/tmp/job1");
+ * const parts = await store.openRank(0); // STORE_LOCKED if another process holds rank 0
+ */
+export class LevelRecoveryStore implements RecoveryStore {
+  readonly location: string;
+  private readonly nowMs: () => number;
+  private readonly readOnly: boolean;
+
+  constructor(dir: string, opts?: LevelRecoveryStoreOptions) {
+    if (typeof dir !== "string" || dir === "") throw new TypeError("LevelRecoveryStore: dir must be a non-empty path");
+    this.location = resolve(dir);
+    this.nowMs = opts?.nowMs ?? Date.now;
+    this.readOnly = opts?.readOnly ?? false;
+  }
+
+  async openManifest(): Promise<LineManifest> {
+    await this.ensureStore();
+    const path = join(this.location, "manifest");
+    const kv = await LevelKv.open(path, { create: !this.readOnly });
+    if (!this.readOnly) await removeTempSiblings(this.location, "manifest", kv);
+    return new KvLineManifest({ kv, nowMs: this.nowMs, readOnly: this.readOnly });
+  }
+
+  async openRank(rank: number): Promise<RankPartStore> {
+    checkRank(rank);
+    await this.ensureStore();
+    const rankDir = join(this.location, `rank-${rank}`);
+    const blobsDir = join(rankDir, "blobs");
+    if (!this.readOnly) {
+      try {
+        await mkdirDurable(blobsDir);
+      } catch (err) {
+        throw storeError(err, `opening rank ${rank}'s part store`, rankDir);
+      }
+    }
+    const kv = await LevelKv.open(join(rankDir, "parts"), { create: !this.readOnly });
+    if (!this.readOnly) await removeTempSiblings(rankDir, "parts", kv);
+    return KvRankPartStore.open({ rank, kv, blobs: new FileBlobDir(blobsDir), nowMs: this.nowMs, gc: !this.readOnly, readOnly: this.readOnly });
+  }
+
+  async ranks(): Promise<number[]> {
+    await this.ensureStore();
+    let names: string[];
+    try {
+      names = await readdir(this.location);
+    } catch (err) {
+      throw storeError(err, "listing the store's ranks", this.location);
+    }
+    return names.flatMap((n) => {
+      const m = RANK_DIR_RE.exec(n);
+      return m === null ? [] : [Number(m[1])];
+    }).sort((a, b) => a - b);
+  }
+
+  /**
+   * Checks that the location is a Lifeline store, making it one (if it is new or empty, and
+   * not read-only). Rejects with `STORE_NOT_FOUND`, `STORE_CORRUPT` (unreadable marker),
+   * `STORE_IO`.
+   *
+   * @example
+   * await new LevelRecoveryStore("/tmp/x", { readOnly: true }).ensureStore(); // STORE_NOT_FOUND
+   * await new LevelRecoveryStore("/tmp/x").ensureStore(); // creates /tmp/x/LIFELINE-STORE
+   */
+  async ensureStore(): Promise<void> {
+    const root = this.location;
+    const notAStore = (why: string): LifelineError => new LifelineError("STORE_NOT_FOUND", `no Lifeline store at ${root}: ${why}`);
+    try {
+      let st;
+      try {
+        st = await stat(root);
+      } catch (err) {
+        if (errno(err) !== "ENOENT") throw err;
+        if (this.readOnly) throw notAStore("the directory does not exist");
+        await mkdirDurable(root);
+        st = await stat(root);
+      }
+      if (!st.isDirectory()) throw notAStore("it is not a directory");
+      let marker: string | undefined;
+      try {
+        marker = await readFile(join(root, STORE_MARKER), "utf8");
+      } catch (err) {
+        if (errno(err) !== "ENOENT") throw err;
+      }
+      if (marker !== undefined) {
+        let parsed: unknown;
+        try { parsed = JSON.parse(marker); } catch { parsed = undefined; }
+        const p = parsed as { format?: unknown; version?: unknown } | undefined;
+        if (p?.format !== "lifeline-store") throw corrupt(`the store marker ${join(root, STORE_MARKER)} is unreadable; if this is a Lifeline store, it is damaged: move it aside`);
+        if (p.version !== 1) throw corrupt(`the store at ${root} has format version ${String(p.version)}, this Lifeline reads version 1`);
+        return;
+      }
+      const foreign = (await readdir(root)).filter((n) => !OWN_ENTRY_RE.test(n));
+      if (this.readOnly) throw notAStore(`the directory has no ${STORE_MARKER} file`);
+      if (foreign.length > 0) {
+        const shown = foreign.slice(0, 3).join(", ") + (foreign.length > 3 ? ", ..." : "");
+        throw notAStore(`the directory is not empty (${shown}) and has no ${STORE_MARKER} file; refusing to write into it. Choose a new or empty --store directory.`);
+      }
+      // Written under a temporary name and renamed, so a reader never sees half a marker.
+      const tmp = join(root, `${STORE_MARKER}.tmp-${randomBytes(4).toString("hex")}`);
+      await writeFile(tmp, MARKER_BODY, { flag: "wx" });
+      await syncFile(tmp);
+      await rename(tmp, join(root, STORE_MARKER));
+      await fsyncDir(root);
+    } catch (err) {
+      throw storeError(err, "opening the store", root);
+    }
+  }
+}
+
+// ---- LevelDB -------------------------------------------------------------------------------
+
+/** {@link KvDb} on classic-level. */
+class LevelKv implements KvDb {
+  private constructor(readonly location: string, private readonly db: Level<string, Buffer>) {}
+
+  /**
+   * Opens the database at `path`. A missing database is created (if `create`) under a
+   * temporary name and renamed into place; an existing one is opened with
+   * `createIfMissing: false`, so that a damaged one (no CURRENT file) is reported instead of
+   * replaced by an empty one.
+   */
+  static async open(path: string, opts: { create: boolean }): Promise<LevelKv> {
+    let exists = true;
+    try {
+      await stat(path);
+    } catch (err) {
+      if (errno(err) !== "ENOENT") throw storeError(err, "opening a database", path);
+      exists = false;
+    }
+    if (!exists) {
+      if (!opts.create) throw new LifelineError("STORE_NOT_FOUND", `no database at ${path}`);
+      await createDatabase(path);
+    }
+    const db = new Level<string, Buffer>(path, { keyEncoding: "utf8", valueEncoding: "buffer", createIfMissing: false });
+    try {
+      await db.open();
+    } catch (err) {
+      throw openError(err, path);
+    }
+    return new LevelKv(path, db);
+  }
+
+  async get(key: string): Promise<Buffer | undefined> {
+    return this.db.get(key);
+  }
+
+  async write(ops: readonly KvOp[], opts: { sync: boolean }): Promise<void> {
+    await this.db.batch(ops.map((op) => (op.type === "put" ? { type: "put" as const, key: op.key, value: op.value } : { type: "del" as const, key: op.key })), { sync: opts.sync });
+  }
+
+  async scan(prefix: string, opts: { reverse?: boolean; limit?: number }): Promise<[string, Buffer][]> {
+    // Keys are ASCII, so every key with the prefix sorts below prefix + U+FFFF (UTF-8 EF BF BF).
+    return this.db.iterator({ gte: prefix, lt: prefix + "\uffff", reverse: opts.reverse ?? false, limit: opts.limit ?? -1 }).all();
+  }
+
+  async close(): Promise<void> {
+    await this.db.close();
+  }
+}
+
+async function createDatabase(path: string): Promise<void> {
+  const tmp = `${path}.tmp-${randomBytes(4).toString("hex")}`;
+  const db = new Level<string, Buffer>(tmp, { keyEncoding: "utf8", valueEncoding: "buffer", createIfMissing: true, errorIfExists: true });
+  try {
+    await db.open();
+    await db.close();
+    await fsyncDir(tmp);
+  } catch (err) {
+    await rm(tmp, { recursive: true, force: true });
+    throw storeError(err, "creating a database", path);
+  }
+  try {
+    await rename(tmp, path);
+  } catch (err) {
+    // Another process created it first (rename onto a non-empty directory fails): use theirs.
+    await rm(tmp, { recursive: true, force: true });
+    if (errno(err) !== "ENOTEMPTY" && errno(err) !== "EEXIST") throw storeError(err, "creating a database", path);
+    return;
+  }
+  await fsyncDir(dirname(path));
+}
+
+function openError(err: unknown, path: string): LifelineError {
+  const mapped = storeError(err, "opening a database", path);
+  if (mapped.code !== "STORE_IO") return mapped;
+  // With createIfMissing false, an existing directory that LevelDB will not open (no CURRENT
+  // file, an unparsable MANIFEST) is damage, not an I/O failure.
+  const causeCode = (err as { cause?: { code?: unknown } }).cause?.code;
+  if (causeCode === "LEVEL_IO_ERROR") return mapped;
+  return corrupt(
+    `opening a database: the LevelDB database at ${path} is damaged or incomplete (${deepestMessage(err)}). ` +
+      "Move the store directory aside and start the job fresh.",
+    err,
+  );
+}
+
+/** Deletes `<name>.tmp-*` left by a crash while creating a database; call while holding its lock. */
+async function removeTempSiblings(dir: string, name: string, kv: LevelKv): Promise<void> {
+  try {
+    const prefix = `${name}.tmp-`;
+    for (const entry of await readdir(dir)) {
+      if (entry.startsWith(prefix)) await rm(join(dir, entry), { recursive: true, force: true });
+    }
+  } catch (err) {
+    await kv.close();
+    throw storeError(err, "removing a half-created database", dir);
+  }
+}
+
+// ---- blob files ----------------------------------------------------------------------------
+
+/** {@link BlobDir} on a directory of files. */
+class FileBlobDir implements BlobDir {
+  constructor(readonly location: string) {}
+
+  pathOf(name: string): string {
+    return join(this.location, name);
+  }
+
+  async write(name: string, payload: Uint8Array, header: (checksum: number) => Buffer): Promise<number> {
+    const path = this.pathOf(name);
+    // 'wx': the name carries a random tag, so an existing file is a bug, not something to replace.
+    const fh = await open(path, fsConstants.O_WRONLY | fsConstants.O_CREAT | fsConstants.O_EXCL, 0o644);
+    let checksum: number;
+    try {
+      const headerBytes = header(0).length;
+      // The payload write goes to libuv's thread pool as soon as it is issued; the CRC is
+      // computed on this thread meanwhile, and the header (which holds it) written after.
+      const writing = writeFully(fh, payload, headerBytes);
+      checksum = crc32(payload);
+      await writing;
+      await writeFully(fh, header(checksum), 0);
+      await fh.sync();
+    } catch (err) {
+      await fh.close().catch(() => undefined); // the write error is the one to report
+      await unlink(path).catch(() => undefined); // a partial blob; the next open would delete it anyway
+      throw err;
+    }
+    await fh.close();
+    // The file's directory entry must be durable before a record may name the file.
+    await fsyncDir(this.location);
+    return checksum;
+  }
+
+  async read(name: string, headerBytes: number): Promise<{ header: Buffer; payload: Buffer } | undefined> {
+    let fh: FileHandle;
+    try {
+      fh = await open(this.pathOf(name), "r");
+    } catch (err) {
+      if (errno(err) === "ENOENT") return undefined;
+      throw err;
+    }
+    try {
+      const size = (await fh.stat()).size;
+      const header = Buffer.alloc(Math.min(size, headerBytes));
+      await readFully(fh, header, 0);
+      // A buffer of its own (not a slice after the header), so the part starts aligned.
+      const payload = Buffer.allocUnsafe(Math.max(0, size - headerBytes));
+      await readFully(fh, payload, headerBytes);
+      return { header, payload };
+    } finally {
+      await fh.close();
+    }
+  }
+
+  async remove(names: readonly string[]): Promise<void> {
+    for (const name of names) {
+      try {
+        await unlink(this.pathOf(name));
+      } catch (err) {
+        if (errno(err) !== "ENOENT") throw err;
+      }
+    }
+  }
+
+  async list(): Promise<string[]> {
+    try {
+      return await readdir(this.location);
+    } catch (err) {
+      if (errno(err) === "ENOENT") return [];
+      throw err;
+    }
+  }
+}
+
+async function writeFully(fh: FileHandle, buf: Uint8Array, position: number): Promise<void> {
+  let done = 0;
+  while (done < buf.byteLength) {
+    const { bytesWritten } = await fh.write(buf, done, buf.byteLength - done, position + done);
+    done += bytesWritten;
+  }
+}
+
+async function readFully(fh: FileHandle, buf: Buffer, position: number): Promise<void> {
+  let done = 0;
+  while (done < buf.length) {
+    const { bytesRead } = await fh.read(buf, done, buf.length - done, position + done);
+    if (bytesRead === 0) throw new Error(`unexpected end of file at byte ${position + done}`);
+    done += bytesRead;
+  }
+}
+
+// ---- fs helpers ----------------------------------------------------------------------------
+
+function errno(err: unknown): string | undefined {
+  const code = (err as { code?: unknown } | null)?.code;
+  return typeof code === "string" ? code : undefined;
+}
+
+/** fsync of a directory, which makes the creation, rename or deletion of its entries durable. */
+export async function fsyncDir(path: string): Promise<void> {
+  const fh = await open(path, "r");
+  try {
+    await fh.sync();
+  } finally {
+    await fh.close();
+  }
+}
+
+async function syncFile(path: string): Promise<void> {
+  const fh = await open(path, "r+");
+  try {
+    await fh.sync();
+  } finally {
+    await fh.close();
+  }
+}
+
+/** mkdir -p, and fsync the parent of every directory it created, so the entries survive a crash. */
+async function mkdirDurable(path: string): Promise<void> {
+  const first = await mkdir(path, { recursive: true });
+  if (first === undefined) return;
+  for (let dir = path; ; dir = dirname(dir)) {
+    await fsyncDir(dirname(dir));
+    if (dir === first || dirname(dir) === dir) break;
+  }
+}

@@ -1,0 +1,257 @@
+/**
+ * The coordinator side of the store, written once over a {@link KvDb} so that the LevelDB
+ * store and the in-memory store follow the same rules.
+ *
+ * Keys: `line/<epoch>` holds a commit record (epoch, commit time, each rank's part checksum
+ * and size, optional meta), `abort/<epoch>` marks an aborted line. A line exists exactly when
+ * its commit record does, and every change is a single synced batch, so a crash at any moment
+ * leaves either the old or the new set of lines. `prune` keeps at least one line, so the
+ * newest committed line is never deleted by it.
+ *
+ * @example
+ * const manifest = new KvLineManifest({ kv, nowMs: Date.now });
+ * await manifest.commitLine(3, refs);
+ */
+import { isLifelineError } from "../errors.ts";
+import type { KvDb, KvOp } from "./backend.ts";
+import {
+  ABORT_PREFIX, FORMAT_VERSION, LINE_PREFIX, abortKey, bytesField, checkEpoch, checksumField, corrupt,
+  decodeRecord, encodeRecord, epochOfKey, lineKey, notOpen, storeError, uintField,
+} from "./records.ts";
+import { META_BYTES_MAX, type LineManifest, type LineRecord, type PartRef } from "./types.ts";
+
+/** Options of {@link KvLineManifest}. */
+export interface KvLineManifestOptions {
+  readonly kv: KvDb;
+  readonly nowMs: () => number;
+  /** Reject writes with TypeError (inspection tools). */
+  readonly readOnly?: boolean;
+  /** Called once when the manifest is closed, after the database is; releases locks. */
+  readonly onClose?: () => void;
+}
+
+/**
+ * {@link LineManifest} over a key-value database. Errors as documented on {@link LineManifest}.
+ *
+ * @example
+ * const manifest = new KvLineManifest({ kv, nowMs: Date.now });
+ * console.log(await manifest.list());
+ */
+export class KvLineManifest implements LineManifest {
+  readonly location: string;
+  private readonly kv: KvDb;
+  private readonly nowMs: () => number;
+  private readonly readOnly: boolean;
+  private readonly onClose: (() => void) | undefined;
+  private closed = false;
+  /** Writes run one at a time, so the "newer than every committed line" check holds. */
+  private queue: Promise<unknown> = Promise.resolve();
+
+  constructor(opts: KvLineManifestOptions) {
+    this.kv = opts.kv;
+    this.nowMs = opts.nowMs;
+    this.readOnly = opts.readOnly ?? false;
+    this.onClose = opts.onClose;
+    this.location = opts.kv.location;
+  }
+
+  /** Marks the handle dead without touching the database (the memory store's crash()). */
+  invalidate(): void {
+    this.closed = true;
+  }
+
+  async commitLine(epoch: number, parts: readonly PartRef[], opts?: { meta?: Uint8Array }): Promise<LineRecord> {
+    checkEpoch(epoch);
+    const sorted = checkParts(epoch, parts);
+    const meta = opts?.meta;
+    if (meta !== undefined && !(meta instanceof Uint8Array)) throw new TypeError("commitLine: meta must be a Uint8Array");
+    if (meta !== undefined && meta.byteLength > META_BYTES_MAX) {
+      throw new RangeError(`commitLine: meta is ${meta.byteLength} bytes, more than ${META_BYTES_MAX}; store large data in a part`);
+    }
+    this.checkWritable("commitLine");
+    return this.serial(async () => {
+      this.ensureOpen();
+      let newest: number | undefined;
+      try {
+        newest = await this.newestCommittedEpoch();
+      } catch (err) {
+        throw storeError(err, `committing line ${epoch}`, this.location);
+      }
+      // Lines commit in epoch order (a checkpoint starts only after the previous one
+      // committed); an older epoch here is a protocol bug, and accepting it would make
+      // "newest" ambiguous.
+      if (newest !== undefined && epoch <= newest) {
+        throw new RangeError(`commitLine: line ${epoch} is not newer than the committed line ${newest}`);
+      }
+      const timeMs = this.nowMs();
+      const record = encodeRecord({
+        v: FORMAT_VERSION, epoch, timeMs,
+        parts: sorted.map((p) => [p.rank, p.checksum, p.bytes]),
+        meta: meta ?? null,
+      });
+      try {
+        // The commit point of the whole line: one synced batch.
+        await this.kv.write([{ type: "put", key: lineKey(epoch), value: record }, { type: "del", key: abortKey(epoch) }], { sync: true });
+      } catch (err) {
+        throw storeError(err, `committing line ${epoch}`, this.location);
+      }
+      return {
+        epoch, timeMs,
+        parts: sorted.map((p) => ({ rank: p.rank, epoch, checksum: p.checksum, bytes: p.bytes })),
+        meta: meta === undefined ? undefined : Buffer.from(meta),
+      };
+    });
+  }
+
+  async abortLine(epoch: number): Promise<void> {
+    checkEpoch(epoch);
+    this.checkWritable("abortLine");
+    return this.serial(async () => {
+      this.ensureOpen();
+      try {
+        const marker = encodeRecord({ v: FORMAT_VERSION, epoch, timeMs: this.nowMs() });
+        await this.kv.write([{ type: "del", key: lineKey(epoch) }, { type: "put", key: abortKey(epoch), value: marker }], { sync: true });
+      } catch (err) {
+        throw storeError(err, `aborting line ${epoch}`, this.location);
+      }
+    });
+  }
+
+  async latestCommitted(): Promise<LineRecord | undefined> {
+    this.ensureOpen();
+    const rows = await this.scan(LINE_PREFIX, { reverse: true, limit: 1 });
+    const row = rows[0];
+    return row === undefined ? undefined : this.decodeLine(row[0], row[1]);
+  }
+
+  async list(): Promise<LineRecord[]> {
+    this.ensureOpen();
+    return (await this.scan(LINE_PREFIX, {})).map(([key, value]) => this.decodeLine(key, value));
+  }
+
+  async aborted(): Promise<number[]> {
+    this.ensureOpen();
+    return (await this.scan(ABORT_PREFIX, {})).map(([key, value]) => {
+      const keyEpoch = epochOfKey(key, ABORT_PREFIX);
+      const what = `abort marker ${JSON.stringify(key)} in the manifest ${this.location}`;
+      const rec = decodeRecord(value, what);
+      const epoch = uintField(rec, "epoch", what);
+      if (epoch !== keyEpoch) throw corrupt(`${what}: marker belongs to line ${epoch}`);
+      return epoch;
+    });
+  }
+
+  async prune(keep: number): Promise<number[]> {
+    if (typeof keep !== "number" || !Number.isInteger(keep) || keep < 1) {
+      throw new RangeError(`prune: keep must be an integer >= 1 (the newest line is never deleted), got ${String(keep)}`);
+    }
+    this.checkWritable("prune");
+    return this.serial(async () => {
+      this.ensureOpen();
+      try {
+        // Keys only: pruning must work even if an old record is damaged.
+        const lines = (await this.kv.scan(LINE_PREFIX, {})).map(([key]) => ({ key, epoch: epochOfKey(key, LINE_PREFIX) }));
+        const aborts = (await this.kv.scan(ABORT_PREFIX, {})).map(([key]) => ({ key, epoch: epochOfKey(key, ABORT_PREFIX) }));
+        const doomed = lines.slice(0, Math.max(0, lines.length - keep));
+        const oldestKept = lines[doomed.length]?.epoch;
+        const ops: KvOp[] = doomed.map(({ key }) => ({ type: "del", key }));
+        if (oldestKept !== undefined) {
+          for (const a of aborts) if (a.epoch === undefined || a.epoch < oldestKept) ops.push({ type: "del", key: a.key });
+        }
+        if (ops.length > 0) await this.kv.write(ops, { sync: true });
+        return doomed.map((d) => d.epoch).filter((e): e is number => e !== undefined);
+      } catch (err) {
+        throw storeError(err, `pruning lines (keep ${keep})`, this.location);
+      }
+    });
+  }
+
+  async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    await this.queue.catch(() => undefined); // its errors went to their callers already
+    try {
+      await this.kv.close();
+    } finally {
+      this.onClose?.();
+    }
+  }
+
+  // ---- internals --------------------------------------------------------------------------
+
+  private serial<T>(fn: () => Promise<T>): Promise<T> {
+    const run = this.queue.then(fn, fn);
+    this.queue = run.catch(() => undefined);
+    return run;
+  }
+
+  private ensureOpen(): void {
+    if (this.closed) throw notOpen(`the line manifest (${this.location})`);
+  }
+
+  private checkWritable(op: string): void {
+    if (this.readOnly) throw new TypeError(`${op}: the line manifest was opened read-only`);
+  }
+
+  private async scan(prefix: string, opts: { reverse?: boolean; limit?: number }): Promise<[string, Buffer][]> {
+    try {
+      return await this.kv.scan(prefix, opts);
+    } catch (err) {
+      throw storeError(err, "reading the line manifest", this.location);
+    }
+  }
+
+  private async newestCommittedEpoch(): Promise<number | undefined> {
+    const row = (await this.kv.scan(LINE_PREFIX, { reverse: true, limit: 1 }))[0];
+    if (row === undefined) return undefined;
+    const epoch = epochOfKey(row[0], LINE_PREFIX);
+    if (epoch === undefined) throw corrupt(`the line manifest ${this.location} holds a malformed key ${JSON.stringify(row[0])}; move the store aside and start fresh`);
+    return epoch;
+  }
+
+  private decodeLine(key: string, value: Buffer): LineRecord {
+    const keyEpoch = epochOfKey(key, LINE_PREFIX);
+    const what = `the commit record of line ${keyEpoch ?? JSON.stringify(key)} in the manifest ${this.location}`;
+    const advice = "the manifest is damaged; move the store directory aside and start the job fresh";
+    try {
+      const rec = decodeRecord(value, what);
+      const epoch = uintField(rec, "epoch", what);
+      const timeMs = uintField(rec, "timeMs", what);
+      if (epoch !== keyEpoch) throw corrupt(`${what}: record belongs to line ${epoch}`);
+      const rawParts = rec["parts"];
+      if (!Array.isArray(rawParts) || rawParts.length === 0) throw corrupt(`${what}: no parts`);
+      const parts = rawParts.map((p: unknown, i): PartRef => {
+        if (!Array.isArray(p) || p.length !== 3) throw corrupt(`${what}: part ${i} is malformed`);
+        const [rank, checksum, bytes] = p as unknown[];
+        const fields = { rank, checksum, bytes };
+        const r = uintField(fields, "rank", what);
+        if (r !== i) throw corrupt(`${what}: part ${i} names rank ${r}`);
+        return { rank: r, epoch, checksum: checksumField(fields, "checksum", what), bytes: uintField(fields, "bytes", what) };
+      });
+      return { epoch, timeMs, parts, meta: bytesField(rec, "meta", what) };
+    } catch (err) {
+      if (isLifelineError(err, "STORE_CORRUPT")) throw corrupt(`${err.message}; ${advice}`);
+      throw err;
+    }
+  }
+}
+
+/** Checks a line's parts: ranks 0..n-1 once each, all of `epoch`. Returns them sorted by rank. */
+function checkParts(epoch: number, parts: readonly PartRef[]): PartRef[] {
+  if (!Array.isArray(parts) || parts.length === 0) throw new RangeError("commitLine: a line needs at least one part");
+  parts.forEach((p, i) => {
+    if (p === null || typeof p !== "object") throw new TypeError(`commitLine: parts[${i}] is not a PartRef`);
+    if (!Number.isInteger(p.rank) || p.rank < 0) throw new RangeError(`commitLine: parts[${i}].rank is not a non-negative integer`);
+    if (p.epoch !== epoch) throw new RangeError(`commitLine: rank ${p.rank}'s part is of line ${String(p.epoch)}, not ${epoch}`);
+    if (!Number.isInteger(p.checksum) || p.checksum < 0 || p.checksum > 0xffffffff) throw new RangeError(`commitLine: rank ${p.rank}'s checksum is not a 32-bit unsigned integer`);
+    if (!Number.isSafeInteger(p.bytes) || p.bytes < 0) throw new RangeError(`commitLine: rank ${p.rank}'s byte count is not a non-negative integer`);
+  });
+  const sorted = [...parts].sort((a, b) => a.rank - b.rank);
+  sorted.forEach((p, i) => {
+    if (p.rank !== i) {
+      const problem = p.rank < i ? `rank ${p.rank} appears twice` : `rank ${i} is missing`;
+      throw new RangeError(`commitLine: the parts must be of ranks 0..${parts.length - 1}, once each; ${problem}`);
+    }
+  });
+  return sorted;
+}

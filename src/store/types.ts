@@ -1,0 +1,346 @@
+/**
+ * The recovery-line store: interfaces shared by the LevelDB/file store and the in-memory store.
+ *
+ * A *recovery line* is an epoch number, one *part* per rank (opaque bytes produced by the
+ * protocol layer: snapshot, channel logs, counters; possibly 64 MiB and more) and a little
+ * metadata. It is split along the process boundary of a job, because LevelDB admits one
+ * process per database and ranks may later live on other hosts:
+ *
+ * - each rank process owns a {@link RankPartStore} and writes only its own parts;
+ * - the coordinator process owns the {@link LineManifest} and is the only writer of commit
+ *   records. A line is committed by one synced write of its commit record, which is issued
+ *   only after every rank reported its part durable ({@link RankPartStore.putPart} resolved).
+ *   No commit record, no line: an uncommitted line is never used.
+ *
+ * A {@link RecoveryStore} is the handle on one store location that opens both kinds.
+ *
+ * @example
+ * const part = await (await store.openRank(0)).putPart(7, bytes); // in rank 0's process
+ * await (await store.openManifest()).commitLine(7, [part, ...otherRanksParts]); // coordinator
+ */
+
+/**
+ * What the manifest keeps about one rank's part of a line, and what a rank reports after
+ * writing it. `checksum` is the CRC-32 of the part's bytes (see `checksum.ts`).
+ *
+ * @example
+ * const ref: PartRef = { rank: 1, epoch: 7, checksum: 0xcbf43926, bytes: 9 };
+ * await parts.readPart(ref); // the bytes, verified against `ref`
+ */
+export interface PartRef {
+  readonly rank: number;
+  readonly epoch: number;
+  readonly checksum: number;
+  readonly bytes: number;
+}
+
+/**
+ * A part as its rank store lists it. `location` tells whether the bytes sit inside the rank's
+ * LevelDB (`inline`, small parts) or in a blob file next to it (`blob`, large parts).
+ *
+ * @example
+ * for (const p of await parts.listParts()) console.log(p.epoch, p.bytes, p.location);
+ * // 7 67108864 blob
+ */
+export interface PartInfo extends PartRef {
+  readonly timeMs: number;
+  readonly location: "inline" | "blob";
+}
+
+/**
+ * A committed recovery line: one part per rank `0..parts.length-1`, sorted by rank.
+ * `meta` is small opaque bytes the caller chose to keep with the commit record.
+ *
+ * @example
+ * const line = await manifest.latestCommitted();
+ * if (line !== undefined) console.log(`line ${line.epoch} of ${line.parts.length} ranks`);
+ */
+export interface LineRecord {
+  readonly epoch: number;
+  readonly timeMs: number;
+  readonly parts: readonly PartRef[];
+  readonly meta: Buffer | undefined;
+}
+
+/**
+ * The outcome of verifying one part against its {@link PartRef}: never thrown, so that
+ * recovery can weigh every part of a line before it chooses. `message` says which line, rank
+ * and file, and what is wrong.
+ *
+ * @example
+ * const check = await parts.checkPart(ref);
+ * if (check.kind !== "ok") console.warn(check.message);
+ */
+export type PartCheck =
+  | { readonly kind: "ok"; readonly ref: PartRef }
+  | { readonly kind: "missing"; readonly ref: PartRef; readonly message: string }
+  | { readonly kind: "corrupt"; readonly ref: PartRef; readonly message: string };
+
+/**
+ * One rank's side of the store: the parts this rank wrote, one per epoch, each carrying its
+ * checksum. Held by exactly one process at a time (the rank's own); a second opener gets
+ * `STORE_LOCKED`. Writes from one handle are applied in call order.
+ *
+ * Every method rejects with `STORE_NOT_OPEN` after {@link close}; with `STORE_IO` (the OS
+ * error as `cause`) when the disk fails; bad arguments (an epoch that is not a non-negative
+ * safe integer) throw `RangeError`.
+ *
+ * @example
+ * const parts = await store.openRank(world.rank);
+ * const ref = await parts.putPart(epoch, encodeValue(snapshot)); // durable once resolved
+ */
+export interface RankPartStore {
+  readonly rank: number;
+  /** Where the rank's data lives, for messages: a directory, or `memory:<name>/rank-<r>`. */
+  readonly location: string;
+
+  /**
+   * Stores this rank's part of line `epoch` durably (synced), replacing an earlier part of the
+   * same epoch (from an aborted attempt) atomically. Resolves to the reference the coordinator
+   * puts into the commit record. `bytes` must not change until the promise settles.
+   * Rejects with `STORE_NOT_OPEN`, `STORE_IO`.
+   *
+   * @example
+   * const ref = await parts.putPart(3, Buffer.from("state"));
+   * ref.bytes; // 5
+   */
+  putPart(epoch: number, bytes: Uint8Array): Promise<PartRef>;
+
+  /**
+   * The bytes of this rank's part of `epoch`, verified against the part's own checksum, or
+   * `undefined` if there is no such part. Rejects with `STORE_CORRUPT` (damaged record, or
+   * blob file missing, truncated or failing its checksum), `STORE_NOT_OPEN`, `STORE_IO`.
+   *
+   * @example
+   * const bytes = await parts.getPart(3);
+   * if (bytes === undefined) console.log("no part for line 3");
+   */
+  getPart(epoch: number): Promise<Buffer | undefined>;
+
+  /**
+   * The bytes of the part `ref` names, verified against `ref` (from the manifest) as well as
+   * the part's own checksum: this is what a restarting rank calls. Rejects with
+   * `STORE_CORRUPT` when the part is missing or does not match (the message names the line,
+   * rank and file, and says to fall back to an older line), `STORE_NOT_OPEN`, `STORE_IO`.
+   *
+   * @example
+   * const line = await manifest.latestCommitted();
+   * const bytes = await parts.readPart(line!.parts[parts.rank]!);
+   */
+  readPart(ref: PartRef): Promise<Buffer>;
+
+  /**
+   * Like {@link readPart} but reports the result instead of throwing it and drops the bytes:
+   * `missing` / `corrupt` / `ok`. Rejects only with `STORE_NOT_OPEN` or `STORE_IO`.
+   *
+   * @example
+   * const check = await parts.checkPart(ref);
+   * if (check.kind === "ok") console.log(`line ${ref.epoch} verified on rank ${ref.rank}`);
+   */
+  checkPart(ref: PartRef): Promise<PartCheck>;
+
+  /**
+   * Every part this rank holds, by ascending epoch. Does not read part bytes.
+   * Rejects with `STORE_CORRUPT` (a malformed part record), `STORE_NOT_OPEN`, `STORE_IO`.
+   *
+   * @example
+   * const epochs = (await parts.listParts()).map((p) => p.epoch);
+   * console.log(epochs); // [5, 6, 7]
+   */
+  listParts(): Promise<PartInfo[]>;
+
+  /**
+   * Deletes the parts of every epoch not in `keep` that is older than the newest epoch in
+   * `keep` — the leftovers of pruned and aborted lines — and, with `dropNewer`, also those
+   * newer than it (what a rank does when the job restarts from the newest line in `keep`,
+   * since no line can be in progress then). Parts newer than all of `keep` are otherwise kept:
+   * they may belong to a line being written right now. With `keep` empty and no `dropNewer`,
+   * nothing is deleted. Resolves to the deleted epochs.
+   * Rejects with `STORE_CORRUPT`, `STORE_NOT_OPEN`, `STORE_IO`.
+   *
+   * @example
+   * await parts.retain([6, 7]);                      // drops 5 and aborted 4; keeps in-progress 8
+   * await parts.retain([6, 7], { dropNewer: true }); // on restart: drops 8 too
+   */
+  retain(keep: readonly number[], opts?: { dropNewer?: boolean }): Promise<number[]>;
+
+  /**
+   * Waits for queued writes, then releases the rank's lock. Idempotent.
+   *
+   * @example
+   * await parts.close();
+   * await parts.listParts(); // rejects with STORE_NOT_OPEN
+   */
+  close(): Promise<void>;
+}
+
+/**
+ * The coordinator's side of the store: commit records of recovery lines. Held by one
+ * process (the coordinator); a second opener gets `STORE_LOCKED`.
+ *
+ * Every method rejects with `STORE_NOT_OPEN` after {@link close}, with `STORE_IO` on disk
+ * failures, and reading methods with `STORE_CORRUPT` when a record fails its checksum or is
+ * malformed (the message names the line and the manifest path).
+ *
+ * @example
+ * const manifest = await store.openManifest();
+ * const record = await manifest.commitLine(7, refsFromAllRanks);
+ */
+export interface LineManifest {
+  /** Where the manifest lives, for messages. */
+  readonly location: string;
+
+  /**
+   * Commits line `epoch` with one part per rank, in one synced write: after it resolves the
+   * line survives any crash; if it does not, the line does not exist. Call it only after
+   * every rank's {@link RankPartStore.putPart} resolved. `parts` must name ranks
+   * `0..n-1` once each, all with this epoch, and `epoch` must be newer than every committed
+   * line (`RangeError` otherwise); `opts.meta` is at most {@link META_BYTES_MAX} bytes.
+   * Clears an abort marker of the same epoch. Rejects with `STORE_NOT_OPEN`, `STORE_IO`,
+   * `STORE_CORRUPT` (the newest existing record is damaged).
+   *
+   * @example
+   * const line = await manifest.commitLine(7, refs, { meta: encodeValue({ job: "heat" }) });
+   * line.parts.length; // the job size
+   */
+  commitLine(epoch: number, parts: readonly PartRef[], opts?: { meta?: Uint8Array }): Promise<LineRecord>;
+
+  /**
+   * Marks line `epoch` aborted, so that its parts may be deleted. If `epoch` had been
+   * committed, its commit record is removed in the same write: a coordinator does this for
+   * the lines {@link latestLine} skipped as unusable, before the job resumes from an older
+   * line and reuses their epoch numbers. Rejects with `STORE_NOT_OPEN`, `STORE_IO`.
+   *
+   * @example
+   * await manifest.abortLine(8); // a phase timed out: line 8 will never be committed
+   * (await manifest.aborted()).includes(8); // true
+   */
+  abortLine(epoch: number): Promise<void>;
+
+  /**
+   * The newest committed line, or `undefined` if there is none. Does not read any part.
+   * Rejects with `STORE_CORRUPT`, `STORE_NOT_OPEN`, `STORE_IO`.
+   *
+   * @example
+   * const line = await manifest.latestCommitted();
+   * console.log(line?.epoch ?? "no line yet");
+   */
+  latestCommitted(): Promise<LineRecord | undefined>;
+
+  /**
+   * Every committed line, by ascending epoch. Rejects with `STORE_CORRUPT`,
+   * `STORE_NOT_OPEN`, `STORE_IO`.
+   *
+   * @example
+   * const epochs = (await manifest.list()).map((l) => l.epoch);
+   * console.log(epochs); // [6, 7]
+   */
+  list(): Promise<LineRecord[]>;
+
+  /**
+   * Epochs marked by {@link abortLine} and not yet pruned, ascending. Rejects with
+   * `STORE_CORRUPT`, `STORE_NOT_OPEN`, `STORE_IO`.
+   *
+   * @example
+   * await manifest.abortLine(8);
+   * await manifest.aborted(); // [8]
+   */
+  aborted(): Promise<number[]>;
+
+  /**
+   * Deletes the commit records of all but the newest `keep` committed lines, and abort
+   * markers older than the oldest line kept, in one synced write; resolves to the epochs of
+   * the deleted lines. `keep` is an integer >= 1 (`RangeError` otherwise), so the newest
+   * committed line is never deleted. Delete the pruned lines' parts afterwards (never
+   * before), with {@link RankPartStore.retain}. Rejects with `STORE_NOT_OPEN`, `STORE_IO`.
+   *
+   * @example
+   * await manifest.prune(2);   // keeps the two newest lines
+   * await parts.retain((await manifest.list()).map((l) => l.epoch));
+   */
+  prune(keep: number): Promise<number[]>;
+
+  /**
+   * Releases the manifest's lock. Idempotent.
+   *
+   * @example
+   * await manifest.close();
+   * await manifest.list(); // rejects with STORE_NOT_OPEN
+   */
+  close(): Promise<void>;
+}
+
+/**
+ * A store location: opens the coordinator's manifest and the ranks' part stores.
+ * Implementations: `LevelRecoveryStore` (a directory) and `MemoryRecoveryStore` (the
+ * simulator's), which behave alike, errors included.
+ *
+ * @example
+ * const store = new LevelRecoveryStore(".lifeline");
+ * const parts = await store.openRank(2); // STORE_LOCKED if another process holds rank 2
+ */
+export interface RecoveryStore {
+  /** The store's location, for messages. */
+  readonly location: string;
+
+  /**
+   * Opens the manifest, creating an empty store if there is none. Rejects with
+   * `STORE_LOCKED` (another process or handle holds it; the message names the path),
+   * `STORE_CORRUPT` (the manifest database is damaged), `STORE_NOT_FOUND` (the location
+   * exists but is not a Lifeline store), `STORE_IO`.
+   *
+   * @example
+   * const manifest = await store.openManifest();
+   * await manifest.close();
+   */
+  openManifest(): Promise<LineManifest>;
+
+  /**
+   * Opens rank `rank`'s part store, creating it if needed, and deletes blob files that no
+   * part record references (left by a crash between writing a blob and recording it).
+   * Rejects like {@link openManifest}.
+   *
+   * @example
+   * const parts = await store.openRank(0);
+   * await parts.close();
+   */
+  openRank(rank: number): Promise<RankPartStore>;
+
+  /**
+   * The ranks that have a part store at this location, ascending (for listing and garbage
+   * collection). Rejects with `STORE_NOT_FOUND`, `STORE_IO`.
+   *
+   * @example
+   * await store.ranks(); // [0, 1, 2, 3]
+   */
+  ranks(): Promise<number[]>;
+}
+
+/**
+ * Damage a test (or the simulator) can do to a store, to check that recovery copes. Both
+ * stores implement it with the same effects; act on ranks whose store is closed.
+ *
+ * @example
+ * await faults.corruptPart(1, 7); // flip a byte of rank 1's part of line 7
+ * (await latestLine(manifest, verifier)).warnings; // ["recovery line 7 is unusable ..."]
+ */
+export interface StoreFaults {
+  /** Flips one byte of the part's payload (blob file or inline record). */
+  corruptPart(rank: number, epoch: number): Promise<void>;
+  /** Removes the part's bytes: its blob file, or its record if the part is inline. */
+  removePart(rank: number, epoch: number): Promise<void>;
+  /** Flips one byte of line `epoch`'s commit record in the manifest. */
+  corruptLineRecord(epoch: number): Promise<void>;
+  /** Makes writing new blob files of rank `rank` fail with an OS error (ENOTDIR). */
+  breakBlobs(rank: number): Promise<void>;
+}
+
+/** Largest `meta` a commit record takes; the manifest is for small records. */
+export const META_BYTES_MAX = 1 << 20;
+
+/**
+ * Parts up to this size live inside the rank's LevelDB, where a synced put costs one fsync;
+ * larger ones go to a blob file, so that LevelDB never copies them into its tables (the 2x
+ * write amplification measured for a 64 MiB put).
+ */
+export const INLINE_BYTES_MAX = 64 * 1024;
