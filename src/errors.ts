@@ -37,7 +37,6 @@ export type LifelineErrorCode =
   | "STORE_LOCKED"
   | "STORE_IO"
   | "STORE_NOT_FOUND"       // no Lifeline store at the path: missing, not a directory, or a directory that is not a store
-  | "STORE_NOT_FOUND"       // no Lifeline store at the path: missing, not a directory, or a directory that is not a store
   // launcher
   | "LAUNCH_USAGE"          // bad flags or arguments
   | "LAUNCH_SPAWN"          // a rank process could not be started
