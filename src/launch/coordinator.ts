@@ -58,6 +58,8 @@ export interface CoordinatorOptions {
   onEvent: (ev: CoordinatorEvent) => void;
   /** Bound on a blocked send to one rank (a rank that stopped reading its Dealer). */
   sendTimeoutMs?: number;
+  /** Stray-traffic warnings reported before further ones are only counted (default 10). */
+  warningsMax?: number;
 }
 
 /** Per-rank view of the control channel. */
@@ -75,7 +77,7 @@ export interface RankLink {
 
 type Phase = "new" | "rendezvous" | "running" | "released" | "aborted" | "closed";
 
-/** After this many warnings about stray traffic, further ones are counted, not printed. */
+/** After this many warnings about stray traffic, further ones are counted, not printed (a spammer must not flood the terminal). */
 const WARNINGS_MAX = 10;
 /** Unix socket paths are limited to 107 bytes (sun_path) on Linux. */
 const IPC_PATH_MAX = 107;
@@ -366,9 +368,10 @@ export class Coordinator {
   }
 
   private warn(message: string): void {
-    if (this.warnings < WARNINGS_MAX) {
+    const max = this.opts.warningsMax ?? WARNINGS_MAX;
+    if (this.warnings < max) {
       this.warnings++;
-      const tail = this.warnings === WARNINGS_MAX ? " (further warnings about stray control traffic are suppressed)" : "";
+      const tail = this.warnings === max ? " (further warnings about stray control traffic are suppressed)" : "";
       this.opts.onEvent({ kind: "warning", message: message + tail });
     } else {
       this.suppressedWarnings++;

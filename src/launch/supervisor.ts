@@ -220,29 +220,31 @@ export class Supervisor {
   private async spawnAll(coordinator: string): Promise<void> {
     this.spawning = true;
     try {
-      for (let rank = 0; rank < this.config.size; rank++) {
-        if (this.stopping) return;
-        const proc = await spawnRank(
-          {
-            rank,
-            attempt: 0,
-            app: this.config.app,
-            appArgs: this.config.appArgs,
-            env: this.rankEnv(rank, 0, coordinator),
-            cwd: this.config.cwd,
-          },
-          this.outputSink(),
-        );
-        this.procs[rank] = proc;
-        this.pids.push(proc.pid);
-        this.deps.reporter.event({ kind: "rank-spawned", rank, attempt: 0, pid: proc.pid });
-        void proc.exited.then((exit) => this.onExit(proc, exit));
-        // A failure or interrupt while this rank was starting already swept the others.
-        if (this.stopping) proc.terminate(FAIL_FAST_GRACE_MS);
-      }
+      // All at once: each start costs a fork of this process, and ranks wait for each other
+      // at the rendezvous anyway.
+      const started = await Promise.allSettled(
+        this.procs.map((_, rank) =>
+          spawnRank(
+            { rank, attempt: 0, app: this.config.app, appArgs: this.config.appArgs, env: this.rankEnv(rank, 0, coordinator), cwd: this.config.cwd },
+            this.outputSink(),
+          ).then((proc) => this.adopt(proc)),
+        ),
+      );
+      const failed = started.find((s): s is PromiseRejectedResult => s.status === "rejected");
+      if (failed !== undefined) throw failed.reason;
     } finally {
       this.spawning = false;
     }
+  }
+
+  /** Takes a freshly started rank under supervision. */
+  private adopt(proc: RankProcess): void {
+    this.procs[proc.rank] = proc;
+    this.pids.push(proc.pid);
+    this.deps.reporter.event({ kind: "rank-spawned", rank: proc.rank, attempt: proc.attempt, pid: proc.pid });
+    void proc.exited.then((exit) => this.onExit(proc, exit));
+    // A failure or interrupt while this rank was starting already swept the others.
+    if (this.stopping) proc.terminate(FAIL_FAST_GRACE_MS);
   }
 
   /** The environment of one rank (API §5 and src/mpi/env.ts). */

@@ -1,0 +1,173 @@
+/**
+ * Goal: every `lifeline run` flag is validated with a message that names the flag and the bad
+ * value, all problems of one command line are reported together, and good values land in the
+ * run configuration with the documented defaults.
+ *
+ * Method: call resolveRunConfig / the parsers directly with raw strings, as the CLI does.
+ */
+import { writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { afterAll, describe, expect, it } from "vitest";
+import { isLifelineError } from "../../src/errors.ts";
+import { DEFAULTS, parseCheckpointEvery, parseDuration, parseInject, resolveRunConfig, SUPPORTED_MODES, type RunFlags } from "../../src/launch/options.ts";
+import { tempDir } from "./helpers.ts";
+
+const { dir, cleanup } = tempDir("lifeline-options-");
+afterAll(cleanup);
+writeFileSync(join(dir, "app.ts"), "export {};\n");
+writeFileSync(join(dir, "app.js"), "\n");
+writeFileSync(join(dir, "notes.txt"), "\n");
+
+function resolveWith(flags: RunFlags) {
+  return resolveRunConfig({ np: "2", mode: "none", app: "app.ts", ...flags }, { cwd: dir });
+}
+
+function usageMessage(fn: () => unknown): string {
+  try {
+    fn();
+  } catch (err) {
+    if (isLifelineError(err, "LAUNCH_USAGE")) return err.message;
+    throw err;
+  }
+  throw new Error("expected a LAUNCH_USAGE error");
+}
+
+describe("resolveRunConfig", () => {
+  it("fills in the documented defaults", () => {
+    const c = resolveWith({ appArgs: ["--size", "8"] });
+    expect(c).toMatchObject({
+      size: 2,
+      mode: "none",
+      app: join(dir, "app.ts"),
+      appArgs: ["--size", "8"],
+      cwd: dir,
+      checkpointEvery: { kind: "time", ms: 10_000 },
+      store: join(dir, ".lifeline"),
+      keepLines: DEFAULTS.keepLines,
+      maxRestarts: DEFAULTS.maxRestarts,
+      heartbeatMs: 500,
+      failureTimeoutMs: 5_000,
+      stuckTimeoutMs: undefined,
+      rendezvousTimeoutMs: 30_000,
+      resultsPath: undefined,
+      json: false,
+      quiet: false,
+      transport: "ipc",
+      faults: ["", ""],
+    });
+  });
+
+  it("carries every option, also those mode none does not use yet", () => {
+    const c = resolveWith({
+      np: "4",
+      checkpointEvery: "50steps",
+      store: "ckpt",
+      keepLines: "3",
+      maxRestarts: "7",
+      heartbeat: "200",
+      failureTimeout: "2s",
+      stuckTimeout: "1.5m",
+      rendezvousTimeout: "5s",
+      results: "out.json",
+      json: true,
+      transport: "tcp",
+      inject: ["1@step:5", "2@send:3", "1@time:1.5s", "0@hang:step:2"],
+    });
+    expect(c).toMatchObject({
+      size: 4,
+      checkpointEvery: { kind: "steps", steps: 50 },
+      store: join(dir, "ckpt"),
+      keepLines: 3,
+      maxRestarts: 7,
+      heartbeatMs: 200,
+      failureTimeoutMs: 2_000,
+      stuckTimeoutMs: 90_000,
+      rendezvousTimeoutMs: 5_000,
+      resultsPath: join(dir, "out.json"),
+      json: true,
+      transport: "tcp",
+      faults: ["hang:step:2", "step:5;time:1500", "send:3", ""],
+    });
+  });
+
+  it("accepts .js apps and keeps app arguments that look like flags", () => {
+    const c = resolveWith({ app: "app.js", appArgs: ["-n", "9", "--mode", "x"] });
+    expect(c.app).toBe(join(dir, "app.js"));
+    expect(c.appArgs).toEqual(["-n", "9", "--mode", "x"]);
+  });
+
+  it("refuses modes whose recovery has not landed, telling the user to pass --mode none", () => {
+    expect(SUPPORTED_MODES).toEqual(["none"]);
+    expect(usageMessage(() => resolveWith({ mode: "cpr" }))).toMatch(/--mode cpr is not available yet.*Pass --mode none/);
+    expect(usageMessage(() => resolveWith({ mode: "retry-one" }))).toMatch(/--mode retry-one is not available yet.*--mode none/);
+    // cpr is the API's default, so a run without --mode is refused the same way.
+    expect(usageMessage(() => resolveRunConfig({ np: "2", app: "app.ts" }, { cwd: dir }))).toMatch(/mode cpr \(the default\) is not available yet/);
+    expect(usageMessage(() => resolveWith({ mode: "fast" }))).toMatch(/--mode "fast" is not a mode; use one of cpr, retry-one, none/);
+  });
+
+  it.each([
+    [{ np: undefined }, /missing -n\/--np/],
+    [{ np: "0" }, /-n\/--np must be a whole number from 1 to 1024, got "0"/],
+    [{ np: "2.5" }, /-n\/--np .* got "2.5"/],
+    [{ np: "four" }, /-n\/--np .* got "four"/],
+    [{ np: "5000" }, /-n\/--np .* got "5000"/],
+    [{ checkpointEvery: "10x" }, /--checkpoint-every "10x" is neither a duration .* nor a step count/],
+    [{ checkpointEvery: "10" }, /--checkpoint-every "10" is ambiguous; write a duration \(10s\) or a step count \(10steps\)/],
+    [{ checkpointEvery: "0steps" }, /step count must be at least 1/],
+    [{ keepLines: "0" }, /--keep-lines must be a whole number from 1/],
+    [{ maxRestarts: "-1" }, /--max-restarts must be a whole number from 0/],
+    [{ heartbeat: "fast" }, /--heartbeat "fast" is not a duration/],
+    [{ heartbeat: "1" }, /--heartbeat "1" must be between 10ms and 1h/],
+    [{ heartbeat: "1000", failureTimeout: "1500" }, /--failure-timeout \(1500 ms\) must be at least twice --heartbeat \(1000 ms\)/],
+    [{ stuckTimeout: "soon" }, /--stuck-timeout "soon" is not a duration/],
+    [{ transport: "udp" }, /--transport "udp" must be ipc or tcp/],
+    [{ json: true, quiet: true }, /--json and --quiet cannot be combined/],
+    [{ results: "no/such/dir/out.json" }, /--results "no\/such\/dir\/out.json": directory .* does not exist/],
+    [{ results: "." }, /--results "." is a directory/],
+    [{ app: undefined }, /missing <app>/],
+    [{ app: "missing.ts" }, /app "missing.ts" not found/],
+    [{ app: "notes.txt" }, /lifeline runs TypeScript .* not ".txt"/],
+    [{ inject: ["2@step:1"] }, /--inject "2@step:1": rank 2 is outside 0..1/],
+    [{ inject: ["x@step:1"] }, /"x" is not a rank number/],
+    [{ inject: ["step:1"] }, /write <rank>@<trigger>/],
+    [{ inject: ["1@boom:3"] }, /--inject "1@boom:3": .*unknown trigger "boom"/],
+    [{ inject: ["1@step:0"] }, /counts start at 1/],
+  ] as [RunFlags, RegExp][])("rejects %j", (flags, message) => {
+    expect(usageMessage(() => resolveWith(flags))).toMatch(message);
+  });
+
+  it("reports all problems of one command line together", () => {
+    const message = usageMessage(() => resolveWith({ np: "0", heartbeat: "x", transport: "udp" }));
+    expect(message.split("\n")).toHaveLength(3);
+    expect(message).toMatch(/^- -n\/--np/m);
+    expect(message).toMatch(/^- --heartbeat/m);
+    expect(message).toMatch(/^- --transport/m);
+  });
+});
+
+describe("parsers", () => {
+  it("parses durations with units; a bare number is milliseconds", () => {
+    expect(parseDuration("1500", "--x")).toBe(1500);
+    expect(parseDuration("250ms", "--x")).toBe(250);
+    expect(parseDuration("1.5s", "--x")).toBe(1500);
+    expect(parseDuration("2m", "--x")).toBe(120_000);
+    expect(parseDuration("1h", "--x")).toBe(3_600_000);
+    expect(() => parseDuration("1.5 fortnights", "--x")).toThrow(/--x "1.5 fortnights" is not a duration/);
+    expect(() => parseDuration("-5s", "--x")).toThrow(/not a duration/);
+  });
+
+  it("parses --checkpoint-every as time or steps", () => {
+    expect(parseCheckpointEvery("10s")).toEqual({ kind: "time", ms: 10_000 });
+    expect(parseCheckpointEvery("50steps")).toEqual({ kind: "steps", steps: 50 });
+    expect(parseCheckpointEvery("1 step")).toEqual({ kind: "steps", steps: 1 });
+  });
+
+  it("parses --inject into the rank's LIFELINE_FAULTS form", () => {
+    expect(parseInject("1@step:5", 4)).toEqual({ rank: 1, spec: "step:5" });
+    expect(parseInject("0@time:1500", 4)).toEqual({ rank: 0, spec: "time:1500" });
+    expect(parseInject("0@time:2s", 4)).toEqual({ rank: 0, spec: "time:2000" });
+    expect(parseInject("3@hang:time:0.5s", 4)).toEqual({ rank: 3, spec: "hang:time:500" });
+    expect(parseInject("2@step:3@attempt=1", 4)).toEqual({ rank: 2, spec: "step:3@attempt=1" });
+    expect(parseInject("2@mock:1,0", 4)).toEqual({ rank: 2, spec: "mock:1,0" });
+  });
+});
