@@ -81,7 +81,8 @@ function expectDigests(run: RunOutcome, np: number): string[] {
 
 describe("examples under `lifeline run --mode none`", () => {
   const cases: { example: string; np: number; args: string[]; sameOnAllRanks: boolean; prints: RegExp }[] = [
-    { example: "heat", np: 4, args: ["--rows", "64", "--cols", "64", "--iters", "60"], sameOnAllRanks: false, prints: /heat: 64x64 grid on 4 ranks, 60 iterations/ },
+    // A small plate converges well before the iteration limit: this also covers the tolerance stop.
+    { example: "heat", np: 4, args: ["--rows", "24", "--cols", "24", "--iters", "5000", "--tol", "1e-3"], sameOnAllRanks: false, prints: /heat: 24x24 grid on 4 ranks, [1-9]\d{0,2} iterations, residual (?:[1-9]\.\d+e-4|1\.000e-3)/ },
     { example: "taskfarm", np: 4, args: ["--tasks", "24", "--steps", "1000", "--spin-ms", "3"], sameOnAllRanks: true, prints: /taskfarm: 24 tasks on 3 workers/ },
     { example: "token-ring", np: 3, args: ["--laps", "30", "--len", "64", "--work", "100000"], sameOnAllRanks: false, prints: /token-ring: 30 laps on 3 ranks, 90 hops/ },
     { example: "logreg", np: 2, args: ["--samples", "2048", "--steps", "60", "--batch", "64"], sameOnAllRanks: true, prints: /logreg: 2048 samples x 16 features on 2 ranks, 60 steps/ },
@@ -99,15 +100,6 @@ describe("examples under `lifeline run --mode none`", () => {
       else expect(new Set(a).size).toBe(np); // each rank digests its own part
     });
   }
-
-  it("heat.ts stops at the tolerance before the iteration limit", async () => {
-    const run = await runExample(2, "heat", ["--rows", "16", "--cols", "16", "--iters", "5000", "--tol", "1e-3"]);
-    expectDigests(run, 2);
-    const m = /heat: 16x16 grid on 2 ranks, (\d+) iterations, residual (\S+)/.exec(run.stdout);
-    expect(m, run.stdout).not.toBeNull();
-    expect(Number(m![1])).toBeLessThan(5000);
-    expect(Number(m![2])).toBeLessThanOrEqual(1e-3);
-  });
 
   it("montecarlo.ts runs and lands near pi (it is non-deterministic on purpose)", async () => {
     const run = await runExample(2, "montecarlo", ["--batches", "4", "--batch-size", "50000"]);
