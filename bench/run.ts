@@ -20,7 +20,7 @@ import { parseArgs } from "node:util";
 import { CtrlServer } from "./lib/ctrl.ts";
 import { LifelineJob, RawJob, type Job, type JobEnv } from "./lib/jobs.ts";
 import {
-  BENCH_NAMES, FULL_SIZES, QUICK_SIZES, buildCases, caseKey, display, peerFigure, peerPerOpSeconds, perOpSeconds,
+  BENCH_NAMES, FULL_SIZES, QUICK_SIZES, buildCases, caseKey, cpuPerOpSeconds, display, peerFigure, peerPerOpSeconds, perOpSeconds,
   ratioOf, rawProgramFor, targetFor, unitOf, type BenchName, type Case, type PeersFile,
 } from "./lib/plan.ts";
 import { installCleanup, killAllSync } from "./lib/procs.ts";
@@ -35,7 +35,7 @@ const HELP = `Usage: npm run bench -- [options]
   --quick               tiny sizes, 3 reps, 5 ms per timing (< 60 s; the smoke test uses it)
   --only <names>        comma list of: ${BENCH_NAMES.join(", ")}
   --transport <t>       ipc (default; endpoints in a temp dir) or tcp (127.0.0.1, port 0)
-  --reps <n>            timed repetitions per case and variant (default 9; quick 3)
+  --reps <n>            timed repetitions per case and variant (default 15; quick 3)
   --target-ms <ms>      calibrate each timed block to about this long (default 50; quick 5)
   --variant <v>         both (default), lifeline or raw
   --payload <p>         f64 (default; Float64Array) or u8 (Uint8Array) for ping-pong/stream
@@ -111,7 +111,7 @@ function parseOptions(argv: string[]): Options {
     quick,
     only,
     transport: v.transport,
-    reps: posInt("reps", v.reps, quick ? 3 : 9),
+    reps: posInt("reps", v.reps, quick ? 3 : 15),
     targetMs: posInt("target-ms", v["target-ms"], quick ? 5 : 50),
     variant: v.variant,
     payload: v.payload,
@@ -194,11 +194,12 @@ class JobPool {
 interface Measured {
   wallS: number;
   perOpS: number;
+  cpuPerOpS: number;
 }
 
 async function measure(job: Job, c: Case, iters: number): Promise<Measured> {
-  const seconds = await job.run(c.bench, c.bytes, iters);
-  return { wallS: Math.max(...seconds), perOpS: perOpSeconds(c.bench, iters, seconds) };
+  const { seconds, cpuS } = await job.run(c.bench, c.bytes, iters);
+  return { wallS: Math.max(...seconds), perOpS: perOpSeconds(c.bench, iters, seconds), cpuPerOpS: cpuPerOpSeconds(c.bench, iters, cpuS) };
 }
 
 async function runCase(c: Case, pool: JobPool, opts: Options, peers: PeersFile): Promise<CaseResult> {
@@ -218,7 +219,7 @@ async function runCase(c: Case, pool: JobPool, opts: Options, peers: PeersFile):
   }
 
   const targetS = opts.targetMs / 1000;
-  const state = new Map<"lifeline" | "raw", { iters: number; calibration: [number, number][]; warmupPerOpS: number; perOpS: number[] }>();
+  const state = new Map<"lifeline" | "raw", { iters: number; calibration: [number, number][]; warmupPerOpS: number; perOpS: number[]; cpuPerOpS: number[] }>();
   const drop = (k: "lifeline" | "raw", err: unknown): void => {
     errors.push(`${k}: ${(err as Error).message}`);
     progress(`    ${k} FAILED: ${(err as Error).message.split("\n")[0]}`);
@@ -229,7 +230,7 @@ async function runCase(c: Case, pool: JobPool, opts: Options, peers: PeersFile):
     try {
       const cal = await calibrate(async (iters) => (await measure(job, c, iters)).wallS, { targetS, itersMax: 100_000 });
       const warm = await measure(job, c, cal.iters);
-      state.set(k, { iters: cal.iters, calibration: cal.probes, warmupPerOpS: warm.perOpS, perOpS: [] });
+      state.set(k, { iters: cal.iters, calibration: cal.probes, warmupPerOpS: warm.perOpS, perOpS: [], cpuPerOpS: [] });
     } catch (err) {
       drop(k, err);
     }
@@ -241,7 +242,9 @@ async function runCase(c: Case, pool: JobPool, opts: Options, peers: PeersFile):
       const s = state.get(k);
       if (s === undefined) continue;
       try {
-        s.perOpS.push((await measure(jobs.get(k)!, c, s.iters)).perOpS);
+        const m = await measure(jobs.get(k)!, c, s.iters);
+        s.perOpS.push(m.perOpS);
+        s.cpuPerOpS.push(m.cpuPerOpS);
       } catch (err) {
         drop(k, err);
       }
@@ -253,7 +256,10 @@ async function runCase(c: Case, pool: JobPool, opts: Options, peers: PeersFile):
     const job = jobs.get(k);
     if (s === undefined || job === undefined || s.perOpS.length === 0) return null;
     const med = median(s.perOpS);
-    return { job: job.name, iters: s.iters, calibration: s.calibration, warmupPerOpS: s.warmupPerOpS, perOpS: s.perOpS, medianPerOpS: med, value: display(c, med), spread: spread(s.perOpS) };
+    return {
+      job: job.name, iters: s.iters, calibration: s.calibration, warmupPerOpS: s.warmupPerOpS, perOpS: s.perOpS, medianPerOpS: med,
+      value: display(c, med), spread: spread(s.perOpS), cpuPerOpS: s.cpuPerOpS, medianCpuUs: median(s.cpuPerOpS) * 1e6,
+    };
   };
   const lifeline = variant("lifeline");
   const raw = variant("raw");
@@ -284,7 +290,11 @@ async function runCase(c: Case, pool: JobPool, opts: Options, peers: PeersFile):
     ratioQ3,
     mpiTcp,
     ratioMpiTcp,
-    target: t === undefined ? null : { text: t.text, met: ratio === null ? null : t.met(ratio) },
+    target: t === undefined ? null : {
+      text: t.text,
+      met: ratio === null ? null : t.met(ratio),
+      withinNoise: ratioQ1 === null || ratioQ3 === null ? null : t.met(ratioQ1) !== t.met(ratioQ3),
+    },
     errors,
   };
 }
@@ -346,6 +356,7 @@ async function main(): Promise<void> {
           progress(
             `    lifeline ${fmt(r.lifeline?.value)} ${u} (${r.lifeline?.iters ?? "-"} ops/timing)` +
               `, raw ${fmt(r.raw?.value)} ${u} (${r.raw?.iters ?? "-"} ops/timing)` +
+              `, CPU/op ${fmt(r.lifeline?.medianCpuUs)} / ${fmt(r.raw?.medianCpuUs)} us` +
               `, L/raw ${fmtRatio(r.ratio)}, L/MPI-TCP ${fmtRatio(r.ratioMpiTcp)}` +
               (r.target ? `, target ${r.target.text}: ${r.target.met === null ? "n/a" : r.target.met ? "met" : "NOT met"}` : "") +
               ` [${((performance.now() - t0) / 1000).toFixed(1)} s]`,
@@ -380,6 +391,7 @@ async function main(): Promise<void> {
     },
     options: { ...opts, only: [...opts.only] },
     method: {
+      cpu: "CPU seconds per op summed over the job's processes (process.cpuUsage, all threads)",
       timing: `calibrated to ~${opts.targetMs} ms per timed block, 1 warm-up block, ${opts.reps} timed blocks per variant, lifeline and raw alternating (L R, R L, ...), barrier before each block`,
       figure: "median over the timed blocks of seconds per operation",
       ratio: "us rows: lifeline time / raw time; MB/s rows: lifeline MB/s / raw MB/s",

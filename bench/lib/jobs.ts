@@ -49,19 +49,23 @@ export abstract class Job {
   abstract kill(): Promise<void>;
   abstract tail(): string;
 
-  /** Runs one timed block on every rank; resolves to each rank's seconds. */
-  async run(bench: BenchName, bytes: number, iters: number): Promise<number[]> {
+  /** Runs one timed block on every rank; resolves to each rank's wall and CPU seconds. */
+  async run(bench: BenchName, bytes: number, iters: number): Promise<{ seconds: number[]; cpuS: number[] }> {
     if (this.broken !== undefined) throw this.broken;
     const seq = ++this.seq;
     try {
       await Promise.all(this.ids.map((id) => this.env.ctrl.send(id, { t: "run", seq, bench, bytes, iters })));
       const replies = await Promise.all(this.ids.map((id) => this.expect(id, `run ${bench} ${bytes} B x ${iters}`, this.env.commandTimeoutMs)));
-      return replies.map((m, r) => {
+      const seconds: number[] = [];
+      const cpuS: number[] = [];
+      replies.forEach((m, r) => {
         if (m.t === "error") throw new Error(`${this.name} rank ${r}: ${m.message}`);
         if (m.t !== "done" || m.seq !== seq) throw new Error(`${this.name} rank ${r}: unexpected reply ${JSON.stringify(m)}`);
         if (!(m.seconds > 0)) throw new Error(`${this.name} rank ${r}: non-positive time ${m.seconds}`);
-        return m.seconds;
+        seconds.push(m.seconds);
+        cpuS.push(m.cpuS);
       });
+      return { seconds, cpuS };
     } catch (err) {
       this.broken = err as Error;
       throw err;

@@ -100,6 +100,16 @@ export function perOpSeconds(bench: BenchName, iters: number, seconds: readonly 
   }
 }
 
+/**
+ * CPU seconds per operation, summed over the job's processes (every thread, so libzmq's I/O
+ * threads count): per one-way message for pingpong, per message for stream, per call for
+ * collectives. Less sensitive than wall time to other load on the machine.
+ */
+export function cpuPerOpSeconds(bench: BenchName, iters: number, cpuS: readonly number[]): number {
+  const total = cpuS.reduce((a, b) => a + b, 0);
+  return bench === "pingpong" ? total / (2 * iters) : total / iters;
+}
+
 export type Unit = "us" | "MB/s";
 
 export function unitOf(bench: BenchName): Unit {

@@ -56,23 +56,36 @@ export function makePayload(bytes: number, kind: PayloadKind, fill: number): Flo
   return new Uint8Array(bytes).fill(fill & 0xff);
 }
 
-export function elapsedSeconds(t0: bigint): number {
-  return Number(process.hrtime.bigint() - t0) / 1e9;
+/** A timed block's cost on one rank: wall time, and CPU time of the whole process (all threads). */
+export interface BlockTime {
+  seconds: number;
+  cpuS: number;
+}
+
+/** Starts the clocks; the returned function reads both. */
+export function startClock(): () => BlockTime {
+  const cpu0 = process.cpuUsage();
+  const t0 = process.hrtime.bigint();
+  return () => {
+    const seconds = Number(process.hrtime.bigint() - t0) / 1e9;
+    const cpu = process.cpuUsage(cpu0);
+    return { seconds, cpuS: (cpu.user + cpu.system) / 1e6 };
+  };
 }
 
 /** Runs the command loop until `quit`: each `run` → the program's timed block → `done`. */
 export async function serveCommands(
   ctrl: CtrlClient,
   a: RawArgs,
-  runBlock: (bench: BenchName, bytes: number, iters: number) => Promise<number>,
+  runBlock: (bench: BenchName, bytes: number, iters: number) => Promise<BlockTime>,
 ): Promise<void> {
   for (;;) {
     const cmd: HarnessMessage = await ctrl.receive(a.idleMs);
     if (cmd.t === "quit") return;
     if (cmd.t !== "run") throw new Error(`unexpected command ${cmd.t}`);
     try {
-      const seconds = await runBlock(cmd.bench, cmd.bytes, cmd.iters);
-      await ctrl.send({ t: "done", seq: cmd.seq, rank: a.rank, seconds });
+      const { seconds, cpuS } = await runBlock(cmd.bench, cmd.bytes, cmd.iters);
+      await ctrl.send({ t: "done", seq: cmd.seq, rank: a.rank, seconds, cpuS });
     } catch (err) {
       await ctrl.send({ t: "error", seq: cmd.seq, rank: a.rank, message: (err as Error).stack ?? String(err) });
       throw err;

@@ -21,6 +21,10 @@ export interface VariantResult {
   value: number;
   /** (max - min) / median over the repetitions. */
   spread: number;
+  /** CPU seconds per operation, summed over the job's processes, per repetition. */
+  cpuPerOpS: number[];
+  /** Their median, in microseconds. */
+  medianCpuUs: number;
 }
 
 export interface CaseResult {
@@ -40,7 +44,11 @@ export interface CaseResult {
   /** Open MPI over TCP from bench/peers.json, in `unit`, and Lifeline's ratio to it. */
   mpiTcp: number | null;
   ratioMpiTcp: number | null;
-  target: { text: string; met: boolean | null } | null;
+  /**
+   * `met` judges the ratio of the medians; `withinNoise` is true when the interquartile range
+   * of the paired ratios reaches across the threshold, i.e. this run cannot tell.
+   */
+  target: { text: string; met: boolean | null; withinNoise: boolean | null } | null;
   errors: string[];
 }
 
@@ -68,11 +76,11 @@ export function renderTables(results: readonly CaseResult[], transport: string):
     const u = rows[0]!.unit;
     const ratioHead = u === "MB/s" ? "L/raw (MB/s) [IQR]" : "L/raw (time) [IQR]";
     out.push(`### ${TITLES[bench]} — transport ${transport}`, "");
-    out.push(row(["case", `Lifeline ${u}`, `raw ${u}`, ratioHead, `Open MPI TCP ${u}`, "L/MPI-TCP", "spread L / raw", "target", "met"]));
-    out.push(row(["---", "---:", "---:", "---:", "---:", "---:", "---:", "---", "---"]));
+    out.push(row(["case", `Lifeline ${u}`, `raw ${u}`, ratioHead, `Open MPI TCP ${u}`, "L/MPI-TCP", "spread L / raw", "CPU us/op L / raw", "target", "met"]));
+    out.push(row(["---", "---:", "---:", "---:", "---:", "---:", "---:", "---:", "---", "---"]));
     for (const r of rows) {
       const iqr = r.ratioQ1 !== null && r.ratioQ3 !== null ? ` [${fmtRatio(r.ratioQ1)}–${fmtRatio(r.ratioQ3)}]` : "";
-      const met = r.target === null ? "" : r.target.met === null ? "n/a" : r.target.met ? "met" : "NOT met";
+      const met = r.target === null ? "" : r.target.met === null ? "n/a" : `${r.target.met ? "met" : "NOT met"}${r.target.withinNoise ? "*" : ""}`;
       out.push(row([
         r.label,
         r.lifeline ? fmt(r.lifeline.value) : r.errors.some((e) => e.startsWith("lifeline")) ? "error" : "—",
@@ -81,6 +89,7 @@ export function renderTables(results: readonly CaseResult[], transport: string):
         fmt(r.mpiTcp),
         fmtRatio(r.ratioMpiTcp),
         `${pct(r.lifeline?.spread)} / ${pct(r.raw?.spread)}`,
+        `${fmt(r.lifeline?.medianCpuUs)} / ${fmt(r.raw?.medianCpuUs)}`,
         r.target?.text ?? "",
         met,
       ]));
@@ -96,7 +105,8 @@ export function renderTables(results: readonly CaseResult[], transport: string):
   const targets = results.filter((r) => r.target !== null);
   if (targets.length > 0) {
     const met = targets.filter((r) => r.target!.met === true).length;
-    out.push(`Targets met: ${met} of ${targets.length}.`, "");
+    const noisy = targets.filter((r) => r.target!.withinNoise === true).length;
+    out.push(`Targets met: ${met} of ${targets.length}.${noisy > 0 ? ` * = ${noisy} verdict(s) within noise: the interquartile range of the paired L/raw ratios reaches across the threshold.` : ""}`, "");
   }
   return out.join("\n");
 }

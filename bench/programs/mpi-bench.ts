@@ -18,7 +18,7 @@
 import { init } from "lifeline";
 import { CtrlClient, programArgs } from "../lib/ctrl.ts";
 import { BENCH_NAMES, FULL_SIZES, perOpSeconds, display, sizeLabel, unitOf, type BenchName, type Case } from "../lib/plan.ts";
-import { makePayload, elapsedSeconds, type PayloadKind } from "../lib/raw-proc.ts";
+import { makePayload, startClock, type BlockTime, type PayloadKind } from "../lib/raw-proc.ts";
 import { calibrate, median, spread } from "../lib/stats.ts";
 
 type World = Awaited<ReturnType<typeof init>>;
@@ -48,10 +48,10 @@ function byteLength(data: unknown): number {
 }
 
 /** Barrier, then `iters` operations; returns this rank's wall time in seconds. */
-async function runBlock(bench: BenchName, bytes: number, iters: number): Promise<number> {
+async function runBlock(bench: BenchName, bytes: number, iters: number): Promise<BlockTime> {
   const buf = payload(bench, bytes);
   await world.barrier();
-  const t0 = process.hrtime.bigint();
+  const stop = startClock();
   switch (bench) {
     case "pingpong": {
       if (rank === 0) {
@@ -100,7 +100,7 @@ async function runBlock(bench: BenchName, bytes: number, iters: number): Promise
       break;
     }
   }
-  return elapsedSeconds(t0);
+  return stop();
 }
 
 // ---- driven by the harness --------------------------------------------------------------------
@@ -122,9 +122,9 @@ async function serveHarness(endpoint: string, id: string): Promise<void> {
     if (cmd.t === "quit") break;
     if (cmd.t !== "run") throw new Error(`unexpected command ${cmd.t}`);
     try {
-      const seconds = await runBlock(cmd.bench, cmd.bytes, cmd.iters);
+      const { seconds, cpuS } = await runBlock(cmd.bench, cmd.bytes, cmd.iters);
       blocks.push([cmd.bench, cmd.bytes, cmd.iters, seconds]);
-      await ctrl.send({ t: "done", seq: cmd.seq, rank, seconds });
+      await ctrl.send({ t: "done", seq: cmd.seq, rank, seconds, cpuS });
     } catch (err) {
       await ctrl.send({ t: "error", seq: cmd.seq, rank, message: (err as Error).stack ?? String(err) });
       throw err;
@@ -163,7 +163,7 @@ async function sweep(): Promise<void> {
       // Every rank takes every decision from the same allgathered times, so they agree.
       let lastPerOpS = 0;
       const block = async (iters: number): Promise<number> => {
-        const all = await world.allgather(await runBlock(bench, bytes, iters));
+        const all = await world.allgather((await runBlock(bench, bytes, iters)).seconds);
         lastPerOpS = perOpSeconds(bench, iters, all);
         return Math.max(...all); // calibrate on the block's wall time
       };

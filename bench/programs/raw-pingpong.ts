@@ -9,7 +9,7 @@
  */
 import { Pair } from "zeromq";
 import type { BenchName } from "../lib/plan.ts";
-import { bindAddress, elapsedSeconds, makePayload, receivePeers, serveCommands, startRaw } from "../lib/raw-proc.ts";
+import { bindAddress, type BlockTime, startClock, makePayload, receivePeers, serveCommands, startRaw } from "../lib/raw-proc.ts";
 
 const { a, ctrl } = await startRaw(process.argv.slice(2));
 if (a.size !== 2) throw new Error("raw-pingpong runs with exactly 2 ranks");
@@ -40,12 +40,12 @@ async function sync(): Promise<void> {
   }
 }
 
-async function runBlock(bench: BenchName, bytes: number, iters: number): Promise<number> {
+async function runBlock(bench: BenchName, bytes: number, iters: number): Promise<BlockTime> {
   if (bench !== "pingpong") throw new Error(`raw-pingpong cannot run ${bench}`);
   let buf = payloads.get(bytes);
   if (buf === undefined) payloads.set(bytes, (buf = makePayload(bytes, a.payload, 1)));
   await sync();
-  const t0 = process.hrtime.bigint();
+  const stop = startClock();
   if (a.rank === 0) {
     for (let i = 0; i < iters; i++) {
       await pair.send(buf);
@@ -58,7 +58,7 @@ async function runBlock(bench: BenchName, bytes: number, iters: number): Promise
       await pair.send(msg!);
     }
   }
-  return elapsedSeconds(t0);
+  return stop();
 }
 
 await serveCommands(ctrl, a, runBlock);

@@ -17,7 +17,7 @@
  */
 import { Pull, Push } from "zeromq";
 import type { BenchName } from "../lib/plan.ts";
-import { bindAddress, elapsedSeconds, makePayload, receivePeers, serveCommands, startRaw } from "../lib/raw-proc.ts";
+import { bindAddress, type BlockTime, startClock, makePayload, receivePeers, serveCommands, startRaw } from "../lib/raw-proc.ts";
 
 const { a, ctrl } = await startRaw(process.argv.slice(2));
 const p = a.size;
@@ -73,7 +73,7 @@ async function sync(): Promise<void> {
   await ringAllreduce(syncBuf, "max");
 }
 
-async function runBlock(bench: BenchName, bytes: number, iters: number): Promise<number> {
+async function runBlock(bench: BenchName, bytes: number, iters: number): Promise<BlockTime> {
   const key = `${bench}:${bytes}`;
   let buf = payloads.get(key);
   if (buf === undefined) {
@@ -82,7 +82,7 @@ async function runBlock(bench: BenchName, bytes: number, iters: number): Promise
     payloads.set(key, buf);
   }
   await sync();
-  const t0 = process.hrtime.bigint();
+  const stop = startClock();
   switch (bench) {
     case "stream": {
       if (p !== 2) throw new Error("stream runs with exactly 2 ranks");
@@ -111,7 +111,7 @@ async function runBlock(bench: BenchName, bytes: number, iters: number): Promise
     default:
       throw new Error(`raw-pushpull cannot run ${bench}`);
   }
-  return elapsedSeconds(t0);
+  return stop();
 }
 
 await serveCommands(ctrl, a, runBlock);
