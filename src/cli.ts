@@ -121,12 +121,12 @@ function addRunOptions(cmd: Command, supported: string): void {
     .option("--json", "events as JSON lines on stderr, for machines")
     .option("-q, --quiet", "print only errors (the ranks' own output is still forwarded)")
     .option("--transport <ipc|tcp>", `how ranks and coordinator connect (default ${DEFAULTS.transport})`)
-    .option("--inject <rank@trigger>", "inject a fault: 1@step:5, 2@send:3, 0@time:1500, 1@hang:step:2 (repeatable)", (v: string, prev: string[]) => [...prev, v], [] as string[])
+    .option("--inject <rank@trigger>", "inject a fault: 1@step:5, 2@send:3, 0@time:1500, 1@hang:step:2 (repeatable)", (v: string, prev: string[] | undefined) => [...(prev ?? []), v])
     .addHelpText(
       "after",
       "\nExit codes: 0 every rank finalized and exited 0; 2 usage error; 130/143/129 interrupted by SIGINT/SIGTERM/SIGHUP;\n" +
         "otherwise the failed rank's exit code (128+signal if killed), or 1 for failures the launcher detected.\n" +
-        "Durations take ms, s, m or h (a bare number is milliseconds).",
+        "Durations take ms, s, m or h (a bare number is milliseconds).\n",
     );
 }
 
@@ -154,7 +154,7 @@ function toFlags(app: string, args: string[], o: Record<string, unknown>): RunFl
 }
 
 function indent(message: string): string {
-  return message.includes("\n") ? `\n${message}` : message;
+  return message.includes("\n") ? `the command line has ${message.split("\n").length} problems:\n${message}` : message;
 }
 
 /** True when this file is the program being run (also through npm's bin symlink). */

@@ -2,9 +2,12 @@
  * Shared helpers for launcher tests: collecting events with bounded waits, a real zeromq
  * Dealer that speaks the rank side of src/mpi/control.ts, and process bookkeeping.
  */
+import { spawn, type ChildProcess } from "node:child_process";
 import { mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { createRequire } from "node:module";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { fileURLToPath, pathToFileURL } from "node:url";
 import { Dealer } from "zeromq";
 import { controlIdentity, decodeControl, encodeControl, type CoordinatorToRank, type RankToCoordinator } from "../../src/mpi/control.ts";
 
@@ -118,4 +121,79 @@ export function killAll(pids: readonly number[]): void {
       // already gone
     }
   }
+}
+
+// ---- running the CLI as a real process ---------------------------------------------------
+
+export const ROOT = fileURLToPath(new URL("../..", import.meta.url));
+export const CLI_SRC = join(ROOT, "src", "cli.ts");
+export const FIXTURES = join(ROOT, "test", "fixtures", "launch");
+const TSX_LOADER = pathToFileURL(createRequire(import.meta.url).resolve("tsx")).href;
+
+export interface CliResult {
+  code: number | null;
+  signal: NodeJS.Signals | null;
+  stdout: string;
+  stderr: string;
+  /** Wall time of the launcher process. */
+  ms: number;
+}
+
+/** A launcher process started from the source CLI (through tsx), with live JSON events. */
+export class CliProcess {
+  readonly child: ChildProcess;
+  /** `--json` events parsed from stderr as they arrive (non-JSON lines are skipped). */
+  readonly events = new EventLog<Record<string, unknown>>();
+  readonly done: Promise<CliResult>;
+  stdout = "";
+  stderr = "";
+
+  constructor(args: readonly string[], opts: { cwd?: string; env?: NodeJS.ProcessEnv; timeoutMs?: number } = {}) {
+    const start = performance.now();
+    this.child = spawn(process.execPath, ["--import", TSX_LOADER, CLI_SRC, ...args], {
+      cwd: opts.cwd ?? ROOT,
+      env: opts.env ?? process.env,
+      stdio: ["ignore", "pipe", "pipe"],
+    });
+    let pending = "";
+    this.child.stdout!.setEncoding("utf8").on("data", (s: string) => (this.stdout += s));
+    this.child.stderr!.setEncoding("utf8").on("data", (s: string) => {
+      this.stderr += s;
+      pending += s;
+      let nl: number;
+      while ((nl = pending.indexOf("\n")) >= 0) {
+        const line = pending.slice(0, nl);
+        pending = pending.slice(nl + 1);
+        if (line.startsWith("{")) {
+          try {
+            this.events.push(JSON.parse(line) as Record<string, unknown>);
+          } catch {
+            // not an event
+          }
+        }
+      }
+    });
+    const timeoutMs = opts.timeoutMs ?? 30_000;
+    this.done = new Promise((resolve, reject) => {
+      const timer = setTimeout(() => {
+        this.child.kill("SIGKILL");
+        reject(new Error(`launcher did not finish within ${timeoutMs} ms\n--- stderr\n${this.stderr}`));
+      }, timeoutMs);
+      this.child.on("error", reject);
+      this.child.on("close", (code, signal) => {
+        clearTimeout(timer);
+        resolve({ code, signal, stdout: this.stdout, stderr: this.stderr, ms: performance.now() - start });
+      });
+    });
+  }
+
+  /** Pids of the ranks the launcher reported (`rank-spawned` events). */
+  rankPids(): number[] {
+    return this.events.all.filter((e) => e.event === "rank-spawned").map((e) => e.pid as number);
+  }
+}
+
+/** Runs the CLI to completion. */
+export function runCli(args: readonly string[], opts: { cwd?: string; env?: NodeJS.ProcessEnv; timeoutMs?: number } = {}): Promise<CliResult> {
+  return new CliProcess(args, opts).done;
 }

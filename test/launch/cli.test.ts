@@ -1,0 +1,119 @@
+/**
+ * Goal: the `lifeline` command rejects bad command lines with exit code 2 and a message that
+ * names the problem, before any rank is started; help, version and the not-yet-available
+ * commands behave as documented in docs/cli.md.
+ *
+ * Method: call the CLI's `main()` in-process with string-collecting streams (fast, most cases),
+ * and run the real entry point as a process for the exit-code and shebang paths.
+ */
+import { readFileSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { afterAll, describe, expect, it } from "vitest";
+import { main } from "../../src/cli.ts";
+import { CLI_SRC, FIXTURES, runCli, tempDir } from "./helpers.ts";
+
+class Sink {
+  text = "";
+  write(s: string): boolean {
+    this.text += s;
+    return true;
+  }
+}
+
+const { dir, cleanup } = tempDir("lifeline-cli-");
+afterAll(cleanup);
+writeFileSync(join(dir, "app.ts"), "throw new Error('must not run');\n");
+
+async function cli(...argv: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
+  const stdout = new Sink();
+  const stderr = new Sink();
+  const code = await main(argv, { stdout, stderr, env: { ...process.env, NO_COLOR: "1" }, cwd: dir, handleSignals: false });
+  return { code, stdout: stdout.text, stderr: stderr.text };
+}
+
+describe("lifeline CLI usage errors (exit 2)", () => {
+  it.each([
+    [["run", "--mode", "none", "app.ts"], /missing -n\/--np/],
+    [["run", "-n", "0", "--mode", "none", "app.ts"], /-n\/--np must be a whole number from 1 to 1024, got "0"/],
+    [["run", "-n", "two", "--mode", "none", "app.ts"], /got "two"/],
+    [["run", "-n", "2", "--mode", "turbo", "app.ts"], /--mode "turbo" is not a mode/],
+    [["run", "-n", "2", "--mode", "cpr", "app.ts"], /--mode cpr is not available yet.*--mode none/s],
+    [["run", "-n", "2", "--mode", "retry-one", "app.ts"], /--mode retry-one is not available yet/],
+    [["run", "-n", "2", "app.ts"], /mode cpr \(the default\) is not available yet/],
+    [["run", "-n", "2", "--mode", "none", "--checkpoint-every", "10x", "app.ts"], /--checkpoint-every "10x"/],
+    [["run", "-n", "2", "--mode", "none", "--heartbeat", "abc", "app.ts"], /--heartbeat "abc" is not a duration/],
+    [["run", "-n", "2", "--mode", "none", "--stuck-timeout", "5 days", "app.ts"], /--stuck-timeout "5 days"/],
+    [["run", "-n", "2", "--mode", "none", "--keep-lines", "-3", "app.ts"], /--keep-lines/],
+    [["run", "-n", "2", "--mode", "none", "--inject", "7@step:1", "app.ts"], /rank 7 is outside 0..1/],
+    [["run", "-n", "2", "--mode", "none", "--inject", "1@explode", "app.ts"], /unknown trigger "explode"/],
+    [["run", "-n", "2", "--mode", "none", "--transport", "carrier-pigeon", "app.ts"], /--transport "carrier-pigeon"/],
+    [["run", "-n", "2", "--mode", "none", "nope.ts"], /app "nope.ts" not found/],
+    [["run", "-n", "2", "--mode", "none"], /missing required argument 'app'/],
+    [["run", "-n", "2", "--mode", "none", "--frobnicate", "app.ts"], /unknown option '--frobnicate'/],
+    [["run", "-n"], /argument missing/],
+    [["launch"], /unknown command 'launch'/],
+  ])("%j", async (argv, message) => {
+    const r = await cli(...argv);
+    expect(r.code, r.stderr).toBe(2);
+    expect(r.stderr).toMatch(message);
+    expect(r.stderr).toMatch(/^lifeline: /);
+  });
+
+  it("lists every problem of a command line at once", async () => {
+    const r = await cli("run", "-n", "0", "--mode", "none", "--heartbeat", "x", "--results", "no/dir/r.json", "app.ts");
+    expect(r.code).toBe(2);
+    expect(r.stderr).toMatch(/- -n\/--np/);
+    expect(r.stderr).toMatch(/- --heartbeat/);
+    expect(r.stderr).toMatch(/- --results/);
+  });
+
+  it("passes options after <app> to the app instead of parsing them", async () => {
+    // -n 0 after the app belongs to the app; the launcher's own -n is fine, the mode is not.
+    const r = await cli("run", "-n", "2", "--mode", "cpr", "app.ts", "-n", "0", "--frobnicate");
+    expect(r.stderr).not.toMatch(/frobnicate|got "0"/);
+    expect(r.stderr).toMatch(/--mode cpr is not available yet/);
+  });
+
+  it("refuses drill and lines with a clear message", async () => {
+    const drill = await cli("drill", "-n", "2", "--kill", "1@step:5", "app.ts");
+    expect(drill.code).toBe(2);
+    expect(drill.stderr).toMatch(/`lifeline drill` is not available in this version/);
+    const lines = await cli("lines", "--store", "x");
+    expect(lines.code).toBe(2);
+    expect(lines.stderr).toMatch(/`lifeline lines` is not available/);
+  });
+});
+
+describe("lifeline CLI help and version", () => {
+  it("documents every run option in --help (exit 0)", async () => {
+    const r = await cli("run", "--help");
+    expect(r.code).toBe(0);
+    for (const flag of [
+      "-n, --np", "--mode", "--checkpoint-every", "--store", "--keep-lines", "--max-restarts", "--heartbeat",
+      "--failure-timeout", "--stuck-timeout", "--rendezvous-timeout", "--results", "--json", "--quiet", "--transport", "--inject",
+    ]) {
+      expect(r.stdout).toContain(flag);
+    }
+    expect(r.stdout).toMatch(/Exit codes/);
+  });
+
+  it("prints the package version", async () => {
+    const pkg = JSON.parse(readFileSync(join(CLI_SRC, "..", "..", "package.json"), "utf8")) as { version: string };
+    const r = await cli("--version");
+    expect(r.code).toBe(0);
+    expect(r.stdout.trim()).toBe(pkg.version);
+  });
+});
+
+describe("lifeline CLI as a process", () => {
+  it("exits 2 on a usage error, before starting any rank", async () => {
+    const r = await runCli(["run", "-n", "2", "--mode", "cpr", "--json", join(FIXTURES, "ok.ts")], { timeoutMs: 20_000 });
+    expect(r.code).toBe(2);
+    expect(r.stderr).toMatch(/--mode cpr is not available yet/);
+    expect(r.stderr).not.toMatch(/rank-spawned/);
+  });
+
+  it("starts with a node shebang so that npm can link it as a binary", () => {
+    expect(readFileSync(CLI_SRC, "utf8").startsWith("#!/usr/bin/env node\n")).toBe(true);
+  });
+});
