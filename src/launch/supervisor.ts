@@ -371,10 +371,11 @@ export class Supervisor {
     if (proc === undefined || !proc.alive) return;
     // A frozen or hung rank will not act on SIGTERM; it is failed, so kill it now.
     proc.kill();
+    const silentMs = Math.round(s.silentMs);
     const message =
       s.kind === "heartbeat"
-        ? `rank ${s.rank}${pidText(proc)} sent no heartbeat for ${s.silentMs} ms (--failure-timeout ${this.config.failureTimeoutMs} ms): frozen or unreachable, killed`
-        : `rank ${s.rank}${pidText(proc)} reached no step boundary (checkpoint() call) for ${s.silentMs} ms (--stuck-timeout ${this.config.stuckTimeoutMs} ms): stuck, killed`;
+        ? `rank ${s.rank}${pidText(proc)} sent no heartbeat for ${silentMs} ms (--failure-timeout ${this.config.failureTimeoutMs} ms): frozen or unreachable, killed`
+        : `rank ${s.rank}${pidText(proc)} reached no step boundary (checkpoint() call) for ${silentMs} ms (--stuck-timeout ${this.config.stuckTimeoutMs} ms): stuck, killed`;
     this.rankFailed({ kind: s.kind, rank: s.rank, code: s.kind === "heartbeat" ? "LAUNCH_HEARTBEAT" : "LAUNCH_STUCK", message, exitStatus: undefined });
   }
 
