@@ -1,0 +1,76 @@
+/**
+ * Goal: no rank process outlives its launcher. SIGINT/SIGTERM stop the job gracefully (exit
+ * 130/143); a SIGKILLed launcher, which can run no code at all, still takes every rank with
+ * it — also a rank stuck in a synchronous loop — because ranks see EOF on their watch pipe.
+ *
+ * Method: start the source CLI on test/fixtures/launch/forever.ts (ranks that never finish),
+ * wait for the `job-started` event and a step, signal the launcher, then check by pid (from
+ * `rank-spawned` events) that every rank is gone within a bound. Every test kills what it
+ * started, by pid.
+ */
+import { existsSync } from "node:fs";
+import { join } from "node:path";
+import { afterEach, beforeAll, describe, expect, it } from "vitest";
+import { CliProcess, FIXTURES, killAll, processExists, ROOT, waitGone } from "../launch/helpers.ts";
+
+let started: CliProcess[] = [];
+
+beforeAll(() => {
+  if (!existsSync(join(ROOT, "dist", "index.js"))) throw new Error("dist/index.js is missing: run `npm run build` first");
+});
+afterEach(() => {
+  for (const cli of started) {
+    killAll(cli.rankPids());
+    if (cli.child.exitCode === null && cli.child.signalCode === null) cli.child.kill("SIGKILL");
+  }
+  started = [];
+});
+
+/** Starts a never-ending job and resolves once every rank has taken a step. */
+async function runningJob(how: "steps" | "busy", np: number): Promise<CliProcess> {
+  const cli = new CliProcess(["run", "-n", String(np), "--mode", "none", "--json", join(FIXTURES, "forever.ts"), how], { timeoutMs: 40_000 });
+  started.push(cli);
+  await cli.events.waitFor((e) => e.event === "job-started", 30_000, "job-started");
+  if (how === "steps") {
+    for (let rank = 0; rank < np; rank++) await cli.events.waitFor((e) => e.event === "rank-step" && e.rank === rank, 10_000, `a step of rank ${rank}`);
+  }
+  expect(cli.rankPids()).toHaveLength(np);
+  return cli;
+}
+
+describe("stopping the launcher", () => {
+  it.each([
+    ["SIGINT", 130],
+    ["SIGTERM", 143],
+  ] as const)("%s stops the job gracefully and exits %i", async (signal, code) => {
+    const cli = await runningJob("steps", 3);
+    const pids = cli.rankPids();
+    cli.child.kill(signal);
+    const r = await cli.done;
+    expect(r.code, r.stderr).toBe(code);
+    // The launcher returns only after its ranks are gone.
+    expect(pids.filter(processExists)).toEqual([]);
+    const finished = cli.events.all.find((e) => e.event === "job-finished")!;
+    expect(finished).toMatchObject({ ok: false, exitCode: code, error: { code: "LAUNCH_INTERRUPTED" } });
+    expect(cli.events.all.find((e) => e.event === "job-stopping")?.reason).toMatch(new RegExp(`^interrupted by ${signal}`));
+    // Ranks stopped by the launcher are not reported as failures of their own.
+    expect(cli.events.all.filter((e) => e.event === "rank-failed")).toEqual([]);
+  });
+
+  it("SIGKILL of the launcher takes every rank with it", async () => {
+    const cli = await runningJob("steps", 2);
+    const pids = cli.rankPids();
+    cli.child.kill("SIGKILL");
+    const r = await cli.done;
+    expect(r.signal).toBe("SIGKILL");
+    expect(await waitGone(pids, 3_000)).toEqual([]);
+  });
+
+  it("SIGKILL of the launcher also ends ranks busy in a synchronous loop", async () => {
+    const cli = await runningJob("busy", 2);
+    const pids = cli.rankPids();
+    cli.child.kill("SIGKILL");
+    await cli.done;
+    expect(await waitGone(pids, 3_000)).toEqual([]);
+  });
+});
