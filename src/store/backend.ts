@@ -9,7 +9,7 @@
  *
  * @example
  * await kv.write([{ type: "put", key: "line/…", value: record }], { sync: true });
- * const crc = await blobs.write("0000000000000007-1a2b3c4d.part", bytes, (crc) => header(crc));
+ * const crc = await blobs.write("0000000000000007-1a2b3c4d.part", bytes, 64, (crc) => header(crc));
  */
 
 export type KvOp =
@@ -38,7 +38,7 @@ export interface KvDb {
  * A directory of write-once files, each a fixed-size header and a payload.
  *
  * @example
- * const crc = await blobs.write(name, payload, (crc) => blobHeader({ rank, epoch, bytes, checksum: crc }));
+ * const crc = await blobs.write(name, payload, BLOB_HEADER_BYTES, (crc) => blobHeader({ rank, epoch, bytes, checksum: crc }));
  * const back = await blobs.read(name, BLOB_HEADER_BYTES); // { header, payload } or undefined
  */
 export interface BlobDir {
@@ -47,11 +47,11 @@ export interface BlobDir {
   /** The path of one blob, for messages. */
   pathOf(name: string): string;
   /**
-   * Creates blob `name` (which must not exist) holding `header(crc32(payload))` and then
-   * `payload`, durably: file and directory entry are synced when it resolves. Returns the
+   * Creates blob `name` (which must not exist) holding `header(crc32(payload))` (of
+   * `headerBytes` bytes) and then `payload`, durably: file and directory entry are synced when it resolves. Returns the
    * payload's CRC-32. Computing the CRC inside lets the file backend overlap it with the write.
    */
-  write(name: string, payload: Uint8Array, header: (checksum: number) => Buffer): Promise<number>;
+  write(name: string, payload: Uint8Array, headerBytes: number, header: (checksum: number) => Buffer): Promise<number>;
   /** The blob's first `headerBytes` bytes and the rest, or `undefined` if it does not exist. */
   read(name: string, headerBytes: number): Promise<{ header: Buffer; payload: Buffer } | undefined>;
   /** Deletes blobs; missing ones are ignored. */

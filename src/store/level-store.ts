@@ -276,19 +276,20 @@ class FileBlobDir implements BlobDir {
     return join(this.location, name);
   }
 
-  async write(name: string, payload: Uint8Array, header: (checksum: number) => Buffer): Promise<number> {
+  async write(name: string, payload: Uint8Array, headerBytes: number, header: (checksum: number) => Buffer): Promise<number> {
     const path = this.pathOf(name);
     // 'wx': the name carries a random tag, so an existing file is a bug, not something to replace.
     const fh = await open(path, fsConstants.O_WRONLY | fsConstants.O_CREAT | fsConstants.O_EXCL, 0o644);
     let checksum: number;
     try {
-      const headerBytes = header(0).length;
       // The payload write goes to libuv's thread pool as soon as it is issued; the CRC is
       // computed on this thread meanwhile, and the header (which holds it) written after.
       const writing = writeFully(fh, payload, headerBytes);
       checksum = crc32(payload);
       await writing;
-      await writeFully(fh, header(checksum), 0);
+      const head = header(checksum);
+      if (head.length !== headerBytes) throw new Error(`blob header is ${head.length} bytes, expected ${headerBytes}`);
+      await writeFully(fh, head, 0);
       await fh.sync();
     } catch (err) {
       await fh.close().catch(() => undefined); // the write error is the one to report

@@ -69,8 +69,8 @@ export class KvLineManifest implements LineManifest {
       throw new RangeError(`commitLine: meta is ${meta.byteLength} bytes, more than ${META_BYTES_MAX}; store large data in a part`);
     }
     this.checkWritable("commitLine");
+    this.ensureOpen(); // at call time: writes queued before close() still run
     return this.serial(async () => {
-      this.ensureOpen();
       let newest: number | undefined;
       try {
         newest = await this.newestCommittedEpoch();
@@ -106,8 +106,8 @@ export class KvLineManifest implements LineManifest {
   async abortLine(epoch: number): Promise<void> {
     checkEpoch(epoch);
     this.checkWritable("abortLine");
+    this.ensureOpen(); // at call time: writes queued before close() still run
     return this.serial(async () => {
-      this.ensureOpen();
       try {
         const marker = encodeRecord({ v: FORMAT_VERSION, epoch, timeMs: this.nowMs() });
         await this.kv.write([{ type: "del", key: lineKey(epoch) }, { type: "put", key: abortKey(epoch), value: marker }], { sync: true });
@@ -146,8 +146,8 @@ export class KvLineManifest implements LineManifest {
       throw new RangeError(`prune: keep must be an integer >= 1 (the newest line is never deleted), got ${String(keep)}`);
     }
     this.checkWritable("prune");
+    this.ensureOpen(); // at call time: writes queued before close() still run
     return this.serial(async () => {
-      this.ensureOpen();
       try {
         // Keys only: pruning must work even if an old record is damaged.
         const lines = (await this.kv.scan(LINE_PREFIX, {})).map(([key]) => ({ key, epoch: epochOfKey(key, LINE_PREFIX) }));

@@ -115,8 +115,8 @@ export class KvRankPartStore implements RankPartStore {
     checkEpoch(epoch);
     if (!(bytes instanceof Uint8Array)) throw new TypeError("putPart: bytes must be a Uint8Array or Buffer");
     this.checkWritable("putPart");
+    this.ensureOpen(); // at call time: writes queued before close() still run
     return this.serial(async () => {
-      this.ensureOpen();
       try {
         const old = await this.recordOrUndefined(epoch);
         const timeMs = this.nowMs();
@@ -127,7 +127,7 @@ export class KvRankPartStore implements RankPartStore {
         } else {
           blob = blobName(epoch, randomBytes(4).toString("hex"));
           const bytesCount = bytes.byteLength;
-          checksum = await this.blobs.write(blob, bytes, (crc) => blobHeader({ rank: this.rank, epoch, bytes: bytesCount, checksum: crc }));
+          checksum = await this.blobs.write(blob, bytes, BLOB_HEADER_BYTES, (crc) => blobHeader({ rank: this.rank, epoch, bytes: bytesCount, checksum: crc }));
         }
         const ref: PartRef = { rank: this.rank, epoch, checksum, bytes: bytes.byteLength };
         const record = encodeRecord({
@@ -200,8 +200,8 @@ export class KvRankPartStore implements RankPartStore {
     const keepSet = new Set(keep);
     const newestKept = keep.length > 0 ? Math.max(...keep) : -1;
     const dropNewer = opts?.dropNewer ?? false;
+    this.ensureOpen(); // at call time: writes queued before close() still run
     return this.serial(async () => {
-      this.ensureOpen();
       try {
         const rows = await this.kv.scan(PART_PREFIX, {});
         const ops: KvOp[] = [];

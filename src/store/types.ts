@@ -318,7 +318,9 @@ export interface RecoveryStore {
 
 /**
  * Damage a test (or the simulator) can do to a store, to check that recovery copes. Both
- * stores implement it with the same effects; act on ranks whose store is closed.
+ * stores implement it with the same effects. Damage closed stores (the LevelDB one edits
+ * records through LevelDB, which admits one opener), except {@link breakBlobs}, which breaks
+ * the disk under an open rank store.
  *
  * @example
  * await faults.corruptPart(1, 7); // flip a byte of rank 1's part of line 7

@@ -180,6 +180,17 @@ export function recoveryStoreSuite(name: string, factory: StoreFactory): void {
         expect(await p.listParts()).toEqual([]);
       });
 
+      it("close() lets writes issued before it finish", async () => {
+        const p = await store.openRank(0);
+        const writes = [p.putPart(1, bytesOf(LARGE, 1)), p.putPart(2, bytesOf(SMALL, 2)), p.retain([2])];
+        await p.close();
+        const [, ref2, deleted] = await Promise.all(writes);
+        expect(deleted).toEqual([1]);
+        const again = await rank(0);
+        expect((await again.readPart(ref2 as PartRef)).equals(bytesOf(SMALL, 2))).toBe(true);
+        expect((await again.listParts()).map((i) => i.epoch)).toEqual([2]);
+      });
+
       it("rejects bad arguments with RangeError/TypeError", async () => {
         const p = await rank(0);
         await expect(p.putPart(-1, Buffer.alloc(1))).rejects.toThrow(RangeError);
