@@ -33,6 +33,13 @@ import { LevelRecoveryStore } from "../src/store/level-store.ts";
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
 
+/**
+ * Options of {@link runStoreBench}.
+ *
+ * @example
+ * await runStoreBench({ reps: 3, mib: 4 });           // a quick smoke run
+ * await runStoreBench({ dir: "/mnt/ssd/bench" });     // measure another disk
+ */
 export interface StoreBenchOptions {
   /** Timed repetitions per variant (>= 1). Default 7. */
   readonly reps?: number;
@@ -44,6 +51,13 @@ export interface StoreBenchOptions {
   readonly levelPut?: boolean;
 }
 
+/**
+ * One row of the table: the store's and the baseline's times, and their ratio.
+ *
+ * @example
+ * const write = result.cases[0]!;
+ * console.log(write.ratio <= write.target! ? "met" : "not met");
+ */
 export interface StoreBenchCase {
   readonly name: string;
   /** Per-repetition milliseconds, in the order they ran. */
@@ -59,6 +73,13 @@ export interface StoreBenchCase {
   readonly target: number | null;
 }
 
+/**
+ * What {@link runStoreBench} measured; saved as JSON under bench/results/.
+ *
+ * @example
+ * const result = await runStoreBench();
+ * writeFileSync("store.json", JSON.stringify(result));
+ */
 export interface StoreBenchResult {
   readonly date: string;
   readonly node: string;
@@ -82,7 +103,14 @@ async function timed(fn: () => Promise<unknown>): Promise<number> {
   return performance.now() - t0;
 }
 
-/** Runs the benchmark; see the file comment. Rejects with the store's errors (STORE_IO, ...). */
+/**
+ * Runs the benchmark; see the file comment. Rejects with the store's errors (`STORE_IO`,
+ * `STORE_LOCKED` if `dir` is in use, `STORE_NOT_FOUND` if `dir/store` is someone else's).
+ *
+ * @example
+ * const result = await runStoreBench({ reps: 5 });
+ * console.log(renderStoreTable(result));
+ */
 export async function runStoreBench(opts: StoreBenchOptions = {}): Promise<StoreBenchResult> {
   const reps = opts.reps ?? 7;
   const mib = opts.mib ?? 64;
@@ -236,7 +264,13 @@ export async function runStoreBench(opts: StoreBenchOptions = {}): Promise<Store
   }
 }
 
-/** The result as a Markdown table, like bench/run.ts prints its own. */
+/**
+ * The result as a Markdown table, like bench/run.ts prints its own. Never throws.
+ *
+ * @example
+ * process.stdout.write(renderStoreTable(await runStoreBench()));
+ * // ### Checkpoint store, one rank part (ms; median of 7, interleaved) ...
+ */
 export function renderStoreTable(r: StoreBenchResult): string {
   const f = (ms: number): string => ms.toFixed(1);
   const lines = [
@@ -250,7 +284,7 @@ export function renderStoreTable(r: StoreBenchResult): string {
     }),
     "",
     `CRC-32 of ${(r.bytes / (1 << 20)).toFixed(0)} MiB alone: ${f(r.crc32Ms)} ms (overlapped with the write in putPart). ` +
-      `Reads hit the page cache. ${r.node}, ${r.cpus}, in ${r.dir}.`,
+      `Reads hit the page cache. The LevelDB reference is timed in a separate phase (its background compaction would slow whatever runs next). ${r.node}, ${r.cpus}, in ${r.dir}.`,
   ];
   return lines.join("\n") + "\n";
 }

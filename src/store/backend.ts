@@ -12,6 +12,12 @@
  * const crc = await blobs.write("0000000000000007-1a2b3c4d.part", bytes, 64, (crc) => header(crc));
  */
 
+/**
+ * One operation of an atomic batch.
+ *
+ * @example
+ * const ops: KvOp[] = [{ type: "put", key: "line/…", value: rec }, { type: "del", key: "abort/…" }];
+ */
 export type KvOp =
   | { readonly type: "put"; readonly key: string; readonly value: Buffer }
   | { readonly type: "del"; readonly key: string };

@@ -48,7 +48,14 @@ export function crc32(data: Uint8Array, value = 0): number {
   return native !== undefined ? native(data, value) : crc32Fallback(data, value);
 }
 
-/** For tests: the portable implementation, to check it agrees with `zlib.crc32`. */
+/**
+ * The portable implementation (used when `zlib.crc32` is missing); exported so tests can
+ * check it agrees with `zlib.crc32`. Never throws.
+ *
+ * @example
+ * crc32Portable(Buffer.from("123456789")); // 0xcbf43926
+ * crc32Portable(buf) === crc32(buf);        // true
+ */
 export const crc32Portable: Crc32 = crc32Fallback;
 
 /**

@@ -34,14 +34,26 @@ import { KvRankPartStore } from "./part-store.ts";
 import { checkRank, corrupt, deepestMessage, storeError } from "./records.ts";
 import type { LineManifest, RankPartStore, RecoveryStore } from "./types.ts";
 
-/** The marker file that makes a directory a Lifeline store. */
+/**
+ * The marker file that makes a directory a Lifeline store; `lifeline lines` and writers
+ * refuse directories without it (unless empty, for writers).
+ *
+ * @example
+ * existsSync(join(dir, STORE_MARKER)); // true for a store
+ */
 export const STORE_MARKER = "LIFELINE-STORE";
 const MARKER_BODY = JSON.stringify({ format: "lifeline-store", version: 1 }) + "\n";
 /** Entries a store directory may hold; anything else means it is someone else's directory. */
 const OWN_ENTRY_RE = /^(LIFELINE-STORE(\.tmp-[0-9a-f]+)?|manifest(\.tmp-[0-9a-f]+)?|rank-\d+)$/;
 const RANK_DIR_RE = /^rank-(\d+)$/;
 
-/** Options of {@link LevelRecoveryStore}. */
+/**
+ * Options of {@link LevelRecoveryStore}.
+ *
+ * @example
+ * new LevelRecoveryStore(dir, { readOnly: true });          // for inspection
+ * new LevelRecoveryStore(dir, { nowMs: () => 1_700_000_000_000 }); // a fixed clock in tests
+ */
 export interface LevelRecoveryStoreOptions {
   /** Clock for commit and part times (tests pass a fixed one). Default `Date.now`. */
   readonly nowMs?: () => number;
@@ -368,7 +380,7 @@ function errno(err: unknown): string | undefined {
 }
 
 /** fsync of a directory, which makes the creation, rename or deletion of its entries durable. */
-export async function fsyncDir(path: string): Promise<void> {
+async function fsyncDir(path: string): Promise<void> {
   const fh = await open(path, "r");
   try {
     await fh.sync();

@@ -191,7 +191,13 @@ function formatTime(ms: number): string {
   return `${d.getFullYear()}-${p(d.getMonth() + 1)}-${p(d.getDate())} ${p(d.getHours())}:${p(d.getMinutes())}:${p(d.getSeconds())}`;
 }
 
-/** Binary units, one decimal: what people compare with `du -h`. */
+/**
+ * Binary units, one decimal: what people compare with `du -h`. Never throws.
+ *
+ * @example
+ * formatBytes(512);      // "512 B"
+ * formatBytes(64 << 20); // "64.0 MiB"
+ */
 export function formatBytes(n: number): string {
   if (n < 1024) return `${n} B`;
   const units = ["KiB", "MiB", "GiB", "TiB"];

@@ -20,7 +20,13 @@ import {
 } from "./records.ts";
 import { META_BYTES_MAX, type LineManifest, type LineRecord, type PartRef } from "./types.ts";
 
-/** Options of {@link KvLineManifest}. */
+/**
+ * Options of {@link KvLineManifest}.
+ *
+ * @example
+ * const opts: KvLineManifestOptions = { kv, nowMs: Date.now };
+ * const manifest = new KvLineManifest(opts);
+ */
 export interface KvLineManifestOptions {
   readonly kv: KvDb;
   readonly nowMs: () => number;

@@ -23,7 +23,13 @@ import { KvRankPartStore } from "./part-store.ts";
 import { LINE_PREFIX, PART_PREFIX, BLOB_HEADER_BYTES, checkEpoch, checkRank, decodeRecord, epochKeyPart, notOpen, storeError } from "./records.ts";
 import type { LineManifest, RankPartStore, RecoveryStore, StoreFaults } from "./types.ts";
 
-/** Options of {@link MemoryRecoveryStore}. */
+/**
+ * Options of {@link MemoryRecoveryStore}.
+ *
+ * @example
+ * new MemoryRecoveryStore({ name: "sim-42", nowMs: () => cluster.tick });
+ * // messages then say "memory:sim-42/rank-0/parts"
+ */
 export interface MemoryRecoveryStoreOptions {
   /** Shown in messages as `memory:<name>`. Default "store". */
   readonly name?: string;

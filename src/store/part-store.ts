@@ -40,7 +40,13 @@ type Loaded =
   | { readonly kind: "missing"; readonly message: string }
   | { readonly kind: "corrupt"; readonly message: string };
 
-/** Options of {@link KvRankPartStore.open}. */
+/**
+ * Options of {@link KvRankPartStore.open}.
+ *
+ * @example
+ * const opts: KvRankPartStoreOptions = { rank: 0, kv, blobs, nowMs: Date.now, gc: true };
+ * const parts = await KvRankPartStore.open(opts);
+ */
 export interface KvRankPartStoreOptions {
   readonly rank: number;
   readonly kv: KvDb;

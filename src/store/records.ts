@@ -17,25 +17,45 @@ import { LifelineError, isLifelineError } from "../errors.ts";
 import { crc32, formatChecksum } from "./checksum.ts";
 import type { PartRef } from "./types.ts";
 
-/** Record format version, in every record's `v` field. */
+/** Record format version, in every record's `v` field; a reader rejects other versions. */
 export const FORMAT_VERSION = 1;
 
 const packr = new Packr({ useRecords: false, structuredClone: false, moreTypes: false });
 
-/** Zero-padded hex so that LevelDB's byte order is numeric order. */
+/**
+ * An epoch as 16 zero-padded hex digits, so that LevelDB's byte order is numeric order.
+ * Never throws (callers check the epoch first).
+ *
+ * @example
+ * epochKeyPart(255); // "00000000000000ff"
+ * partKey(255);      // "part/00000000000000ff"
+ */
 export function epochKeyPart(epoch: number): string {
   return epoch.toString(16).padStart(16, "0");
 }
 
+/** Key prefix of part records in a rank's database. */
 export const PART_PREFIX = "part/";
+/** Key prefix of commit records in the manifest. */
 export const LINE_PREFIX = "line/";
+/** Key prefix of abort markers in the manifest. */
 export const ABORT_PREFIX = "abort/";
 
+/** Key of rank's part record of `epoch` (see {@link epochKeyPart}). */
 export function partKey(epoch: number): string { return PART_PREFIX + epochKeyPart(epoch); }
+/** Key of line `epoch`'s commit record (see {@link epochKeyPart}). */
 export function lineKey(epoch: number): string { return LINE_PREFIX + epochKeyPart(epoch); }
+/** Key of line `epoch`'s abort marker (see {@link epochKeyPart}). */
 export function abortKey(epoch: number): string { return ABORT_PREFIX + epochKeyPart(epoch); }
 
-/** The epoch in a key made by the functions above, or `undefined` if it is not one. */
+/**
+ * The epoch in a key made by the functions above, or `undefined` if it is not one.
+ * Never throws.
+ *
+ * @example
+ * epochOfKey("line/0000000000000007", LINE_PREFIX); // 7
+ * epochOfKey("line/7", LINE_PREFIX);                // undefined
+ */
 export function epochOfKey(key: string, prefix: string): number | undefined {
   const hex = key.slice(prefix.length);
   if (!key.startsWith(prefix) || !/^[0-9a-f]{16}$/.test(hex)) return undefined;
@@ -43,6 +63,14 @@ export function epochOfKey(key: string, prefix: string): number | undefined {
   return Number.isSafeInteger(n) ? n : undefined;
 }
 
+/**
+ * `msgpack(body) ++ crc32` (see the file comment). Never throws for plain objects of
+ * numbers, strings, null and bytes.
+ *
+ * @example
+ * const buf = encodeRecord({ v: FORMAT_VERSION, epoch: 3 });
+ * decodeRecord(buf, "test")["epoch"]; // 3
+ */
 export function encodeRecord(body: object): Buffer {
   const packed = packr.pack(body);
   const out = Buffer.allocUnsafe(packed.length + 4);
@@ -53,7 +81,12 @@ export function encodeRecord(body: object): Buffer {
 
 /**
  * Checks and unpacks a record. `what` names it for the error ("line 7 in /s/manifest").
- * Throws `STORE_CORRUPT` if the checksum fails or the bytes are not msgpack.
+ * Throws `STORE_CORRUPT` if it is truncated, fails its checksum, is not a msgpack object, or
+ * has another format version.
+ *
+ * @example
+ * decodeRecord(encodeRecord({ v: 1, x: 2 }), "a record"); // { v: 1, x: 2 }
+ * decodeRecord(Buffer.from("junk"), "a record");          // throws STORE_CORRUPT
  */
 export function decodeRecord(buf: Uint8Array, what: string): Record<string, unknown> {
   const b = Buffer.from(buf.buffer, buf.byteOffset, buf.byteLength);
@@ -78,21 +111,40 @@ export function decodeRecord(buf: Uint8Array, what: string): Record<string, unkn
   return rec;
 }
 
-/** A field of a decoded record that must be a non-negative safe integer. */
+/**
+ * A field of a decoded record that must be a non-negative safe integer; `STORE_CORRUPT`
+ * naming `what` and the field otherwise.
+ *
+ * @example
+ * uintField({ epoch: 7 }, "epoch", "line 7"); // 7
+ * uintField({ epoch: -1 }, "epoch", "line 7"); // throws STORE_CORRUPT
+ */
 export function uintField(rec: Record<string, unknown>, name: string, what: string): number {
   const v = rec[name];
   if (typeof v !== "number" || !Number.isSafeInteger(v) || v < 0) throw corrupt(`${what}: field ${name} is ${JSON.stringify(v)}, not a non-negative integer`);
   return v;
 }
 
-/** A field that must be a 32-bit unsigned checksum. */
+/**
+ * A field that must be a 32-bit unsigned checksum; `STORE_CORRUPT` otherwise.
+ *
+ * @example
+ * checksumField({ checksum: 0xcbf43926 }, "checksum", "line 7"); // 3421780262
+ * checksumField({ checksum: 2 ** 32 }, "checksum", "line 7");   // throws STORE_CORRUPT
+ */
 export function checksumField(rec: Record<string, unknown>, name: string, what: string): number {
   const v = uintField(rec, name, what);
   if (v > 0xffffffff) throw corrupt(`${what}: field ${name} is not a 32-bit checksum`);
   return v;
 }
 
-/** A field that must be bytes or null. */
+/**
+ * A field that must be bytes, or null/absent (`undefined`); `STORE_CORRUPT` otherwise.
+ *
+ * @example
+ * bytesField({ meta: null }, "meta", "line 7");               // undefined
+ * bytesField({ meta: Buffer.from("x") }, "meta", "line 7");  // <Buffer 78>
+ */
 export function bytesField(rec: Record<string, unknown>, name: string, what: string): Buffer | undefined {
   const v = rec[name];
   if (v === null || v === undefined) return undefined;
@@ -117,8 +169,16 @@ export function bytesField(rec: Record<string, unknown>, name: string, what: str
  *  60  4  crc32 of bytes 0..59
  */
 export const BLOB_HEADER_BYTES = 64;
+/** Bytes 0..7 of every blob file. */
 const BLOB_MAGIC = Buffer.from("LLPART\0\x01", "latin1");
 
+/**
+ * The header of a blob file holding the part `ref` describes. Never throws for valid refs.
+ *
+ * @example
+ * const h = blobHeader({ rank: 1, epoch: 7, bytes: 100, checksum: 5 });
+ * parseBlobHeader(h); // { rank: 1, epoch: 7, bytes: 100, checksum: 5 }
+ */
 export function blobHeader(ref: PartRef): Buffer {
   const h = Buffer.alloc(BLOB_HEADER_BYTES);
   BLOB_MAGIC.copy(h, 0);
@@ -130,7 +190,14 @@ export function blobHeader(ref: PartRef): Buffer {
   return h;
 }
 
-/** Parses a blob header; a string says what is wrong with it. */
+/**
+ * Parses a blob header; a string says what is wrong with it (never throws: damage is a
+ * result here, reported by the caller with the file's path).
+ *
+ * @example
+ * parseBlobHeader(Buffer.alloc(64)); // "not a Lifeline part file (bad magic)"
+ * parseBlobHeader(blobHeader(ref));  // ref
+ */
 export function parseBlobHeader(h: Buffer): PartRef | string {
   if (h.length < BLOB_HEADER_BYTES) return `header truncated (${h.length} of ${BLOB_HEADER_BYTES} bytes)`;
   if (!h.subarray(0, 8).equals(BLOB_MAGIC)) return "not a Lifeline part file (bad magic)";
@@ -140,32 +207,68 @@ export function parseBlobHeader(h: Buffer): PartRef | string {
   return { rank: h.readUInt32LE(8), epoch, bytes, checksum: h.readUInt32LE(28) };
 }
 
-/** `0000000000000007-1a2b3c4d.part`: epoch, then a random tag so that a rewrite of the same
- * epoch gets a fresh file and the old one stays valid until the new record replaces it. */
+/**
+ * A blob's file name: the epoch, then a random tag, so that a rewrite of the same epoch gets
+ * a fresh file and the old one stays valid until the new record replaces it.
+ *
+ * @example
+ * blobName(7, "1a2b3c4d"); // "0000000000000007-1a2b3c4d.part"
+ * BLOB_NAME_RE.test(blobName(7, "1a2b3c4d")); // true
+ */
 export function blobName(epoch: number, tag: string): string {
   return `${epochKeyPart(epoch)}-${tag}.part`;
 }
 
+/** What {@link blobName} makes; garbage collection deletes only files named like this. */
 export const BLOB_NAME_RE = /^[0-9a-f]{16}-[0-9a-f]{8}\.part$/;
 
 // ---- arguments and errors -------------------------------------------------------------------
 
+/**
+ * Argument check: a non-negative safe integer, else `RangeError`.
+ *
+ * @example
+ * checkEpoch(3);                     // ok
+ * checkEpoch(-1, "retain: epoch");   // throws RangeError
+ */
 export function checkEpoch(epoch: unknown, what = "epoch"): asserts epoch is number {
   if (typeof epoch !== "number" || !Number.isSafeInteger(epoch) || epoch < 0) {
     throw new RangeError(`${what} must be a non-negative safe integer, got ${String(epoch)}`);
   }
 }
 
+/**
+ * Argument check: an integer in 0..2^32-1 (it goes into a blob header's u32), else
+ * `RangeError`.
+ *
+ * @example
+ * checkRank(0);  // ok
+ * checkRank(-1); // throws RangeError
+ */
 export function checkRank(rank: unknown): asserts rank is number {
   if (typeof rank !== "number" || !Number.isInteger(rank) || rank < 0 || rank > 0xffffffff) {
     throw new RangeError(`rank must be an integer in 0..2^32-1, got ${String(rank)}`);
   }
 }
 
+/**
+ * A `STORE_CORRUPT` error (to throw).
+ *
+ * @example
+ * throw corrupt("line 7: record checksum mismatch");
+ * throw corrupt("the database is damaged", levelErr);
+ */
 export function corrupt(message: string, cause?: unknown): LifelineError {
   return new LifelineError("STORE_CORRUPT", message, cause === undefined ? undefined : { cause });
 }
 
+/**
+ * A `STORE_NOT_OPEN` error (to throw) for a closed handle.
+ *
+ * @example
+ * throw notOpen("the line manifest (/s/manifest)");
+ * // "the line manifest (/s/manifest) is closed; open it again before using it"
+ */
 export function notOpen(what: string): LifelineError {
   return new LifelineError("STORE_NOT_OPEN", `${what} is closed; open it again before using it`);
 }
@@ -181,8 +284,13 @@ function codesOf(err: unknown): string[] {
 }
 
 /**
- * Maps a backend failure to a `STORE_*` error. `doing` says what we were doing, `path` where.
- * `LifelineError`s pass through unchanged.
+ * Maps a backend failure to a `STORE_*` error: LevelDB's lock error to `STORE_LOCKED`, its
+ * corruption error to `STORE_CORRUPT`, anything else to `STORE_IO` (the original as `cause`).
+ * `doing` says what we were doing, `path` where. `LifelineError`s pass through unchanged.
+ *
+ * @example
+ * try { await db.open(); } catch (err) { throw storeError(err, "opening the manifest", path); }
+ * storeError(Object.assign(new Error("x"), { code: "EIO" }), "reading", "/s").code; // "STORE_IO"
  */
 export function storeError(err: unknown, doing: string, path: string): LifelineError {
   if (isLifelineError(err)) return err;
@@ -206,7 +314,13 @@ export function storeError(err: unknown, doing: string, path: string): LifelineE
   return new LifelineError("STORE_IO", `${doing}: I/O error at ${path}: ${detail}`, { cause: err });
 }
 
-/** The innermost message of an error chain (LevelDB's own words under abstract-level's). */
+/**
+ * The innermost message of an error chain (LevelDB's own words under abstract-level's).
+ *
+ * @example
+ * deepestMessage(new Error("Database failed to open", { cause: new Error("IO error: lock") })); // "IO error: lock"
+ * deepestMessage("plain"); // "plain"
+ */
 export function deepestMessage(err: unknown): string {
   let msg = err instanceof Error ? err.message : String(err);
   for (let e = err, depth = 0; e instanceof Error && depth < 4; e = e.cause, depth++) msg = e.message;
