@@ -21,7 +21,7 @@ import { CtrlServer } from "./lib/ctrl.ts";
 import { LifelineJob, RawJob, type Job, type JobEnv } from "./lib/jobs.ts";
 import {
   BENCH_NAMES, FULL_SIZES, QUICK_SIZES, buildCases, caseKey, cpuPerOpSeconds, display, peerFigure, peerPerOpSeconds, perOpSeconds,
-  ratioOf, rawProgramFor, targetFor, unitOf, type BenchName, type Case, type PeersFile,
+  ratioOf, rawProgramFor, targetFor, unitOf, type BenchName, type Case, type PeersFile, type Sizes,
 } from "./lib/plan.ts";
 import { installCleanup, killAllSync } from "./lib/procs.ts";
 import { renderTables, type CaseResult, type VariantResult } from "./lib/report.ts";
@@ -39,6 +39,10 @@ const HELP = `Usage: npm run bench -- [options]
   --target-ms <ms>      calibrate each timed block to about this long (default 50; quick 5)
   --variant <v>         both (default), lifeline or raw
   --payload <p>         f64 (default; Float64Array) or u8 (Uint8Array) for ping-pong/stream
+  --sizes <list>        override the payload sizes in bytes of the selected benchmarks (e.g. 8,1048576)
+  --np <list>           override the rank counts of the collectives (default 2,4)
+  --cpu-prof <dir>      write a V8 CPU profile of every measuring process to <dir>
+                        (summarize with: node --import tsx bench/tools/cpuprofile-top.ts <dir>/*.cpuprofile)
   --out <file>          JSON output (default bench/results/<timestamp>.json)
   --timeout-s <s>       bound on the whole run (default 900; quick 120)
   --verbose             echo the children's output
@@ -56,6 +60,9 @@ interface Options {
   out: string;
   timeoutS: number;
   verbose: boolean;
+  sizes: number[] | undefined;
+  nps: number[] | undefined;
+  cpuProf: string | undefined;
 }
 
 function usage(msg: string): never {
@@ -78,6 +85,9 @@ function parseOptions(argv: string[]): Options {
         payload: { type: "string", default: "f64" },
         out: { type: "string" },
         "timeout-s": { type: "string" },
+        sizes: { type: "string" },
+        np: { type: "string" },
+        "cpu-prof": { type: "string" },
         verbose: { type: "boolean", default: false },
         help: { type: "boolean", short: "h", default: false },
       },
@@ -105,6 +115,12 @@ function parseOptions(argv: string[]): Options {
     if (!Number.isInteger(n) || n < 1) usage(`--${name} ${raw}: expected a positive integer`);
     return n;
   };
+  const list = (name: string, raw: string | undefined, min: number): number[] | undefined => {
+    if (raw === undefined) return undefined;
+    const xs = raw.split(",").map((x) => Number(x.trim()));
+    if (xs.length === 0 || xs.some((x) => !Number.isInteger(x) || x < min)) usage(`--${name} ${raw}: expected a comma list of integers >= ${min}`);
+    return xs;
+  };
   const quick = v.quick;
   const stamp = new Date().toISOString().replace(/[:.]/g, "-");
   return {
@@ -118,6 +134,9 @@ function parseOptions(argv: string[]): Options {
     out: path.resolve(v.out ?? path.join(ROOT, "bench", "results", `${stamp}.json`)),
     timeoutS: posInt("timeout-s", v["timeout-s"], quick ? 120 : 900),
     verbose: v.verbose,
+    sizes: list("sizes", v.sizes, 8),
+    nps: list("np", v.np, 2),
+    cpuProf: v["cpu-prof"] === undefined ? undefined : path.resolve(v["cpu-prof"]),
   };
 }
 
@@ -195,11 +214,17 @@ interface Measured {
   wallS: number;
   perOpS: number;
   cpuPerOpS: number;
+  loopPerOpS: number;
 }
 
 async function measure(job: Job, c: Case, iters: number): Promise<Measured> {
-  const { seconds, cpuS } = await job.run(c.bench, c.bytes, iters);
-  return { wallS: Math.max(...seconds), perOpS: perOpSeconds(c.bench, iters, seconds), cpuPerOpS: cpuPerOpSeconds(c.bench, iters, cpuS) };
+  const { seconds, cpuS, loopS } = await job.run(c.bench, c.bytes, iters);
+  return {
+    wallS: Math.max(...seconds),
+    perOpS: perOpSeconds(c.bench, iters, seconds),
+    cpuPerOpS: cpuPerOpSeconds(c.bench, iters, cpuS),
+    loopPerOpS: cpuPerOpSeconds(c.bench, iters, loopS),
+  };
 }
 
 async function runCase(c: Case, pool: JobPool, opts: Options, peers: PeersFile): Promise<CaseResult> {
@@ -219,7 +244,7 @@ async function runCase(c: Case, pool: JobPool, opts: Options, peers: PeersFile):
   }
 
   const targetS = opts.targetMs / 1000;
-  const state = new Map<"lifeline" | "raw", { iters: number; calibration: [number, number][]; warmupPerOpS: number; perOpS: number[]; cpuPerOpS: number[] }>();
+  const state = new Map<"lifeline" | "raw", { iters: number; calibration: [number, number][]; warmupPerOpS: number; perOpS: number[]; cpuPerOpS: number[]; loopPerOpS: number[] }>();
   const drop = (k: "lifeline" | "raw", err: unknown): void => {
     errors.push(`${k}: ${(err as Error).message}`);
     progress(`    ${k} FAILED: ${(err as Error).message.split("\n")[0]}`);
@@ -230,7 +255,7 @@ async function runCase(c: Case, pool: JobPool, opts: Options, peers: PeersFile):
     try {
       const cal = await calibrate(async (iters) => (await measure(job, c, iters)).wallS, { targetS, itersMax: 100_000 });
       const warm = await measure(job, c, cal.iters);
-      state.set(k, { iters: cal.iters, calibration: cal.probes, warmupPerOpS: warm.perOpS, perOpS: [], cpuPerOpS: [] });
+      state.set(k, { iters: cal.iters, calibration: cal.probes, warmupPerOpS: warm.perOpS, perOpS: [], cpuPerOpS: [], loopPerOpS: [] });
     } catch (err) {
       drop(k, err);
     }
@@ -245,6 +270,7 @@ async function runCase(c: Case, pool: JobPool, opts: Options, peers: PeersFile):
         const m = await measure(jobs.get(k)!, c, s.iters);
         s.perOpS.push(m.perOpS);
         s.cpuPerOpS.push(m.cpuPerOpS);
+        s.loopPerOpS.push(m.loopPerOpS);
       } catch (err) {
         drop(k, err);
       }
@@ -259,6 +285,7 @@ async function runCase(c: Case, pool: JobPool, opts: Options, peers: PeersFile):
     return {
       job: job.name, iters: s.iters, calibration: s.calibration, warmupPerOpS: s.warmupPerOpS, perOpS: s.perOpS, medianPerOpS: med,
       value: display(c, med), spread: spread(s.perOpS), cpuPerOpS: s.cpuPerOpS, medianCpuUs: median(s.cpuPerOpS) * 1e6,
+      medianLoopUs: median(s.loopPerOpS) * 1e6,
     };
   };
   const lifeline = variant("lifeline");
@@ -318,7 +345,13 @@ async function main(): Promise<void> {
   }
   const peers = JSON.parse(readFileSync(path.join(ROOT, "bench", "peers.json"), "utf8")) as PeersFile;
   // With --variant raw, benchmarks without a raw baseline have nothing to measure.
-  const cases = buildCases(opts.quick ? QUICK_SIZES : FULL_SIZES, opts.only)
+  const base = opts.quick ? QUICK_SIZES : FULL_SIZES;
+  const s = opts.sizes;
+  const sizes: Sizes = {
+    pingpong: s ?? base.pingpong, stream: s ?? base.stream, allreduce: s ?? base.allreduce, bcast: s ?? base.bcast,
+    collectiveNps: opts.nps ?? base.collectiveNps,
+  };
+  const cases = buildCases(sizes, opts.only)
     .filter((c) => opts.variant !== "raw" || rawProgramFor(c.bench) !== undefined);
   const sessions = sessionsOf(cases);
   progress(
@@ -340,6 +373,7 @@ async function main(): Promise<void> {
       startTimeoutMs: 90_000,
       commandTimeoutMs: opts.quick ? 30_000 : 60_000,
       idleMs: 180_000,
+      cpuProf: opts.cpuProf,
     };
     let done = 0;
     for (const session of sessions) {
@@ -357,6 +391,7 @@ async function main(): Promise<void> {
             `    lifeline ${fmt(r.lifeline?.value)} ${u} (${r.lifeline?.iters ?? "-"} ops/timing)` +
               `, raw ${fmt(r.raw?.value)} ${u} (${r.raw?.iters ?? "-"} ops/timing)` +
               `, CPU/op ${fmt(r.lifeline?.medianCpuUs)} / ${fmt(r.raw?.medianCpuUs)} us` +
+              ` (main loop ${fmt(r.lifeline?.medianLoopUs)} / ${fmt(r.raw?.medianLoopUs)} us)` +
               `, L/raw ${fmtRatio(r.ratio)}, L/MPI-TCP ${fmtRatio(r.ratioMpiTcp)}` +
               (r.target ? `, target ${r.target.text}: ${r.target.met === null ? "n/a" : r.target.met ? "met" : "NOT met"}` : "") +
               ` [${((performance.now() - t0) / 1000).toFixed(1)} s]`,
@@ -392,6 +427,7 @@ async function main(): Promise<void> {
     options: { ...opts, only: [...opts.only] },
     method: {
       cpu: "CPU seconds per op summed over the job's processes (process.cpuUsage, all threads)",
+      loop: "event-loop-active seconds per op summed over the job's processes (performance.eventLoopUtilization: main thread not waiting in epoll)",
       timing: `calibrated to ~${opts.targetMs} ms per timed block, 1 warm-up block, ${opts.reps} timed blocks per variant, lifeline and raw alternating (L R, R L, ...), barrier before each block`,
       figure: "median over the timed blocks of seconds per operation",
       ratio: "us rows: lifeline time / raw time; MB/s rows: lifeline MB/s / raw MB/s",

@@ -30,6 +30,8 @@ export interface JobEnv {
   commandTimeoutMs: number;
   /** How long a child waits for a command before it gives up and exits. */
   idleMs: number;
+  /** Directory for CPU profiles of every measuring process (--cpu-prof), or undefined. */
+  cpuProf: string | undefined;
 }
 
 export abstract class Job {
@@ -50,7 +52,7 @@ export abstract class Job {
   abstract tail(): string;
 
   /** Runs one timed block on every rank; resolves to each rank's wall and CPU seconds. */
-  async run(bench: BenchName, bytes: number, iters: number): Promise<{ seconds: number[]; cpuS: number[] }> {
+  async run(bench: BenchName, bytes: number, iters: number): Promise<{ seconds: number[]; cpuS: number[]; loopS: number[] }> {
     if (this.broken !== undefined) throw this.broken;
     const seq = ++this.seq;
     try {
@@ -58,14 +60,16 @@ export abstract class Job {
       const replies = await Promise.all(this.ids.map((id) => this.expect(id, `run ${bench} ${bytes} B x ${iters}`, this.env.commandTimeoutMs)));
       const seconds: number[] = [];
       const cpuS: number[] = [];
+      const loopS: number[] = [];
       replies.forEach((m, r) => {
         if (m.t === "error") throw new Error(`${this.name} rank ${r}: ${m.message}`);
         if (m.t !== "done" || m.seq !== seq) throw new Error(`${this.name} rank ${r}: unexpected reply ${JSON.stringify(m)}`);
         if (!(m.seconds > 0)) throw new Error(`${this.name} rank ${r}: non-positive time ${m.seconds}`);
         seconds.push(m.seconds);
         cpuS.push(m.cpuS);
+        loopS.push(m.loopS);
       });
-      return { seconds, cpuS };
+      return { seconds, cpuS, loopS };
     } catch (err) {
       this.broken = err as Error;
       throw err;
@@ -108,6 +112,7 @@ export class LifelineJob extends Job {
       "bench/programs/mpi-bench.ts",
       "--ctrl", this.env.ctrl.endpoint, "--id", this.name, "--payload", this.env.payload,
       "--idle-ms", String(this.env.idleMs),
+      ...(this.env.cpuProf !== undefined ? ["--cpu-prof", this.env.cpuProf] : []),
     ];
   }
 
@@ -175,6 +180,7 @@ export class RawJob extends Job {
         "--ctrl", this.env.ctrl.endpoint, "--id", this.name, "--rank", String(r), "--size", String(this.np),
         "--transport", this.env.transport, "--dir", this.env.tmpDir, "--payload", this.env.payload,
         "--idle-ms", String(this.env.idleMs),
+        ...(this.env.cpuProf !== undefined ? ["--cpu-prof", this.env.cpuProf] : []),
       ];
       const child = spawnChild(`${this.name}.${r}`, process.execPath, args, { cwd: this.env.root, echo: this.env.echo });
       this.children.push(child);

@@ -4,7 +4,9 @@
  * program, next to the socket it uses.
  */
 import { CtrlClient, exitWithParent, programArgs, type HarnessMessage } from "./ctrl.ts";
+import path from "node:path";
 import type { BenchName } from "./plan.ts";
+import { startProfile } from "./profile.ts";
 
 export interface RawArgs {
   ctrl: string;
@@ -15,6 +17,8 @@ export interface RawArgs {
   dir: string;
   payload: PayloadKind;
   idleMs: number;
+  /** Directory for a CPU profile of this process (`--cpu-prof`), or undefined. */
+  cpuProf: string | undefined;
 }
 
 export type PayloadKind = "f64" | "u8";
@@ -39,6 +43,7 @@ export function rawArgs(argv: readonly string[]): RawArgs {
     dir: need("dir"),
     payload,
     idleMs: Number(m.get("idle-ms") ?? 120_000),
+    cpuProf: m.get("cpu-prof"),
   };
 }
 
@@ -56,20 +61,27 @@ export function makePayload(bytes: number, kind: PayloadKind, fill: number): Flo
   return new Uint8Array(bytes).fill(fill & 0xff);
 }
 
-/** A timed block's cost on one rank: wall time, and CPU time of the whole process (all threads). */
+/**
+ * A timed block's cost on one rank: wall time; CPU time of the whole process (every thread,
+ * libzmq's I/O thread included); and the time the main thread's event loop was active
+ * (not waiting in epoll), which is where the JavaScript side of the message path runs.
+ */
 export interface BlockTime {
   seconds: number;
   cpuS: number;
+  loopS: number;
 }
 
-/** Starts the clocks; the returned function reads both. */
+/** Starts the clocks; the returned function reads them all. */
 export function startClock(): () => BlockTime {
+  const elu0 = performance.eventLoopUtilization();
   const cpu0 = process.cpuUsage();
   const t0 = process.hrtime.bigint();
   return () => {
     const seconds = Number(process.hrtime.bigint() - t0) / 1e9;
     const cpu = process.cpuUsage(cpu0);
-    return { seconds, cpuS: (cpu.user + cpu.system) / 1e6 };
+    const elu = performance.eventLoopUtilization(elu0);
+    return { seconds, cpuS: (cpu.user + cpu.system) / 1e6, loopS: elu.active / 1000 };
   };
 }
 
@@ -79,13 +91,17 @@ export async function serveCommands(
   a: RawArgs,
   runBlock: (bench: BenchName, bytes: number, iters: number) => Promise<BlockTime>,
 ): Promise<void> {
+  const stopProfile = a.cpuProf !== undefined ? await startProfile() : undefined;
   for (;;) {
     const cmd: HarnessMessage = await ctrl.receive(a.idleMs);
-    if (cmd.t === "quit") return;
+    if (cmd.t === "quit") {
+      await stopProfile?.(path.join(a.cpuProf!, `${a.id}-${a.rank}.cpuprofile`));
+      return;
+    }
     if (cmd.t !== "run") throw new Error(`unexpected command ${cmd.t}`);
     try {
-      const { seconds, cpuS } = await runBlock(cmd.bench, cmd.bytes, cmd.iters);
-      await ctrl.send({ t: "done", seq: cmd.seq, rank: a.rank, seconds, cpuS });
+      const t = await runBlock(cmd.bench, cmd.bytes, cmd.iters);
+      await ctrl.send({ t: "done", seq: cmd.seq, rank: a.rank, ...t });
     } catch (err) {
       await ctrl.send({ t: "error", seq: cmd.seq, rank: a.rank, message: (err as Error).stack ?? String(err) });
       throw err;

@@ -25,6 +25,8 @@ export interface VariantResult {
   cpuPerOpS: number[];
   /** Their median, in microseconds. */
   medianCpuUs: number;
+  /** Median main-thread event-loop-active time per operation, summed over processes (us). */
+  medianLoopUs: number;
 }
 
 export interface CaseResult {

@@ -30,26 +30,38 @@ export interface Calibration {
 }
 
 /**
- * Finds how many operations take about `targetS` seconds: times 1, then ~10× more until a
- * block takes at least a fifth of the target (enough for the clock), then scales linearly.
- * The first probes double as JIT warm-up. An operation slower than the target runs once.
+ * Finds how many operations take about `targetS` seconds. A first block of one operation is
+ * thrown away (cold caches, lazy connection set-up, JIT). Then: 1 operation, ~10× more until a
+ * block takes at least a fifth of the target (enough for the clock), scale linearly, and check
+ * the scaled count once, rescaling if it is off by more than 2× (a probe hit by a burst of
+ * other load). An operation slower than the target runs once.
  */
 export async function calibrate(
   runBlock: (iters: number) => Promise<number>,
   opts: { targetS: number; itersMax: number },
 ): Promise<Calibration> {
   const probes: [number, number][] = [];
-  let iters = 1;
-  for (;;) {
+  const probe = async (iters: number): Promise<number> => {
     const seconds = await runBlock(iters);
     probes.push([iters, seconds]);
-    if (seconds >= opts.targetS / 5 || iters >= opts.itersMax) {
-      const scaled = Math.round((iters * opts.targetS) / Math.max(seconds, 1e-9));
-      return { iters: Math.min(opts.itersMax, Math.max(1, scaled)), probes };
-    }
+    return seconds;
+  };
+  const scale = (iters: number, seconds: number): number =>
+    Math.min(opts.itersMax, Math.max(1, Math.round((iters * opts.targetS) / Math.max(seconds, 1e-9))));
+  await probe(1); // thrown away
+  let iters = 1;
+  let seconds: number;
+  for (;;) {
+    seconds = await probe(iters);
+    if (seconds >= opts.targetS / 5 || iters >= opts.itersMax) break;
     const grow = seconds <= 0 ? 10 : Math.ceil((opts.targetS / 4) / seconds);
     iters = Math.min(opts.itersMax, iters * Math.min(10, Math.max(2, grow)));
   }
+  const scaled = scale(iters, seconds);
+  if (scaled === iters) return { iters, probes };
+  const check = await probe(scaled);
+  if (check > opts.targetS / 2 && check < opts.targetS * 2) return { iters: scaled, probes };
+  return { iters: scale(scaled, check), probes };
 }
 
 /** Formats a figure with about 4 significant digits, like the peers file. */

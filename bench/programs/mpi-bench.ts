@@ -15,10 +15,12 @@
  *
  * Every timed block starts with `world.barrier()`, so all ranks start together.
  */
+import path from "node:path";
 import { init } from "lifeline";
 import { CtrlClient, programArgs } from "../lib/ctrl.ts";
 import { BENCH_NAMES, FULL_SIZES, perOpSeconds, display, sizeLabel, unitOf, type BenchName, type Case } from "../lib/plan.ts";
 import { makePayload, startClock, type BlockTime, type PayloadKind } from "../lib/raw-proc.ts";
+import { startProfile } from "../lib/profile.ts";
 import { calibrate, median, spread } from "../lib/stats.ts";
 
 type World = Awaited<ReturnType<typeof init>>;
@@ -117,14 +119,19 @@ async function serveHarness(endpoint: string, id: string): Promise<void> {
     info: { mode: world.mode, attempt: world.attempt, runDir: process.env.LIFELINE_RUN_DIR },
   });
   const blocks: [BenchName, number, number, number][] = [];
+  const profileDir = args.get("cpu-prof");
+  const stopProfile = profileDir !== undefined ? await startProfile() : undefined;
   for (;;) {
     const cmd = await ctrl.receive(idleMs);
-    if (cmd.t === "quit") break;
+    if (cmd.t === "quit") {
+      await stopProfile?.(path.join(profileDir!, `${id}-${rank}.cpuprofile`));
+      break;
+    }
     if (cmd.t !== "run") throw new Error(`unexpected command ${cmd.t}`);
     try {
-      const { seconds, cpuS } = await runBlock(cmd.bench, cmd.bytes, cmd.iters);
-      blocks.push([cmd.bench, cmd.bytes, cmd.iters, seconds]);
-      await ctrl.send({ t: "done", seq: cmd.seq, rank, seconds, cpuS });
+      const t = await runBlock(cmd.bench, cmd.bytes, cmd.iters);
+      blocks.push([cmd.bench, cmd.bytes, cmd.iters, t.seconds]);
+      await ctrl.send({ t: "done", seq: cmd.seq, rank, ...t });
     } catch (err) {
       await ctrl.send({ t: "error", seq: cmd.seq, rank, message: (err as Error).stack ?? String(err) });
       throw err;
