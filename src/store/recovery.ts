@@ -105,14 +105,23 @@ export async function pruneLines(manifest: LineManifest, ranks: readonly RankPar
  * The start of a job on one host, before any rank runs: chooses the recovery line, retracts
  * (aborts) the newer committed lines that failed verification so their epochs can be reused,
  * and deletes every part that belongs to no remaining committed line (aborted or interrupted
- * lines, and lines pruned from the manifest just before a crash). Rejects like
- * {@link latestLine}, and with `STORE_IO` / `STORE_NOT_OPEN`.
+ * lines, and lines pruned from the manifest just before a crash). `ranks` must be the stores
+ * of ranks `0..n-1` of a job of the size that wrote the store (`RangeError` otherwise,
+ * before anything is changed). Rejects like {@link latestLine}, and with `STORE_IO` /
+ * `STORE_NOT_OPEN`.
  *
  * @example
  * const choice = await recoverLocal(manifest, rankStores);
  * for (const w of choice.warnings) console.warn(`lifeline: ${w}`);
  */
 export async function recoverLocal(manifest: LineManifest, ranks: readonly RankPartStore[]): Promise<RecoveryChoice> {
+  // A store written by a job of another size is not damaged, it is the wrong store: every
+  // line would "miss" parts and be retracted. Refuse before deleting anything.
+  const sizes = new Set((await manifest.list()).map((l) => l.parts.length));
+  const wrong = [...sizes].filter((n) => n !== ranks.length);
+  if (wrong.length > 0) {
+    throw new RangeError(`recoverLocal: the store ${manifest.location} holds lines of a ${wrong.join("/")}-rank job, this job has ${ranks.length} ranks; use the same number of ranks or another store`);
+  }
   const choice = await latestLine(manifest, localVerifier(ranks));
   for (const { epoch } of choice.skipped) await manifest.abortLine(epoch);
   const kept = (await manifest.list()).map((l) => l.epoch);

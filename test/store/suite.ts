@@ -418,6 +418,15 @@ export function recoveryStoreSuite(name: string, factory: StoreFactory): void {
         expect((await latestLine(m, localVerifier(ranks))).line!.epoch).toBe(3);
       });
 
+      it("recoverLocal refuses a store written by a job of another size, changing nothing", async () => {
+        await threeLines();
+        const m = await manifest();
+        const ranks = [await rank(0), await rank(1)];
+        await expect(recoverLocal(m, ranks)).rejects.toThrow(/lines of a 3-rank job, this job has 2 ranks/);
+        expect((await m.list()).map((l) => l.epoch)).toEqual([1, 2, 3]);
+        expect((await ranks[0]!.listParts()).map((i) => i.epoch)).toEqual([1, 2, 3]);
+      });
+
       it("pruneLines keeps the newest lines in the manifest and in every rank", async () => {
         const m = await manifest();
         const ranks = [await rank(0), await rank(1)];
