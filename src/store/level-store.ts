@@ -87,7 +87,7 @@ export class LevelRecoveryStore implements RecoveryStore {
   async openManifest(): Promise<LineManifest> {
     await this.ensureStore();
     const path = join(this.location, "manifest");
-    const kv = await LevelKv.open(path, { create: !this.readOnly });
+    const kv = await LevelKv.open(path, { create: !this.readOnly, what: "the line manifest" });
     if (!this.readOnly) await removeTempSiblings(this.location, "manifest", kv);
     return new KvLineManifest({ kv, nowMs: this.nowMs, readOnly: this.readOnly });
   }
@@ -104,7 +104,7 @@ export class LevelRecoveryStore implements RecoveryStore {
         throw storeError(err, `opening rank ${rank}'s part store`, rankDir);
       }
     }
-    const kv = await LevelKv.open(join(rankDir, "parts"), { create: !this.readOnly });
+    const kv = await LevelKv.open(join(rankDir, "parts"), { create: !this.readOnly, what: `rank ${rank}'s part database` });
     if (!this.readOnly) await removeTempSiblings(rankDir, "parts", kv);
     return KvRankPartStore.open({ rank, kv, blobs: new FileBlobDir(blobsDir), nowMs: this.nowMs, gc: !this.readOnly, readOnly: this.readOnly });
   }
@@ -190,23 +190,23 @@ class LevelKv implements KvDb {
    * `createIfMissing: false`, so that a damaged one (no CURRENT file) is reported instead of
    * replaced by an empty one.
    */
-  static async open(path: string, opts: { create: boolean }): Promise<LevelKv> {
+  static async open(path: string, opts: { create: boolean; what: string }): Promise<LevelKv> {
     let exists = true;
     try {
       await stat(path);
     } catch (err) {
-      if (errno(err) !== "ENOENT") throw storeError(err, "opening a database", path);
+      if (errno(err) !== "ENOENT") throw storeError(err, `opening ${opts.what}`, path);
       exists = false;
     }
     if (!exists) {
-      if (!opts.create) throw new LifelineError("STORE_NOT_FOUND", `no database at ${path}`);
-      await createDatabase(path);
+      if (!opts.create) throw new LifelineError("STORE_NOT_FOUND", `opening ${opts.what}: no database at ${path}`);
+      await createDatabase(path, opts.what);
     }
     const db = new Level<string, Buffer>(path, { keyEncoding: "utf8", valueEncoding: "buffer", createIfMissing: false });
     try {
       await db.open();
     } catch (err) {
-      throw openError(err, path);
+      throw openError(err, path, opts.what);
     }
     return new LevelKv(path, db);
   }
@@ -229,7 +229,7 @@ class LevelKv implements KvDb {
   }
 }
 
-async function createDatabase(path: string): Promise<void> {
+async function createDatabase(path: string, what: string): Promise<void> {
   const tmp = `${path}.tmp-${randomBytes(4).toString("hex")}`;
   const db = new Level<string, Buffer>(tmp, { keyEncoding: "utf8", valueEncoding: "buffer", createIfMissing: true, errorIfExists: true });
   try {
@@ -238,28 +238,28 @@ async function createDatabase(path: string): Promise<void> {
     await fsyncDir(tmp);
   } catch (err) {
     await rm(tmp, { recursive: true, force: true });
-    throw storeError(err, "creating a database", path);
+    throw storeError(err, `creating ${what}`, path);
   }
   try {
     await rename(tmp, path);
   } catch (err) {
     // Another process created it first (rename onto a non-empty directory fails): use theirs.
     await rm(tmp, { recursive: true, force: true });
-    if (errno(err) !== "ENOTEMPTY" && errno(err) !== "EEXIST") throw storeError(err, "creating a database", path);
+    if (errno(err) !== "ENOTEMPTY" && errno(err) !== "EEXIST") throw storeError(err, `creating ${what}`, path);
     return;
   }
   await fsyncDir(dirname(path));
 }
 
-function openError(err: unknown, path: string): LifelineError {
-  const mapped = storeError(err, "opening a database", path);
+function openError(err: unknown, path: string, what: string): LifelineError {
+  const mapped = storeError(err, `opening ${what}`, path);
   if (mapped.code !== "STORE_IO") return mapped;
   // With createIfMissing false, an existing directory that LevelDB will not open (no CURRENT
   // file, an unparsable MANIFEST) is damage, not an I/O failure.
   const causeCode = (err as { cause?: { code?: unknown } }).cause?.code;
   if (causeCode === "LEVEL_IO_ERROR") return mapped;
   return corrupt(
-    `opening a database: the LevelDB database at ${path} is damaged or incomplete (${deepestMessage(err)}). ` +
+    `opening ${what}: the LevelDB database at ${path} is damaged or incomplete (${deepestMessage(err)}). ` +
       "Move the store directory aside and start the job fresh.",
     err,
   );

@@ -167,7 +167,7 @@ export class MemoryRecoveryStore implements RecoveryStore, StoreFaults {
     if (this.locks.has(path)) {
       // The same words as LevelDB's, through the same mapping, so both stores say the same.
       const err = Object.assign(new Error(`lock ${path}/LOCK: already held by process`), { code: "LEVEL_LOCKED" });
-      throw storeError(err, "opening a database", path);
+      throw storeError(err, path.endsWith("/manifest") ? "opening the line manifest" : "opening a rank's part database", path);
     }
   }
 
