@@ -215,15 +215,17 @@ interface Measured {
   perOpS: number;
   cpuPerOpS: number;
   loopPerOpS: number;
+  faultsPerOp: number;
 }
 
 async function measure(job: Job, c: Case, iters: number): Promise<Measured> {
-  const { seconds, cpuS, loopS } = await job.run(c.bench, c.bytes, iters);
+  const { seconds, cpuS, loopS, minorFaults } = await job.run(c.bench, c.bytes, iters);
   return {
     wallS: Math.max(...seconds),
     perOpS: perOpSeconds(c.bench, iters, seconds),
     cpuPerOpS: cpuPerOpSeconds(c.bench, iters, cpuS),
     loopPerOpS: cpuPerOpSeconds(c.bench, iters, loopS),
+    faultsPerOp: cpuPerOpSeconds(c.bench, iters, minorFaults),
   };
 }
 
@@ -244,7 +246,7 @@ async function runCase(c: Case, pool: JobPool, opts: Options, peers: PeersFile):
   }
 
   const targetS = opts.targetMs / 1000;
-  const state = new Map<"lifeline" | "raw", { iters: number; calibration: [number, number][]; warmupPerOpS: number; perOpS: number[]; cpuPerOpS: number[]; loopPerOpS: number[] }>();
+  const state = new Map<"lifeline" | "raw", { iters: number; calibration: [number, number][]; warmupPerOpS: number; perOpS: number[]; cpuPerOpS: number[]; loopPerOpS: number[]; faultsPerOp: number[] }>();
   const drop = (k: "lifeline" | "raw", err: unknown): void => {
     errors.push(`${k}: ${(err as Error).message}`);
     progress(`    ${k} FAILED: ${(err as Error).message.split("\n")[0]}`);
@@ -255,7 +257,7 @@ async function runCase(c: Case, pool: JobPool, opts: Options, peers: PeersFile):
     try {
       const cal = await calibrate(async (iters) => (await measure(job, c, iters)).wallS, { targetS, itersMax: 100_000 });
       const warm = await measure(job, c, cal.iters);
-      state.set(k, { iters: cal.iters, calibration: cal.probes, warmupPerOpS: warm.perOpS, perOpS: [], cpuPerOpS: [], loopPerOpS: [] });
+      state.set(k, { iters: cal.iters, calibration: cal.probes, warmupPerOpS: warm.perOpS, perOpS: [], cpuPerOpS: [], loopPerOpS: [], faultsPerOp: [] });
     } catch (err) {
       drop(k, err);
     }
@@ -271,6 +273,7 @@ async function runCase(c: Case, pool: JobPool, opts: Options, peers: PeersFile):
         s.perOpS.push(m.perOpS);
         s.cpuPerOpS.push(m.cpuPerOpS);
         s.loopPerOpS.push(m.loopPerOpS);
+        s.faultsPerOp.push(m.faultsPerOp);
       } catch (err) {
         drop(k, err);
       }
@@ -286,6 +289,7 @@ async function runCase(c: Case, pool: JobPool, opts: Options, peers: PeersFile):
       job: job.name, iters: s.iters, calibration: s.calibration, warmupPerOpS: s.warmupPerOpS, perOpS: s.perOpS, medianPerOpS: med,
       value: display(c, med), spread: spread(s.perOpS), cpuPerOpS: s.cpuPerOpS, medianCpuUs: median(s.cpuPerOpS) * 1e6,
       medianLoopUs: median(s.loopPerOpS) * 1e6,
+      medianMinorFaults: median(s.faultsPerOp),
     };
   };
   const lifeline = variant("lifeline");
@@ -391,7 +395,7 @@ async function main(): Promise<void> {
             `    lifeline ${fmt(r.lifeline?.value)} ${u} (${r.lifeline?.iters ?? "-"} ops/timing)` +
               `, raw ${fmt(r.raw?.value)} ${u} (${r.raw?.iters ?? "-"} ops/timing)` +
               `, CPU/op ${fmt(r.lifeline?.medianCpuUs)} / ${fmt(r.raw?.medianCpuUs)} us` +
-              ` (main loop ${fmt(r.lifeline?.medianLoopUs)} / ${fmt(r.raw?.medianLoopUs)} us)` +
+              ` (main loop ${fmt(r.lifeline?.medianLoopUs)} / ${fmt(r.raw?.medianLoopUs)} us; page faults ${fmt(r.lifeline?.medianMinorFaults)} / ${fmt(r.raw?.medianMinorFaults)})` +
               `, L/raw ${fmtRatio(r.ratio)}, L/MPI-TCP ${fmtRatio(r.ratioMpiTcp)}` +
               (r.target ? `, target ${r.target.text}: ${r.target.met === null ? "n/a" : r.target.met ? "met" : "NOT met"}` : "") +
               ` [${((performance.now() - t0) / 1000).toFixed(1)} s]`,
@@ -427,6 +431,7 @@ async function main(): Promise<void> {
     options: { ...opts, only: [...opts.only] },
     method: {
       cpu: "CPU seconds per op summed over the job's processes (process.cpuUsage, all threads)",
+      minorFaults: "minor page faults per op summed over the job's processes (process.resourceUsage)",
       loop: "event-loop-active seconds per op summed over the job's processes (performance.eventLoopUtilization: main thread not waiting in epoll)",
       timing: `calibrated to ~${opts.targetMs} ms per timed block, 1 warm-up block, ${opts.reps} timed blocks per variant, lifeline and raw alternating (L R, R L, ...), barrier before each block`,
       figure: "median over the timed blocks of seconds per operation",

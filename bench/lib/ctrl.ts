@@ -24,7 +24,7 @@ export type ProcMessage =
   /** A raw process has connected to its peers and can run commands. */
   | { t: "ready"; rank: number }
   /** A command finished: this rank's wall, process CPU and event-loop-active time for the block. */
-  | { t: "done"; seq: number; rank: number; seconds: number; cpuS: number; loopS: number }
+  | { t: "done"; seq: number; rank: number; seconds: number; cpuS: number; loopS: number; minorFaults: number }
   /** A command failed in this process (the harness stops the job). */
   | { t: "error"; seq: number; rank: number; message: string };
 

@@ -52,7 +52,7 @@ export abstract class Job {
   abstract tail(): string;
 
   /** Runs one timed block on every rank; resolves to each rank's wall and CPU seconds. */
-  async run(bench: BenchName, bytes: number, iters: number): Promise<{ seconds: number[]; cpuS: number[]; loopS: number[] }> {
+  async run(bench: BenchName, bytes: number, iters: number): Promise<{ seconds: number[]; cpuS: number[]; loopS: number[]; minorFaults: number[] }> {
     if (this.broken !== undefined) throw this.broken;
     const seq = ++this.seq;
     try {
@@ -61,6 +61,7 @@ export abstract class Job {
       const seconds: number[] = [];
       const cpuS: number[] = [];
       const loopS: number[] = [];
+      const minorFaults: number[] = [];
       replies.forEach((m, r) => {
         if (m.t === "error") throw new Error(`${this.name} rank ${r}: ${m.message}`);
         if (m.t !== "done" || m.seq !== seq) throw new Error(`${this.name} rank ${r}: unexpected reply ${JSON.stringify(m)}`);
@@ -68,8 +69,9 @@ export abstract class Job {
         seconds.push(m.seconds);
         cpuS.push(m.cpuS);
         loopS.push(m.loopS);
+        minorFaults.push(m.minorFaults);
       });
-      return { seconds, cpuS, loopS };
+      return { seconds, cpuS, loopS, minorFaults };
     } catch (err) {
       this.broken = err as Error;
       throw err;

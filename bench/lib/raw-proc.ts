@@ -70,10 +70,13 @@ export interface BlockTime {
   seconds: number;
   cpuS: number;
   loopS: number;
+  /** Minor page faults of the process during the block (fresh memory being touched). */
+  minorFaults: number;
 }
 
 /** Starts the clocks; the returned function reads them all. */
 export function startClock(): () => BlockTime {
+  const faults0 = process.resourceUsage().minorPageFault;
   const elu0 = performance.eventLoopUtilization();
   const cpu0 = process.cpuUsage();
   const t0 = process.hrtime.bigint();
@@ -81,7 +84,8 @@ export function startClock(): () => BlockTime {
     const seconds = Number(process.hrtime.bigint() - t0) / 1e9;
     const cpu = process.cpuUsage(cpu0);
     const elu = performance.eventLoopUtilization(elu0);
-    return { seconds, cpuS: (cpu.user + cpu.system) / 1e6, loopS: elu.active / 1000 };
+    const minorFaults = process.resourceUsage().minorPageFault - faults0;
+    return { seconds, cpuS: (cpu.user + cpu.system) / 1e6, loopS: elu.active / 1000, minorFaults };
   };
 }
 

@@ -27,6 +27,8 @@ export interface VariantResult {
   medianCpuUs: number;
   /** Median main-thread event-loop-active time per operation, summed over processes (us). */
   medianLoopUs: number;
+  /** Median minor page faults per operation, summed over processes (fresh memory touched). */
+  medianMinorFaults: number;
 }
 
 export interface CaseResult {
