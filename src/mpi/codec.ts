@@ -110,7 +110,7 @@ function pairs(e: unknown[]): [unknown, unknown][] {
   return out;
 }
 
-const packr = new Packr({ useRecords: false, structuredClone: false, moreTypes: false });
+const packr = new Packr({ useRecords: false, structuredClone: false, moreTypes: false, useBigIntExtension: true });
 
 const DEPTH_MAX = 256;
 

@@ -1,0 +1,48 @@
+/**
+ * Lifeline's public API: `init()` joins the job started by `lifeline run` and returns the
+ * communicator (API §2–§3).
+ *
+ * @example
+ * import { init } from "lifeline";
+ * const world = await init();
+ * const sum = await world.allreduce(world.rank, "sum");
+ * await world.finalize(sum);
+ */
+import { LifelineError } from "./errors.ts";
+import { type InitOptions, resolveRankPlace } from "./mpi/env.ts";
+import { World } from "./mpi/world.ts";
+import { startWatchdog } from "./launch/watchdog.ts";
+
+export { ANY_SOURCE, ANY_TAG, TAG_MAX } from "./mpi/types.ts";
+export type {
+  CollectiveOptions, Message, ReduceOp, ReduceOpName, Request, Restored, Status, WorldApi,
+} from "./mpi/types.ts";
+export type { InitOptions, Mode } from "./mpi/env.ts";
+export { LifelineError, isLifelineError, type LifelineErrorCode } from "./errors.ts";
+export { waitAll, waitAny } from "./mpi/request.ts";
+export type { World };
+
+/** Modes whose recovery is implemented in this build. */
+export const SUPPORTED_MODES = ["none"] as const;
+
+/**
+ * Joins the job this process was started in (by `lifeline run`, or by another launcher with
+ * `LIFELINE_COORDINATOR` set), connects to every peer and returns the communicator.
+ * Rejects with `MPI_INIT` if the environment names no job or the coordinator cannot be reached,
+ * and with `MPI_MODE` for a mode this build does not implement.
+ */
+export async function init(options: InitOptions = {}): Promise<World> {
+  const place = resolveRankPlace(options, process.env);
+  if (!(SUPPORTED_MODES as readonly string[]).includes(place.mode)) {
+    throw new LifelineError("MPI_MODE", `mode ${place.mode} is not implemented in this build yet; run with --mode none`);
+  }
+  const stopWatch = place.watchFd !== undefined ? startWatchdog(place.watchFd) : undefined;
+  try {
+    const world = await World.join(place);
+    if (stopWatch !== undefined) world.onClose(stopWatch);
+    return world;
+  } catch (err) {
+    stopWatch?.();
+    throw err;
+  }
+}

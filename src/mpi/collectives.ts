@@ -1,0 +1,343 @@
+/**
+ * Collective algorithms, built on point-to-point messages of kind `collective`.
+ *
+ * Each collective call gets a sequence number (the same on every rank, since ranks must call
+ * collectives in the same order) and a signature (hash of kind, root, op, type, length); its
+ * messages are numbered by step, so `(sequence, source, step)` names every message exactly,
+ * and a receiver that sees a different signature reports a mismatch instead of mixing data.
+ *
+ * Algorithms are chosen by size, and always combine operands in a fixed order:
+ * - barrier: dissemination, ⌈log2 p⌉ rounds;
+ * - bcast: binomial tree; the payload is encoded once at the root and forwarded as received;
+ * - reduce / allreduce, small or user op: binomial tree / recursive doubling with the
+ *   lower-ranked operand first (so user ops need only be associative);
+ * - reduce / allreduce, large typed arrays with a built-in op: ring reduce-scatter (+ ring
+ *   allgather, or a gather of chunks to the root): 2(p-1)/p of the data per rank, bandwidth
+ *   optimal; built-in ops are commutative bit for bit, so the ring's rotated order is safe;
+ * - gather / scatter: direct (the root's link carries the data once either way);
+ * - allgather: ring, forwarding each contribution's encoded frames without re-encoding;
+ * - alltoall: all pairs at once.
+ *
+ * Memory rule on this path: a buffer handed to zeromq (which sends views without copying) is
+ * never written again and never given to the program: user data is copied when encoded, and
+ * received buffers that are forwarded are copied before the program sees them.
+ */
+import { LifelineError } from "../errors.ts";
+import { decodeBody, type EncodedBody, encodeBody, isTypedArray, typedArrayCode, typedArrayFrom } from "./codec.ts";
+import { combine, combineInto, isBuiltinOp } from "./reduce-ops.ts";
+import type { ReduceOp } from "./types.ts";
+import { Encoding, type Header } from "./wire.ts";
+
+/** A collective message as received: its header and its body frames. */
+export interface Arrival {
+  readonly header: Header;
+  readonly frames: Buffer[];
+}
+
+/** What an algorithm needs from the communicator for one collective call. */
+export interface CollectiveIo {
+  readonly rank: number;
+  readonly size: number;
+  send(dest: number, step: number, body: EncodedBody): Promise<void>;
+  recv(source: number, step: number): Promise<Arrival>;
+}
+
+/** Typed arrays at or above this size use the ring algorithms (when the op allows). */
+export const RING_BYTES_MIN = 64 * 1024;
+
+type TA = Float64Array | Float32Array | Int32Array | Uint32Array | Int16Array | Uint16Array | Int8Array | Uint8Array
+  | Uint8ClampedArray | BigInt64Array | BigUint64Array;
+
+const asBody = (a: Arrival): EncodedBody => ({ encoding: a.header.encoding, arrayType: a.header.arrayType, frames: a.frames });
+const decode = (a: Arrival): unknown => decodeBody(a.header.encoding, a.header.arrayType, a.frames);
+/** Decodes a body we also forward: the program gets a copy, never the forwarded buffers. */
+const decodeCopy = (a: Arrival): unknown => decodeBody(a.header.encoding, a.header.arrayType, a.frames.map((f) => Buffer.from(f)));
+
+function rawBody(arr: TA, from: number, to: number): EncodedBody {
+  const bpe = arr.BYTES_PER_ELEMENT;
+  return {
+    encoding: Encoding.typedArray,
+    arrayType: typedArrayCode(arr),
+    frames: [Buffer.from(arr.buffer, arr.byteOffset + from * bpe, (to - from) * bpe)],
+  };
+}
+
+function viewOf(a: Arrival, like: TA, expectLength: number): TA {
+  if (a.header.encoding !== Encoding.typedArray || a.header.arrayType !== typedArrayCode(like)) {
+    throw new LifelineError("MPI_COLLECTIVE_MISMATCH", `rank ${a.header.source} sent a chunk of another type than ${like.constructor.name}`);
+  }
+  const v = typedArrayFrom(a.header.arrayType, a.frames[0]!) as TA;
+  if (v.length !== expectLength) {
+    throw new LifelineError("MPI_COLLECTIVE_MISMATCH", `rank ${a.header.source} sent a chunk of ${v.length} elements, expected ${expectLength}`);
+  }
+  return v;
+}
+
+const chunkStart = (n: number, p: number, i: number): number => Math.floor((i * n) / p);
+
+// ---- barrier -------------------------------------------------------------------------------
+
+export async function barrier(io: CollectiveIo): Promise<void> {
+  const { rank, size } = io;
+  const empty: EncodedBody = { encoding: Encoding.none, arrayType: 0, frames: [] };
+  for (let k = 1, step = 0; k < size; k <<= 1, step++) {
+    const sent = io.send((rank + k) % size, step, empty);
+    await io.recv((rank - k + size) % size, step);
+    await sent;
+  }
+}
+
+// ---- bcast ---------------------------------------------------------------------------------
+
+export async function bcast<T>(io: CollectiveIo, data: T, root: number): Promise<T> {
+  const { rank, size } = io;
+  const vr = (rank - root + size) % size;
+  let body: EncodedBody | undefined;
+  let received: Arrival | undefined;
+  let mask = 1;
+  if (vr === 0) {
+    body = encodeBody(data, { copy: true });
+  } else {
+    while (mask < size) {
+      if (vr & mask) {
+        received = await io.recv((vr - mask + root) % size, 0);
+        body = asBody(received);
+        break;
+      }
+      mask <<= 1;
+    }
+  }
+  mask >>= 1;
+  if (vr === 0) mask = highestPowerOfTwoBelow(size);
+  const sends: Promise<void>[] = [];
+  let forwarded = false;
+  for (; mask > 0; mask >>= 1) {
+    if (vr + mask < size) {
+      sends.push(io.send((vr + mask + root) % size, 0, body!));
+      forwarded = true;
+    }
+  }
+  await Promise.all(sends);
+  if (vr === 0) return data;
+  return (forwarded ? decodeCopy(received!) : decode(received!)) as T;
+}
+
+function highestPowerOfTwoBelow(n: number): number {
+  let m = 1;
+  while (m < n) m <<= 1;
+  return m >> 1;
+}
+
+// ---- allreduce / reduce --------------------------------------------------------------------
+
+function useRing(data: unknown, op: ReduceOp, size: number): data is TA {
+  return size > 1 && isTypedArray(data) && isBuiltinOp(op) && (data as TA).byteLength >= RING_BYTES_MIN && (data as TA).length >= size;
+}
+
+export async function allreduce<T>(io: CollectiveIo, data: T, op: ReduceOp): Promise<T> {
+  if (io.size === 1) return copyValue(data);
+  if (useRing(data, op, io.size)) return (await ringAllreduce(io, data, op)) as T;
+  return (await recursiveDoubling(io, data, op)) as T;
+}
+
+function copyValue<T>(data: T): T {
+  return (isTypedArray(data) ? (data as unknown as TA).slice() : data) as T;
+}
+
+/**
+ * Recursive doubling with the usual fold for non-powers of two: ranks below 2·rem pair up
+ * (even into odd) first, so every rank's "virtual rank" covers a contiguous range of real
+ * ranks and each exchange combines lower-range ⊕ higher-range: the same expression on both
+ * sides of every exchange, hence the same bits on every rank.
+ */
+async function recursiveDoubling(io: CollectiveIo, data: unknown, op: ReduceOp): Promise<unknown> {
+  const { rank, size } = io;
+  const pof2 = highestPowerOfTwoBelow(size + 1);
+  const rem = size - pof2;
+  let acc: unknown = data;
+  let step = 0;
+  let vrank: number;
+  if (rank < 2 * rem) {
+    if (rank % 2 === 0) {
+      await io.send(rank + 1, step, encodeBody(acc, { copy: true }));
+      vrank = -1;
+    } else {
+      acc = combine(decode(await io.recv(rank - 1, step)), acc, op);
+      vrank = rank >> 1;
+    }
+  } else {
+    vrank = rank - rem;
+  }
+  step++;
+  if (vrank >= 0) {
+    const real = (v: number): number => (v < rem ? 2 * v + 1 : v + rem);
+    for (let mask = 1; mask < pof2; mask <<= 1, step++) {
+      const partner = real(vrank ^ mask);
+      const sent = io.send(partner, step, encodeBody(acc, { copy: true }));
+      const theirs = decode(await io.recv(partner, step));
+      await sent;
+      acc = partner < rank ? combine(theirs, acc, op) : combine(acc, theirs, op);
+    }
+  } else {
+    step += Math.log2(pof2);
+  }
+  if (rank < 2 * rem) {
+    if (rank % 2 === 1) await io.send(rank - 1, step, encodeBody(acc, { copy: true }));
+    else acc = decode(await io.recv(rank + 1, step));
+  }
+  // A rank that never combined (size 1 paths aside) must still not alias the caller's input.
+  return acc === data ? copyValue(data) : acc;
+}
+
+/**
+ * Ring reduce-scatter: after p-1 steps rank r holds the full reduction of chunk (r+1) mod p.
+ * Chunk c is reduced along the ring in a fixed order, so every rank gets the same bits.
+ * Sends view `acc` without copying; a chunk is written again only after its earlier send was
+ * provably received (the ring's causal chain: a message from r-1 at step k implies r+1 has
+ * received our step-k message).
+ */
+async function ringReduceScatter(io: CollectiveIo, acc: TA, op: ReduceOp): Promise<void> {
+  const { rank, size } = io;
+  const n = acc.length;
+  const next = (rank + 1) % size, prev = (rank - 1 + size) % size;
+  for (let s = 0; s < size - 1; s++) {
+    const sendChunk = (rank - s + size) % size;
+    const recvChunk = (rank - s - 1 + size) % size;
+    const sent = io.send(next, s, rawBody(acc, chunkStart(n, size, sendChunk), chunkStart(n, size, sendChunk + 1)));
+    const from = chunkStart(n, size, recvChunk), to = chunkStart(n, size, recvChunk + 1);
+    const theirs = viewOf(await io.recv(prev, s), acc, to - from);
+    // Built-in ops are commutative bit for bit; the partial sum from upstream goes first.
+    combineInto(acc.subarray(from, to), theirs, op, false);
+    await sent;
+  }
+}
+
+async function ringAllreduce(io: CollectiveIo, data: TA, op: ReduceOp): Promise<TA> {
+  const { rank, size } = io;
+  const acc = data.slice() as TA;
+  const n = acc.length;
+  await ringReduceScatter(io, acc, op);
+  const next = (rank + 1) % size, prev = (rank - 1 + size) % size;
+  // Allgather: forward what we receive (buffers the program never sees), copy it into acc.
+  const mine = (rank + 1) % size;
+  let outgoing: EncodedBody = rawBody(acc, chunkStart(n, size, mine), chunkStart(n, size, mine + 1));
+  for (let s = 0; s < size - 1; s++) {
+    const base = size - 1;
+    const sent = io.send(next, base + s, outgoing);
+    const recvChunk = (rank - s + size) % size;
+    const from = chunkStart(n, size, recvChunk), to = chunkStart(n, size, recvChunk + 1);
+    const arrival = await io.recv(prev, base + s);
+    acc.set(viewOf(arrival, acc, to - from) as any, from);
+    outgoing = asBody(arrival);
+    await sent;
+  }
+  return acc;
+}
+
+export async function reduce<T>(io: CollectiveIo, data: T, op: ReduceOp, root: number): Promise<T | undefined> {
+  const { rank, size } = io;
+  if (size === 1) return copyValue(data);
+  if (useRing(data, op, size)) {
+    // Reduce-scatter, then every rank sends its finished chunk to the root.
+    const acc = (data as unknown as TA).slice() as TA;
+    const n = acc.length;
+    await ringReduceScatter(io, acc, op);
+    const mine = (rank + 1) % size;
+    const step = size;
+    if (rank !== root) {
+      await io.send(root, step, rawBody(acc, chunkStart(n, size, mine), chunkStart(n, size, mine + 1)));
+      return undefined;
+    }
+    for (let r = 0; r < size; r++) {
+      if (r === root) continue;
+      const c = (r + 1) % size;
+      const from = chunkStart(n, size, c), to = chunkStart(n, size, c + 1);
+      acc.set(viewOf(await io.recv(r, step), acc, to - from) as any, from);
+    }
+    return acc as unknown as T;
+  }
+  // Binomial tree toward rank 0 over real ranks: node r owns the contiguous range
+  // [r, r + 2^k), so acc ⊕ child keeps rank order. Rank 0 then hands the result to the root.
+  let acc: unknown = data;
+  let step = 0;
+  for (let mask = 1; mask < size; mask <<= 1, step++) {
+    if (rank & mask) {
+      await io.send(rank - mask, step, encodeBody(acc, { copy: true }));
+      acc = undefined;
+      break;
+    }
+    if (rank + mask < size) acc = combine(acc, decode(await io.recv(rank + mask, step)), op);
+  }
+  const last = 64;
+  if (root === 0) return rank === 0 ? (acc === data ? copyValue(data) : (acc as T)) : undefined;
+  if (rank === 0) {
+    await io.send(root, last, encodeBody(acc, { copy: true }));
+    return undefined;
+  }
+  if (rank === root) return decode(await io.recv(0, last)) as T;
+  return undefined;
+}
+
+// ---- gather / scatter / allgather / alltoall ------------------------------------------------
+
+export async function gather<T>(io: CollectiveIo, data: T, root: number): Promise<T[] | undefined> {
+  const { rank, size } = io;
+  if (rank !== root) {
+    await io.send(root, 0, encodeBody(data, { copy: true }));
+    return undefined;
+  }
+  const out: T[] = new Array(size);
+  out[root] = data;
+  await Promise.all(
+    Array.from({ length: size }, async (_, r) => {
+      if (r !== root) out[r] = decode(await io.recv(r, 0)) as T;
+    }),
+  );
+  return out;
+}
+
+export async function scatter<T>(io: CollectiveIo, items: readonly T[] | undefined, root: number): Promise<T> {
+  const { rank, size } = io;
+  if (rank !== root) return decode(await io.recv(root, 0)) as T;
+  await Promise.all(
+    items!.map((item, r) => (r === root ? undefined : io.send(r, 0, encodeBody(item, { copy: true })))),
+  );
+  return items![root]!;
+}
+
+export async function allgather<T>(io: CollectiveIo, data: T): Promise<T[]> {
+  const { rank, size } = io;
+  const out: T[] = new Array(size);
+  out[rank] = data;
+  const next = (rank + 1) % size, prev = (rank - 1 + size) % size;
+  let outgoing = encodeBody(data, { copy: true });
+  for (let s = 0; s < size - 1; s++) {
+    const sent = io.send(next, s, outgoing);
+    const arrival = await io.recv(prev, s);
+    const owner = (rank - s - 1 + size) % size;
+    const forward = s < size - 2;
+    out[owner] = (forward ? decodeCopy(arrival) : decode(arrival)) as T;
+    outgoing = asBody(arrival);
+    await sent;
+  }
+  return out;
+}
+
+export async function alltoall<T>(io: CollectiveIo, items: readonly T[]): Promise<T[]> {
+  const { rank, size } = io;
+  const out: T[] = new Array(size);
+  out[rank] = items[rank]!;
+  const sends: Promise<void>[] = [];
+  for (let k = 1; k < size; k++) {
+    const dest = (rank + k) % size;
+    sends.push(io.send(dest, 0, encodeBody(items[dest], { copy: true })));
+  }
+  await Promise.all(
+    Array.from({ length: size - 1 }, async (_, i) => {
+      const src = (rank - i - 1 + size) % size;
+      out[src] = decode(await io.recv(src, 0)) as T;
+    }),
+  );
+  await Promise.all(sends);
+  return out;
+}

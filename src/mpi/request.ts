@@ -1,0 +1,96 @@
+/**
+ * Non-blocking requests (`isend`/`irecv`), completed by the message layer.
+ *
+ * A request completes synchronously inside the reader loop when its message matches, so
+ * `test()` sees it at once without a microtask hop; `wait()` creates its promise lazily.
+ *
+ * @example
+ * const r = world.irecv(1, 7);
+ * while (r.test() === undefined) await doOtherWork();
+ */
+import { LifelineError } from "../errors.ts";
+import type { Request } from "./types.ts";
+
+export class RequestImpl<T> implements Request<T> {
+  private state: "pending" | "done" | "failed" = "pending";
+  private value: T | undefined;
+  private error: unknown;
+  private waiters: { resolve: (v: T) => void; reject: (e: unknown) => void }[] = [];
+
+  /** Called once by the layer when the operation completes. */
+  complete(value: T): void {
+    if (this.state !== "pending") return;
+    this.state = "done";
+    this.value = value;
+    for (const w of this.waiters) w.resolve(value);
+    this.waiters = [];
+  }
+
+  /** Called once by the layer when the operation fails (abort, finalize, encode error). */
+  fail(error: unknown): void {
+    if (this.state !== "pending") return;
+    this.state = "failed";
+    this.error = error;
+    for (const w of this.waiters) w.reject(error);
+    this.waiters = [];
+  }
+
+  get done(): boolean {
+    return this.state !== "pending";
+  }
+
+  wait(): Promise<T> {
+    if (this.state === "done") return Promise.resolve(this.value as T);
+    if (this.state === "failed") return Promise.reject(this.error);
+    return new Promise<T>((resolve, reject) => this.waiters.push({ resolve, reject }));
+  }
+
+  test(): T | undefined {
+    if (this.state === "failed") throw this.error;
+    return this.state === "done" ? this.value : undefined;
+  }
+
+  /** Registers a completion callback without creating a promise (used by waitAny). */
+  onSettle(cb: () => void): void {
+    if (this.state !== "pending") cb();
+    else this.waiters.push({ resolve: () => cb(), reject: () => cb() });
+  }
+}
+
+/** Narrows a user-supplied request to ours; anything else is a TypeError. */
+export function asImpl<T>(r: Request<T>): RequestImpl<T> {
+  if (!(r instanceof RequestImpl)) throw new TypeError("not a Lifeline request (pass what isend/irecv returned)");
+  return r;
+}
+
+/** Completes when every request has; resolves to their values in order. */
+export async function waitAll<T>(reqs: readonly Request<T>[]): Promise<T[]> {
+  const impls = reqs.map(asImpl);
+  const out: T[] = new Array(impls.length);
+  for (let i = 0; i < impls.length; i++) out[i] = await impls[i]!.wait();
+  return out;
+}
+
+/** Completes when the first (lowest-index, if several are done) request completes. */
+export function waitAny<T>(reqs: readonly Request<T>[]): Promise<{ index: number; value: T }> {
+  const impls = reqs.map(asImpl);
+  if (impls.length === 0) return Promise.reject(new LifelineError("MPI_REQUEST", "waitAny() needs at least one request"));
+  const pick = (): { index: number; value: T } | undefined => {
+    for (let i = 0; i < impls.length; i++) {
+      if (impls[i]!.done) return { index: i, value: impls[i]!.test() as T };
+    }
+    return undefined;
+  };
+  return new Promise((resolve, reject) => {
+    const settle = (): void => {
+      try {
+        const r = pick();
+        if (r !== undefined) resolve(r);
+      } catch (err) {
+        reject(err);
+      }
+    };
+    settle();
+    for (const r of impls) r.onSettle(settle);
+  });
+}

@@ -1,0 +1,610 @@
+/**
+ * The communicator: MPI-style point-to-point and collectives over a {@link ZmqTransport},
+ * with the hooks the recovery protocols attach to.
+ *
+ * Message path (send): validate → encode body (typed arrays as raw frames) → stamp a 40-byte
+ * header (kind, source, tag, channel sequence number, epoch, collective sequence/signature)
+ * → transport. (Receive): one reader loop → validate header (garbage from stray processes is
+ * dropped with a warning) → app messages decoded and matched (posted receives first, else the
+ * unexpected queue), collective messages filed by (sequence, source, step).
+ *
+ * @example
+ * const world = await init();
+ * if (world.rank === 0) await world.send(new Float64Array([1, 2]), 1, 7);
+ * else console.log((await world.recv(0, 7)).data);
+ */
+import { LifelineError } from "../errors.ts";
+import * as coll from "./collectives.ts";
+import { type EncodedBody, decodeBody, encodeBody, encodeValue, isTypedArray } from "./codec.ts";
+import { type CoordinatorToRank, controlIdentity } from "./control.ts";
+import { ControlLink } from "./control-link.ts";
+import type { Mode, RankPlace } from "./env.ts";
+import { FaultPlan, parseFaults } from "./faults.ts";
+import { Matcher } from "./matching.ts";
+import { checkOp, isBuiltinOp } from "./reduce-ops.ts";
+import { asImpl, RequestImpl, waitAll, waitAny } from "./request.ts";
+import {
+  ANY_SOURCE, ANY_TAG, type CollectiveOptions, type Message, type ReduceOp, type Request, type Restored, type Status,
+  TAG_MAX, type WorldApi,
+} from "./types.ts";
+import { decodeHeader, encodeHeader, type Header, Kind } from "./wire.ts";
+import { ZmqTransport } from "./zmq/zmq-transport.ts";
+
+/** An application message after decoding, as the matcher holds it. */
+interface AppEnvelope {
+  readonly source: number;
+  readonly tag: number;
+  readonly data: unknown;
+}
+
+/** Collective kinds, carried in the top byte of a collective frame's tag for error messages. */
+const COLL_KINDS = ["barrier", "bcast", "reduce", "allreduce", "gather", "scatter", "allgather", "alltoall"] as const;
+type CollKind = (typeof COLL_KINDS)[number];
+
+/** Steps fit in the low 24 bits of the tag; the kind index sits above them. */
+const STEP_BITS = 24;
+
+/** Time allowed for rendezvous (every rank says hello, the table arrives). */
+const RENDEZVOUS_TIMEOUT_MS = 120_000;
+/** At most one progress report per this interval. */
+const STEP_REPORT_MS = 200;
+/** Warnings about garbage frames are rate-limited to this many per process. */
+const GARBAGE_WARNINGS_MAX = 10;
+
+function fnv1a(parts: readonly (string | number)[]): number {
+  let h = 0x811c9dc5;
+  const s = parts.join("\u0001");
+  for (let i = 0; i < s.length; i++) {
+    h ^= s.charCodeAt(i);
+    h = Math.imul(h, 0x01000193);
+  }
+  return h >>> 0;
+}
+
+/** Shape of data for collective signatures: type and length must agree across ranks. */
+function shapeOf(data: unknown): string {
+  if (isTypedArray(data)) return `${(data as object).constructor.name}[${(data as ArrayLike<unknown>).length}]`;
+  if (Array.isArray(data)) return `array[${data.length}]`;
+  return data === null ? "null" : typeof data;
+}
+
+function callSite(): string {
+  // Frames: callSite ← collective method ← user code. The user's frame identifies the call.
+  const lines = (new Error().stack ?? "").split("\n").slice(1).map((l) => l.trim());
+  const user = lines.find((l) => !l.includes("/src/mpi/") && !l.includes("/dist/mpi/") && !l.includes("node:internal"));
+  return user ?? lines.join("|");
+}
+
+export class World implements WorldApi {
+  readonly rank: number;
+  readonly size: number;
+  readonly mode: Mode;
+  readonly attempt: number;
+
+  private jobKey = 0;
+  private readonly matcher: Matcher<AppEnvelope>;
+  private readonly channelSeqOut: Uint32Array;
+  private readonly collInbox = new Map<string, coll.Arrival>();
+  private readonly collWaiters = new Map<string, { resolve: (a: coll.Arrival) => void; reject: (e: unknown) => void }>();
+  private collSeq = 0;
+  private finalized = false;
+  private failure: LifelineError | undefined;
+  private readonly faults: FaultPlan;
+  private steps = 0;
+  private lastStepReport = 0;
+  private versions = 0;
+  private collSinceCheckpoint = 0;
+  private restoreCalled = false;
+  private readonly bootstrapKeys = new Set<string>();
+  private outstandingRecvs = 0;
+  private garbageWarnings = 0;
+  private released: { resolve: () => void; reject: (e: unknown) => void } | undefined;
+  private transport!: ZmqTransport;
+  private control!: ControlLink;
+
+  private constructor(private readonly place: RankPlace) {
+    this.rank = place.rank;
+    this.size = place.size;
+    this.mode = place.mode;
+    this.attempt = place.attempt;
+    this.matcher = new Matcher(place.size);
+    this.channelSeqOut = new Uint32Array(place.size);
+    this.faults = new FaultPlan(parseFaults(place.faults), place.attempt);
+  }
+
+  /**
+   * Joins the job: binds the data socket, says hello to the coordinator, waits for the table of
+   * endpoints and connects to every peer. Rejects with `MPI_INIT` if that cannot happen.
+   */
+  static async join(place: RankPlace): Promise<World> {
+    const world = new World(place);
+    await world.connect();
+    return world;
+  }
+
+  private async connect(): Promise<void> {
+    const { rank, attempt } = this;
+    this.transport = await ZmqTransport.bind({
+      transport: this.place.transport,
+      runDir: this.place.runDir,
+      name: controlIdentity(rank, attempt),
+    });
+    let gotTable: (t: Extract<CoordinatorToRank, { t: "table" }>) => void = () => undefined;
+    let failJoin: (e: unknown) => void = () => undefined;
+    const table = new Promise<Extract<CoordinatorToRank, { t: "table" }>>((resolve, reject) => {
+      gotTable = resolve;
+      failJoin = reject;
+    });
+    this.control = ControlLink.connect(this.place.coordinator, controlIdentity(rank, attempt), (msg) => {
+      switch (msg.t) {
+        case "table": gotTable(msg); break;
+        case "peer": if (msg.rank !== this.rank) this.transport.connect(msg.rank, msg.endpoint); break;
+        case "release": this.released?.resolve(); break;
+        case "abort": {
+          const err = new LifelineError("MPI_ABORTED", `the job was aborted: ${msg.message}`);
+          failJoin(err);
+          this.abortLocal(err);
+          break;
+        }
+      }
+    });
+    await this.control.send({ t: "hello", rank, attempt, pid: process.pid, endpoint: this.transport.endpoint, size: this.size });
+    const timer = setTimeout(
+      () => failJoin(new LifelineError("MPI_INIT", `no endpoint table from the coordinator at ${this.place.coordinator} within ${RENDEZVOUS_TIMEOUT_MS / 1000} s`)),
+      RENDEZVOUS_TIMEOUT_MS,
+    );
+    let t: Extract<CoordinatorToRank, { t: "table" }>;
+    try {
+      t = await table;
+    } catch (err) {
+      await this.closeSockets();
+      throw err;
+    } finally {
+      clearTimeout(timer);
+    }
+    if (t.endpoints.length !== this.size) {
+      await this.closeSockets();
+      throw new LifelineError("MPI_INIT", `the coordinator's table has ${t.endpoints.length} ranks, but this rank was started for ${this.size}`);
+    }
+    this.jobKey = t.jobKey;
+    t.endpoints.forEach((ep, r) => { if (r !== rank) this.transport.connect(r, ep); });
+    this.transport.start((frames) => this.onFrames(frames), (err) => this.abortLocal(new LifelineError("MPI_ABORTED", `receive loop failed: ${(err as Error).message}`, { cause: err })));
+  }
+
+  // ---- receive path ------------------------------------------------------------------------
+
+  private onFrames(frames: Buffer[]): void {
+    let header: Header;
+    try {
+      header = decodeHeader(frames[0], { jobKey: this.jobKey, size: this.size });
+    } catch (err) {
+      this.warnGarbage(err);
+      return;
+    }
+    this.arrive(header, frames.slice(1));
+  }
+
+  private warnGarbage(err: unknown): void {
+    if (this.garbageWarnings++ < GARBAGE_WARNINGS_MAX) {
+      process.stderr.write(`lifeline: rank ${this.rank}: dropping a malformed frame: ${(err as Error).message}${this.garbageWarnings === GARBAGE_WARNINGS_MAX ? " (further warnings suppressed)" : ""}\n`);
+    }
+  }
+
+  /** A validated frame (from the network or a send to self). */
+  private arrive(header: Header, body: Buffer[]): void {
+    switch (header.kind) {
+      case Kind.app: {
+        let data: unknown;
+        try {
+          data = decodeBody(header.encoding, header.arrayType, body);
+        } catch (err) {
+          this.warnGarbage(err);
+          return;
+        }
+        this.matcher.arrive({ source: header.source, tag: header.tag, data });
+        return;
+      }
+      case Kind.collective: {
+        const key = `${header.collSeq}.${header.source}.${header.tag & ((1 << STEP_BITS) - 1)}`;
+        const arrival: coll.Arrival = { header, frames: body };
+        const waiter = this.collWaiters.get(key);
+        if (waiter !== undefined) {
+          this.collWaiters.delete(key);
+          waiter.resolve(arrival);
+        } else {
+          this.collInbox.set(key, arrival);
+        }
+        return;
+      }
+      case Kind.protocol:
+        // Reserved for the recovery protocols' peer traffic; none in this mode.
+        this.warnGarbage(new Error(`unexpected protocol frame from rank ${header.source} in mode ${this.mode}`));
+        return;
+    }
+  }
+
+  // ---- checks ------------------------------------------------------------------------------
+
+  private live(what: string): void {
+    if (this.failure !== undefined) throw this.failure;
+    if (this.finalized) throw new LifelineError("MPI_FINALIZED", `${what}() called after finalize()`);
+  }
+
+  private checkRank(r: unknown, what: string, allowAny: boolean): number {
+    if (allowAny && r === ANY_SOURCE) return ANY_SOURCE;
+    if (typeof r !== "number" || !Number.isInteger(r) || r < 0 || r >= this.size) {
+      throw new LifelineError("MPI_RANK", `${what}: rank ${String(r)} is outside 0..${this.size - 1}${allowAny ? " (or ANY_SOURCE)" : ""}`);
+    }
+    return r;
+  }
+
+  private checkTag(t: unknown, what: string, allowAny: boolean): number {
+    if (allowAny && t === ANY_TAG) return ANY_TAG;
+    if (typeof t !== "number" || !Number.isInteger(t) || t < 0 || t > TAG_MAX) {
+      throw new LifelineError("MPI_TAG", `${what}: tag ${String(t)} must be an integer in 0..${TAG_MAX}${allowAny ? " (or ANY_TAG)" : ""}`);
+    }
+    return t;
+  }
+
+  // ---- point to point ----------------------------------------------------------------------
+
+  private header(kind: Header["kind"], dest: number, tag: number, body: EncodedBody, collSeq = 0, signature = 0): Buffer {
+    return encodeHeader({
+      kind, flags: 0, encoding: body.encoding, jobKey: this.jobKey, source: this.rank, tag,
+      channelSeq: this.channelSeqOut[dest]!++, epoch: 0, collSeq, signature, arrayType: body.arrayType, attempt: this.attempt,
+    });
+  }
+
+  private transmit(dest: number, header: Buffer, body: EncodedBody): Promise<void> {
+    if (dest === this.rank) {
+      // Send to self: same path as the network, minus the socket. Deliver on a later tick,
+      // as a socket would, so a send never completes a receive synchronously.
+      const frames = body.frames.map((f) => Buffer.from(f.buffer, f.byteOffset, f.byteLength));
+      const h = decodeHeader(header, { jobKey: this.jobKey, size: this.size });
+      setImmediate(() => this.arrive(h, frames));
+      return Promise.resolve();
+    }
+    return this.transport.send(dest, [header, ...body.frames]);
+  }
+
+  async send(data: unknown, dest: number, tag = 0): Promise<void> {
+    this.live("send");
+    this.checkRank(dest, "send", false);
+    this.checkTag(tag, "send", false);
+    const body = encodeBody(data, { copy: true });
+    this.faults.onSend();
+    await this.transmit(dest, this.header(Kind.app, dest, tag, body), body);
+  }
+
+  isend(data: unknown, dest: number, tag = 0): Request<void> {
+    const req = new RequestImpl<void>();
+    // Validation errors throw synchronously, like send's would reject: the call is wrong.
+    this.live("isend");
+    this.checkRank(dest, "isend", false);
+    this.checkTag(tag, "isend", false);
+    const body = encodeBody(data, { copy: true });
+    this.faults.onSend();
+    this.transmit(dest, this.header(Kind.app, dest, tag, body), body).then(() => req.complete(), (e) => req.fail(e));
+    return req;
+  }
+
+  irecv<T = unknown>(source: number = ANY_SOURCE, tag: number = ANY_TAG): Request<Message<T>> {
+    this.live("irecv");
+    const src = this.checkRank(source, "irecv", true);
+    const tg = this.checkTag(tag, "irecv", true);
+    const req = new RequestImpl<Message<T>>();
+    const now = this.matcher.take(src, tg);
+    if (now !== undefined) {
+      req.complete(now as Message<T>);
+      return req;
+    }
+    this.outstandingRecvs++;
+    this.matcher.post({
+      source: src, tag: tg, consume: true,
+      onMatch: (env) => {
+        this.outstandingRecvs--;
+        this.pending.delete(req as RequestImpl<unknown>);
+        req.complete(env as Message<T>);
+      },
+    });
+    this.pending.add(req as RequestImpl<unknown>);
+    return req;
+  }
+
+  /** Requests that the layer must fail on abort (posted receives and probes). */
+  private readonly pending = new Set<RequestImpl<unknown>>();
+
+  async recv<T = unknown>(source: number = ANY_SOURCE, tag: number = ANY_TAG): Promise<Message<T>> {
+    return this.irecv<T>(source, tag).wait();
+  }
+
+  iprobe(source: number = ANY_SOURCE, tag: number = ANY_TAG): Status | undefined {
+    this.live("iprobe");
+    const env = this.matcher.peek(this.checkRank(source, "iprobe", true), this.checkTag(tag, "iprobe", true));
+    return env === undefined ? undefined : { source: env.source, tag: env.tag };
+  }
+
+  probe(source: number = ANY_SOURCE, tag: number = ANY_TAG): Promise<Status> {
+    try {
+      const now = this.iprobe(source, tag);
+      if (now !== undefined) return Promise.resolve(now);
+    } catch (err) {
+      return Promise.reject(err);
+    }
+    const req = new RequestImpl<Status>();
+    this.pending.add(req as RequestImpl<unknown>);
+    this.matcher.post({
+      source, tag, consume: false,
+      onMatch: (env) => req.complete({ source: env.source, tag: env.tag }),
+    });
+    return req.wait().finally(() => this.pending.delete(req as RequestImpl<unknown>));
+  }
+
+  waitAll<T>(reqs: readonly Request<T>[]): Promise<T[]> {
+    return waitAll(reqs);
+  }
+
+  waitAny<T>(reqs: readonly Request<T>[]): Promise<{ index: number; value: T }> {
+    reqs.forEach(asImpl);
+    return waitAny(reqs);
+  }
+
+  // ---- collectives -------------------------------------------------------------------------
+
+  /**
+   * Runs one collective: assigns its sequence number and signature synchronously (so calls
+   * keep program order even when not awaited one by one), then the algorithm.
+   */
+  private collective<R>(kind: CollKind, identity: readonly (string | number)[], run: (io: coll.CollectiveIo) => Promise<R>): Promise<R> {
+    try {
+      this.live(kind);
+    } catch (err) {
+      return Promise.reject(err);
+    }
+    const seq = this.collSeq++;
+    this.faults.onCollective(this.versions, this.collSinceCheckpoint++);
+    const kindIndex = COLL_KINDS.indexOf(kind);
+    const signature = fnv1a([kind, ...identity]);
+    const describeCall = `${kind}(${identity.join(", ")})`;
+    const io: coll.CollectiveIo = {
+      rank: this.rank,
+      size: this.size,
+      send: (dest, step, body) => {
+        if (this.failure !== undefined) return Promise.reject(this.failure);
+        const tag = (kindIndex << STEP_BITS) | step;
+        return this.transmit(dest, this.header(Kind.collective, dest, tag, body, seq, signature), body);
+      },
+      recv: (source, step) => this.collRecv(seq, source, step, signature, describeCall),
+    };
+    return run(io).catch((err: unknown) => {
+      if (err instanceof LifelineError && (err.code === "MPI_COLLECTIVE_MISMATCH" || err.code === "MPI_OP")) {
+        // Job-fatal as in MPI (errors are fatal by default): peers may be blocked in this
+        // collective, so ask the coordinator to stop everyone rather than leave them hanging.
+        void this.control.send({ t: "abort", rank: this.rank, code: err.code, message: err.message }).catch(() => undefined);
+      }
+      throw err;
+    });
+  }
+
+  private collRecv(seq: number, source: number, step: number, signature: number, describeCall: string): Promise<coll.Arrival> {
+    if (this.failure !== undefined) return Promise.reject(this.failure);
+    const key = `${seq}.${source}.${step}`;
+    const check = (a: coll.Arrival): coll.Arrival => {
+      if (a.header.signature !== signature) {
+        const theirs = COLL_KINDS[a.header.tag >>> STEP_BITS] ?? "an unknown collective";
+        throw new LifelineError(
+          "MPI_COLLECTIVE_MISMATCH",
+          `collective #${seq}: rank ${this.rank} called ${describeCall}, but rank ${source} called ${theirs} with a different ${theirs === describeCall.slice(0, describeCall.indexOf("(")) ? "root, op, type or length" : "operation"}; every rank must make the same collective calls in the same order`,
+        );
+      }
+      return a;
+    };
+    const ready = this.collInbox.get(key);
+    if (ready !== undefined) {
+      this.collInbox.delete(key);
+      try {
+        return Promise.resolve(check(ready));
+      } catch (err) {
+        return Promise.reject(err);
+      }
+    }
+    return new Promise<coll.Arrival>((resolve, reject) => {
+      this.collWaiters.set(key, { resolve: (a) => { try { resolve(check(a)); } catch (err) { reject(err); } }, reject });
+    });
+  }
+
+  private bootstrapKey(opts: CollectiveOptions | undefined, kind: CollKind): string | undefined {
+    if (opts === undefined || opts.bootstrap === undefined) return undefined;
+    const b = opts.bootstrap;
+    if (b !== true && typeof b !== "string") throw new TypeError(`opts.bootstrap must be true or a string, not ${JSON.stringify(b)}`);
+    const key = b === true ? `${kind}@${callSite()}` : b;
+    if (this.versions > 0 || this.steps > 0) {
+      throw new LifelineError("MPI_BOOTSTRAP", `bootstrap ${kind} ${JSON.stringify(key)} called after the first checkpoint(); bootstrap collectives must run before the main loop`);
+    }
+    if (this.bootstrapKeys.has(key)) {
+      throw new LifelineError("MPI_BOOTSTRAP", `bootstrap key ${JSON.stringify(key)} used twice in one run; give each bootstrap collective its own key`);
+    }
+    this.bootstrapKeys.add(key);
+    return key;
+  }
+
+  barrier(): Promise<void> {
+    return this.collective("barrier", [], (io) => coll.barrier(io));
+  }
+
+  bcast<T>(data: T, root = 0, opts?: CollectiveOptions): Promise<T> {
+    try {
+      this.checkRank(root, "bcast root", false);
+      this.bootstrapKey(opts, "bcast");
+    } catch (err) {
+      return Promise.reject(err);
+    }
+    return this.collective("bcast", [`root=${root}`], (io) => coll.bcast(io, data, root));
+  }
+
+  reduce<T>(data: T, op: ReduceOp = "sum", root = 0): Promise<T | undefined> {
+    let checked: ReduceOp;
+    try {
+      checked = checkOp(op);
+      this.checkRank(root, "reduce root", false);
+    } catch (err) {
+      return Promise.reject(err);
+    }
+    return this.collective("reduce", [`root=${root}`, opLabel(checked), shapeOf(data)], (io) => coll.reduce(io, data, checked, root));
+  }
+
+  allreduce<T>(data: T, op: ReduceOp = "sum", opts?: CollectiveOptions): Promise<T> {
+    let checked: ReduceOp;
+    try {
+      checked = checkOp(op);
+      this.bootstrapKey(opts, "allreduce");
+    } catch (err) {
+      return Promise.reject(err);
+    }
+    return this.collective("allreduce", [opLabel(checked), shapeOf(data)], (io) => coll.allreduce(io, data, checked));
+  }
+
+  gather<T>(data: T, root = 0): Promise<T[] | undefined> {
+    try {
+      this.checkRank(root, "gather root", false);
+    } catch (err) {
+      return Promise.reject(err);
+    }
+    return this.collective("gather", [`root=${root}`], (io) => coll.gather(io, data, root));
+  }
+
+  scatter<T>(items: readonly T[] | undefined, root = 0): Promise<T> {
+    try {
+      this.checkRank(root, "scatter root", false);
+      if (this.rank === root && (!Array.isArray(items) || items.length !== this.size)) {
+        throw new LifelineError(
+          "MPI_COLLECTIVE_MISMATCH",
+          `scatter: the root must pass an array of exactly ${this.size} items (one per rank), got ${Array.isArray(items) ? `${items.length} items` : String(items)}`,
+        );
+      }
+    } catch (err) {
+      if (err instanceof LifelineError) void this.control.send({ t: "abort", rank: this.rank, code: err.code, message: err.message }).catch(() => undefined);
+      return Promise.reject(err);
+    }
+    return this.collective("scatter", [`root=${root}`], (io) => coll.scatter(io, items, root));
+  }
+
+  allgather<T>(data: T, opts?: CollectiveOptions): Promise<T[]> {
+    try {
+      this.bootstrapKey(opts, "allgather");
+    } catch (err) {
+      return Promise.reject(err);
+    }
+    return this.collective("allgather", [], (io) => coll.allgather(io, data));
+  }
+
+  alltoall<T>(items: readonly T[]): Promise<T[]> {
+    if (!Array.isArray(items) || items.length !== this.size) {
+      const err = new LifelineError(
+        "MPI_COLLECTIVE_MISMATCH",
+        `alltoall: every rank must pass an array of exactly ${this.size} items (one per destination), got ${Array.isArray(items) ? `${items.length} items` : String(items)}`,
+      );
+      void this.control.send({ t: "abort", rank: this.rank, code: err.code, message: err.message }).catch(() => undefined);
+      return Promise.reject(err);
+    }
+    return this.collective("alltoall", [], (io) => coll.alltoall(io, items));
+  }
+
+  // ---- checkpoint-restart surface (mode none: no-ops with the same rules) --------------------
+
+  async restore<S, G = undefined>(): Promise<Restored<S, G> | undefined> {
+    this.live("restore");
+    if (this.restoreCalled) throw new LifelineError("CPR_RESTORE", "restore() called twice; call it once, before the main loop");
+    if (this.steps > 0) throw new LifelineError("CPR_RESTORE", "restore() called after checkpoint(); call it once, before the first checkpoint()");
+    this.restoreCalled = true;
+    return undefined;
+  }
+
+  async checkpoint<S, G = undefined>(state: S | (() => S), global?: G): Promise<void> {
+    void state;
+    void global;
+    this.live("checkpoint");
+    this.faults.onCheckpoint();
+    if (this.outstandingRecvs > 0) {
+      // The same program must run in every mode, and the recovery protocols cannot save a
+      // half-done receive: enforce the rule everywhere so a port fails early, not at recovery.
+      throw new LifelineError(
+        "CPR_CHECKPOINT",
+        `checkpoint() with ${this.outstandingRecvs} receive request(s) still outstanding; complete every irecv (wait/waitAll) before a checkpoint location`,
+      );
+    }
+    this.steps++;
+    this.versions++;
+    this.collSinceCheckpoint = 0;
+    this.reportStep(false);
+  }
+
+  nondet<T>(fn: () => T): T {
+    this.live("nondet");
+    if (typeof fn !== "function") throw new TypeError("nondet(fn) needs a function");
+    return fn();
+  }
+
+  private reportStep(force: boolean): void {
+    const now = performance.now();
+    if (!force && now - this.lastStepReport < STEP_REPORT_MS) return;
+    this.lastStepReport = now;
+    void this.control.send({ t: "step", rank: this.rank, steps: this.steps, epoch: 0 }).catch(() => undefined);
+  }
+
+  async finalize(result?: unknown): Promise<void> {
+    this.live("finalize");
+    const encoded = encodeValue(result);
+    this.finalized = true;
+    this.reportStep(true);
+    const released = new Promise<void>((resolve, reject) => { this.released = { resolve, reject }; });
+    await this.control.send({ t: "finalize", rank: this.rank, result: encoded });
+    try {
+      await released;
+    } finally {
+      this.faults.dispose();
+      this.failPending(new LifelineError("MPI_FINALIZED", "finalize() was called while this operation was pending"));
+      await this.closeSockets();
+      for (const fn of this.closeHooks.splice(0)) fn();
+    }
+  }
+
+  // ---- failure -----------------------------------------------------------------------------
+
+  private failPending(err: LifelineError): void {
+    this.matcher.drainWaiters();
+    this.outstandingRecvs = 0;
+    for (const r of this.pending) r.fail(err);
+    this.pending.clear();
+    for (const w of this.collWaiters.values()) w.reject(err);
+    this.collWaiters.clear();
+  }
+
+  /** The job is over for this rank: every pending and future call fails with `err`. */
+  private abortLocal(err: LifelineError): void {
+    if (this.failure !== undefined) return;
+    this.failure = err;
+    this.failPending(err);
+    this.released?.reject(err);
+    process.stderr.write(`lifeline: rank ${this.rank}: ${err.message}\n`);
+    // Peers are being stopped too; leave promptly even if the program swallows the error.
+    setTimeout(() => process.exit(1), 200).unref();
+    void this.closeSockets();
+  }
+
+  private readonly closeHooks: (() => void)[] = [];
+
+  /** Runs `fn` once this rank has finished (after finalize's release). */
+  onClose(fn: () => void): void {
+    this.closeHooks.push(fn);
+  }
+
+  private async closeSockets(): Promise<void> {
+    await Promise.all([this.transport?.close(), this.control?.close()]);
+  }
+}
+
+function opLabel(op: ReduceOp): string {
+  return isBuiltinOp(op) ? op : "user-op";
+}
+

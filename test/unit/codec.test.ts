@@ -1,0 +1,102 @@
+// Goal: every value the API promises to carry survives encode → frames → decode with its
+// type intact, typed arrays travel as raw frames (no msgpack copy), and bad input is rejected
+// with MPI_ENCODE / MPI_DECODE. Method: round trips through the real codec.
+import { describe, expect, it } from "vitest";
+import { decodeBody, decodeValue, encodeBody, encodeValue, typedArrayFrom } from "../../src/mpi/codec.ts";
+import { isLifelineError } from "../../src/errors.ts";
+import { Encoding } from "../../src/mpi/wire.ts";
+
+const roundTrip = (v: unknown): unknown => {
+  const body = encodeBody(v, { copy: true });
+  return decodeBody(body.encoding, body.arrayType, body.frames.map((f) => Buffer.from(f.buffer, f.byteOffset, f.byteLength)));
+};
+
+describe("codec", () => {
+  it("sends a top-level typed array as one raw frame of its bytes", () => {
+    const a = new Float64Array([1.5, -2, Math.PI]);
+    const body = encodeBody(a, { copy: false });
+    expect(body.encoding).toBe(Encoding.typedArray);
+    expect(body.frames).toHaveLength(1);
+    expect(body.frames[0]!.byteLength).toBe(24);
+    expect(roundTrip(a)).toEqual(a);
+  });
+
+  it.each([
+    new Int8Array([-1, 2]), new Uint8Array([1, 255]), new Uint8ClampedArray([3]), new Int16Array([-300]),
+    new Uint16Array([65535]), new Int32Array([-5, 7]), new Uint32Array([4e9]), new Float32Array([0.5]),
+    new Float64Array([1e300]), new BigInt64Array([-5n]), new BigUint64Array([2n ** 64n - 1n]), Buffer.from("buf"),
+  ])("keeps the type of %o", (a) => {
+    const back = roundTrip(a) as ArrayBufferView;
+    expect(back.constructor).toBe(a.constructor);
+    expect(Buffer.from(back.buffer, back.byteOffset, back.byteLength)).toEqual(Buffer.from(a.buffer, a.byteOffset, a.byteLength));
+  });
+
+  it("lifts nested typed arrays into frames and keeps Map, Set, Date, bigint and -0", () => {
+    const v = {
+      x: new Float64Array([1, 2]), nested: [{ y: new Int32Array([3]) }], m: new Map<unknown, unknown>([[1, "a"], ["k", new Uint8Array([9])]]),
+      s: new Set([1, "two"]), d: new Date(12345), big: 2n ** 70n, neg: -0, str: "é", nil: null, und: undefined,
+    };
+    const body = encodeBody(v, { copy: true });
+    expect(body.frames.length).toBe(4); // msgpack + 3 lifted arrays
+    const back = roundTrip(v) as typeof v;
+    expect(back.x).toBeInstanceOf(Float64Array);
+    expect(back.nested[0]!.y).toBeInstanceOf(Int32Array);
+    expect(back.m).toBeInstanceOf(Map);
+    expect(back.m.get("k")).toBeInstanceOf(Uint8Array);
+    expect(back.s).toEqual(new Set([1, "two"]));
+    expect(back.d).toEqual(new Date(12345));
+    expect(back.big).toBe(2n ** 70n);
+    expect(Object.is(back.neg, -0)).toBe(true);
+    expect(back.str).toBe("é");
+    expect(back.nil).toBeNull();
+  });
+
+  it("copies typed-array bytes when asked, so the sender may reuse its array", () => {
+    const a = new Float64Array([1, 2]);
+    const body = encodeBody({ a }, { copy: true });
+    a[0] = 99;
+    const back = decodeBody(body.encoding, body.arrayType, body.frames.map((f) => Buffer.from(f.buffer, f.byteOffset, f.byteLength))) as { a: Float64Array };
+    expect(back.a[0]).toBe(1);
+  });
+
+  it("rejects functions, symbols and cycles with MPI_ENCODE naming the path", () => {
+    const cyclic: Record<string, unknown> = {};
+    cyclic.self = cyclic;
+    for (const [v, where] of [[{ a: [1, () => 1] }, "data.a[1]"], [{ s: Symbol("x") }, "data.s"], [cyclic, "cyclic"]] as const) {
+      let caught: unknown;
+      try { encodeBody(v, { copy: true }); } catch (err) { caught = err; }
+      expect(isLifelineError(caught, "MPI_ENCODE")).toBe(true);
+      expect((caught as Error).message).toContain(where);
+    }
+  });
+
+  it("rejects malformed bodies with MPI_DECODE", () => {
+    const bad = [
+      () => decodeBody(Encoding.msgpack, 0, [Buffer.from([0x92, 0x01])]),
+      () => decodeBody(Encoding.typedArray, 9, [Buffer.alloc(7)]),
+      () => decodeBody(Encoding.typedArray, 99, [Buffer.alloc(8)]),
+      () => decodeBody(Encoding.typedArray, 9, []),
+      () => decodeValue(Buffer.from([1, 0, 5, 0, 0, 0])),
+    ];
+    for (const f of bad) {
+      let caught: unknown;
+      try { f(); } catch (err) { caught = err; }
+      expect(isLifelineError(caught, "MPI_DECODE")).toBe(true);
+    }
+  });
+
+  it("views aligned frames without copying and copies misaligned ones", () => {
+    const backing = Buffer.alloc(17);
+    const aligned = typedArrayFrom(9, backing.subarray(0, 16)) as Float64Array;
+    expect(aligned.buffer).toBe(backing.buffer);
+    const misaligned = typedArrayFrom(9, backing.subarray(1, 17)) as Float64Array;
+    expect(misaligned.length).toBe(2);
+    expect(misaligned.byteOffset % 8).toBe(0);
+  });
+
+  it("encodeValue/decodeValue round-trip self-contained buffers", () => {
+    for (const v of [undefined, 5, "s", { a: new Float32Array([1]) }, new BigInt64Array([1n])]) {
+      expect(decodeValue(encodeValue(v))).toEqual(v);
+    }
+  });
+});
