@@ -13,7 +13,7 @@
  *   store, read and verify its part; vs `readFile` again.
  * Previous repetitions' parts and files are deleted outside the timed sections.
  *
- * Usage: node --import tsx bench/store-bench.ts [--reps 7] [--mib 64] [--dir <dir>] [--out <file>] [--quick]
+ * Usage: node --import tsx bench/store-bench.ts [--reps 9] [--mib 64] [--dir <dir>] [--out <file>] [--quick]
  * Also importable: `runStoreBench(opts)` and `renderStoreTable(result)` (for bench/run.ts).
  *
  * @example
@@ -41,7 +41,7 @@ const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
  * await runStoreBench({ dir: "/mnt/ssd/bench" });     // measure another disk
  */
 export interface StoreBenchOptions {
-  /** Timed repetitions per variant (>= 1). Default 7. */
+  /** Timed repetitions per variant (>= 1). Default 9. */
   readonly reps?: number;
   /** Part size in MiB. Default 64. */
   readonly mib?: number;
@@ -112,7 +112,7 @@ async function timed(fn: () => Promise<unknown>): Promise<number> {
  * console.log(renderStoreTable(result));
  */
 export async function runStoreBench(opts: StoreBenchOptions = {}): Promise<StoreBenchResult> {
-  const reps = opts.reps ?? 7;
+  const reps = opts.reps ?? 9;
   const mib = opts.mib ?? 64;
   const bytesCount = Math.round(mib * (1 << 20));
   const ownDir = opts.dir === undefined;
@@ -298,10 +298,10 @@ async function main(): Promise<void> {
     },
   });
   if (values.help) {
-    process.stdout.write("Usage: node --import tsx bench/store-bench.ts [--reps 7] [--mib 64] [--dir <dir>] [--out <file>] [--quick] [--no-level-put]\n");
+    process.stdout.write("Usage: node --import tsx bench/store-bench.ts [--reps 9] [--mib 64] [--dir <dir>] [--out <file>] [--quick] [--no-level-put]\n");
     return;
   }
-  const reps = Number(values.reps ?? (values.quick ? 3 : 7));
+  const reps = Number(values.reps ?? (values.quick ? 3 : 9));
   const mib = Number(values.mib ?? (values.quick ? 4 : 64));
   if (!Number.isInteger(reps) || reps < 1) throw new RangeError(`--reps must be an integer >= 1, got ${values.reps}`);
   if (!(mib > 0)) throw new RangeError(`--mib must be positive, got ${values.mib}`);
