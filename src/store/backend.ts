@@ -9,7 +9,7 @@
  *
  * @example
  * await kv.write([{ type: "put", key: "line/…", value: record }], { sync: true });
- * const crc = await blobs.write("0000000000000007-1a2b3c4d.part", bytes, 64, (crc) => header(crc));
+ * const crc = await blobs.write("0000000000000007-1a2b3c4d.part", header, bytes);
  */
 
 /**
@@ -44,7 +44,7 @@ export interface KvDb {
  * A directory of write-once files, each a fixed-size header and a payload.
  *
  * @example
- * const crc = await blobs.write(name, payload, BLOB_HEADER_BYTES, (crc) => blobHeader({ rank, epoch, bytes, checksum: crc }));
+ * const crc = await blobs.write(name, blobHeader({ rank, epoch, bytes: payload.length }), payload);
  * const back = await blobs.read(name, BLOB_HEADER_BYTES); // { header, payload } or undefined
  */
 export interface BlobDir {
@@ -53,11 +53,11 @@ export interface BlobDir {
   /** The path of one blob, for messages. */
   pathOf(name: string): string;
   /**
-   * Creates blob `name` (which must not exist) holding `header(crc32(payload))` (of
-   * `headerBytes` bytes) and then `payload`, durably: file and directory entry are synced when it resolves. Returns the
-   * payload's CRC-32. Computing the CRC inside lets the file backend overlap it with the write.
+   * Creates blob `name` (which must not exist) holding `header` and then `payload`, durably:
+   * file and directory entry are synced when it resolves. Returns the payload's CRC-32, which
+   * the file backend computes while the write and the fsync run.
    */
-  write(name: string, payload: Uint8Array, headerBytes: number, header: (checksum: number) => Buffer): Promise<number>;
+  write(name: string, header: Buffer, payload: Uint8Array): Promise<number>;
   /** The blob's first `headerBytes` bytes and the rest, or `undefined` if it does not exist. */
   read(name: string, headerBytes: number): Promise<{ header: Buffer; payload: Buffer } | undefined>;
   /** Deletes blobs; missing ones are ignored. */

@@ -49,6 +49,26 @@ export function crc32(data: Uint8Array, value = 0): number {
 }
 
 /**
+ * CRC-32 of `data` computed in slices of `sliceBytes`, yielding to the event loop between
+ * slices. Used while the same bytes are being written and fsynced by the thread pool: a
+ * single synchronous pass would block the loop, so the fsync could only be issued after the
+ * CRC finished; with slices, the write's completion is handled at once and the fsync runs
+ * while the CRC goes on. Never rejects.
+ *
+ * @example
+ * const [sum] = await Promise.all([crc32Yielding(bytes), writeAndSync(bytes)]);
+ * sum === crc32(bytes); // true
+ */
+export async function crc32Yielding(data: Uint8Array, sliceBytes = 4 << 20): Promise<number> {
+  let sum = 0;
+  for (let off = 0; off < data.byteLength; off += sliceBytes) {
+    if (off > 0) await new Promise<void>((resolve) => setImmediate(resolve));
+    sum = crc32(data.subarray(off, Math.min(off + sliceBytes, data.byteLength)), sum);
+  }
+  return sum;
+}
+
+/**
  * The portable implementation (used when `zlib.crc32` is missing); exported so tests can
  * check it agrees with `zlib.crc32`. Never throws.
  *

@@ -28,7 +28,7 @@ import { dirname, join, resolve } from "node:path";
 import { Level } from "level";
 import { LifelineError } from "../errors.ts";
 import type { BlobDir, KvDb, KvOp } from "./backend.ts";
-import { crc32 } from "./checksum.ts";
+import { crc32Yielding } from "./checksum.ts";
 import { KvLineManifest } from "./manifest.ts";
 import { KvRankPartStore } from "./part-store.ts";
 import { checkRank, corrupt, deepestMessage, storeError } from "./records.ts";
@@ -288,21 +288,22 @@ class FileBlobDir implements BlobDir {
     return join(this.location, name);
   }
 
-  async write(name: string, payload: Uint8Array, headerBytes: number, header: (checksum: number) => Buffer): Promise<number> {
+  async write(name: string, header: Buffer, payload: Uint8Array): Promise<number> {
     const path = this.pathOf(name);
     // 'wx': the name carries a random tag, so an existing file is a bug, not something to replace.
     const fh = await open(path, fsConstants.O_WRONLY | fsConstants.O_CREAT | fsConstants.O_EXCL, 0o644);
     let checksum: number;
     try {
-      // The payload write goes to libuv's thread pool as soon as it is issued; the CRC is
-      // computed on this thread meanwhile, and the header (which holds it) written after.
-      const writing = writeFully(fh, payload, headerBytes);
-      checksum = crc32(payload);
-      await writing;
-      const head = header(checksum);
-      if (head.length !== headerBytes) throw new Error(`blob header is ${head.length} bytes, expected ${headerBytes}`);
-      await writeFully(fh, head, 0);
-      await fh.sync();
+      // The write and the fsync run in libuv's thread pool; the CRC is computed on this thread
+      // meanwhile, in slices, so that the fsync is issued as soon as the write completes.
+      const durable = (async () => {
+        await writevFully(fh, [header, payload], 0);
+        await fh.sync();
+      })();
+      const [written, summed] = await Promise.allSettled([durable, crc32Yielding(payload)]);
+      if (written.status === "rejected") throw written.reason;
+      if (summed.status === "rejected") throw summed.reason;
+      checksum = summed.value;
     } catch (err) {
       await fh.close().catch(() => undefined); // the write error is the one to report
       await unlink(path).catch(() => undefined); // a partial blob; the next open would delete it anyway
@@ -352,6 +353,22 @@ class FileBlobDir implements BlobDir {
       if (errno(err) === "ENOENT") return [];
       throw err;
     }
+  }
+}
+
+/** One writev for header and payload; continues piecewise after a short write. */
+async function writevFully(fh: FileHandle, bufs: readonly Uint8Array[], position: number): Promise<void> {
+  const total = bufs.reduce((n, b) => n + b.byteLength, 0);
+  let done = (await fh.writev(bufs as Uint8Array[], position)).bytesWritten;
+  if (done === total) return;
+  let start = 0;
+  for (const b of bufs) {
+    const end = start + b.byteLength;
+    if (done < end) {
+      await writeFully(fh, b.subarray(Math.max(0, done - start)), position + Math.max(done, start));
+      done = end;
+    }
+    start = end;
   }
 }
 

@@ -238,14 +238,12 @@ class MemoryBlobDir implements BlobDir {
     return `${this.location}/${name}`;
   }
 
-  async write(name: string, payload: Uint8Array, headerBytes: number, header: (checksum: number) => Buffer): Promise<number> {
+  async write(name: string, header: Buffer, payload: Uint8Array): Promise<number> {
     this.check();
     if (this.data.broken) throw osError("ENOTDIR", `ENOTDIR: not a directory, open '${this.pathOf(name)}'`);
     if (this.data.blobs.has(name)) throw osError("EEXIST", `EEXIST: file already exists, open '${this.pathOf(name)}'`);
     const checksum = crc32(payload);
-    const head = header(checksum);
-    if (head.length !== headerBytes) throw new Error(`blob header is ${head.length} bytes, expected ${headerBytes}`);
-    this.data.blobs.set(name, Buffer.concat([head, payload]));
+    this.data.blobs.set(name, Buffer.concat([header, payload]));
     return checksum;
   }
 

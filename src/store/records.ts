@@ -15,7 +15,6 @@
 import { Packr } from "msgpackr";
 import { LifelineError, isLifelineError } from "../errors.ts";
 import { crc32, formatChecksum } from "./checksum.ts";
-import type { PartRef } from "./types.ts";
 
 /** Record format version, in every record's `v` field; a reader rejects other versions. */
 export const FORMAT_VERSION = 1;
@@ -156,36 +155,51 @@ export function bytesField(rec: Record<string, unknown>, name: string, what: str
 
 /**
  * A blob file is a 64-byte header followed by the part's bytes. The header makes a blob
- * self-describing (which rank, which line, how long, which checksum), so a blob that ends up
- * under the wrong record, or is truncated, is caught before its bytes are trusted, and a person
- * can tell what a stray file is. 64 bytes keep the payload 8-byte aligned in the file.
+ * self-describing (which rank, which line, how long), so a blob that ends up under the wrong
+ * record, or is truncated, is caught before its bytes are trusted, and a person can tell what
+ * a stray file is. 64 bytes keep the payload 8-byte aligned in the file.
  *
- *   0  8  magic "LLPART\0\x01"
+ * The payload's CRC-32 is not in the header but in the part record (and the commit record):
+ * so the CRC can be computed while the file is written and fsynced, instead of the header
+ * write — and the fsync after it — waiting for the CRC.
+ *
+ *   0  8  magic "LLPART\0\x02"
  *   8  4  rank (u32 LE)
  *  12  8  epoch (u64 LE)
  *  20  8  payload bytes (u64 LE)
- *  28  4  payload crc32
- *  32 28  zero
+ *  28 32  zero
  *  60  4  crc32 of bytes 0..59
  */
 export const BLOB_HEADER_BYTES = 64;
 /** Bytes 0..7 of every blob file. */
-const BLOB_MAGIC = Buffer.from("LLPART\0\x01", "latin1");
+const BLOB_MAGIC = Buffer.from("LLPART\0\x02", "latin1");
 
 /**
- * The header of a blob file holding the part `ref` describes. Never throws for valid refs.
+ * What a blob header says about its part.
  *
  * @example
- * const h = blobHeader({ rank: 1, epoch: 7, bytes: 100, checksum: 5 });
- * parseBlobHeader(h); // { rank: 1, epoch: 7, bytes: 100, checksum: 5 }
+ * const info: BlobHeaderInfo = { rank: 1, epoch: 7, bytes: 100 };
+ * parseBlobHeader(blobHeader(info)); // { rank: 1, epoch: 7, bytes: 100 }
  */
-export function blobHeader(ref: PartRef): Buffer {
+export interface BlobHeaderInfo {
+  readonly rank: number;
+  readonly epoch: number;
+  readonly bytes: number;
+}
+
+/**
+ * The header of a blob file holding the part `info` describes. Never throws for valid input.
+ *
+ * @example
+ * const h = blobHeader({ rank: 1, epoch: 7, bytes: 100 });
+ * parseBlobHeader(h); // { rank: 1, epoch: 7, bytes: 100 }
+ */
+export function blobHeader(info: BlobHeaderInfo): Buffer {
   const h = Buffer.alloc(BLOB_HEADER_BYTES);
   BLOB_MAGIC.copy(h, 0);
-  h.writeUInt32LE(ref.rank, 8);
-  h.writeBigUInt64LE(BigInt(ref.epoch), 12);
-  h.writeBigUInt64LE(BigInt(ref.bytes), 20);
-  h.writeUInt32LE(ref.checksum, 28);
+  h.writeUInt32LE(info.rank, 8);
+  h.writeBigUInt64LE(BigInt(info.epoch), 12);
+  h.writeBigUInt64LE(BigInt(info.bytes), 20);
   h.writeUInt32LE(crc32(h.subarray(0, 60)), 60);
   return h;
 }
@@ -196,15 +210,15 @@ export function blobHeader(ref: PartRef): Buffer {
  *
  * @example
  * parseBlobHeader(Buffer.alloc(64)); // "not a Lifeline part file (bad magic)"
- * parseBlobHeader(blobHeader(ref));  // ref
+ * parseBlobHeader(blobHeader(info)); // info
  */
-export function parseBlobHeader(h: Buffer): PartRef | string {
+export function parseBlobHeader(h: Buffer): BlobHeaderInfo | string {
   if (h.length < BLOB_HEADER_BYTES) return `header truncated (${h.length} of ${BLOB_HEADER_BYTES} bytes)`;
   if (!h.subarray(0, 8).equals(BLOB_MAGIC)) return "not a Lifeline part file (bad magic)";
   if (h.readUInt32LE(60) !== crc32(h.subarray(0, 60))) return "header checksum mismatch";
   const epoch = Number(h.readBigUInt64LE(12));
   const bytes = Number(h.readBigUInt64LE(20));
-  return { rank: h.readUInt32LE(8), epoch, bytes, checksum: h.readUInt32LE(28) };
+  return { rank: h.readUInt32LE(8), epoch, bytes };
 }
 
 /**
