@@ -88,6 +88,10 @@ export interface StoreBenchResult {
   readonly bytes: number;
   readonly reps: number;
   readonly crc32Ms: number;
+  /** Median CPU time per write (user + system, all threads), store and fs. */
+  readonly writeCpuMs: { readonly store: number; readonly fs: number };
+  /** os.loadavg()[0] before and after: a loaded machine stretches CPU-bound steps. */
+  readonly loadAvg: readonly [number, number];
   readonly cases: StoreBenchCase[];
 }
 
@@ -97,10 +101,17 @@ function median(xs: readonly number[]): number {
   return s.length % 2 === 1 ? s[m]! : (s[m - 1]! + s[m]!) / 2;
 }
 
+/** CPU time (user + system, all threads of this process) of the last {@link timed} call. */
+let lastCpuMs = 0;
+
 async function timed(fn: () => Promise<unknown>): Promise<number> {
+  const c0 = process.cpuUsage();
   const t0 = performance.now();
   await fn();
-  return performance.now() - t0;
+  const ms = performance.now() - t0;
+  const c = process.cpuUsage(c0);
+  lastCpuMs = (c.user + c.system) / 1000;
+  return ms;
 }
 
 /**
@@ -124,6 +135,7 @@ export async function runStoreBench(opts: StoreBenchOptions = {}): Promise<Store
   rmSync(storeDir, { recursive: true, force: true });
   mkdirSync(filesDir, { recursive: true });
   const bytes = randomBytes(bytesCount);
+  const loadBefore = os.loadavg()[0]!;
 
   const crcTimes: number[] = [];
   for (let i = 0; i < 5; i++) crcTimes.push(await timed(async () => crc32(bytes)));
@@ -136,6 +148,7 @@ export async function runStoreBench(opts: StoreBenchOptions = {}): Promise<Store
   const withLevel = opts.levelPut ?? true;
 
   const write = { store: [] as number[], fs: [] as number[] };
+  const writeCpu = { store: [] as number[], fs: [] as number[] };
   const levelWrite = { level: [] as number[], fs: [] as number[] };
   try {
     // ---- write ------------------------------------------------------------------------
@@ -174,16 +187,19 @@ export async function runStoreBench(opts: StoreBenchOptions = {}): Promise<Store
         }
       }
     };
-    const phase = async (a: Variant, b: Variant, into: Record<string, number[]>): Promise<void> => {
+    const phase = async (a: Variant, b: Variant, into: Record<string, number[]>, cpuInto?: Record<string, number[]>): Promise<void> => {
       for (let rep = -1; rep < reps; rep++) { // rep -1: warm-up, not recorded
         const order: Variant[] = rep % 2 === 0 ? [a, b] : [b, a];
         for (const v of order) {
           const ms = await runOne(v);
-          if (rep >= 0) into[v]!.push(ms);
+          if (rep >= 0) {
+            into[v]!.push(ms);
+            cpuInto?.[v]!.push(lastCpuMs);
+          }
         }
       }
     };
-    await phase("store", "fs", write);
+    await phase("store", "fs", write, writeCpu);
     if (withLevel) await phase("level", "fs", levelWrite);
 
     // ---- read and restart -----------------------------------------------------------------
@@ -253,7 +269,9 @@ export async function runStoreBench(opts: StoreBenchOptions = {}): Promise<Store
     if (withLevel) cases.push(mk(`(reference) plain LevelDB put ${label}, synced`, levelWrite.level, levelWrite.fs, "fs.writeFile + fsync", null));
     return {
       date: new Date().toISOString(), node: process.version, cpus: `${os.cpus().length} x ${os.cpus()[0]?.model ?? "?"}`,
-      dir: base, bytes: bytesCount, reps, crc32Ms: median(crcTimes), cases,
+      dir: base, bytes: bytesCount, reps, crc32Ms: median(crcTimes),
+      writeCpuMs: { store: median(writeCpu.store), fs: median(writeCpu.fs) },
+      loadAvg: [loadBefore, os.loadavg()[0]!], cases,
     };
   } finally {
     await manifest.close();
@@ -283,7 +301,9 @@ export function renderStoreTable(r: StoreBenchResult): string {
       return `| ${c.name} | ${f(c.storeMedianMs)} | ${f(c.baselineMedianMs)} | ${c.baseline} | ${c.ratio.toFixed(2)}x (paired ${c.pairedRatio.toFixed(2)}x) | ${verdict} |`;
     }),
     "",
-    `CRC-32 of ${(r.bytes / (1 << 20)).toFixed(0)} MiB alone: ${f(r.crc32Ms)} ms (overlapped with the write in putPart). ` +
+    `CRC-32 of ${(r.bytes / (1 << 20)).toFixed(0)} MiB alone: ${f(r.crc32Ms)} ms (overlapped with the write and fsync in putPart). ` +
+      `CPU per write, all threads: store ${f(r.writeCpuMs.store)} ms, fs ${f(r.writeCpuMs.fs)} ms. ` +
+      `Load average ${r.loadAvg[0].toFixed(1)} -> ${r.loadAvg[1].toFixed(1)} on ${os.cpus().length} CPUs (a loaded machine stretches the CPU-bound steps). ` +
       `Reads hit the page cache. The LevelDB reference is timed in a separate phase (its background compaction would slow whatever runs next). ${r.node}, ${r.cpus}, in ${r.dir}.`,
   ];
   return lines.join("\n") + "\n";

@@ -337,6 +337,16 @@ export interface StoreFaults {
   breakBlobs(rank: number): Promise<void>;
 }
 
+/**
+ * `--keep-lines` default: the newest committed line plus one to fall back to if a part of
+ * the newest turns out damaged.
+ *
+ * @example
+ * await pruneLines(manifest, parts, opts.keepLines ?? KEEP_LINES_DEFAULT);
+ * KEEP_LINES_DEFAULT; // 2
+ */
+export const KEEP_LINES_DEFAULT = 2;
+
 /** Largest `meta` a commit record takes; the manifest is for small records. */
 export const META_BYTES_MAX = 1 << 20;
 
