@@ -376,7 +376,7 @@ async function main(): Promise<void> {
       echo: opts.verbose,
       startTimeoutMs: 90_000,
       commandTimeoutMs: opts.quick ? 30_000 : 60_000,
-      idleMs: 180_000,
+      idleMs: 60_000,
       cpuProf: opts.cpuProf,
     };
     let done = 0;

@@ -193,6 +193,21 @@ export function programArgs(argv: readonly string[]): Map<string, string> {
   return out;
 }
 
+/**
+ * Exits within a second once process `pid` (the harness) is gone, for processes it does not
+ * spawn directly (Lifeline ranks are children of the launcher). One cheap check per second.
+ */
+export function exitWithHarness(pid: number | undefined): void {
+  if (pid === undefined || !Number.isInteger(pid) || pid <= 0) return;
+  setInterval(() => {
+    try {
+      process.kill(pid, 0);
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code === "ESRCH") process.exit(4);
+    }
+  }, 1000).unref();
+}
+
 /** Exits when the parent closes our stdin (the harness died), for processes it spawns directly. */
 export function exitWithParent(): void {
   if (process.stdin.isTTY) return;

@@ -113,7 +113,7 @@ export class LifelineJob extends Job {
       "--store", path.join(this.env.tmpDir, `${this.name}-store`),
       "bench/programs/mpi-bench.ts",
       "--ctrl", this.env.ctrl.endpoint, "--id", this.name, "--payload", this.env.payload,
-      "--idle-ms", String(this.env.idleMs),
+      "--idle-ms", String(this.env.idleMs), "--harness-pid", String(process.pid),
       ...(this.env.cpuProf !== undefined ? ["--cpu-prof", this.env.cpuProf] : []),
     ];
   }

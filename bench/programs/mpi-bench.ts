@@ -17,7 +17,7 @@
  */
 import path from "node:path";
 import { init } from "lifeline";
-import { CtrlClient, programArgs } from "../lib/ctrl.ts";
+import { CtrlClient, exitWithHarness, programArgs } from "../lib/ctrl.ts";
 import { BENCH_NAMES, FULL_SIZES, perOpSeconds, display, sizeLabel, unitOf, type BenchName, type Case } from "../lib/plan.ts";
 import { makePayload, startClock, type BlockTime, type PayloadKind } from "../lib/raw-proc.ts";
 import { startProfile } from "../lib/profile.ts";
@@ -109,6 +109,7 @@ async function runBlock(bench: BenchName, bytes: number, iters: number): Promise
 
 async function serveHarness(endpoint: string, id: string): Promise<void> {
   const idleMs = Number(args.get("idle-ms") ?? 120_000);
+  exitWithHarness(Number(args.get("harness-pid")));
   const ctrl = await CtrlClient.connect(endpoint, `${id}:${rank}`);
   await ctrl.send({
     t: "hello",
