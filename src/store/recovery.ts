@@ -105,16 +105,19 @@ export async function pruneLines(manifest: LineManifest, ranks: readonly RankPar
  * The start of a job on one host, before any rank runs: chooses the recovery line, retracts
  * (aborts) the newer committed lines that failed verification so their epochs can be reused,
  * and deletes every part that belongs to no remaining committed line (aborted or interrupted
- * lines, and lines pruned from the manifest just before a crash). `ranks` must be the stores
+ * lines, and lines pruned from the manifest just before a crash); with `opts.keep`, first
+ * prunes the manifest to that many lines, as after a commit. `ranks` must be the stores
  * of ranks `0..n-1` of a job of the size that wrote the store (`RangeError` otherwise,
  * before anything is changed). Rejects like {@link latestLine}, and with `STORE_IO` /
  * `STORE_NOT_OPEN`.
  *
  * @example
- * const choice = await recoverLocal(manifest, rankStores);
+ * const choice = await recoverLocal(manifest, rankStores, { keep: KEEP_LINES_DEFAULT });
  * for (const w of choice.warnings) console.warn(`lifeline: ${w}`);
  */
-export async function recoverLocal(manifest: LineManifest, ranks: readonly RankPartStore[]): Promise<RecoveryChoice> {
+export async function recoverLocal(manifest: LineManifest, ranks: readonly RankPartStore[], opts?: { keep?: number }): Promise<RecoveryChoice> {
+  const keep = opts?.keep;
+  if (keep !== undefined && (!Number.isInteger(keep) || keep < 1)) throw new RangeError(`recoverLocal: keep must be an integer >= 1, got ${String(keep)}`);
   // A store written by a job of another size is not damaged, it is the wrong store: every
   // line would "miss" parts and be retracted. Refuse before deleting anything.
   const sizes = new Set((await manifest.list()).map((l) => l.parts.length));
@@ -124,6 +127,8 @@ export async function recoverLocal(manifest: LineManifest, ranks: readonly RankP
   }
   const choice = await latestLine(manifest, localVerifier(ranks));
   for (const { epoch } of choice.skipped) await manifest.abortLine(epoch);
+  // A crash between a commit and its pruning leaves one line too many; catch up here.
+  if (keep !== undefined) await manifest.prune(keep);
   const kept = (await manifest.list()).map((l) => l.epoch);
   await Promise.all(ranks.map((r) => r.retain(kept, { dropNewer: true })));
   return choice;

@@ -45,10 +45,15 @@ function prng(seed: number): () => number {
 }
 
 interface Child {
+  /** Resolves when the child starts opening the store. */
+  readonly opening: Promise<void>;
+  /** Resolves with the milliseconds from "opening" to "ready" (open + recovery). */
   readonly ready: Promise<number>;
   readonly exited: Promise<void>;
   readonly committed: number[];
   readonly warnings: string[];
+  /** Whether "ready" was printed. */
+  readonly wasReady: () => boolean;
   kill(): void;
 }
 
@@ -60,17 +65,21 @@ function startWriter(dir: string, seed: number): Child {
   const warnings: string[] = [];
   let stderr = "";
   let pending = "";
-  let onReady!: (startedMs: number) => void;
+  let onReady!: (recoveryMs: number) => void;
+  let onOpening!: () => void;
   let onFail!: (err: Error) => void;
-  const t0 = performance.now();
+  let openingAt = 0;
+  let sawReady = false;
   const ready = new Promise<number>((resolve, reject) => { onReady = resolve; onFail = reject; });
+  const opening = new Promise<void>((resolve) => { onOpening = resolve; });
   ready.catch(() => undefined); // a kill before ready is fine; callers that wait see the rejection
   proc.stdout.setEncoding("utf8").on("data", (chunk: string) => {
     pending += chunk;
     const lines = pending.split("\n");
     pending = lines.pop()!;
     for (const line of lines) {
-      if (line.startsWith("ready ")) onReady(performance.now() - t0);
+      if (line === "opening") { openingAt = performance.now(); onOpening(); }
+      else if (line.startsWith("ready ")) { sawReady = true; onReady(performance.now() - openingAt); }
       else if (line.startsWith("committed ")) committed.push(Number(line.slice("committed ".length)));
       else if (line.startsWith("warning ")) warnings.push(line);
     }
@@ -83,7 +92,7 @@ function startWriter(dir: string, seed: number): Child {
       resolve();
     });
   });
-  return { ready, exited, committed, warnings, kill: () => proc.kill("SIGKILL") };
+  return { opening, ready, exited, committed, warnings, wasReady: () => sawReady, kill: () => proc.kill("SIGKILL") };
 }
 
 async function openAll(dir: string): Promise<{ close(): Promise<void>; manifest: Awaited<ReturnType<LevelRecoveryStore["openManifest"]>>; ranks: RankPartStore[] }> {
@@ -106,18 +115,23 @@ describe("store under kill -9", () => {
   it(`keeps every committed line through ${KILLS} kills of a writing process (SEED=${SEED})`, async () => {
     const random = prng(SEED);
     const reported = new Set<number>();
-    let startupMs = 1500; // refined from the children's own start-up times
+    let recoveryMs = 20; // open + recovery time, refined from the children's own
     let killedBeforeReady = 0;
+    let killedInRecovery = 0;
     let killedWhileWriting = 0;
     for (let kill = 0; kill < KILLS; kill++) {
       const child = startWriter(dir, SEED * 1000 + kill);
       const duringStartup = kill > 0 && random() < 0.25;
       const context = `kill ${kill} (SEED=${SEED})`;
+      const within = <T,>(p: Promise<T>, what: string): Promise<T> =>
+        Promise.race([p, new Promise<T>((_, reject) => setTimeout(() => reject(new Error(`${context}: writer not ${what} in 20 s`)), 20_000))]);
       if (duringStartup) {
-        await new Promise((r) => setTimeout(r, random() * startupMs));
+        // Aim at opening and recovery (garbage collection, retracting, deleting leftovers).
+        await within(child.opening, "opening");
+        await new Promise((r) => setTimeout(r, random() * recoveryMs * 1.2));
         killedBeforeReady++;
       } else {
-        startupMs = await Promise.race([child.ready, new Promise<number>((_, reject) => setTimeout(() => reject(new Error(`${context}: writer not ready in 20 s`)), 20_000))]);
+        recoveryMs = Math.max(5, await within(child.ready, "ready"));
         if (kill === 0) {
           // A live holder locks out a second process, and the message names what is locked.
           const other = new LevelRecoveryStore(dir);
@@ -131,6 +145,7 @@ describe("store under kill -9", () => {
       }
       child.kill();
       await child.exited;
+      if (duringStartup && !child.wasReady()) killedInRecovery++;
       expect(child.warnings, context).toEqual([]);
       for (const e of child.committed) reported.add(e);
 
@@ -175,6 +190,6 @@ describe("store under kill -9", () => {
     } finally {
       await close();
     }
-    console.log(`crash test: ${KILLS} kills (${killedBeforeReady} during start-up, ${killedWhileWriting} while writing), ${reported.size} commits reported`);
+    console.log(`crash test: ${KILLS} kills (${killedBeforeReady} aimed at start-up, ${killedInRecovery} of them before "ready"; ${killedWhileWriting} while writing), ${reported.size} commits reported`);
   }, 120_000);
 });

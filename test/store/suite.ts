@@ -413,6 +413,10 @@ export function recoveryStoreSuite(name: string, factory: StoreFactory): void {
         expect((await m.list()).map((l) => l.epoch)).toEqual([1, 2]);
         expect(await m.aborted()).toEqual([3]);
         for (const r of ranks) expect((await r.listParts()).map((i) => i.epoch)).toEqual([1, 2]);
+        await recoverLocal(m, ranks, { keep: 1 }); // a second start with pruning
+        expect((await m.list()).map((l) => l.epoch)).toEqual([2]);
+        for (const r of ranks) expect((await r.listParts()).map((i) => i.epoch)).toEqual([2]);
+        await expect(recoverLocal(m, ranks, { keep: 0 })).rejects.toThrow(RangeError);
         // The job resumes from line 2 and commits line 3 again.
         await commit(m, ranks, 3);
         expect((await latestLine(m, localVerifier(ranks))).line!.epoch).toBe(3);
