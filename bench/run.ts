@@ -210,6 +210,43 @@ class JobPool {
   }
 }
 
+/**
+ * Starts every job of a session, then runs each case's code once or a few times in every job
+ * before anything is timed: freshly started processes are still compiling (tsx, JIT) and
+ * settling, which would otherwise tilt the session's first cases against whichever variant
+ * is measured first. Failures here are left for the cases to report.
+ */
+async function warmUpSession(session: Session, pool: JobPool, opts: Options): Promise<void> {
+  const t0 = performance.now();
+  const kinds = new Set<"lifeline" | "raw-pingpong" | "raw-pushpull">();
+  for (const c of session.cases) {
+    if (opts.variant !== "raw") kinds.add("lifeline");
+    const raw = rawProgramFor(c.bench);
+    if (opts.variant !== "lifeline" && raw !== undefined) kinds.add(raw);
+  }
+  const jobs = new Map<string, Job>();
+  for (const k of kinds) {
+    try {
+      jobs.set(k, await pool.get(k));
+    } catch {
+      // reported by the first case that needs this job
+    }
+  }
+  await new Promise((resolve) => setTimeout(resolve, 500));
+  for (const c of session.cases) {
+    for (const [k, job] of jobs) {
+      if (k !== "lifeline" && rawProgramFor(c.bench) !== k) continue;
+      const iters = c.bytes >= 16 * 1024 * 1024 ? 1 : c.bytes >= 1024 * 1024 ? 3 : 20;
+      try {
+        await job.run(c.bench, c.bytes, iters);
+      } catch {
+        // the job is now marked broken; the case will restart it and report
+      }
+    }
+  }
+  progress(`  warm-up of ${jobs.size} job(s) done in ${((performance.now() - t0) / 1000).toFixed(1)} s`);
+}
+
 interface Measured {
   wallS: number;
   perOpS: number;
@@ -384,6 +421,7 @@ async function main(): Promise<void> {
       progress(`\n== ${session.np} processes: ${[...new Set(session.cases.map((c) => c.bench))].join(", ")}`);
       const pool = new JobPool(session.np, env);
       try {
+        await warmUpSession(session, pool, opts);
         for (const c of session.cases) {
           done++;
           const t0 = performance.now();
