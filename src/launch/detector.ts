@@ -6,8 +6,10 @@
  * - Heartbeats catch frozen or unreachable ranks: no control message for `failureTimeoutMs`.
  *   Armed per rank by its first heartbeat, so a rank side that sends none (another engine's
  *   launcher, an older library) is never declared dead for silence.
- * - Steps catch hung ranks: no `checkpoint()` boundary for `stuckTimeoutMs`. Armed by the first
- *   step, so a program that never calls `checkpoint()` is not killed as stuck.
+ * - Steps catch hung ranks: no `checkpoint()` boundary for `stuckTimeoutMs` (only when the user
+ *   asked for it with `--stuck-timeout`). Armed when the job starts (the rendezvous completes),
+ *   so a rank that hangs before its first step — in a collective whose peer went elsewhere —
+ *   is caught too.
  * A rank that finalized is no longer watched: it waits for the others by design.
  *
  * Pure: time comes in as arguments, so tests drive it without timers.
@@ -52,6 +54,14 @@ export class FailureDetector {
     w.lastHeardMs = nowMs;
     w.lastStepMs = nowMs;
     w.stepArmed = true;
+  }
+
+  /** Starts step monitoring of `rank` as of `nowMs` (the job started). */
+  armSteps(rank: number, nowMs: number): void {
+    const w = this.watches[rank];
+    if (w === undefined || w.stepArmed) return;
+    w.stepArmed = true;
+    w.lastStepMs = nowMs;
   }
 
   /** Stop watching `rank` (finalized, exited, or being restarted). */

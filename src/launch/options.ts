@@ -224,7 +224,9 @@ export function resolveRunConfig(flags: RunFlags, ctx: { cwd: string }): RunConf
       `--failure-timeout (${failureTimeoutMs} ms) must be at least twice --heartbeat (${heartbeatMs} ms), so that one late heartbeat is not taken for a failure`,
     );
   }
-  const stuckTimeoutMs = flags.stuckTimeout === undefined ? undefined : check(() => bounded(parseDuration(flags.stuckTimeout!, "--stuck-timeout"), "--stuck-timeout", flags.stuckTimeout!, 1, 30 * 86_400_000));
+  // Ranks report steps at most every 200 ms (src/mpi/world.ts), so shorter bounds would see
+  // a busy rank as stuck.
+  const stuckTimeoutMs = flags.stuckTimeout === undefined ? undefined : check(() => bounded(parseDuration(flags.stuckTimeout!, "--stuck-timeout"), "--stuck-timeout", flags.stuckTimeout!, 1_000, 30 * 86_400_000));
   const rendezvousTimeoutMs = flags.rendezvousTimeout === undefined
     ? DEFAULTS.rendezvousTimeoutMs
     : check(() => bounded(parseDuration(flags.rendezvousTimeout!, "--rendezvous-timeout"), "--rendezvous-timeout", flags.rendezvousTimeout!, 1, 86_400_000));

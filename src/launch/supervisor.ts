@@ -282,6 +282,7 @@ export class Supervisor {
         this.deps.reporter.event({ kind: "rank-up", rank: ev.rank, pid: ev.pid });
         return;
       case "ready":
+        for (let r = 0; r < this.config.size; r++) this.detector.armSteps(r, now);
         this.deps.reporter.event({ kind: "job-started", rendezvousMs: Math.round(now) });
         return;
       case "step":

@@ -148,6 +148,17 @@ describe("fail fast in mode none", () => {
     await expectNoSurvivors(cli);
   });
 
+  it("a rank that asks for an abort stops the job with the rank's error code and message", async () => {
+    const cli = launch(["-n", "3", join(FIXTURES, "mismatch.ts")]);
+    const r = await cli.done;
+    expect(r.code, r.stderr).toBe(1);
+    const failed = ofKind(cli.events.all, "rank-failed");
+    expect(failed).toEqual([expect.objectContaining({ rank: 0 })]);
+    expect(failed[0]!.reason).toMatch(/^aborted the job: MPI_COLLECTIVE_MISMATCH: scatter: the root must pass an array of exactly 3 items/);
+    expect(ofKind(cli.events.all, "job-finished")[0]).toMatchObject({ exitCode: 1, error: { code: "MPI_COLLECTIVE_MISMATCH" } });
+    await expectNoSurvivors(cli);
+  });
+
   it("--inject kills the chosen rank at the chosen point", async () => {
     const cli = launch(["-n", "2", "--inject", "1@step:2", join(FIXTURES, "ok.ts"), "5"]);
     const r = await cli.done;
@@ -173,12 +184,12 @@ describe("ranks that are alive but not working", () => {
   });
 
   it("a rank with no step boundary for --stuck-timeout is killed and fails the job", async () => {
-    const cli = launch(["-n", "2", "--stuck-timeout", "800ms", join(FIXTURES, "forever.ts"), "stall"]);
+    const cli = launch(["-n", "2", "--stuck-timeout", "1s", join(FIXTURES, "forever.ts"), "stall"]);
     const r = await cli.done;
     expect(r.code, r.stderr).toBe(1);
     const failed = ofKind(cli.events.all, "rank-failed");
     expect(failed).toEqual([expect.objectContaining({ rank: 1 })]);
-    expect(failed[0]!.reason).toMatch(/reached no step boundary .* for \d+ ms \(--stuck-timeout 800 ms\): stuck, killed/);
+    expect(failed[0]!.reason).toMatch(/reached no step boundary .* for \d+ ms \(--stuck-timeout 1000 ms\): stuck, killed/);
     expect(ofKind(cli.events.all, "job-finished")[0]).toMatchObject({ error: { code: "LAUNCH_STUCK" } });
     await expectNoSurvivors(cli);
   });

@@ -40,6 +40,16 @@ describe("FailureDetector", () => {
     expect(d.check(600)).toEqual([{ kind: "stuck", rank: 0, silentMs: 500 }]);
   });
 
+  it("with --stuck-timeout, also suspects a rank that hangs before its first step", () => {
+    const d = new FailureDetector({ size: 2, failureTimeoutMs: 10_000, stuckTimeoutMs: 500 });
+    d.armSteps(0, 1000);
+    d.armSteps(1, 1000);
+    d.stepped(1, 1400);
+    expect(d.check(1499)).toEqual([]);
+    expect(d.check(1500)).toEqual([{ kind: "stuck", rank: 0, silentMs: 500 }]);
+    expect(d.check(1900)).toEqual([{ kind: "stuck", rank: 1, silentMs: 500 }]);
+  });
+
   it("watches a restarted rank afresh", () => {
     const d = new FailureDetector({ size: 1, failureTimeoutMs: 100, stuckTimeoutMs: undefined });
     d.heard(0, 0, { heartbeat: true });

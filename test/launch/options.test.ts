@@ -120,6 +120,7 @@ describe("resolveRunConfig", () => {
     [{ heartbeat: "1" }, /--heartbeat "1" must be between 10ms and 1h/],
     [{ heartbeat: "1000", failureTimeout: "1500" }, /--failure-timeout \(1500 ms\) must be at least twice --heartbeat \(1000 ms\)/],
     [{ stuckTimeout: "soon" }, /--stuck-timeout "soon" is not a duration/],
+    [{ stuckTimeout: "500ms" }, /--stuck-timeout "500ms" must be between 1s and 720h/],
     [{ transport: "udp" }, /--transport "udp" must be ipc or tcp/],
     [{ json: true, quiet: true }, /--json and --quiet cannot be combined/],
     [{ results: "no/such/dir/out.json" }, /--results "no\/such\/dir\/out.json": directory .* does not exist/],
