@@ -14,6 +14,7 @@
  * else console.log((await world.recv(0, 7)).data);
  */
 import { LifelineError } from "../errors.ts";
+import { type ActiveCollective, CollectiveRegistry } from "./coll-registry.ts";
 import * as coll from "./collectives.ts";
 import { type EncodedBody, decodeBody, encodeBody, encodeValue, isTypedArray } from "./codec.ts";
 import { type CoordinatorToRank, controlIdentity } from "./control.ts";
@@ -43,6 +44,12 @@ type CollKind = (typeof COLL_KINDS)[number];
 
 /** Steps fit in the low 24 bits of the tag; the kind index sits above them. */
 const STEP_BITS = 24;
+
+/** Protocol-frame tags of the layer's own collective-signature query. */
+const PROTO_COLL_QUERY = 0x100;
+const PROTO_COLL_ANSWER = 0x101;
+/** How often blocked collectives are looked at (see coll-registry.ts). */
+const QUERY_TICK_MS = 250;
 
 /** Time allowed for rendezvous (every rank says hello, the table arrives). */
 const RENDEZVOUS_TIMEOUT_MS = 120_000;
@@ -84,9 +91,8 @@ export class World implements WorldApi {
   private jobKey = 0;
   private readonly matcher: Matcher<AppEnvelope>;
   private readonly channelSeqOut: Uint32Array;
-  private readonly collInbox = new Map<string, coll.Arrival>();
-  private readonly collWaiters = new Map<string, { resolve: (a: coll.Arrival) => void; reject: (e: unknown) => void }>();
-  private collSeq = 0;
+  private readonly colls: CollectiveRegistry;
+  private collTimer: NodeJS.Timeout | undefined;
   private finalized = false;
   private failure: LifelineError | undefined;
   private readonly faults: FaultPlan;
@@ -108,6 +114,7 @@ export class World implements WorldApi {
     this.mode = place.mode;
     this.attempt = place.attempt;
     this.matcher = new Matcher(place.size);
+    this.colls = new CollectiveRegistry(place.rank);
     this.channelSeqOut = new Uint32Array(place.size);
     this.faults = new FaultPlan(parseFaults(place.faults), place.attempt);
   }
@@ -169,6 +176,8 @@ export class World implements WorldApi {
     this.jobKey = t.jobKey;
     t.endpoints.forEach((ep, r) => { if (r !== rank) this.transport.connect(r, ep); });
     this.transport.start((frames) => this.onFrames(frames), (err) => this.abortLocal(new LifelineError("MPI_ABORTED", `receive loop failed: ${(err as Error).message}`, { cause: err })));
+    this.collTimer = setInterval(() => this.queryOverdueCollectives(), QUERY_TICK_MS);
+    this.collTimer.unref();
   }
 
   // ---- receive path ------------------------------------------------------------------------
@@ -205,20 +214,12 @@ export class World implements WorldApi {
         return;
       }
       case Kind.collective: {
-        const key = `${header.collSeq}.${header.source}.${header.tag & ((1 << STEP_BITS) - 1)}`;
-        const arrival: coll.Arrival = { header, frames: body };
-        const waiter = this.collWaiters.get(key);
-        if (waiter !== undefined) {
-          this.collWaiters.delete(key);
-          waiter.resolve(arrival);
-        } else {
-          this.collInbox.set(key, arrival);
-        }
+        const stray = this.colls.arrive({ header, frames: body }, header.tag & ((1 << STEP_BITS) - 1));
+        if (stray !== undefined) this.fatal(stray);
         return;
       }
       case Kind.protocol:
-        // Reserved for the recovery protocols' peer traffic; none in this mode.
-        this.warnGarbage(new Error(`unexpected protocol frame from rank ${header.source} in mode ${this.mode}`));
+        this.onProtocol(header, body);
         return;
     }
   }
@@ -251,7 +252,8 @@ export class World implements WorldApi {
   private header(kind: Header["kind"], dest: number, tag: number, body: EncodedBody, collSeq = 0, signature = 0): Buffer {
     return encodeHeader({
       kind, flags: 0, encoding: body.encoding, jobKey: this.jobKey, source: this.rank, tag,
-      channelSeq: this.channelSeqOut[dest]!++, epoch: 0, collSeq, signature, arrayType: body.arrayType, attempt: this.attempt,
+      // Protocol frames are the layer's own talk, not part of any channel's message sequence.
+      channelSeq: kind === Kind.protocol ? 0 : this.channelSeqOut[dest]!++, epoch: 0, collSeq, signature, arrayType: body.arrayType, attempt: this.attempt,
     });
   }
 
@@ -361,56 +363,91 @@ export class World implements WorldApi {
     } catch (err) {
       return Promise.reject(err);
     }
-    const seq = this.collSeq++;
     this.faults.onCollective(this.versions, this.collSinceCheckpoint++);
     const kindIndex = COLL_KINDS.indexOf(kind);
-    const signature = fnv1a([kind, ...identity]);
-    const describeCall = `${kind}(${identity.join(", ")})`;
+    const c = this.colls.begin(fnv1a([kind, ...identity]), `${kind}(${identity.join(", ")})`, performance.now());
     const io: coll.CollectiveIo = {
       rank: this.rank,
       size: this.size,
       send: (dest, step, body) => {
         if (this.failure !== undefined) return Promise.reject(this.failure);
         const tag = (kindIndex << STEP_BITS) | step;
-        return this.transmit(dest, this.header(Kind.collective, dest, tag, body, seq, signature), body);
+        return this.transmit(dest, this.header(Kind.collective, dest, tag, body, c.seq, c.signature), body);
       },
-      recv: (source, step) => this.collRecv(seq, source, step, signature, describeCall),
+      recv: (source, step) => (this.failure !== undefined ? Promise.reject(this.failure) : this.colls.recv(c, source, step)),
     };
-    return run(io).catch((err: unknown) => {
-      if (err instanceof LifelineError && (err.code === "MPI_COLLECTIVE_MISMATCH" || err.code === "MPI_OP")) {
-        // Job-fatal as in MPI (errors are fatal by default): peers may be blocked in this
-        // collective, so ask the coordinator to stop everyone rather than leave them hanging.
-        void this.control.send({ t: "abort", rank: this.rank, code: err.code, message: err.message }).catch(() => undefined);
-      }
-      throw err;
-    });
+    return run(io).then(
+      (result) => {
+        try {
+          this.colls.end(c);
+        } catch (err) {
+          this.fatal(err as LifelineError);
+          throw err;
+        }
+        return result;
+      },
+      (err: unknown) => {
+        if (err instanceof LifelineError && (err.code === "MPI_COLLECTIVE_MISMATCH" || err.code === "MPI_OP")) this.fatal(err, c);
+        throw err;
+      },
+    );
   }
 
-  private collRecv(seq: number, source: number, step: number, signature: number, describeCall: string): Promise<coll.Arrival> {
-    if (this.failure !== undefined) return Promise.reject(this.failure);
-    const key = `${seq}.${source}.${step}`;
-    const check = (a: coll.Arrival): coll.Arrival => {
-      if (a.header.signature !== signature) {
-        const theirs = COLL_KINDS[a.header.tag >>> STEP_BITS] ?? "an unknown collective";
-        throw new LifelineError(
-          "MPI_COLLECTIVE_MISMATCH",
-          `collective #${seq}: rank ${this.rank} called ${describeCall}, but rank ${source} called ${theirs} with a different ${theirs === describeCall.slice(0, describeCall.indexOf("(")) ? "root, op, type or length" : "operation"}; every rank must make the same collective calls in the same order`,
-        );
-      }
-      return a;
-    };
-    const ready = this.collInbox.get(key);
-    if (ready !== undefined) {
-      this.collInbox.delete(key);
-      try {
-        return Promise.resolve(check(ready));
-      } catch (err) {
-        return Promise.reject(err);
+  /**
+   * A collective-level error that leaves peers inconsistent: fail the collective here and ask
+   * the coordinator to stop the job (errors are fatal, as MPI's are by default), since peers
+   * may be blocked in a collective that can no longer complete.
+   */
+  private fatal(err: LifelineError, c?: ActiveCollective): void {
+    c?.fail(err);
+    process.stderr.write(`lifeline: rank ${this.rank}: ${err.code}: ${err.message}\n`);
+    void this.control.send({ t: "abort", rank: this.rank, code: err.code, message: err.message }).catch(() => undefined);
+  }
+
+  /** Asks every peer for its signature of each collective blocked here for a while. */
+  private queryOverdueCollectives(): void {
+    if (this.failure !== undefined || this.finalized) return;
+    for (const c of this.colls.overdue(performance.now())) {
+      const body = encodeBody({ seq: c.seq }, { copy: false });
+      for (let r = 0; r < this.size; r++) {
+        if (r !== this.rank) void this.transmit(r, this.header(Kind.protocol, r, PROTO_COLL_QUERY, body), body).catch(() => undefined);
       }
     }
-    return new Promise<coll.Arrival>((resolve, reject) => {
-      this.collWaiters.set(key, { resolve: (a) => { try { resolve(check(a)); } catch (err) { reject(err); } }, reject });
-    });
+  }
+
+  private onProtocol(header: Header, body: Buffer[]): void {
+    let msg: { seq?: unknown; signature?: unknown; call?: unknown };
+    try {
+      msg = decodeBody(header.encoding, header.arrayType, body) as typeof msg;
+      if (typeof msg !== "object" || msg === null || typeof msg.seq !== "number") throw new Error("protocol body has no sequence number");
+    } catch (err) {
+      this.warnGarbage(err);
+      return;
+    }
+    const seq = msg.seq as number;
+    switch (header.tag) {
+      case PROTO_COLL_QUERY: {
+        const mine = this.colls.signatureOf(seq);
+        const reply = encodeBody({ seq, signature: mine?.signature ?? null, call: mine?.call ?? null }, { copy: false });
+        void this.transmit(header.source, this.header(Kind.protocol, header.source, PROTO_COLL_ANSWER, reply), reply).catch(() => undefined);
+        return;
+      }
+      case PROTO_COLL_ANSWER: {
+        const c = this.colls.activeCollective(seq);
+        if (c === undefined || typeof msg.signature !== "number" || msg.signature === c.signature) return;
+        this.fatal(
+          new LifelineError(
+            "MPI_COLLECTIVE_MISMATCH",
+            `collective #${seq}: rank ${this.rank} called ${c.call}, but rank ${header.source} called ${String(msg.call)}; every rank must make the same collective calls in the same order`,
+          ),
+          c,
+        );
+        return;
+      }
+      default:
+        // Reserved for the recovery protocols' peer traffic.
+        this.warnGarbage(new Error(`unexpected protocol frame (tag ${header.tag}) from rank ${header.source} in mode ${this.mode}`));
+    }
   }
 
   private bootstrapKey(opts: CollectiveOptions | undefined, kind: CollKind): string | undefined {
@@ -483,7 +520,7 @@ export class World implements WorldApi {
         );
       }
     } catch (err) {
-      if (err instanceof LifelineError) void this.control.send({ t: "abort", rank: this.rank, code: err.code, message: err.message }).catch(() => undefined);
+      if (err instanceof LifelineError) this.fatal(err);
       return Promise.reject(err);
     }
     return this.collective("scatter", [`root=${root}`], (io) => coll.scatter(io, items, root));
@@ -504,7 +541,7 @@ export class World implements WorldApi {
         "MPI_COLLECTIVE_MISMATCH",
         `alltoall: every rank must pass an array of exactly ${this.size} items (one per destination), got ${Array.isArray(items) ? `${items.length} items` : String(items)}`,
       );
-      void this.control.send({ t: "abort", rank: this.rank, code: err.code, message: err.message }).catch(() => undefined);
+      this.fatal(err);
       return Promise.reject(err);
     }
     return this.collective("alltoall", [], (io) => coll.alltoall(io, items));
@@ -576,8 +613,8 @@ export class World implements WorldApi {
     this.outstandingRecvs = 0;
     for (const r of this.pending) r.fail(err);
     this.pending.clear();
-    for (const w of this.collWaiters.values()) w.reject(err);
-    this.collWaiters.clear();
+    this.colls.failAll(err);
+    if (this.collTimer !== undefined) clearInterval(this.collTimer);
   }
 
   /** The job is over for this rank: every pending and future call fails with `err`. */

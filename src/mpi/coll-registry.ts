@@ -1,0 +1,171 @@
+/**
+ * Bookkeeping of collective calls: sequence numbers, the inbox of collective messages keyed by
+ * (sequence, source, step), and mismatch detection.
+ *
+ * Ranks that call different collectives (or the same one with different roots, ops, types or
+ * lengths) must get an error, never a hang and never a silently mixed result. Three checks
+ * together catch every mismatch:
+ * 1. each collective message carries its call's signature; a receiver with another signature
+ *    fails at once;
+ * 2. a message for a collective this rank has already finished (or that is still unread when
+ *    it finishes) means the sender ran a different algorithm: fail at once;
+ * 3. a collective blocked for longer than `QUERY_AFTER_MS` asks its peers for their signature
+ *    of the same sequence number (the layer answers; the program is not involved): a
+ *    disagreement fails it. This catches the mismatches in which nobody receives a wrong
+ *    message, e.g. a gather where two ranks both believe they are the root.
+ *
+ * @example
+ * const c = reg.begin("bcast", ["root=0"]);  // → { seq, signature, call }
+ * await reg.recv(c, source, step);           // rejects MPI_COLLECTIVE_MISMATCH on disagreement
+ * reg.end(c);
+ */
+import { LifelineError } from "../errors.ts";
+import type { Arrival } from "./collectives.ts";
+
+/** After this long blocked in one collective, a rank asks its peers for their signatures. */
+export const QUERY_AFTER_MS = 1000;
+/** Signatures of finished collectives kept for peers' queries. */
+const HISTORY_MAX = 4096;
+
+export interface ActiveCollective {
+  readonly seq: number;
+  readonly signature: number;
+  /** Human description, e.g. `bcast(root=1)`. */
+  readonly call: string;
+  readonly startedMs: number;
+  nextQueryMs: number;
+  /** Fails the collective's pending receive(s). */
+  fail: (err: LifelineError) => void;
+  readonly failed: Promise<never>;
+}
+
+export class CollectiveRegistry {
+  private nextSeq = 0;
+  private readonly inbox = new Map<string, Arrival>();
+  private readonly unreadBySeq = new Map<number, number>();
+  private readonly waiters = new Map<string, { resolve: (a: Arrival) => void; reject: (e: unknown) => void }>();
+  private readonly active = new Map<number, ActiveCollective>();
+  private readonly history = new Map<number, { signature: number; call: string }>();
+
+  constructor(private readonly rank: number) {}
+
+  /** Number of collectives started so far (the next sequence number). */
+  get started(): number {
+    return this.nextSeq;
+  }
+
+  begin(signature: number, call: string, nowMs: number): ActiveCollective {
+    const seq = this.nextSeq++;
+    let fail!: (err: LifelineError) => void;
+    const failed = new Promise<never>((_, reject) => { fail = reject; });
+    failed.catch(() => undefined); // observed through recv(); never an unhandled rejection
+    const c: ActiveCollective = { seq, signature, call, startedMs: nowMs, nextQueryMs: nowMs + QUERY_AFTER_MS, fail, failed };
+    this.active.set(seq, c);
+    return c;
+  }
+
+  /** The collective finished on this rank. Throws if a peer's message for it is still unread. */
+  end(c: ActiveCollective): void {
+    this.active.delete(c.seq);
+    this.history.set(c.seq, { signature: c.signature, call: c.call });
+    if (this.history.size > HISTORY_MAX) this.history.delete(c.seq - HISTORY_MAX);
+    const unread = this.unreadBySeq.get(c.seq);
+    if (unread !== undefined && unread > 0) {
+      const source = this.firstUnreadSource(c.seq);
+      throw this.stray(c.seq, source, c.call);
+    }
+  }
+
+  private firstUnreadSource(seq: number): number {
+    for (const [key, a] of this.inbox) if (key.startsWith(`${seq}.`)) return a.header.source;
+    return -1;
+  }
+
+  private stray(seq: number, source: number, call: string): LifelineError {
+    return new LifelineError(
+      "MPI_COLLECTIVE_MISMATCH",
+      `collective #${seq}: rank ${source} sent this rank a message that ${call} on rank ${this.rank} does not use, so the two ran different collectives (kind, root, op, type or length differ); every rank must make the same collective calls in the same order`,
+    );
+  }
+
+  /**
+   * A collective message arrived. Returns an error if it is a stray (its collective already
+   * finished here); the caller then fails the job.
+   */
+  arrive(a: Arrival, step: number): LifelineError | undefined {
+    const seq = a.header.collSeq;
+    if (seq < this.nextSeq && !this.active.has(seq)) {
+      return this.stray(seq, a.header.source, this.history.get(seq)?.call ?? "the collective");
+    }
+    const key = `${seq}.${a.header.source}.${step}`;
+    const w = this.waiters.get(key);
+    if (w !== undefined) {
+      this.waiters.delete(key);
+      w.resolve(a);
+      return undefined;
+    }
+    this.inbox.set(key, a);
+    this.unreadBySeq.set(seq, (this.unreadBySeq.get(seq) ?? 0) + 1);
+    return undefined;
+  }
+
+  /** The message of collective `c` from `source` at `step`, signature-checked. */
+  recv(c: ActiveCollective, source: number, step: number): Promise<Arrival> {
+    const key = `${c.seq}.${source}.${step}`;
+    const check = (a: Arrival): Arrival => {
+      if (a.header.signature !== c.signature) {
+        throw new LifelineError(
+          "MPI_COLLECTIVE_MISMATCH",
+          `collective #${c.seq}: rank ${this.rank} called ${c.call}, but rank ${source} called a different collective or the same one with another root, op, type or length; every rank must make the same collective calls in the same order`,
+        );
+      }
+      return a;
+    };
+    const ready = this.inbox.get(key);
+    if (ready !== undefined) {
+      this.inbox.delete(key);
+      this.unreadBySeq.set(c.seq, this.unreadBySeq.get(c.seq)! - 1);
+      if (this.unreadBySeq.get(c.seq) === 0) this.unreadBySeq.delete(c.seq);
+      try {
+        return Promise.resolve(check(ready));
+      } catch (err) {
+        return Promise.reject(err);
+      }
+    }
+    const got = new Promise<Arrival>((resolve, reject) => {
+      this.waiters.set(key, { resolve: (a) => { try { resolve(check(a)); } catch (err) { reject(err); } }, reject });
+    });
+    return Promise.race([got, c.failed]);
+  }
+
+  /** Collectives blocked long enough to query peers about; advances their next query time. */
+  overdue(nowMs: number): ActiveCollective[] {
+    const out: ActiveCollective[] = [];
+    for (const c of this.active.values()) {
+      if (nowMs >= c.nextQueryMs) {
+        // Back off: a long legitimate wait (a slow peer) costs one small query per few seconds.
+        c.nextQueryMs = nowMs + Math.min(10_000, 2 * (nowMs - c.startedMs));
+        out.push(c);
+      }
+    }
+    return out;
+  }
+
+  /** This rank's signature for `seq`, for a peer's query; undefined if not reached yet. */
+  signatureOf(seq: number): { signature: number; call: string } | undefined {
+    const a = this.active.get(seq);
+    if (a !== undefined) return { signature: a.signature, call: a.call };
+    return this.history.get(seq);
+  }
+
+  activeCollective(seq: number): ActiveCollective | undefined {
+    return this.active.get(seq);
+  }
+
+  /** Fails every pending collective receive (abort, finalize). */
+  failAll(err: unknown): void {
+    for (const w of this.waiters.values()) w.reject(err);
+    this.waiters.clear();
+    for (const c of this.active.values()) c.fail(err as LifelineError);
+  }
+}
