@@ -183,6 +183,8 @@ class JsonReporter implements Reporter {
 
 /** Status line redraw period on a tty (elapsed time keeps moving even without events). */
 const STATUS_REDRAW_MS = 200;
+/** Least time between redraws caused by step events. */
+const STATUS_STEP_REDRAW_MS = 100;
 /** Per-rank step counts are listed up to this many ranks; larger jobs show min..max. */
 const STATUS_RANKS_LISTED_MAX = 8;
 /** Result previews in the summary: ranks shown, characters per result. */
@@ -194,6 +196,7 @@ class HumanReporter implements Reporter {
   private readonly up: boolean[];
   private readonly finalized: boolean[];
   private statusShown = false;
+  private lastDrawMs = -Infinity;
   private redrawTimer: NodeJS.Timeout | undefined;
   private job = "";
   private readonly color: boolean;
@@ -259,13 +262,16 @@ class HumanReporter implements Reporter {
         void never;
       }
     }
-    this.drawStatus();
+    // Steps can arrive hundreds of times a second: redraw for them at most every
+    // STATUS_STEP_REDRAW_MS (the timer catches up); redraw at once for everything else.
+    if (ev.kind !== "rank-step" || performance.now() - this.lastDrawMs >= STATUS_STEP_REDRAW_MS) this.drawStatus();
   }
 
   rankLine(rank: number, stream: "stdout" | "stderr", line: string): void {
+    // Clear only; the timer redraws. Redrawing after every line would double the output of a
+    // chatty program and make the status line flicker.
     this.clearStatus();
     (stream === "stdout" ? this.opts.stdout : this.opts.stderr).write(`[${rank}] ${line}\n`);
-    this.drawStatus();
   }
 
   close(): void {
@@ -288,7 +294,8 @@ class HumanReporter implements Reporter {
       return;
     }
     const what = ev.error === undefined ? "the job failed" : ev.error.message;
-    const lines = [`${this.paint("job failed", "31")} (exit ${ev.exitCode}) after ${secs(ev.wallMs)}, ${ev.finalized}/${ev.size} ranks finalized: ${what}`];
+    const headline = ev.error?.code === "LAUNCH_INTERRUPTED" ? "job stopped" : "job failed";
+    const lines = [`${this.paint(headline, "31")} (exit ${ev.exitCode}) after ${secs(ev.wallMs)}, ${ev.finalized}/${ev.size} ranks finalized: ${what}`];
     if (ev.resultsPath !== undefined) lines.push(`partial results written to ${ev.resultsPath}`);
     this.print(lines.join("\n"));
   }
@@ -330,7 +337,8 @@ class HumanReporter implements Reporter {
     }
     parts.push(secs(this.elapsedMs()));
     const text = parts.join(" · ");
-    const cols = this.opts.stderr.columns ?? 80;
+    // A pseudo-terminal without a size reports 0 columns.
+    const cols = this.opts.stderr.columns || 80;
     return text.length >= cols ? text.slice(0, Math.max(0, cols - 2)) + "…" : text;
   }
 
@@ -339,6 +347,7 @@ class HumanReporter implements Reporter {
     // \r + erase line, then the status without a newline: the next draw overwrites it.
     this.opts.stderr.write(`\r\x1b[2K${this.paint(this.statusText(), "2")}`);
     this.statusShown = true;
+    this.lastDrawMs = performance.now();
   }
 
   private clearStatus(): void {

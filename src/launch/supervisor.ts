@@ -120,6 +120,8 @@ export interface SupervisorDeps {
   /** Environment the ranks inherit (LIFELINE_* entries in it are replaced). */
   baseEnv: NodeJS.ProcessEnv;
   policy?: RestartPolicy;
+  /** Overrides {@link RELEASE_EXIT_TIMEOUT_MS} (for embedding and tests). */
+  releaseExitTimeoutMs?: number;
 }
 
 export class Supervisor {
@@ -302,7 +304,7 @@ export class Supervisor {
         this.rankFailed({ kind: "bad-result", rank: ev.rank, code: "LAUNCH_RANK_FAILED", message: ev.message, exitStatus: undefined });
         return;
       case "released":
-        this.releaseTimer = setTimeout(() => this.onReleaseTimeout(), RELEASE_EXIT_TIMEOUT_MS);
+        this.releaseTimer = setTimeout(() => this.onReleaseTimeout(), this.releaseExitTimeoutMs);
         this.releaseTimer.unref();
         return;
       case "rank-abort": {
@@ -389,7 +391,9 @@ export class Supervisor {
       kind: "release-hang",
       rank: first.rank,
       code: "LAUNCH_RANK_FAILED",
-      message: `rank${late.length === 1 ? "" : "s"} ${late.map((p) => p.rank).join(", ")} finalized but did not exit within ${RELEASE_EXIT_TIMEOUT_MS} ms of being released; killed`,
+      message:
+        `rank${late.length === 1 ? "" : "s"} ${late.map((p) => p.rank).join(", ")} finalized but did not exit within ${this.releaseExitTimeoutMs} ms of being released ` +
+        `(does an open handle — a timer, server or socket — keep the process alive?); killed`,
       exitStatus: undefined,
     });
   }
@@ -511,6 +515,10 @@ export class Supervisor {
     if (this.releaseTimer !== undefined) clearTimeout(this.releaseTimer);
     this.detectorTimer = undefined;
     this.releaseTimer = undefined;
+  }
+
+  private get releaseExitTimeoutMs(): number {
+    return this.deps.releaseExitTimeoutMs ?? RELEASE_EXIT_TIMEOUT_MS;
   }
 
   private nowMs(): number {

@@ -1,0 +1,84 @@
+/**
+ * Goal: the Supervisor's policy hook sees each rank failure with what a restart policy needs
+ * (kind, rank, exit status), and a job whose ranks finalized but do not exit is ended within
+ * the release timeout instead of hanging.
+ *
+ * Method: run a Supervisor in-process on real rank programs (test/fixtures/launch, importing
+ * "lifeline" from dist/), with a recording reporter and a custom policy.
+ */
+import { existsSync } from "node:fs";
+import { join } from "node:path";
+import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
+import { resolveRunConfig } from "../../src/launch/options.ts";
+import type { JobEvent, Reporter } from "../../src/launch/progress.ts";
+import { failFastPolicy, Supervisor, type JobView, type RankFailure, type RestartPolicy } from "../../src/launch/supervisor.ts";
+import { FIXTURES, killAll, ROOT, tempDir, waitGone } from "./helpers.ts";
+
+const { dir, cleanup } = tempDir("lifeline-sup-");
+let pids: number[] = [];
+
+beforeAll(() => {
+  if (!existsSync(join(ROOT, "dist", "index.js"))) throw new Error("dist/index.js is missing: run `npm run build` first");
+});
+afterEach(() => {
+  killAll(pids);
+  pids = [];
+});
+afterAll(cleanup);
+
+function recorder(): Reporter & { events: JobEvent[]; lines: string[] } {
+  const events: JobEvent[] = [];
+  const lines: string[] = [];
+  return {
+    events,
+    lines,
+    event: (ev) => void events.push(ev),
+    rankLine: (rank, stream, line) => void lines.push(`${stream} [${rank}] ${line}`),
+    close: () => undefined,
+  };
+}
+
+function supervisor(app: string, args: string[], opts: { policy?: RestartPolicy; releaseExitTimeoutMs?: number } = {}) {
+  const config = resolveRunConfig({ np: "2", mode: "none", app: join(FIXTURES, app), appArgs: args }, { cwd: ROOT });
+  const reporter = recorder();
+  const sup = new Supervisor(config, { reporter, runDir: dir, jobId: "test-job", jobKey: 7, baseEnv: process.env, ...opts });
+  return { sup, reporter };
+}
+
+describe("Supervisor", () => {
+  it("asks the policy about each failure, with the rank and its exit status", async () => {
+    const seen: { failure: RankFailure; job: JobView }[] = [];
+    const policy: RestartPolicy = {
+      mode: "none",
+      decide: (failure, job) => {
+        seen.push({ failure, job: { ...job, finalized: [...job.finalized] } });
+        return failFastPolicy.decide(failure, job);
+      },
+    };
+    const { sup } = supervisor("crash.ts", ["1", "exit3"], { policy });
+    const outcome = await sup.run();
+    pids = outcome.pids;
+    expect(seen).toEqual([
+      {
+        failure: { kind: "exit", rank: 1, code: "LAUNCH_RANK_FAILED", message: expect.stringMatching(/^rank 1 \(pid \d+\) exited with code 3 before finalizing$/), exitStatus: 3 },
+        job: { size: 2, mode: "none", restarts: 0, maxRestarts: 3, finalized: [false, false] },
+      },
+    ]);
+    expect(outcome).toMatchObject({ ok: false, exitCode: 3, finalizedCount: 0, restarts: 0 });
+    expect(outcome.error?.code).toBe("LAUNCH_RANK_FAILED");
+    // The error carries the stderr tail for programs that embed the launcher.
+    expect(outcome.error?.message).toContain("| rank 1 is about to fail (exit3)");
+    expect(await waitGone(outcome.pids, 1_000)).toEqual([]);
+  });
+
+  it("kills ranks that finalized but do not exit after release, and fails the job", async () => {
+    const { sup, reporter } = supervisor("linger.ts", [], { releaseExitTimeoutMs: 500 });
+    const outcome = await sup.run();
+    pids = outcome.pids;
+    expect(outcome).toMatchObject({ ok: false, exitCode: 1, finalizedCount: 2, results: [0, 1] });
+    expect(outcome.summary).toMatch(/^ranks 0, 1 finalized but did not exit within 500 ms of being released \(does an open handle .* keep the process alive\?\); killed$/);
+    expect(reporter.lines).toContain("stdout [0] rank 0 released, but a timer keeps it alive");
+    expect(reporter.events.filter((e) => e.kind === "rank-finalized")).toHaveLength(2);
+    expect(await waitGone(outcome.pids, 1_000)).toEqual([]);
+  });
+});
