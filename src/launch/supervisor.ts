@@ -30,6 +30,8 @@ export const FAIL_FAST_GRACE_MS = 500;
 export const INTERRUPT_GRACE_MS = 2_000;
 /** How long ranks may take to exit after `release` before they are killed. */
 export const RELEASE_EXIT_TIMEOUT_MS = 10_000;
+/** A second stop signal within this window of the first is the same signal delivered twice. */
+const REPEAT_SIGNAL_WINDOW_MS = 500;
 /** How long to wait for a dead rank's last output before writing its failure message. */
 const OUTPUT_DRAIN_WAIT_MS = 300;
 /** How long to wait for all output pipes to drain once every rank has exited. */
@@ -137,6 +139,7 @@ export class Supervisor {
   private failureReported: Promise<void> = Promise.resolve();
   private stopping = false;
   private interruptedBy: NodeJS.Signals | undefined;
+  private interruptedAtMs = 0;
   private spawning = false;
   private detectorTimer: NodeJS.Timeout | undefined;
   private releaseTimer: NodeJS.Timeout | undefined;
@@ -203,11 +206,15 @@ export class Supervisor {
    * {@link INTERRUPT_GRACE_MS}. A second interrupt kills every rank at once.
    */
   interrupt(signal: NodeJS.Signals): void {
+    const now = this.nowMs();
     if (this.interruptedBy !== undefined) {
-      this.killAllNow();
+      // npm/npx forward the terminal's SIGINT to the launcher, which also gets it from the
+      // terminal: one Ctrl-C arrives twice. Only a later signal is the user insisting.
+      if (now - this.interruptedAtMs >= REPEAT_SIGNAL_WINDOW_MS) this.killAllNow();
       return;
     }
     this.interruptedBy = signal;
+    this.interruptedAtMs = now;
     this.deps.reporter.event({ kind: "job-stopping", reason: `interrupted by ${signal}; stopping the ranks (${signal} again kills them at once)` });
     this.fail({ kind: "interrupted", rank: undefined, code: "LAUNCH_INTERRUPTED", message: `interrupted by ${signal}`, exitStatus: undefined }, INTERRUPT_GRACE_MS);
   }

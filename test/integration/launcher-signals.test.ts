@@ -45,6 +45,9 @@ describe("stopping the launcher", () => {
   ] as const)("%s stops the job gracefully and exits %i", async (signal, code) => {
     const cli = await runningJob("steps", 3);
     const pids = cli.rankPids();
+    // Twice at once, as under npx (npm forwards the signal the terminal also delivered): that
+    // is one request to stop, still graceful.
+    cli.child.kill(signal);
     cli.child.kill(signal);
     const r = await cli.done;
     expect(r.code, r.stderr).toBe(code);
@@ -55,6 +58,9 @@ describe("stopping the launcher", () => {
     expect(cli.events.all.find((e) => e.event === "job-stopping")?.reason).toMatch(new RegExp(`^interrupted by ${signal}`));
     // Ranks stopped by the launcher are not reported as failures of their own.
     expect(cli.events.all.filter((e) => e.event === "rank-failed")).toEqual([]);
+    // Graceful: SIGTERM ended them, no SIGKILL was needed.
+    const exits = cli.events.all.filter((e) => e.event === "rank-exited");
+    expect(exits.map((e) => [e.signal, e.killedByLauncher])).toEqual([["SIGTERM", true], ["SIGTERM", true], ["SIGTERM", true]]);
   });
 
   it("SIGKILL of the launcher takes every rank with it", async () => {
