@@ -1,6 +1,7 @@
 /**
- * The communicator: MPI-style point-to-point and collectives over a {@link ZmqTransport},
- * with the hooks the recovery protocols attach to.
+ * The communicator: MPI-style point-to-point and collectives over a {@link Host}'s transport
+ * (ZeroMQ in production, a simulated network in tests), with the hooks the recovery protocols
+ * attach to.
  *
  * Message path (send): validate → encode body (typed arrays as raw frames) → stamp a 40-byte
  * header (kind, source, tag, channel sequence number, epoch, collective sequence/signature)
@@ -17,8 +18,7 @@ import { LifelineError } from "../errors.ts";
 import { type ActiveCollective, CollectiveRegistry } from "./coll-registry.ts";
 import * as coll from "./collectives.ts";
 import { type EncodedBody, decodeBody, encodeBody, encodeValue, isTypedArray } from "./codec.ts";
-import { type CoordinatorToRank, controlIdentity } from "./control.ts";
-import { ControlLink } from "./control-link.ts";
+import type { CoordinatorToRank } from "./control.ts";
 import type { Mode, RankPlace } from "./env.ts";
 import { FaultPlan, parseFaults } from "./faults.ts";
 import { Matcher } from "./matching.ts";
@@ -29,7 +29,7 @@ import {
   TAG_MAX, type WorldApi,
 } from "./types.ts";
 import { decodeHeader, encodeHeader, type Header, Kind } from "./wire.ts";
-import { ZmqTransport } from "./zmq/zmq-transport.ts";
+import { type ControlChannel, type Host, type Timer, type Transport, zmqHost } from "./host.ts";
 
 /** An application message after decoding, as the matcher holds it. */
 interface AppEnvelope {
@@ -92,7 +92,7 @@ export class World implements WorldApi {
   private readonly matcher: Matcher<AppEnvelope>;
   private readonly channelSeqOut: Uint32Array;
   private readonly colls: CollectiveRegistry;
-  private collTimer: NodeJS.Timeout | undefined;
+  private collTimer: Timer | undefined;
   private finalized = false;
   private failure: LifelineError | undefined;
   private readonly faults: FaultPlan;
@@ -105,8 +105,9 @@ export class World implements WorldApi {
   private outstandingRecvs = 0;
   private garbageWarnings = 0;
   private released: { resolve: () => void; reject: (e: unknown) => void } | undefined;
-  private transport!: ZmqTransport;
-  private control!: ControlLink;
+  private host!: Host;
+  private transport!: Transport;
+  private control!: ControlChannel;
 
   private constructor(private readonly place: RankPlace) {
     this.rank = place.rank;
@@ -125,49 +126,58 @@ export class World implements WorldApi {
    */
   static async join(place: RankPlace): Promise<World> {
     const world = new World(place);
-    await world.connect();
+    await world.connect(await zmqHost(place, (msg) => world.onControl(msg)));
     return world;
   }
 
-  private async connect(): Promise<void> {
-    const { rank, attempt } = this;
-    this.transport = await ZmqTransport.bind({
-      transport: this.place.transport,
-      runDir: this.place.runDir,
-      name: controlIdentity(rank, attempt),
-    });
-    let gotTable: (t: Extract<CoordinatorToRank, { t: "table" }>) => void = () => undefined;
-    let failJoin: (e: unknown) => void = () => undefined;
-    const table = new Promise<Extract<CoordinatorToRank, { t: "table" }>>((resolve, reject) => {
-      gotTable = resolve;
-      failJoin = reject;
-    });
-    this.control = ControlLink.connect(this.place.coordinator, controlIdentity(rank, attempt), (msg) => {
-      switch (msg.t) {
-        case "table": gotTable(msg); break;
-        case "peer": if (msg.rank !== this.rank) this.transport.connect(msg.rank, msg.endpoint); break;
-        case "release": this.released?.resolve(); break;
-        case "abort": {
-          const err = new LifelineError("MPI_ABORTED", `the job was aborted: ${msg.message}`);
-          failJoin(err);
-          this.abortLocal(err);
-          break;
-        }
+  /**
+   * Joins with a given host (the simulator's). `makeHost` receives the control-message handler
+   * the host must call for every message from the coordinator.
+   */
+  static async joinWith(place: RankPlace, makeHost: (onControl: (msg: CoordinatorToRank) => void) => Host | Promise<Host>): Promise<World> {
+    const world = new World(place);
+    await world.connect(await makeHost((msg) => world.onControl(msg)));
+    return world;
+  }
+
+  private gotTable: (t: Extract<CoordinatorToRank, { t: "table" }>) => void = () => undefined;
+  private failJoin: (e: unknown) => void = () => undefined;
+
+  /** A message from the coordinator. */
+  private onControl(msg: CoordinatorToRank): void {
+    switch (msg.t) {
+      case "table": this.gotTable(msg); break;
+      case "peer": if (msg.rank !== this.rank) this.transport.connect(msg.rank, msg.endpoint); break;
+      case "release": this.released?.resolve(); break;
+      case "abort": {
+        const err = new LifelineError("MPI_ABORTED", `the job was aborted: ${msg.message}`);
+        this.failJoin(err);
+        this.abortLocal(err);
+        break;
       }
+    }
+  }
+
+  private async connect(host: Host): Promise<void> {
+    const { rank, attempt } = this;
+    this.host = host;
+    this.transport = host.transport;
+    this.control = host.control;
+    const table = new Promise<Extract<CoordinatorToRank, { t: "table" }>>((resolve, reject) => {
+      this.gotTable = resolve;
+      this.failJoin = reject;
     });
-    await this.control.send({ t: "hello", rank, attempt, pid: process.pid, endpoint: this.transport.endpoint, size: this.size });
-    const timer = setTimeout(
-      () => failJoin(new LifelineError("MPI_INIT", `no endpoint table from the coordinator at ${this.place.coordinator} within ${RENDEZVOUS_TIMEOUT_MS / 1000} s`)),
-      RENDEZVOUS_TIMEOUT_MS,
-    );
+    const timer = host.after(RENDEZVOUS_TIMEOUT_MS, () =>
+      this.failJoin(new LifelineError("MPI_INIT", `no endpoint table from the coordinator at ${this.place.coordinator} within ${RENDEZVOUS_TIMEOUT_MS / 1000} s`)));
     let t: Extract<CoordinatorToRank, { t: "table" }>;
     try {
+      await this.control.send({ t: "hello", rank, attempt, pid: host.pid, endpoint: this.transport.endpoint, size: this.size });
       t = await table;
     } catch (err) {
       await this.closeSockets();
       throw err;
     } finally {
-      clearTimeout(timer);
+      timer.stop();
     }
     if (t.endpoints.length !== this.size) {
       await this.closeSockets();
@@ -176,8 +186,7 @@ export class World implements WorldApi {
     this.jobKey = t.jobKey;
     t.endpoints.forEach((ep, r) => { if (r !== rank) this.transport.connect(r, ep); });
     this.transport.start((frames) => this.onFrames(frames), (err) => this.abortLocal(new LifelineError("MPI_ABORTED", `receive loop failed: ${(err as Error).message}`, { cause: err })));
-    this.collTimer = setInterval(() => this.queryOverdueCollectives(), QUERY_TICK_MS);
-    this.collTimer.unref();
+    this.collTimer = host.every(QUERY_TICK_MS, () => this.queryOverdueCollectives());
   }
 
   // ---- receive path ------------------------------------------------------------------------
@@ -195,7 +204,7 @@ export class World implements WorldApi {
 
   private warnGarbage(err: unknown): void {
     if (this.garbageWarnings++ < GARBAGE_WARNINGS_MAX) {
-      process.stderr.write(`lifeline: rank ${this.rank}: dropping a malformed frame: ${(err as Error).message}${this.garbageWarnings === GARBAGE_WARNINGS_MAX ? " (further warnings suppressed)" : ""}\n`);
+      this.host.warn(`lifeline: rank ${this.rank}: dropping a malformed frame: ${(err as Error).message}${this.garbageWarnings === GARBAGE_WARNINGS_MAX ? " (further warnings suppressed)" : ""}`);
     }
   }
 
@@ -263,7 +272,7 @@ export class World implements WorldApi {
       // as a socket would, so a send never completes a receive synchronously.
       const frames = body.frames.map((f) => Buffer.from(f.buffer, f.byteOffset, f.byteLength));
       const h = decodeHeader(header, { jobKey: this.jobKey, size: this.size });
-      setImmediate(() => this.arrive(h, frames));
+      this.host.defer(() => this.arrive(h, frames));
       return Promise.resolve();
     }
     return this.transport.send(dest, [header, ...body.frames]);
@@ -365,7 +374,7 @@ export class World implements WorldApi {
     }
     this.faults.onCollective(this.versions, this.collSinceCheckpoint++);
     const kindIndex = COLL_KINDS.indexOf(kind);
-    const c = this.colls.begin(fnv1a([kind, ...identity]), `${kind}(${identity.join(", ")})`, performance.now());
+    const c = this.colls.begin(fnv1a([kind, ...identity]), `${kind}(${identity.join(", ")})`, this.host.now());
     const io: coll.CollectiveIo = {
       rank: this.rank,
       size: this.size,
@@ -400,14 +409,14 @@ export class World implements WorldApi {
    */
   private fatal(err: LifelineError, c?: ActiveCollective): void {
     c?.fail(err);
-    process.stderr.write(`lifeline: rank ${this.rank}: ${err.code}: ${err.message}\n`);
+    this.host.warn(`lifeline: rank ${this.rank}: ${err.code}: ${err.message}`);
     void this.control.send({ t: "abort", rank: this.rank, code: err.code, message: err.message }).catch(() => undefined);
   }
 
   /** Asks every peer for its signature of each collective blocked here for a while. */
   private queryOverdueCollectives(): void {
     if (this.failure !== undefined || this.finalized) return;
-    for (const c of this.colls.overdue(performance.now())) {
+    for (const c of this.colls.overdue(this.host.now())) {
       const body = encodeBody({ seq: c.seq }, { copy: false });
       for (let r = 0; r < this.size; r++) {
         if (r !== this.rank) void this.transmit(r, this.header(Kind.protocol, r, PROTO_COLL_QUERY, body), body).catch(() => undefined);
@@ -583,7 +592,7 @@ export class World implements WorldApi {
   }
 
   private reportStep(force: boolean): void {
-    const now = performance.now();
+    const now = this.host.now();
     if (!force && now - this.lastStepReport < STEP_REPORT_MS) return;
     this.lastStepReport = now;
     void this.control.send({ t: "step", rank: this.rank, steps: this.steps, epoch: 0 }).catch(() => undefined);
@@ -614,7 +623,7 @@ export class World implements WorldApi {
     for (const r of this.pending) r.fail(err);
     this.pending.clear();
     this.colls.failAll(err);
-    if (this.collTimer !== undefined) clearInterval(this.collTimer);
+    this.collTimer?.stop();
   }
 
   /** The job is over for this rank: every pending and future call fails with `err`. */
@@ -623,9 +632,9 @@ export class World implements WorldApi {
     this.failure = err;
     this.failPending(err);
     this.released?.reject(err);
-    process.stderr.write(`lifeline: rank ${this.rank}: ${err.message}\n`);
+    this.host.warn(`lifeline: rank ${this.rank}: ${err.message}`);
     // Peers are being stopped too; leave promptly even if the program swallows the error.
-    setTimeout(() => process.exit(1), 200).unref();
+    this.host.after(200, () => this.host.exit(1));
     void this.closeSockets();
   }
 

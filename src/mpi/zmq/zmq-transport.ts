@@ -17,6 +17,7 @@
 import * as zmq from "zeromq";
 import { LifelineError } from "../../errors.ts";
 import { SerialSender } from "./serial-sender.ts";
+import type { Transport } from "../host.ts";
 
 interface Peer {
   socket: zmq.Push;
@@ -34,7 +35,7 @@ export interface BindOptions {
   host?: string;
 }
 
-export class ZmqTransport {
+export class ZmqTransport implements Transport {
   private readonly peers = new Map<number, Peer>();
   private closed = false;
   private reading: Promise<void> | undefined;

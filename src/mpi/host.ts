@@ -1,0 +1,91 @@
+/**
+ * Everything the communicator needs from the outside world, as one seam: the data transport,
+ * the control channel to the coordinator, time, timers and process exit.
+ *
+ * Production uses {@link zmqHost} (ZeroMQ sockets, real timers); the deterministic simulator in
+ * `src/testing` supplies its own, so the very same World code (matching, collectives, the
+ * recovery drivers) runs under seeded schedules with simulated time and crashes.
+ *
+ * @example
+ * const host = await zmqHost(place, (msg) => world.onControl(msg));
+ */
+import type { CoordinatorToRank, RankToCoordinator } from "./control.ts";
+import { controlIdentity } from "./control.ts";
+import { ControlLink } from "./control-link.ts";
+import type { RankPlace } from "./env.ts";
+import { ZmqTransport } from "./zmq/zmq-transport.ts";
+
+/** The data path: one receiving endpoint, one FIFO channel to each peer. */
+export interface Transport {
+  readonly endpoint: string;
+  /** Starts delivering arriving multipart messages, one at a time, in arrival order. */
+  start(onFrames: (frames: Buffer[]) => void, onError: (err: unknown) => void): void;
+  /** Connects (or re-connects after a restart) the channel to `rank`. */
+  connect(rank: number, endpoint: string): void;
+  /** Queues a message; resolves once the transport holds it (FIFO per destination). */
+  send(rank: number, frames: readonly (Buffer | Uint8Array)[]): Promise<void>;
+  close(): Promise<void>;
+}
+
+/** The rank's end of the control channel. */
+export interface ControlChannel {
+  send(msg: RankToCoordinator): Promise<void>;
+  close(): Promise<void>;
+}
+
+export interface Timer {
+  stop(): void;
+}
+
+export interface Host {
+  readonly transport: Transport;
+  readonly control: ControlChannel;
+  /** Monotonic milliseconds. */
+  now(): number;
+  /** Runs `fn` on a later turn (after pending I/O), as a socket delivery would. */
+  defer(fn: () => void): void;
+  /** Runs `fn` every `ms` without keeping the process alive. */
+  every(ms: number, fn: () => void): Timer;
+  /** Runs `fn` once after `ms` without keeping the process alive. */
+  after(ms: number, fn: () => void): Timer;
+  /** Ends this rank's process (after an abort). */
+  exit(code: number): void;
+  /** A diagnostic line for the rank's stderr. */
+  warn(line: string): void;
+  readonly pid: number;
+}
+
+/** The production host: ZeroMQ data and control sockets, Node timers, this process. */
+export async function zmqHost(place: RankPlace, onControl: (msg: CoordinatorToRank) => void): Promise<Host> {
+  const transport = await ZmqTransport.bind({
+    transport: place.transport,
+    runDir: place.runDir,
+    name: controlIdentity(place.rank, place.attempt),
+  });
+  let control: ControlLink;
+  try {
+    control = ControlLink.connect(place.coordinator, controlIdentity(place.rank, place.attempt), onControl);
+  } catch (err) {
+    await transport.close();
+    throw err;
+  }
+  return {
+    transport,
+    control,
+    now: () => performance.now(),
+    defer: (fn) => void setImmediate(fn),
+    every: (ms, fn) => {
+      const t = setInterval(fn, ms);
+      t.unref();
+      return { stop: () => clearInterval(t) };
+    },
+    after: (ms, fn) => {
+      const t = setTimeout(fn, ms);
+      t.unref();
+      return { stop: () => clearTimeout(t) };
+    },
+    exit: (code) => process.exit(code),
+    warn: (line) => void process.stderr.write(`${line}\n`),
+    pid: process.pid,
+  };
+}
