@@ -24,6 +24,7 @@ import { runJob } from "./launch/run.ts";
 /** Exit code of usage errors (bad flags), as is conventional for command-line tools. */
 export const EXIT_USAGE = 2;
 
+/** The streams and process context {@link main} works with (the real ones, or test doubles). */
 export interface CliIo {
   stdout: OutStream;
   stderr: OutStream;

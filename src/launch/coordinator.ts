@@ -46,6 +46,7 @@ export type CoordinatorEvent =
   | { kind: "rendezvous-timeout"; missing: number[]; timeoutMs: number }
   | { kind: "warning"; message: string };
 
+/** Construction options of a {@link Coordinator}. */
 export interface CoordinatorOptions {
   size: number;
   /** Random per job; ranks use it to reject data messages from other jobs. */

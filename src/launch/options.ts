@@ -87,6 +87,7 @@ export interface RunFlags {
   appArgs?: string[] | undefined;
 }
 
+/** Defaults of the optional flags (docs/cli.md lists them for users). */
 export const DEFAULTS = {
   checkpointEvery: { kind: "time", ms: 10_000 } as CheckpointEvery,
   store: ".lifeline",

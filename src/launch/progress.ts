@@ -55,6 +55,7 @@ export type JobEvent =
       resultsPath: string | undefined;
     };
 
+/** How the launcher talks: live status line, plain lines, JSON lines, or errors only. */
 export type ReportStyle = "tty" | "plain" | "json" | "quiet";
 
 /** Minimal writable the reporter needs (process.stdout/stderr or a test buffer). */
@@ -64,6 +65,7 @@ export interface OutStream {
   columns?: number;
 }
 
+/** Renders job events and forwards rank output in one {@link ReportStyle}. */
 export interface Reporter {
   event(ev: JobEvent): void;
   /** Forwards one line of a rank's output. */
@@ -80,6 +82,7 @@ export function pickStyle(opts: { json: boolean; quiet: boolean; stderr: OutStre
   return "plain";
 }
 
+/** Construction options of {@link createReporter}. */
 export interface ReporterOptions {
   style: ReportStyle;
   stdout: OutStream;

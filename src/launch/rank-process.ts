@@ -33,6 +33,7 @@ export interface RankExit {
   status: number;
 }
 
+/** What to start for one rank: its place, the program and the environment built for it. */
 export interface RankSpawnSpec {
   rank: number;
   attempt: number;

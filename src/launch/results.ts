@@ -13,6 +13,7 @@
 import { rename, writeFile } from "node:fs/promises";
 import { LifelineError, errorMessage } from "../errors.ts";
 
+/** The content of a `--results` file (docs/cli.md, "The results file"). */
 export interface ResultsDocument {
   ranks: unknown[];
   restarts: number;

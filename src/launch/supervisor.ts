@@ -113,6 +113,7 @@ export interface JobOutcome {
   pids: number[];
 }
 
+/** What a {@link Supervisor} needs besides the run configuration. */
 export interface SupervisorDeps {
   reporter: Reporter;
   /** Private directory for ipc endpoints; the caller creates and removes it. */

@@ -80,6 +80,12 @@ describe("Coordinator rendezvous", () => {
     await r0.inbox.waitFor((m) => m.t === "table");
   });
 
+  it("rejects an ipc path longer than a Unix socket allows with LAUNCH_SPAWN", async () => {
+    const coord = new Coordinator({ size: 1, jobKey: 1, transport: "ipc", runDir: `/tmp/${"x".repeat(120)}`, rendezvousTimeoutMs: 1_000, onEvent: () => undefined });
+    cleanups.push(() => coord.close());
+    await expect(coord.start()).rejects.toMatchObject({ code: "LAUNCH_SPAWN", message: expect.stringMatching(/longer than 107 bytes.*--transport tcp/) });
+  });
+
   it("reports the ranks that never said hello when the rendezvous times out", async () => {
     const { events, rank } = await startCoordinator(3, { rendezvousTimeoutMs: 300 });
     await rank(1).hello(3);
