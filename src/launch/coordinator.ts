@@ -40,6 +40,8 @@ export type CoordinatorEvent =
   | { kind: "bad-result"; rank: number; message: string }
   /** Every rank finalized; `release` was sent to all. */
   | { kind: "released" }
+  /** A coordinated-checkpoint protocol message from a rank (see src/cpr/coordinated/initiator.ts). */
+  | { kind: "cpr"; rank: number; msg: Extract<RankToCoordinator, { t: `cpr-${string}` }> }
   /** A rank asked for the job to stop (a job-fatal error on its side). */
   | { kind: "rank-abort"; rank: number; code: string; message: string }
   /** Not every rank said hello within the rendezvous timeout. */
@@ -254,6 +256,13 @@ export class Coordinator {
         return;
       case "abort":
         this.opts.onEvent({ kind: "rank-abort", rank, code: msg.code, message: msg.message });
+        return;
+      case "cpr-checkpointed":
+      case "cpr-ready":
+      case "cpr-part":
+      case "cpr-part-failed":
+        // The coordinated-checkpoint protocol's messages go to the initiator (the owner).
+        this.opts.onEvent({ kind: "cpr", rank, msg });
         return;
       default: {
         const never: never = msg;

@@ -16,6 +16,7 @@
  * const outcome = await sup.run(); // { ok, exitCode, results, error, ... }
  */
 import { constants as osConstants } from "node:os";
+import type { RankToCoordinator } from "../mpi/control.ts";
 import { LifelineError, errorMessage, isLifelineError, type LifelineErrorCode } from "../errors.ts";
 import { ENV, type Mode } from "../mpi/env.ts";
 import { Coordinator, type CoordinatorEvent } from "./coordinator.ts";
@@ -72,6 +73,8 @@ export type PolicyDecision =
 export interface RestartPolicy {
   readonly mode: Mode;
   decide(failure: RankFailure, job: JobView): PolicyDecision;
+  /** A coordinated-checkpoint protocol message from a rank (cpr only). */
+  onCprMessage?(rank: number, msg: Extract<RankToCoordinator, { t: `cpr-${string}` }>): void;
 }
 
 /** `--mode none`: any failure fails the job (the baseline). */
@@ -343,6 +346,10 @@ export class Supervisor {
       }
       case "warning":
         this.deps.reporter.event({ kind: "warning", message: ev.message });
+        return;
+      case "cpr":
+        // Only modes with coordinated checkpointing send these; the cpr policy handles them.
+        this.policy.onCprMessage?.(ev.rank, ev.msg);
         return;
       default: {
         const never: never = ev;

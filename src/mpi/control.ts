@@ -24,18 +24,37 @@ export type RankToCoordinator =
   /** The rank hit a job-fatal error (e.g. a collective mismatch) and asks for the job to stop. */
   | { t: "abort"; rank: number; code: string; message: string }
   /** Liveness, sent from the rank's watchdog thread. */
-  | { t: "heartbeat"; rank: number; attempt: number };
+  | { t: "heartbeat"; rank: number; attempt: number }
+  // ---- coordinated checkpointing (cpr), see src/cpr/coordinated ----
+  /** The rank took its local checkpoint of `epoch` (it now records). */
+  | { t: "cpr-checkpointed"; rank: number; epoch: number }
+  /** readyToStopRecording: every late message of `epoch` has arrived at this rank. */
+  | { t: "cpr-ready"; rank: number; epoch: number }
+  /** The rank's part of line `epoch` is durable in its part store. */
+  | { t: "cpr-part"; rank: number; epoch: number; ref: { rank: number; epoch: number; checksum: number; bytes: number } }
+  /** The rank could not write its part of line `epoch` (the line cannot commit). */
+  | { t: "cpr-part-failed"; rank: number; epoch: number; message: string };
 
 /** Coordinator → rank. */
 export type CoordinatorToRank =
-  /** Every rank's data endpoint, sent once all ranks said hello (and again to a restarted rank). */
-  | { t: "table"; jobKey: number; endpoints: string[]; attempts: number[] }
+  /**
+   * Every rank's data endpoint, sent once all ranks said hello (and again to a restarted rank).
+   * `restoreEpoch` (cpr) names the committed recovery line to restore from; absent on a fresh start.
+   */
+  | { t: "table"; jobKey: number; endpoints: string[]; attempts: number[]; restoreEpoch?: number }
   /** One peer's endpoint changed (it was restarted). */
   | { t: "peer"; rank: number; endpoint: string; attempt: number }
   /** All ranks finalized: close sockets and exit. */
   | { t: "release" }
   /** Stop now: the job failed or was interrupted. */
-  | { t: "abort"; code: string; message: string };
+  | { t: "abort"; code: string; message: string }
+  // ---- coordinated checkpointing (cpr) ----
+  /** pleaseCheckpoint: take a local checkpoint of `epoch` at the next checkpoint() call. */
+  | { t: "cpr-checkpoint"; epoch: number }
+  /** stopRecording: every rank is ready; stop logging and write your part of line `epoch`. */
+  | { t: "cpr-stop"; epoch: number }
+  /** Line `epoch` is committed; parts of epochs not in `keep` may be deleted. */
+  | { t: "cpr-committed"; epoch: number; keep: number[] };
 
 export type ControlMessage = RankToCoordinator | CoordinatorToRank;
 
