@@ -414,6 +414,12 @@ function malformed(msg: RankToCoordinator, size: number): string | undefined {
       return typeof m.code === "string" && typeof m.message === "string" ? undefined : "abort needs code and message strings";
     case "heartbeat":
       return undefined;
+    case "cpr-checkpointed":
+    case "cpr-ready":
+    case "cpr-part":
+    case "cpr-part-failed":
+      // The initiator checks the rest of the message; an epoch is what every one of them needs.
+      return isCount(m.epoch) ? undefined : `${msg.t} needs an epoch count`;
     default:
       return `unknown message type ${JSON.stringify((msg as { t: unknown }).t)}`;
   }

@@ -151,6 +151,14 @@ describe("Coordinator after the rendezvous", () => {
     expect(events.all.some((e) => e.kind === "finalized" || e.kind === "released")).toBe(false);
   });
 
+  it("hands coordinated-checkpoint messages to its owner", async () => {
+    const { events, ranks } = await runningJob(1);
+    await ranks[0]!.send({ t: "cpr-ready", rank: 0, epoch: 3 });
+    expect(await events.waitFor((e) => e.kind === "cpr")).toEqual({ kind: "cpr", rank: 0, msg: { t: "cpr-ready", rank: 0, epoch: 3 } });
+    await ranks[0]!.send({ t: "cpr-ready", rank: 0 } as never);
+    expect((await events.waitFor((e) => e.kind === "warning")) as { message: string }).toMatchObject({ message: expect.stringMatching(/cpr-ready needs an epoch count/) });
+  });
+
   it("counts heartbeats as liveness events", async () => {
     const { events, ranks } = await runningJob(1);
     await ranks[0]!.send({ t: "heartbeat", rank: 0, attempt: 0 });
