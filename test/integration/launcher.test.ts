@@ -184,23 +184,23 @@ describe("ranks that are alive but not working", () => {
   });
 
   it("a rank with no step boundary for --stuck-timeout is killed and fails the job", async () => {
-    const cli = launch(["-n", "2", "--stuck-timeout", "1s", join(FIXTURES, "forever.ts"), "stall"]);
+    const cli = launch(["-n", "2", "--stuck-timeout", "1500ms", join(FIXTURES, "forever.ts"), "stall"]);
     const r = await cli.done;
     expect(r.code, r.stderr).toBe(1);
     const failed = ofKind(cli.events.all, "rank-failed");
     expect(failed).toEqual([expect.objectContaining({ rank: 1 })]);
-    expect(failed[0]!.reason).toMatch(/reached no step boundary .* for \d+ ms \(--stuck-timeout 1000 ms\): stuck, killed/);
+    expect(failed[0]!.reason).toMatch(/reached no step boundary .* for \d+ ms \(--stuck-timeout 1500 ms\): stuck, killed/);
     expect(ofKind(cli.events.all, "job-finished")[0]).toMatchObject({ error: { code: "LAUNCH_STUCK" } });
     await expectNoSurvivors(cli);
   });
 
   it("a frozen rank that stops heartbeating is killed after --failure-timeout", async () => {
-    const cli = launch(["-n", "2", "--heartbeat", "100", "--failure-timeout", "600", join(FIXTURES, "proto-rank.ts"), "1", "100"]);
+    const cli = launch(["-n", "2", "--heartbeat", "100", "--failure-timeout", "1000", join(FIXTURES, "proto-rank.ts"), "1", "100"]);
     const r = await cli.done;
     expect(r.code, r.stderr).toBe(1);
     const failed = ofKind(cli.events.all, "rank-failed");
     expect(failed).toEqual([expect.objectContaining({ rank: 1, stderrTail: ["rank 1 freezing now"] })]);
-    expect(failed[0]!.reason).toMatch(/sent no heartbeat for \d+ ms \(--failure-timeout 600 ms\): frozen or unreachable, killed/);
+    expect(failed[0]!.reason).toMatch(/sent no heartbeat for \d+ ms \(--failure-timeout 1000 ms\): frozen or unreachable, killed/);
     expect(ofKind(cli.events.all, "job-finished")[0]).toMatchObject({ error: { code: "LAUNCH_HEARTBEAT" } });
     await expectNoSurvivors(cli);
   });
