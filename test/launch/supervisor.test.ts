@@ -71,6 +71,18 @@ describe("Supervisor", () => {
     expect(await waitGone(outcome.pids, 1_000)).toEqual([]);
   });
 
+  it("fails the job with LAUNCH_SPAWN when ranks cannot be started", async () => {
+    const config = resolveRunConfig({ np: "2", mode: "none", app: join(FIXTURES, "ok.js") }, { cwd: ROOT });
+    const reporter = recorder();
+    const sup = new Supervisor({ ...config, cwd: join(dir, "no-such-dir") }, { reporter, runDir: dir, jobId: "j", jobKey: 1, baseEnv: process.env });
+    const outcome = await sup.run();
+    pids = outcome.pids;
+    expect(outcome).toMatchObject({ ok: false, exitCode: 1, pids: [] });
+    expect(outcome.error?.code).toBe("LAUNCH_SPAWN");
+    expect(outcome.summary).toMatch(/cannot start rank \d .*ENOENT/);
+    expect(reporter.events.find((e) => e.kind === "job-stopping")).toMatchObject({ reason: expect.stringMatching(/cannot start rank/) });
+  });
+
   it("kills ranks that finalized but do not exit after release, and fails the job", async () => {
     const { sup, reporter } = supervisor("linger.ts", [], { releaseExitTimeoutMs: 500 });
     const outcome = await sup.run();
