@@ -13,7 +13,7 @@ import { tmpdir } from "node:os";
 import { basename, extname, join } from "node:path";
 import { errorMessage, isLifelineError, LifelineError } from "../errors.ts";
 import type { RunConfig } from "./options.ts";
-import { createReporter, pickStyle, type OutStream } from "./progress.ts";
+import { createReporter, pickStyle, type OutStream, type Reporter } from "./progress.ts";
 import { writeResultsFile } from "./results.ts";
 import { Supervisor, type JobOutcome } from "./supervisor.ts";
 
@@ -27,6 +27,11 @@ export interface RunIo {
    * hook that kills any rank still alive (default true; tests running in-process may disable).
    */
   handleSignals?: boolean;
+  /**
+   * Receives the job's events and rank output instead of the reporter the flags would pick
+   * (`lifeline drill` records each run's events this way). Closed by runJob at the end.
+   */
+  reporter?: Reporter;
 }
 
 /** Signals that stop a job gracefully; a second one kills the ranks at once. */
@@ -40,7 +45,7 @@ export async function runJob(config: RunConfig, io: RunIo): Promise<JobOutcome> 
   const jobKey = randomBytes(4).readUInt32LE(0);
   const jobId = `${basename(config.app, extname(config.app)).replace(/[^A-Za-z0-9_.-]/g, "_").slice(0, 32)}-${jobKey.toString(16).padStart(8, "0")}`;
   const runDir = makeRunDir();
-  const reporter = createReporter({
+  const reporter = io.reporter ?? createReporter({
     style: pickStyle({ json: config.json, quiet: config.quiet, stderr: io.stderr, env: io.env }),
     stdout: io.stdout,
     stderr: io.stderr,
