@@ -23,7 +23,7 @@ import { join } from "node:path";
 import { Router } from "zeromq";
 import { LifelineError, errorMessage } from "../errors.ts";
 import { decodeValue } from "../mpi/codec.ts";
-import { controlIdentity, decodeControl, encodeControl, type CoordinatorToRank, type RankToCoordinator } from "../mpi/control.ts";
+import { controlIdentity, decodeControl, encodeControl, heartbeatIdentity, type CoordinatorToRank, type RankToCoordinator } from "../mpi/control.ts";
 
 /** What the coordinator reports to its owner. */
 export type CoordinatorEvent =
@@ -63,6 +63,8 @@ export interface CoordinatorOptions {
   sendTimeoutMs?: number;
   /** Stray-traffic warnings reported before further ones are only counted (default 10). */
   warningsMax?: number;
+  /** Extra fields of one rank's `table` (cpr: the recovery line to restore from). */
+  tableFor?: (rank: number) => Partial<Extract<CoordinatorToRank, { t: "table" }>>;
 }
 
 /** Per-rank view of the control channel. */
@@ -177,6 +179,38 @@ export class Coordinator {
     await Promise.all(sends);
   }
 
+  /**
+   * Starts a new rendezvous for a restart of every rank (cpr): the ranks come back with
+   * attempt + 1 and say hello again; once all have, each is sent the table again. Messages
+   * from the old attempts' identities are ignored from now on.
+   */
+  restartRound(attempts: readonly number[]): void {
+    assert(this.phase === "running" || this.phase === "rendezvous" || this.phase === "released", `restartRound in phase ${this.phase}`);
+    this.clearRendezvousTimer();
+    this.byIdentity.clear();
+    this.helloCount = 0;
+    this.finalizedCount = 0;
+    this.links.forEach((l, r) => {
+      l.attempt = attempts[r]!;
+      l.identity = controlIdentity(r, l.attempt);
+      l.up = false;
+      l.pid = undefined;
+      l.endpoint = undefined;
+      l.steps = 0;
+      l.epoch = 0;
+      l.finalized = false;
+      l.result = undefined;
+    });
+    this.phase = "rendezvous";
+    this.rendezvousTimer = setTimeout(() => this.onRendezvousTimeout(), this.opts.rendezvousTimeoutMs);
+  }
+
+  /** Sends `msg` to every rank that said hello in the current round. */
+  broadcast(msg: CoordinatorToRank): void {
+    if (this.phase !== "running") return;
+    this.links.forEach((l, r) => { if (l.up) void this.send(r, msg); });
+  }
+
   /** Closes the Router. Safe to call more than once. */
   async close(): Promise<void> {
     if (this.phase === "closed") return;
@@ -232,7 +266,10 @@ export class Coordinator {
       this.onHello(identity, msg);
       return;
     }
-    const rank = this.byIdentity.get(identity);
+    // Heartbeats come from the rank's watchdog thread, which has a Dealer of its own.
+    const rank = msg.t === "heartbeat" && identity === heartbeatIdentity(msg.rank, msg.attempt)
+      ? this.byIdentity.get(controlIdentity(msg.rank, msg.attempt))
+      : this.byIdentity.get(identity);
     if (rank === undefined) {
       this.warn(`ignored a ${msg.t} message from ${printable(identity)}, which has not said hello`);
       return;
@@ -307,7 +344,7 @@ export class Coordinator {
     this.phase = "running";
     const endpoints = this.links.map((l) => l.endpoint!);
     const table: CoordinatorToRank = { t: "table", jobKey: this.opts.jobKey, endpoints, attempts: this.links.map((l) => l.attempt) };
-    for (let r = 0; r < this.opts.size; r++) void this.send(r, table);
+    for (let r = 0; r < this.opts.size; r++) void this.send(r, { ...table, ...this.opts.tableFor?.(r) } as CoordinatorToRank);
     this.opts.onEvent({ kind: "ready", endpoints });
   }
 

@@ -1,38 +1,37 @@
 /**
- * The rank's watchdog: a worker thread that ends this process when the launcher is gone.
+ * The rank's watchdog: a worker thread that heartbeats to the coordinator and ends this
+ * process when the launcher is gone.
  *
  * The launcher hands each rank the read end of a pipe (fd `LIFELINE_WATCH_FD`) and keeps the
  * write end; when the launcher dies for any reason, SIGKILL included, the kernel closes the
- * write end and the read end sees EOF. The watch runs on its own thread with its own event
- * loop, so a rank stuck in a long synchronous computation still dies at once instead of
- * lingering as an orphan.
+ * write end and the read end sees EOF. Watch and heartbeats run on their own thread with their
+ * own event loop (watchdog-worker.ts), so a rank in a long synchronous computation keeps
+ * beating and still dies at once with its launcher, while a frozen rank (SIGSTOP) falls
+ * silent and is caught by `--failure-timeout`.
  *
  * @example
- * const stop = startWatchdog(3); // ... later, on a clean exit: stop();
+ * const stop = startWatchdog({ fd: 3, coordinator, rank, attempt, heartbeatMs: 500 }); // later: stop();
  */
 import { Worker } from "node:worker_threads";
 
-const WORKER_SOURCE = `
-const { workerData } = require("node:worker_threads");
-const net = require("node:net");
-const die = () => process.kill(workerData.pid, "SIGKILL");
-let sock;
-try {
-  sock = new net.Socket({ fd: workerData.fd, readable: true, writable: false });
-} catch (err) {
-  process.stderr.write("lifeline: cannot watch the launcher pipe (fd " + workerData.fd + "): " + err.message + "\\n");
+export interface WatchdogOptions {
+  /** The launcher pipe's fd, if started by `lifeline run`. */
+  fd: number | undefined;
+  /** The coordinator's endpoint, for heartbeats. */
+  coordinator: string | undefined;
+  rank: number;
+  attempt: number;
+  /** 0 disables heartbeats. */
+  heartbeatMs: number;
+  /** The rank's LIFELINE_FAULTS (time triggers fire from the watchdog thread). */
+  faults: string;
 }
-if (sock) {
-  sock.on("data", () => {});
-  sock.on("end", die);
-  sock.on("close", die);
-  sock.on("error", die);
-}
-`;
 
-/** Starts watching `fd`; returns a function that stops the watch (for a clean exit). */
-export function startWatchdog(fd: number): () => void {
-  const worker = new Worker(WORKER_SOURCE, { eval: true, workerData: { fd, pid: process.pid } });
+/** Starts the watchdog thread; returns a function that stops it (for a clean exit). */
+export function startWatchdog(opts: WatchdogOptions): () => void {
+  // Run from source (tsx) in development, from dist/ when installed.
+  const file = import.meta.url.endsWith(".ts") ? "./watchdog-worker.ts" : "./watchdog-worker.js";
+  const worker = new Worker(new URL(file, import.meta.url), { workerData: { pid: process.pid, ...opts } });
   worker.unref();
   worker.on("error", (err) => process.stderr.write(`lifeline: watchdog failed: ${err.message}\n`));
   return () => {

@@ -39,9 +39,10 @@ export type RankToCoordinator =
 export type CoordinatorToRank =
   /**
    * Every rank's data endpoint, sent once all ranks said hello (and again to a restarted rank).
-   * `restoreEpoch` (cpr) names the committed recovery line to restore from; absent on a fresh start.
+   * `restore` (cpr) names the committed recovery line to restore from and this rank's part of
+   * it; absent on a fresh start (and on a restart before the first line).
    */
-  | { t: "table"; jobKey: number; endpoints: string[]; attempts: number[]; restoreEpoch?: number }
+  | { t: "table"; jobKey: number; endpoints: string[]; attempts: number[]; restore?: { epoch: number; ref: { rank: number; epoch: number; checksum: number; bytes: number } } }
   /** One peer's endpoint changed (it was restarted). */
   | { t: "peer"; rank: number; endpoint: string; attempt: number }
   /** All ranks finalized: close sockets and exit. */
@@ -82,4 +83,9 @@ export function decodeControl(frame: Buffer | undefined): ControlMessage {
 /** The routing id a rank's Dealer uses, so the coordinator can address it. */
 export function controlIdentity(rank: number, attempt: number): string {
   return `r${rank}.${attempt}`;
+}
+
+/** The routing id of a rank's heartbeat socket (on its watchdog thread). */
+export function heartbeatIdentity(rank: number, attempt: number): string {
+  return `hb:${controlIdentity(rank, attempt)}`;
 }
