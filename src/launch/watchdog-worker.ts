@@ -8,18 +8,9 @@ import { workerData } from "node:worker_threads";
 import { Dealer } from "zeromq";
 import { encodeControl, heartbeatIdentity } from "../mpi/control.ts";
 import { fire, parseFaults } from "../mpi/faults.ts";
+import type { WatchdogOptions } from "./watchdog.ts";
 
-interface WatchdogData {
-  pid: number;
-  fd: number | undefined;
-  coordinator: string | undefined;
-  rank: number;
-  attempt: number;
-  heartbeatMs: number;
-  faults: string;
-}
-
-const data = workerData as WatchdogData;
+const data = workerData as WatchdogOptions & { pid: number };
 const die = (): void => void process.kill(data.pid, "SIGKILL");
 
 if (data.fd !== undefined) {
