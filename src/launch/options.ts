@@ -21,7 +21,7 @@ import { parseFaults } from "../mpi/faults.ts";
  * baseline they did not ask for. Add a mode here when its restart policy lands in
  * `supervisor.ts` (`policyFor`).
  */
-export const SUPPORTED_MODES: readonly Mode[] = ["none"];
+export const SUPPORTED_MODES: readonly Mode[] = ["none", "cpr"];
 
 /** API §4: `cpr` is the default mode. */
 export const DEFAULT_MODE: Mode = "cpr";

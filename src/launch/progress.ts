@@ -42,6 +42,10 @@ export type JobEvent =
   /** The job is being stopped for a reason that is not one rank's fault (or not only). */
   | { kind: "job-stopping"; reason: string; rank?: number | undefined; stderrTail?: string[] | undefined }
   | { kind: "warning"; message: string }
+  /** cpr: recovery line `epoch` is committed (every rank's part durable). */
+  | { kind: "line-committed"; epoch: number; durationMs: number; bytes: number }
+  /** cpr: every rank restarts (attempt) from line `epoch`, or from the beginning (`epoch` 0). */
+  | { kind: "job-restarting"; attempt: number; epoch: number; restarts: number }
   | {
       kind: "job-finished";
       ok: boolean;
@@ -256,6 +260,12 @@ class HumanReporter implements Reporter {
         break;
       case "warning":
         if (!this.quiet) this.print(`${this.paint("warning:", "33")} ${ev.message}`);
+        break;
+      case "line-committed":
+        this.info(`recovery line ${ev.epoch} committed (${ev.bytes} bytes, ${secs(ev.durationMs)})`);
+        break;
+      case "job-restarting":
+        this.info(`restart ${ev.restarts}: every rank restarts (attempt ${ev.attempt}) ${ev.epoch === 0 ? "from the beginning (no line committed yet)" : `from recovery line ${ev.epoch}`}`);
         break;
       case "job-finished":
         this.finish(ev);

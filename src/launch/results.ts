@@ -24,6 +24,8 @@ export interface ResultsDocument {
   /** Why the job failed, when it did. */
   error?: { code: string; message: string } | undefined;
   job?: string;
+  /** cpr: lines committed and the epochs rolled back to (`{ attempt, epoch }`, 0 = the beginning). */
+  recovery?: Record<string, unknown>;
 }
 
 /** Depth past which nested data is cut (results come from user code and may be cyclic in theory). */

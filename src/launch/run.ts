@@ -83,6 +83,7 @@ export async function runJob(config: RunConfig, io: RunIo): Promise<JobOutcome> 
         wallMs: outcome.wallMs,
         exitCode: outcome.exitCode,
         job: jobId,
+        ...(outcome.recovery === undefined ? {} : { recovery: outcome.recovery }),
         error: outcome.error === undefined ? undefined : { code: outcome.error.code, message: outcome.error.message },
       });
     } catch (err) {

@@ -16,13 +16,14 @@
  * const outcome = await sup.run(); // { ok, exitCode, results, error, ... }
  */
 import { constants as osConstants } from "node:os";
-import type { RankToCoordinator } from "../mpi/control.ts";
+import type { CoordinatorToRank, RankToCoordinator } from "../mpi/control.ts";
 import { LifelineError, errorMessage, isLifelineError, type LifelineErrorCode } from "../errors.ts";
 import { ENV, type Mode } from "../mpi/env.ts";
 import { Coordinator, type CoordinatorEvent } from "./coordinator.ts";
+import { CprRestartPolicy } from "./cpr-policy.ts";
 import { FailureDetector, type Suspicion } from "./detector.ts";
 import { SUPPORTED_MODES, type RunConfig } from "./options.ts";
-import type { Reporter } from "./progress.ts";
+import type { JobEvent, Reporter } from "./progress.ts";
 import { spawnRank, type RankExit, type RankOutputSink, type RankProcess } from "./rank-process.ts";
 
 /** Grace between SIGTERM and SIGKILL when a failure stops the job (fail fast: all gone within 1 s). */
@@ -61,8 +62,8 @@ export interface JobView {
 
 /** A policy's answer to a failure. */
 export type PolicyDecision =
-  /** Stop the job: abort and kill every rank, report `failure`. */
-  | { kind: "fail-job" }
+  /** Stop the job: abort and kill every rank, report `failure` (or this code and message instead). */
+  | { kind: "fail-job"; code?: LifelineErrorCode; message?: string }
   /** Restart these ranks (attempt + 1) after `delayMs`; the others keep running or are rolled back by the protocol. */
   | { kind: "restart"; ranks: number[]; delayMs: number };
 
@@ -75,6 +76,27 @@ export interface RestartPolicy {
   decide(failure: RankFailure, job: JobView): PolicyDecision;
   /** A coordinated-checkpoint protocol message from a rank (cpr only). */
   onCprMessage?(rank: number, msg: Extract<RankToCoordinator, { t: `cpr-${string}` }>): void;
+  /** Called once before the first spawn, with what the policy may do to the running job. */
+  attach?(ctx: PolicyContext): Promise<void>;
+  /** Every rank said hello and got the table (at the start and after each restart). */
+  onReady?(): void;
+  /** A rank's progress report. */
+  onStep?(rank: number, steps: number): void;
+  /** Every rank is down for a restart of all: choose what they restore from. */
+  prepareRestart?(attempt: number): Promise<void>;
+  /** Extra fields of one rank's table (cpr: its part of the recovery line). */
+  tableFor?(rank: number): Partial<Extract<CoordinatorToRank, { t: "table" }>>;
+  /** What the results file should say about recovery (e.g. the epochs rolled back to). */
+  summary?(): Record<string, unknown>;
+  /** The job is over: release resources (timers, the manifest). */
+  close?(): Promise<void>;
+}
+
+/** What a policy may do to the running job. */
+export interface PolicyContext {
+  /** Sends a message to every rank of the current attempt. */
+  broadcast(msg: CoordinatorToRank): void;
+  report(ev: JobEvent): void;
 }
 
 /** `--mode none`: any failure fails the job (the baseline). */
@@ -92,6 +114,7 @@ export function policyFor(mode: Mode): RestartPolicy {
     case "none":
       return failFastPolicy;
     case "cpr":
+      throw new LifelineError("LAUNCH_USAGE", "mode cpr needs the run configuration: construct a CprRestartPolicy");
     case "retry-one":
       throw new LifelineError("LAUNCH_USAGE", `mode ${mode} is listed as supported but has no restart policy`);
   }
@@ -114,6 +137,8 @@ export interface JobOutcome {
   summary: string | undefined;
   /** Pids of every rank process started, for diagnostics (and tests that check none survive). */
   pids: number[];
+  /** The policy's account of recovery (cpr: lines committed, epochs rolled back to). */
+  recovery?: Record<string, unknown> | undefined;
 }
 
 /** What a {@link Supervisor} needs besides the run configuration. */
@@ -149,10 +174,12 @@ export class Supervisor {
   private releaseTimer: NodeJS.Timeout | undefined;
   private resolveAllExited: (() => void) | undefined;
   private readonly pids: number[] = [];
-  private readonly restarts = 0;
+  private restarts = 0;
+  /** All ranks are being stopped and started again (attempt + 1). */
+  private restarting = false;
 
   constructor(private readonly config: RunConfig, private readonly deps: SupervisorDeps) {
-    this.policy = deps.policy ?? policyFor(config.mode);
+    this.policy = deps.policy ?? (config.mode === "cpr" ? new CprRestartPolicy(config) : policyFor(config.mode));
     this.procs = new Array<RankProcess | undefined>(config.size).fill(undefined);
     this.finalized = new Array<boolean>(config.size).fill(false);
     this.results = new Array<unknown>(config.size).fill(undefined);
@@ -169,6 +196,7 @@ export class Supervisor {
       runDir: this.deps.runDir,
       rendezvousTimeoutMs: this.config.rendezvousTimeoutMs,
       onEvent: (ev) => this.onCoordinatorEvent(ev),
+      tableFor: this.policy.tableFor === undefined ? undefined : (rank) => this.policy.tableFor!(rank),
     });
     this.coordinator = coordinator;
     try {
@@ -185,7 +213,11 @@ export class Supervisor {
       const tickMs = Math.max(20, Math.min(250, Math.floor(Math.min(this.config.failureTimeoutMs, this.config.stuckTimeoutMs ?? Infinity) / 4)));
       this.detectorTimer = setInterval(() => this.onTick(), tickMs);
       this.detectorTimer.unref();
-      await this.spawnAll(endpoint);
+      await this.policy.attach?.({
+        broadcast: (msg) => coordinator.broadcast(msg),
+        report: (ev) => this.deps.reporter.event(ev),
+      });
+      await this.spawnAll(endpoint, 0);
     } catch (err) {
       this.fail({
         kind: "spawn",
@@ -201,6 +233,7 @@ export class Supervisor {
     // Let the last forwarded lines through before the summary is printed.
     await withTimeout(Promise.all(this.procs.map((p) => p?.closed)), FINAL_DRAIN_WAIT_MS);
     this.stopTimers();
+    await this.policy.close?.().catch((err: unknown) => this.deps.reporter.event({ kind: "warning", message: errorMessage(err) }));
     await coordinator.close();
     return this.outcome();
   }
@@ -230,7 +263,7 @@ export class Supervisor {
 
   // ---- starting -------------------------------------------------------------------------
 
-  private async spawnAll(coordinator: string): Promise<void> {
+  private async spawnAll(coordinator: string, attempt: number): Promise<void> {
     this.spawning = true;
     try {
       // All at once: each start costs a fork of this process, and ranks wait for each other
@@ -238,7 +271,7 @@ export class Supervisor {
       const started = await Promise.allSettled(
         this.procs.map((_, rank) =>
           spawnRank(
-            { rank, attempt: 0, app: this.config.app, appArgs: this.config.appArgs, env: this.rankEnv(rank, 0, coordinator), cwd: this.config.cwd },
+            { rank, attempt, app: this.config.app, appArgs: this.config.appArgs, env: this.rankEnv(rank, attempt, coordinator), cwd: this.config.cwd },
             this.outputSink(),
           ).then((proc) => this.adopt(proc)),
         ),
@@ -297,9 +330,11 @@ export class Supervisor {
       case "ready":
         for (let r = 0; r < this.config.size; r++) this.detector.armSteps(r, now);
         this.deps.reporter.event({ kind: "job-started", rendezvousMs: Math.round(now) });
+        this.policy.onReady?.();
         return;
       case "step":
         this.detector.stepped(ev.rank, now);
+        this.policy.onStep?.(ev.rank, ev.steps);
         this.deps.reporter.event({ kind: "rank-step", rank: ev.rank, steps: ev.steps, epoch: ev.epoch });
         return;
       case "heartbeat":
@@ -360,9 +395,11 @@ export class Supervisor {
 
   private onExit(proc: RankProcess, exit: RankExit): void {
     const rank = proc.rank;
-    this.detector.forget(rank);
-    this.deps.reporter.event({ kind: "rank-exited", rank, code: exit.code, signal: exit.signal, killedByLauncher: this.stopping });
-    if (!this.stopping) {
+    // A process of an attempt that was replaced (or is being replaced) by a restart of all.
+    const superseded = this.restarting || this.procs[rank] !== proc;
+    if (!superseded) this.detector.forget(rank);
+    this.deps.reporter.event({ kind: "rank-exited", rank, code: exit.code, signal: exit.signal, killedByLauncher: this.stopping || superseded });
+    if (!this.stopping && !superseded) {
       const fine = this.finalized[rank]! && exit.code === 0;
       if (!fine) {
         const how = exit.signal !== null ? `was killed by ${exit.signal}` : exit.code === 0 ? "exited with code 0" : `exited with code ${exit.code}`;
@@ -380,7 +417,7 @@ export class Supervisor {
   }
 
   private onTick(): void {
-    if (this.stopping) return;
+    if (this.stopping || this.restarting) return;
     for (const s of this.detector.check(this.nowMs())) this.onSuspicion(s);
   }
 
@@ -417,7 +454,7 @@ export class Supervisor {
 
   /** A rank failed: ask the policy what that means. */
   private rankFailed(failure: RankFailure): void {
-    if (this.stopping) return;
+    if (this.stopping || this.restarting) return;
     const decision = this.policy.decide(failure, {
       size: this.config.size,
       mode: this.config.mode,
@@ -427,17 +464,60 @@ export class Supervisor {
     });
     switch (decision.kind) {
       case "fail-job":
-        this.fail(failure);
+        this.fail(decision.code === undefined ? failure : { ...failure, code: decision.code, message: decision.message ?? failure.message });
         return;
       case "restart":
-        // No supported mode restarts yet (SUPPORTED_MODES); a policy that asks is a bug.
-        this.fail({ ...failure, message: `${failure.message} (restarting is not implemented for mode ${this.config.mode})` });
+        if (decision.ranks.length !== this.config.size) {
+          // Restarting some ranks only (retry-one) is not implemented yet.
+          this.fail({ ...failure, message: `${failure.message} (restarting ${decision.ranks.length} of ${this.config.size} ranks is not implemented)` });
+          return;
+        }
+        void this.restartAll(failure, decision.delayMs);
         return;
       default: {
         const never: never = decision;
         void never;
       }
     }
+  }
+
+  /**
+   * Restarts every rank (cpr): kills the survivors at once (they roll back anyway), waits
+   * until every process is gone, lets the policy choose the recovery line while no rank
+   * runs, then starts all ranks with attempt + 1 and a new rendezvous.
+   */
+  private async restartAll(failure: RankFailure, delayMs: number): Promise<void> {
+    this.restarting = true;
+    this.restarts++;
+    const attempt = this.restarts;
+    void this.reportFailure(failure);
+    this.deps.reporter.event({ kind: "warning", message: `restarting all ${this.config.size} ranks (restart ${attempt} of at most ${this.config.maxRestarts}) after: ${failure.message}` });
+    for (let r = 0; r < this.config.size; r++) this.detector.forget(r);
+    for (const p of this.procs) if (p?.alive) p.kill();
+    await Promise.all(this.procs.map((p) => p?.exited));
+    if (delayMs > 0) await new Promise((resolve) => setTimeout(resolve, delayMs));
+    if (this.stopping) {
+      this.restarting = false;
+      this.checkAllExited();
+      return;
+    }
+    try {
+      await this.policy.prepareRestart?.(attempt);
+    } catch (err) {
+      this.restarting = false;
+      this.fail({ kind: "spawn", rank: undefined, code: isLifelineError(err) ? err.code : "LAUNCH_SPAWN", message: `cannot restart the job: ${errorMessage(err)}`, exitStatus: undefined });
+      return;
+    }
+    this.finalized.fill(false);
+    this.results.fill(undefined);
+    this.coordinator!.restartRound(new Array<number>(this.config.size).fill(attempt));
+    this.restarting = false;
+    try {
+      await this.spawnAll(this.coordinator!.endpoint, attempt);
+    } catch (err) {
+      this.fail({ kind: "spawn", rank: undefined, code: isLifelineError(err) ? err.code : "LAUNCH_SPAWN", message: errorMessage(err), exitStatus: undefined });
+    }
+    this.checkAllExited();
   }
 
   /**
@@ -495,7 +575,7 @@ export class Supervisor {
   }
 
   private checkAllExited(): void {
-    if (this.spawning) return;
+    if (this.spawning || this.restarting) return;
     const anyAlive = this.procs.some((p) => p !== undefined && p.alive);
     if (anyAlive) return;
     // Without a failure, the job is over only when every rank has been started and has ended.
@@ -507,7 +587,7 @@ export class Supervisor {
   private outcome(): JobOutcome {
     const finalizedCount = this.finalized.filter(Boolean).length;
     const wallMs = Math.round(this.nowMs());
-    const base = { wallMs, size: this.config.size, finalizedCount, results: [...this.results], restarts: this.restarts, pids: [...this.pids] };
+    const base = { wallMs, size: this.config.size, finalizedCount, results: [...this.results], restarts: this.restarts, pids: [...this.pids], recovery: this.policy.summary?.() };
     if (this.failure === undefined) {
       const allZero = this.procs.every((p) => p?.exit?.code === 0);
       if (finalizedCount === this.config.size && allZero) {

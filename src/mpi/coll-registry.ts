@@ -54,6 +54,21 @@ export class CollectiveRegistry {
     return this.nextSeq;
   }
 
+  /** Collectives started here and not finished yet. */
+  get activeCount(): number {
+    return this.active.size;
+  }
+
+  /** Messages of collectives not started yet, in arrival order (for a checkpoint). */
+  inboxInOrder(): Arrival[] {
+    return [...this.inbox.values()];
+  }
+
+  /** A restored rank continues its collective numbering from its checkpoint. */
+  restoreNextSeq(seq: number): void {
+    this.nextSeq = seq;
+  }
+
   begin(signature: number, call: string, nowMs: number): ActiveCollective {
     const seq = this.nextSeq++;
     let fail!: (err: LifelineError) => void;

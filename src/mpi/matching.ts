@@ -145,6 +145,11 @@ export class Matcher<E extends Envelope> {
     return this.posted.splice(0, this.posted.length);
   }
 
+  /** All queued messages in arrival order, left in place (channel state for a checkpoint). */
+  queuedInOrder(): E[] {
+    return this.bySource.flat().sort((a, b) => a.arrival - b.arrival).map((q) => q.env);
+  }
+
   /** All queued messages in arrival order, removed (channel state for a checkpoint). */
   drainQueued(): E[] {
     const all = this.bySource.flat().sort((a, b) => a.arrival - b.arrival).map((q) => q.env);

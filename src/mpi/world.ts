@@ -28,7 +28,8 @@ import {
   ANY_SOURCE, ANY_TAG, type CollectiveOptions, type Message, type ReduceOp, type Request, type Restored, type Status,
   TAG_MAX, type WorldApi,
 } from "./types.ts";
-import { decodeHeader, encodeHeader, type Header, Kind } from "./wire.ts";
+import { decodeHeader, encodeHeader, Flag, type Header, Kind } from "./wire.ts";
+import { type CprHook, type CprHookFactory, type CprWorldAccess, type LibState, type NondetEntry, PROTO_CPR_BASE, type RawFrame } from "./cpr-hook.ts";
 import { type ControlChannel, type Host, type Timer, type Transport, zmqHost } from "./host.ts";
 
 /** An application message after decoding, as the matcher holds it. */
@@ -36,6 +37,14 @@ interface AppEnvelope {
   readonly source: number;
   readonly tag: number;
   readonly data: unknown;
+  /** The frame as it arrived (kept for checkpoints of the unexpected queue). */
+  readonly raw?: RawFrame;
+}
+
+/** Options of {@link World.join} beyond the rank's place. */
+export interface JoinOptions {
+  /** The recovery protocol's hook (mode cpr); see cpr-hook.ts. */
+  readonly cpr?: CprHookFactory;
 }
 
 /** Collective kinds, carried in the top byte of a collective frame's tag for error messages. */
@@ -106,6 +115,10 @@ export class World implements WorldApi {
   private garbageWarnings = 0;
   private released: { resolve: () => void; reject: (e: unknown) => void } | undefined;
   private host!: Host;
+  private cpr: CprHook | undefined;
+  private readonly bootstrapResults = new Map<string, Buffer>();
+  /** Sends to self waiting for their (deferred) delivery, FIFO. */
+  private readonly selfQueue: { header: Header; raw: RawFrame }[] = [];
   private transport!: Transport;
   private control!: ControlChannel;
 
@@ -124,9 +137,9 @@ export class World implements WorldApi {
    * Joins the job: binds the data socket, says hello to the coordinator, waits for the table of
    * endpoints and connects to every peer. Rejects with `MPI_INIT` if that cannot happen.
    */
-  static async join(place: RankPlace): Promise<World> {
+  static async join(place: RankPlace, opts: JoinOptions = {}): Promise<World> {
     const world = new World(place);
-    await world.connect(await zmqHost(place, (msg) => world.onControl(msg)));
+    await world.connect(await zmqHost(place, (msg) => world.onControl(msg)), opts);
     return world;
   }
 
@@ -134,9 +147,9 @@ export class World implements WorldApi {
    * Joins with a given host (the simulator's). `makeHost` receives the control-message handler
    * the host must call for every message from the coordinator.
    */
-  static async joinWith(place: RankPlace, makeHost: (onControl: (msg: CoordinatorToRank) => void) => Host | Promise<Host>): Promise<World> {
+  static async joinWith(place: RankPlace, makeHost: (onControl: (msg: CoordinatorToRank) => void) => Host | Promise<Host>, opts: JoinOptions = {}): Promise<World> {
     const world = new World(place);
-    await world.connect(await makeHost((msg) => world.onControl(msg)));
+    await world.connect(await makeHost((msg) => world.onControl(msg)), opts);
     return world;
   }
 
@@ -155,14 +168,20 @@ export class World implements WorldApi {
         this.abortLocal(err);
         break;
       }
+      case "cpr-checkpoint":
+      case "cpr-stop":
+      case "cpr-committed":
+        this.cpr?.onControl(msg);
+        break;
     }
   }
 
-  private async connect(host: Host): Promise<void> {
+  private async connect(host: Host, opts: JoinOptions): Promise<void> {
     const { rank, attempt } = this;
     this.host = host;
     this.transport = host.transport;
     this.control = host.control;
+    if (this.mode === "cpr" && opts.cpr !== undefined) this.cpr = opts.cpr(this.cprAccess(), host);
     const table = new Promise<Extract<CoordinatorToRank, { t: "table" }>>((resolve, reject) => {
       this.gotTable = resolve;
       this.failJoin = reject;
@@ -185,8 +204,71 @@ export class World implements WorldApi {
     }
     this.jobKey = t.jobKey;
     t.endpoints.forEach((ep, r) => { if (r !== rank) this.transport.connect(r, ep); });
+    if (this.cpr !== undefined) {
+      try {
+        // Restore the library state and re-inject logged messages before anything new can
+        // arrive: this keeps every channel's order.
+        await this.cpr.beforeStart(t);
+      } catch (err) {
+        await this.closeSockets();
+        throw err;
+      }
+    }
     this.transport.start((frames) => this.onFrames(frames), (err) => this.abortLocal(new LifelineError("MPI_ABORTED", `receive loop failed: ${(err as Error).message}`, { cause: err })));
     this.collTimer = host.every(QUERY_TICK_MS, () => this.queryOverdueCollectives());
+    if (this.cpr !== undefined) {
+      try {
+        await this.cpr.afterStart();
+      } catch (err) {
+        this.failPending(err as LifelineError);
+        await this.closeSockets();
+        throw err;
+      }
+    }
+  }
+
+  /** What the recovery protocol's driver may do with this communicator. */
+  private cprAccess(): CprWorldAccess {
+    return {
+      rank: this.rank,
+      size: this.size,
+      attempt: this.attempt,
+      captureLibState: () => this.captureLibState(),
+      restoreLibState: (lib) => this.restoreLibState(lib),
+      inject: (frame) => {
+        const h = decodeHeader(frame.header, { jobKey: this.jobKey, size: this.size });
+        this.arrive(h, frame.body, frame.header, false);
+      },
+      sendProtocol: (dest, tag, body) => {
+        const enc = encodeBody(body, { copy: false });
+        void this.transmit(dest, this.header(Kind.protocol, dest, tag, enc), enc).catch(() => undefined);
+      },
+      sendControl: (msg) => void this.control.send(msg).catch(() => undefined),
+      fatal: (code, message) => this.fatal(new LifelineError(code, message)),
+    };
+  }
+
+  private captureLibState(): LibState {
+    const raw = (f: RawFrame): RawFrame => ({ header: Buffer.from(f.header), body: f.body.map((b) => Buffer.from(b)) });
+    return {
+      channelSeqOut: [...this.channelSeqOut],
+      collNextSeq: this.colls.started,
+      collInbox: this.colls.inboxInOrder().map((a) => raw({ header: encodeHeader(a.header), body: a.frames })),
+      unexpected: this.matcher.queuedInOrder().map((env) => {
+        if (env.raw === undefined) throw new LifelineError("CPR_CHECKPOINT", "an unexpected message without its frame (internal error)");
+        return raw(env.raw);
+      }),
+      bootstrap: [...this.bootstrapResults],
+      versions: this.versions,
+    };
+  }
+
+  private restoreLibState(lib: LibState): void {
+    lib.channelSeqOut.forEach((n, d) => { this.channelSeqOut[d] = n; });
+    this.colls.restoreNextSeq(lib.collNextSeq);
+    for (const [k, v] of lib.bootstrap) this.bootstrapResults.set(k, v);
+    for (const f of lib.collInbox) this.cprAccess().inject(f);
+    for (const f of lib.unexpected) this.cprAccess().inject(f);
   }
 
   // ---- receive path ------------------------------------------------------------------------
@@ -199,7 +281,7 @@ export class World implements WorldApi {
       this.warnGarbage(err);
       return;
     }
-    this.arrive(header, frames.slice(1));
+    this.arrive(header, frames.slice(1), frames[0]!, true);
   }
 
   private warnGarbage(err: unknown): void {
@@ -208,8 +290,14 @@ export class World implements WorldApi {
     }
   }
 
-  /** A validated frame (from the network or a send to self). */
-  private arrive(header: Header, body: Buffer[]): void {
+  /**
+   * A validated frame (from the network, a send to self, or re-injected on recovery).
+   * `classify`: show it to the recovery protocol first (frames from peers, first arrival).
+   */
+  private arrive(header: Header, body: Buffer[], rawHeader: Buffer, classify: boolean): void {
+    if (classify && this.cpr !== undefined && header.kind !== Kind.protocol && header.source !== this.rank) {
+      this.cpr.arrive(header, { header: rawHeader, body });
+    }
     switch (header.kind) {
       case Kind.app: {
         let data: unknown;
@@ -219,7 +307,7 @@ export class World implements WorldApi {
           this.warnGarbage(err);
           return;
         }
-        this.matcher.arrive({ source: header.source, tag: header.tag, data });
+        this.matcher.arrive({ source: header.source, tag: header.tag, data, raw: this.cpr === undefined ? undefined : { header: rawHeader, body } });
         return;
       }
       case Kind.collective: {
@@ -259,23 +347,40 @@ export class World implements WorldApi {
   // ---- point to point ----------------------------------------------------------------------
 
   private header(kind: Header["kind"], dest: number, tag: number, body: EncodedBody, collSeq = 0, signature = 0): Buffer {
+    // Protocol frames are the layer's own talk: not part of any channel's message sequence,
+    // not stamped with an epoch.
+    const stamp = kind === Kind.protocol || this.cpr === undefined ? { epoch: 0, flags: 0 } : this.cpr.stamp(dest);
     return encodeHeader({
-      kind, flags: 0, encoding: body.encoding, jobKey: this.jobKey, source: this.rank, tag,
-      // Protocol frames are the layer's own talk, not part of any channel's message sequence.
-      channelSeq: kind === Kind.protocol ? 0 : this.channelSeqOut[dest]!++, epoch: 0, collSeq, signature, arrayType: body.arrayType, attempt: this.attempt,
+      kind, flags: stamp.flags, encoding: body.encoding, jobKey: this.jobKey, source: this.rank, tag,
+      channelSeq: kind === Kind.protocol ? 0 : this.channelSeqOut[dest]!++, epoch: stamp.epoch, collSeq, signature, arrayType: body.arrayType, attempt: this.attempt,
     });
   }
 
   private transmit(dest: number, header: Buffer, body: EncodedBody): Promise<void> {
+    if (this.cpr !== undefined && header[5] !== Kind.protocol && this.cpr.suppress(dest, header.readUInt32LE(20))) {
+      // An early message the receiver already holds (it told us on recovery): not re-sent.
+      return Promise.resolve();
+    }
     if (dest === this.rank) {
       // Send to self: same path as the network, minus the socket. Deliver on a later tick,
-      // as a socket would, so a send never completes a receive synchronously.
+      // as a socket would, so a send never completes a receive synchronously. A FIFO, so a
+      // checkpoint can deliver what is pending at once (nothing to self is ever in flight
+      // across a checkpoint).
       const frames = body.frames.map((f) => Buffer.from(f.buffer, f.byteOffset, f.byteLength));
       const h = decodeHeader(header, { jobKey: this.jobKey, size: this.size });
-      this.host.defer(() => this.arrive(h, frames));
+      this.selfQueue.push({ header: h, raw: { header, body: frames } });
+      this.host.defer(() => this.deliverSelf(1));
       return Promise.resolve();
     }
     return this.transport.send(dest, [header, ...body.frames]);
+  }
+
+  /** Delivers up to `n` pending sends to self, in order. */
+  private deliverSelf(n: number): void {
+    for (let i = 0; i < n && this.selfQueue.length > 0; i++) {
+      const m = this.selfQueue.shift()!;
+      this.arrive(m.header, m.raw.body, m.raw.header, false);
+    }
   }
 
   async send(data: unknown, dest: number, tag = 0): Promise<void> {
@@ -301,12 +406,23 @@ export class World implements WorldApi {
 
   irecv<T = unknown>(source: number = ANY_SOURCE, tag: number = ANY_TAG): Request<Message<T>> {
     this.live("irecv");
-    const src = this.checkRank(source, "irecv", true);
-    const tg = this.checkTag(tag, "irecv", true);
+    let src = this.checkRank(source, "irecv", true);
+    let tg = this.checkTag(tag, "irecv", true);
+    // A wildcard receive's match depends on timing: log it while recording, replay it after
+    // a restore by receiving exactly the logged (source, tag).
+    const ticket = src === ANY_SOURCE ? this.ticket("match") : undefined;
+    if (ticket?.replay?.k === "match") {
+      src = ticket.replay.source;
+      tg = ticket.replay.tag;
+    }
+    const logMatch = (env: AppEnvelope): void => {
+      if (ticket !== undefined && ticket.replay === undefined) this.cpr!.logNondet(ticket.ordinal, { k: "match", source: env.source, tag: env.tag });
+    };
     const req = new RequestImpl<Message<T>>();
     const now = this.matcher.take(src, tg);
     if (now !== undefined) {
-      req.complete(now as Message<T>);
+      logMatch(now);
+      req.complete(publicMessage(now) as Message<T>);
       return req;
     }
     this.outstandingRecvs++;
@@ -315,7 +431,8 @@ export class World implements WorldApi {
       onMatch: (env) => {
         this.outstandingRecvs--;
         this.pending.delete(req as RequestImpl<unknown>);
-        req.complete(env as Message<T>);
+        logMatch(env);
+        req.complete(publicMessage(env) as Message<T>);
       },
     });
     this.pending.add(req as RequestImpl<unknown>);
@@ -331,22 +448,46 @@ export class World implements WorldApi {
 
   iprobe(source: number = ANY_SOURCE, tag: number = ANY_TAG): Status | undefined {
     this.live("iprobe");
-    const env = this.matcher.peek(this.checkRank(source, "iprobe", true), this.checkTag(tag, "iprobe", true));
+    const src = this.checkRank(source, "iprobe", true);
+    const tg = this.checkTag(tag, "iprobe", true);
+    // Whether a message is there yet is timing: always an outcome to log and replay. On
+    // replay the logged status is returned even if the message has not arrived yet; the
+    // receive that follows waits for it.
+    const ticket = this.ticket("iprobe");
+    if (ticket?.replay?.k === "iprobe") return ticket.replay.found ? { source: ticket.replay.source, tag: ticket.replay.tag } : undefined;
+    const env = this.matcher.peek(src, tg);
+    if (ticket !== undefined) {
+      this.cpr!.logNondet(ticket.ordinal, env === undefined ? { k: "iprobe", source: -1, tag: -1, found: false } : { k: "iprobe", source: env.source, tag: env.tag, found: true });
+    }
     return env === undefined ? undefined : { source: env.source, tag: env.tag };
   }
 
   probe(source: number = ANY_SOURCE, tag: number = ANY_TAG): Promise<Status> {
+    let src: number;
+    let tg: number;
     try {
-      const now = this.iprobe(source, tag);
-      if (now !== undefined) return Promise.resolve(now);
+      this.live("probe");
+      src = this.checkRank(source, "probe", true);
+      tg = this.checkTag(tag, "probe", true);
     } catch (err) {
       return Promise.reject(err);
     }
+    const ticket = src === ANY_SOURCE ? this.ticket("match") : undefined;
+    if (ticket?.replay?.k === "match") {
+      src = ticket.replay.source;
+      tg = ticket.replay.tag;
+    }
+    const found = (env: AppEnvelope): Status => {
+      if (ticket !== undefined && ticket.replay === undefined) this.cpr!.logNondet(ticket.ordinal, { k: "match", source: env.source, tag: env.tag });
+      return { source: env.source, tag: env.tag };
+    };
+    const now = this.matcher.peek(src, tg);
+    if (now !== undefined) return Promise.resolve(found(now));
     const req = new RequestImpl<Status>();
     this.pending.add(req as RequestImpl<unknown>);
     this.matcher.post({
-      source, tag, consume: false,
-      onMatch: (env) => req.complete({ source: env.source, tag: env.tag }),
+      source: src, tag: tg, consume: false,
+      onMatch: (env) => req.complete(found(env)),
     });
     return req.wait().finally(() => this.pending.delete(req as RequestImpl<unknown>));
   }
@@ -357,7 +498,24 @@ export class World implements WorldApi {
 
   waitAny<T>(reqs: readonly Request<T>[]): Promise<{ index: number; value: T }> {
     reqs.forEach(asImpl);
-    return waitAny(reqs);
+    const ticket = this.ticket("any");
+    if (ticket?.replay?.k === "any") {
+      const index = ticket.replay.index;
+      const r = reqs[index];
+      if (r === undefined) return Promise.reject(new LifelineError("CPR_REPLAY", `replay: waitAny was logged returning index ${index}, but it got ${reqs.length} requests`));
+      return r.wait().then((value) => ({ index, value }));
+    }
+    const p = waitAny(reqs);
+    if (ticket === undefined) return p;
+    return p.then((r) => {
+      this.cpr!.logNondet(ticket.ordinal, { k: "any", index: r.index });
+      return r;
+    });
+  }
+
+  /** A non-deterministic call (cpr only): its ordinal and, on recovery, the outcome to replay. */
+  private ticket(kind: NondetEntry["k"]): { ordinal: number; replay: NondetEntry | undefined } | undefined {
+    return this.cpr?.nondet(kind);
   }
 
   // ---- collectives -------------------------------------------------------------------------
@@ -425,6 +583,17 @@ export class World implements WorldApi {
   }
 
   private onProtocol(header: Header, body: Buffer[]): void {
+    if (header.tag >= PROTO_CPR_BASE && this.cpr !== undefined) {
+      let decoded: unknown;
+      try {
+        decoded = decodeBody(header.encoding, header.arrayType, body);
+      } catch (err) {
+        this.warnGarbage(err);
+        return;
+      }
+      this.cpr.onProtocol(header, decoded);
+      return;
+    }
     let msg: { seq?: unknown; signature?: unknown; call?: unknown };
     try {
       msg = decodeBody(header.encoding, header.arrayType, body) as typeof msg;
@@ -474,18 +643,33 @@ export class World implements WorldApi {
     return key;
   }
 
+  /**
+   * A bootstrap collective's result is kept for the job's lifetime (it travels in every
+   * checkpoint); a restored rank gets it from there without running the collective again.
+   */
+  private bootstrapped<R>(key: string | undefined, run: () => Promise<R>): Promise<R> {
+    if (key === undefined || this.cpr === undefined) return run();
+    const cached = this.cpr.bootstrapResult(key);
+    if (cached !== undefined) return Promise.resolve(cached.value as R);
+    return run().then((r) => {
+      this.bootstrapResults.set(key, encodeValue(r));
+      return r;
+    });
+  }
+
   barrier(): Promise<void> {
     return this.collective("barrier", [], (io) => coll.barrier(io));
   }
 
   bcast<T>(data: T, root = 0, opts?: CollectiveOptions): Promise<T> {
+    let key: string | undefined;
     try {
       this.checkRank(root, "bcast root", false);
-      this.bootstrapKey(opts, "bcast");
+      key = this.bootstrapKey(opts, "bcast");
     } catch (err) {
       return Promise.reject(err);
     }
-    return this.collective("bcast", [`root=${root}`], (io) => coll.bcast(io, data, root));
+    return this.bootstrapped(key, () => this.collective("bcast", [`root=${root}`], (io) => coll.bcast(io, data, root)));
   }
 
   reduce<T>(data: T, op: ReduceOp = "sum", root = 0): Promise<T | undefined> {
@@ -501,13 +685,14 @@ export class World implements WorldApi {
 
   allreduce<T>(data: T, op: ReduceOp = "sum", opts?: CollectiveOptions): Promise<T> {
     let checked: ReduceOp;
+    let key: string | undefined;
     try {
       checked = checkOp(op);
-      this.bootstrapKey(opts, "allreduce");
+      key = this.bootstrapKey(opts, "allreduce");
     } catch (err) {
       return Promise.reject(err);
     }
-    return this.collective("allreduce", [opLabel(checked), shapeOf(data)], (io) => coll.allreduce(io, data, checked));
+    return this.bootstrapped(key, () => this.collective("allreduce", [opLabel(checked), shapeOf(data)], (io) => coll.allreduce(io, data, checked)));
   }
 
   gather<T>(data: T, root = 0): Promise<T[] | undefined> {
@@ -536,12 +721,13 @@ export class World implements WorldApi {
   }
 
   allgather<T>(data: T, opts?: CollectiveOptions): Promise<T[]> {
+    let key: string | undefined;
     try {
-      this.bootstrapKey(opts, "allgather");
+      key = this.bootstrapKey(opts, "allgather");
     } catch (err) {
       return Promise.reject(err);
     }
-    return this.collective("allgather", [], (io) => coll.allgather(io, data));
+    return this.bootstrapped(key, () => this.collective("allgather", [], (io) => coll.allgather(io, data)));
   }
 
   alltoall<T>(items: readonly T[]): Promise<T[]> {
@@ -563,12 +749,13 @@ export class World implements WorldApi {
     if (this.restoreCalled) throw new LifelineError("CPR_RESTORE", "restore() called twice; call it once, before the main loop");
     if (this.steps > 0) throw new LifelineError("CPR_RESTORE", "restore() called after checkpoint(); call it once, before the first checkpoint()");
     this.restoreCalled = true;
-    return undefined;
+    const r = this.cpr?.restored();
+    if (r === undefined) return undefined;
+    this.versions = r.version;
+    return { state: r.state as S, global: r.global as G, version: r.version };
   }
 
   async checkpoint<S, G = undefined>(state: S | (() => S), global?: G): Promise<void> {
-    void state;
-    void global;
     this.live("checkpoint");
     this.faults.onCheckpoint();
     if (this.outstandingRecvs > 0) {
@@ -579,23 +766,40 @@ export class World implements WorldApi {
         `checkpoint() with ${this.outstandingRecvs} receive request(s) still outstanding; complete every irecv (wait/waitAll) before a checkpoint location`,
       );
     }
+    if (this.colls.activeCount > 0) {
+      throw new LifelineError(
+        "CPR_CHECKPOINT",
+        `checkpoint() with ${this.colls.activeCount} collective(s) still running; await every collective before a checkpoint location`,
+      );
+    }
     this.steps++;
-    this.versions++;
     this.collSinceCheckpoint = 0;
+    if (this.cpr !== undefined) {
+      const before = this.cpr.epoch;
+      this.cpr.checkpoint(state, global, () => this.deliverSelf(Infinity));
+      if (this.cpr.epoch !== before) this.versions = this.cpr.epoch;
+      this.reportStep(this.cpr.epoch !== before);
+      return;
+    }
+    this.versions++;
     this.reportStep(false);
   }
 
   nondet<T>(fn: () => T): T {
     this.live("nondet");
     if (typeof fn !== "function") throw new TypeError("nondet(fn) needs a function");
-    return fn();
+    const ticket = this.ticket("value");
+    if (ticket?.replay?.k === "value") return ticket.replay.v as T;
+    const v = fn();
+    if (ticket !== undefined) this.cpr!.logNondet(ticket.ordinal, { k: "value", v });
+    return v;
   }
 
   private reportStep(force: boolean): void {
     const now = this.host.now();
     if (!force && now - this.lastStepReport < STEP_REPORT_MS) return;
     this.lastStepReport = now;
-    void this.control.send({ t: "step", rank: this.rank, steps: this.steps, epoch: 0 }).catch(() => undefined);
+    void this.control.send({ t: "step", rank: this.rank, steps: this.steps, epoch: this.cpr?.epoch ?? 0 }).catch(() => undefined);
   }
 
   async finalize(result?: unknown): Promise<void> {
@@ -611,6 +815,7 @@ export class World implements WorldApi {
       this.faults.dispose();
       this.failPending(new LifelineError("MPI_FINALIZED", "finalize() was called while this operation was pending"));
       await this.closeSockets();
+      await this.cpr?.close().catch(() => undefined);
       for (const fn of this.closeHooks.splice(0)) fn();
     }
   }
@@ -648,6 +853,11 @@ export class World implements WorldApi {
   private async closeSockets(): Promise<void> {
     await Promise.all([this.transport?.close(), this.control?.close()]);
   }
+}
+
+/** What the program sees of a message (not the frame kept for checkpoints). */
+function publicMessage(env: AppEnvelope): { source: number; tag: number; data: unknown } {
+  return { source: env.source, tag: env.tag, data: env.data };
 }
 
 function opLabel(op: ReduceOp): string {

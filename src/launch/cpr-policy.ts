@@ -1,0 +1,211 @@
+/**
+ * The restart policy of `--mode cpr`: drives the coordinated-checkpoint initiator in the
+ * launcher process and restarts every rank from the last committed recovery line when one
+ * fails.
+ *
+ * - The initiator (src/cpr/coordinated/initiator.ts, pure) gets a tick every
+ *   {@link TICK_MS}, every rank's step reports and its cpr-* messages; its broadcasts go out
+ *   through the coordinator; its commits are written to the line manifest (`<store>/manifest`,
+ *   held by this process for the job's lifetime), then the manifest is pruned to
+ *   `--keep-lines` and the ranks are told which lines to keep (cpr-committed).
+ * - A failure of a rank (exit, heartbeat, stuck) restarts all ranks (attempt + 1) after a
+ *   back-off, at most `--max-restarts` times; a job-fatal error reported by a rank (e.g. a
+ *   collective mismatch, a replay divergence) fails the job, since re-running cannot help.
+ * - While no rank runs, the recovery line is chosen with `recoverLocal` (the newest committed
+ *   line whose parts all verify; parts of aborted lines are deleted) and each rank's table
+ *   names its part. No line yet: the ranks start from the beginning.
+ * - A new job discards the lines an earlier job left in the same store (with a warning):
+ *   a run never silently resumes someone else's state.
+ *
+ * @example
+ * const policy = new CprRestartPolicy(config);
+ * const sup = new Supervisor(config, { ...deps, policy });
+ */
+import { LifelineError } from "../errors.ts";
+import type { CoordinatorToRank, RankToCoordinator } from "../mpi/control.ts";
+import { CprInitiator, type InitiatorEffect, type InitiatorInput } from "../cpr/coordinated/initiator.ts";
+import { LevelRecoveryStore } from "../store/level-store.ts";
+import { recoverLocal } from "../store/recovery.ts";
+import type { LineManifest, LineRecord, RankPartStore } from "../store/types.ts";
+import type { RunConfig } from "./options.ts";
+import type { JobView, PolicyContext, PolicyDecision, RankFailure, RestartPolicy } from "./supervisor.ts";
+
+/** Initiator clock period. */
+const TICK_MS = 50;
+/** A round that takes longer than this is aborted (the last committed line stays). */
+export const PHASE_TIMEOUT_MS = 60_000;
+/** Back-off before restart n: BACKOFF_BASE_MS * 2^(n-1), at most BACKOFF_MAX_MS. */
+const BACKOFF_BASE_MS = 100;
+const BACKOFF_MAX_MS = 5_000;
+
+/** Failures that a restart cannot fix: the program or the launch itself is wrong. */
+const FATAL_KINDS: readonly RankFailure["kind"][] = ["abort", "bad-result", "release-hang", "rendezvous", "spawn", "interrupted"];
+
+export class CprRestartPolicy implements RestartPolicy {
+  readonly mode = "cpr" as const;
+  private ctx: PolicyContext | undefined;
+  private manifest: LineManifest | undefined;
+  private initiator: CprInitiator | undefined;
+  private timer: NodeJS.Timeout | undefined;
+  private chain: Promise<void> = Promise.resolve();
+  private restoreLine: LineRecord | undefined;
+  private readonly startMs = performance.now();
+  private readonly committed: number[] = [];
+  private readonly rollbacks: { attempt: number; epoch: number }[] = [];
+
+  constructor(private readonly config: RunConfig) {}
+
+  async attach(ctx: PolicyContext): Promise<void> {
+    this.ctx = ctx;
+    const store = new LevelRecoveryStore(this.config.store);
+    this.manifest = await store.openManifest();
+    const old = await this.manifest.list();
+    if (old.length > 0) {
+      ctx.report({ kind: "warning", message: `store ${this.config.store} holds ${old.length} recovery line(s) of an earlier job (newest ${old[old.length - 1]!.epoch}); a new job starts from the beginning and discards them` });
+      for (const line of old) await this.manifest.abortLine(line.epoch);
+    }
+    await this.withRankStores((stores) => Promise.all(stores.map((s) => s.retain([], { dropNewer: true }))));
+    this.timer = setInterval(() => this.input({ kind: "tick", nowMs: this.now() }), TICK_MS);
+    this.timer.unref();
+  }
+
+  onReady(): void {
+    const every = this.config.checkpointEvery.kind === "time" ? { ms: this.config.checkpointEvery.ms } : { steps: this.config.checkpointEvery.steps };
+    this.initiator = new CprInitiator({
+      size: this.config.size,
+      every,
+      committedEpoch: this.restoreLine?.epoch ?? 0,
+      keepLines: this.config.keepLines,
+      phaseTimeoutMs: PHASE_TIMEOUT_MS,
+      nowMs: this.now(),
+    });
+  }
+
+  onStep(rank: number, steps: number): void {
+    this.input({ kind: "step", rank, steps, nowMs: this.now() });
+  }
+
+  onCprMessage(rank: number, msg: Extract<RankToCoordinator, { t: `cpr-${string}` }>): void {
+    const nowMs = this.now();
+    switch (msg.t) {
+      case "cpr-checkpointed":
+        this.input({ kind: "checkpointed", rank, epoch: msg.epoch, nowMs });
+        return;
+      case "cpr-ready":
+        this.input({ kind: "ready", rank, epoch: msg.epoch, nowMs });
+        return;
+      case "cpr-part":
+        this.input({ kind: "part", rank, epoch: msg.epoch, ref: msg.ref, nowMs });
+        return;
+      case "cpr-part-failed":
+        this.input({ kind: "part-failed", rank, epoch: msg.epoch, message: msg.message, nowMs });
+        return;
+    }
+  }
+
+  decide(failure: RankFailure, job: JobView): PolicyDecision {
+    if (FATAL_KINDS.includes(failure.kind)) return { kind: "fail-job" };
+    if (job.restarts >= job.maxRestarts) {
+      return {
+        kind: "fail-job",
+        code: "LAUNCH_RESTARTS",
+        message: `${failure.message}; giving up: the job was already restarted ${job.restarts} time(s) (--max-restarts ${job.maxRestarts})`,
+      };
+    }
+    // Stop the initiator now: messages of the dying attempt must not start or commit a line.
+    this.initiator = undefined;
+    return { kind: "restart", ranks: Array.from({ length: job.size }, (_, r) => r), delayMs: Math.min(BACKOFF_MAX_MS, BACKOFF_BASE_MS * 2 ** job.restarts) };
+  }
+
+  async prepareRestart(attempt: number): Promise<void> {
+    this.initiator = undefined;
+    await this.chain;
+    const manifest = this.mustManifest();
+    const choice = await this.withRankStores((stores) => recoverLocal(manifest, stores, { keep: this.config.keepLines }));
+    for (const w of choice.warnings) this.ctx?.report({ kind: "warning", message: w });
+    this.restoreLine = choice.line;
+    const epoch = choice.line?.epoch ?? 0;
+    this.rollbacks.push({ attempt, epoch });
+    this.ctx?.report({ kind: "job-restarting", attempt, epoch, restarts: attempt });
+  }
+
+  tableFor(rank: number): Partial<Extract<CoordinatorToRank, { t: "table" }>> {
+    const line = this.restoreLine;
+    if (line === undefined) return {};
+    const ref = line.parts[rank]!;
+    return { restore: { epoch: line.epoch, ref: { rank: ref.rank, epoch: ref.epoch, checksum: ref.checksum, bytes: ref.bytes } } };
+  }
+
+  summary(): Record<string, unknown> {
+    return { linesCommitted: [...this.committed], rollbacks: [...this.rollbacks] };
+  }
+
+  async close(): Promise<void> {
+    if (this.timer !== undefined) clearInterval(this.timer);
+    this.initiator = undefined;
+    await this.chain;
+    await this.manifest?.close();
+  }
+
+  // ---- driving the initiator -------------------------------------------------------------
+
+  private input(input: InitiatorInput): void {
+    const init = this.initiator;
+    if (init === undefined) return;
+    for (const eff of init.step(input)) this.effect(init, eff);
+  }
+
+  private effect(init: CprInitiator, eff: InitiatorEffect): void {
+    switch (eff.kind) {
+      case "broadcast":
+        this.ctx?.broadcast(eff.msg);
+        return;
+      case "commit": {
+        const manifest = this.mustManifest();
+        this.chain = this.chain.then(async () => {
+          try {
+            await manifest.commitLine(eff.epoch, eff.refs);
+            await manifest.prune(this.config.keepLines);
+            const keep = (await manifest.list()).map((l) => l.epoch);
+            if (this.initiator === init) for (const e of init.step({ kind: "commit-done", epoch: eff.epoch, keep, nowMs: this.now() })) this.effect(init, e);
+          } catch (err) {
+            if (this.initiator === init) for (const e of init.step({ kind: "commit-failed", epoch: eff.epoch, message: (err as Error).message, nowMs: this.now() })) this.effect(init, e);
+          }
+        });
+        return;
+      }
+      case "abort-line": {
+        this.ctx?.report({ kind: "warning", message: `recovery line ${eff.epoch} aborted: ${eff.reason}; the last committed line stays in force` });
+        const manifest = this.mustManifest();
+        this.chain = this.chain.then(() => manifest.abortLine(eff.epoch)).catch((err: unknown) => this.ctx?.report({ kind: "warning", message: `could not record the abort of line ${eff.epoch}: ${(err as Error).message}` }));
+        return;
+      }
+      case "line-started":
+        return;
+      case "line-committed":
+        this.committed.push(eff.epoch);
+        this.ctx?.report({ kind: "line-committed", epoch: eff.epoch, durationMs: Math.round(eff.durationMs), bytes: eff.bytes });
+        return;
+    }
+  }
+
+  private async withRankStores<T>(fn: (stores: RankPartStore[]) => Promise<T>): Promise<T> {
+    const store = new LevelRecoveryStore(this.config.store);
+    const stores: RankPartStore[] = [];
+    try {
+      for (let r = 0; r < this.config.size; r++) stores.push(await store.openRank(r));
+      return await fn(stores);
+    } finally {
+      await Promise.all(stores.map((s) => s.close()));
+    }
+  }
+
+  private mustManifest(): LineManifest {
+    if (this.manifest === undefined) throw new LifelineError("STORE_NOT_OPEN", "the cpr policy's manifest is not open");
+    return this.manifest;
+  }
+
+  private now(): number {
+    return performance.now() - this.startMs;
+  }
+}
