@@ -97,11 +97,8 @@ describe("resolveRunConfig", () => {
   });
 
   it("refuses modes whose recovery has not landed, telling the user to pass --mode none", () => {
-    expect(SUPPORTED_MODES).toEqual(["none"]);
-    expect(usageMessage(() => resolveWith({ mode: "cpr" }))).toMatch(/--mode cpr is not available yet.*Pass --mode none/);
+    expect(SUPPORTED_MODES).toEqual(["none", "cpr"]);
     expect(usageMessage(() => resolveWith({ mode: "retry-one" }))).toMatch(/--mode retry-one is not available yet.*--mode none/);
-    // cpr is the API's default, so a run without --mode is refused the same way.
-    expect(usageMessage(() => resolveRunConfig({ np: "2", app: "app.ts" }, { cwd: dir }))).toMatch(/mode cpr \(the default\) is not available yet/);
     expect(usageMessage(() => resolveWith({ mode: "fast" }))).toMatch(/--mode "fast" is not a mode; use one of cpr, retry-one, none/);
   });
 

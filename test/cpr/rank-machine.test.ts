@@ -1,0 +1,139 @@
+/**
+ * Goal: the rank side of coordinated checkpointing (src/cpr/coordinated/rank.ts) follows seed
+ * 003 (slides 29–36): checkpoint when due, late/early/intra-epoch classification at arrival,
+ * markers with sent counts, readyToStopRecording, both ways to stop recording, the
+ * non-determinism log and its replay, and suppression of early re-sends.
+ *
+ * Method: drive pure machines by hand (no I/O, no timers) and check their effects.
+ */
+import { describe, expect, it } from "vitest";
+import { RankMachine, type RankEffect } from "../../src/cpr/coordinated/rank.ts";
+
+const kinds = (effects: readonly RankEffect[]): string[] => effects.map((e) => (e.kind === "control" ? e.msg.t : e.kind));
+
+describe("RankMachine", () => {
+  it("pleaseCheckpoint makes a checkpoint due; taking it moves to the next epoch, records, and sends markers with sent counts (slide 29)", () => {
+    const m = new RankMachine({ rank: 1, size: 3 });
+    m.stamp(0);
+    m.stamp(0);
+    m.stamp(2);
+    expect(m.checkpointDue).toBe(false);
+    m.onControl({ t: "cpr-checkpoint", epoch: 1 });
+    expect(m.checkpointDue).toBe(true);
+    const eff = m.takeCheckpoint();
+    expect(m.epoch).toBe(1);
+    expect(m.recording).toBe(true);
+    expect(m.checkpointDue).toBe(false);
+    expect(eff).toContainEqual({ kind: "marker", dest: 0, epoch: 1, sent: 2 });
+    expect(eff).toContainEqual({ kind: "marker", dest: 2, epoch: 1, sent: 1 });
+    expect(kinds(eff)).toContain("cpr-checkpointed");
+  });
+
+  it("a message of a newer epoch is early: its id is remembered for our checkpoint and a checkpoint is due (slide 13)", () => {
+    const m = new RankMachine({ rank: 0, size: 2 });
+    const r = m.arrive({ source: 1, epoch: 1, recording: true, channelSeq: 7 }, undefined);
+    expect(r.verdict).toBe("early");
+    expect(m.checkpointDue).toBe(true);
+    m.takeCheckpoint();
+    expect(m.earlyFrom(1)).toEqual([7]);
+  });
+
+  it("a message of an older epoch after our checkpoint is late and logged (slide 12); readiness needs every peer's marker, whose count must match", () => {
+    const m = new RankMachine({ rank: 0, size: 3 });
+    m.arrive({ source: 1, epoch: 0, recording: false, channelSeq: 0 }, "a");
+    m.onControl({ t: "cpr-checkpoint", epoch: 1 });
+    m.takeCheckpoint();
+    expect(m.arrive({ source: 1, epoch: 0, recording: false, channelSeq: 1 }, "late-1").verdict).toBe("late");
+    expect(m.onMarker(1, 1, 2)).toEqual([]); // 2 sent in epoch 0, 2 arrived: fine, rank 2 still missing
+    const eff = m.onMarker(2, 1, 0);
+    expect(kinds(eff)).toEqual(["cpr-ready"]);
+    expect(m.partLogs().lateLog).toEqual(["late-1"]);
+  });
+
+  it("a marker whose count disagrees with the arrivals is a protocol error", () => {
+    const m = new RankMachine({ rank: 0, size: 2 });
+    m.onControl({ t: "cpr-checkpoint", epoch: 1 });
+    m.takeCheckpoint();
+    expect(kinds(m.onMarker(1, 1, 3))).toContain("fatal");
+  });
+
+  it("a marker that arrives before our own checkpoint counts once we take it", () => {
+    const m = new RankMachine({ rank: 0, size: 2 });
+    expect(m.onMarker(1, 1, 0)).toEqual([]);
+    expect(m.checkpointDue).toBe(true);
+    expect(kinds(m.takeCheckpoint())).toEqual(["cpr-checkpointed", "marker", "cpr-ready"]);
+  });
+
+  it("stops recording on stopRecording, and before delivering a same-epoch message from a rank that stopped (slides 33-34)", () => {
+    const a = new RankMachine({ rank: 0, size: 2 });
+    a.onControl({ t: "cpr-checkpoint", epoch: 1 });
+    a.takeCheckpoint();
+    expect(kinds(a.onControl({ t: "cpr-stop", epoch: 1 }))).toEqual(["write-part"]);
+    expect(a.recording).toBe(false);
+    const b = new RankMachine({ rank: 1, size: 2 });
+    b.onControl({ t: "cpr-checkpoint", epoch: 1 });
+    b.takeCheckpoint();
+    const r = b.arrive({ source: 0, epoch: 1, recording: false, channelSeq: 0 }, undefined);
+    expect(r.verdict).toBe("normal");
+    expect(kinds(r.effects)).toEqual(["write-part"]);
+    expect(b.recording).toBe(false);
+  });
+
+  it("logs non-deterministic outcomes by ordinal while recording, and a restored machine replays them, then runs freely", () => {
+    const m = new RankMachine({ rank: 0, size: 1 });
+    m.onControl({ t: "cpr-checkpoint", epoch: 1 });
+    m.takeCheckpoint();
+    const t0 = m.nondet("value");
+    const t1 = m.nondet("match");
+    m.logNondet(t1.ordinal, { k: "match", source: 3, tag: 9 });
+    m.logNondet(t0.ordinal, { k: "value", v: 0.25 });
+    m.onControl({ t: "cpr-stop", epoch: 1 });
+    m.logNondet(m.nondet("value").ordinal, { k: "value", v: 1 }); // after the stop: not logged
+    const logs = m.partLogs();
+    expect(logs.nondet).toEqual([[0, { k: "value", v: 0.25 }], [1, { k: "match", source: 3, tag: 9 }]]);
+
+    const r = new RankMachine({ rank: 0, size: 1 });
+    r.restore({ epoch: 1, earlyIds: [], nondet: logs.nondet });
+    expect(r.epoch).toBe(1);
+    expect(r.recording).toBe(false);
+    expect(r.nondet("value").replay).toEqual({ k: "value", v: 0.25 });
+    expect(r.nondet("match").replay).toEqual({ k: "match", source: 3, tag: 9 });
+    expect(r.replaying).toBe(false);
+    expect(r.nondet("value").replay).toBeUndefined();
+  });
+
+  it("a replay that meets another kind of call than logged reports CPR_REPLAY", () => {
+    const r = new RankMachine({ rank: 0, size: 1 });
+    r.restore({ epoch: 1, earlyIds: [], nondet: [[0, { k: "value", v: 1 }]] });
+    const t = r.nondet("any");
+    expect(t.replay).toBeUndefined();
+    expect(t.effects).toMatchObject([{ kind: "fatal", code: "CPR_REPLAY" }]);
+  });
+
+  it("suppresses exactly the re-sends a peer reported holding, and counts them as sent", () => {
+    const m = new RankMachine({ rank: 0, size: 2 });
+    m.restore({ epoch: 2, earlyIds: [], nondet: [] });
+    m.addSuppress(1, [4, 5]);
+    expect(m.suppress(1, 3)).toBe(false);
+    expect(m.suppress(1, 4)).toBe(true);
+    expect(m.suppress(1, 4)).toBe(false);
+    expect(m.suppress(1, 5)).toBe(true);
+    expect(m.suppressedCount).toBe(2);
+  });
+
+  it("a restored rank counts the early frames it holds as arrived, so the next marker's count matches the sender's (which counts suppressed sends)", () => {
+    const recv = new RankMachine({ rank: 0, size: 2 });
+    recv.restore({ epoch: 1, earlyIds: [[1, 0], [1, 1]], nondet: [] });
+    recv.arrive({ source: 1, epoch: 1, recording: false, channelSeq: 2 }, undefined);
+    recv.onControl({ t: "cpr-checkpoint", epoch: 2 });
+    recv.takeCheckpoint();
+    expect(kinds(recv.onMarker(1, 2, 3))).toEqual(["cpr-ready"]);
+  });
+
+  it("epochs more than one apart, and late messages after recording stopped, are protocol errors", () => {
+    const m = new RankMachine({ rank: 0, size: 2 });
+    expect(kinds(m.arrive({ source: 1, epoch: 2, recording: true, channelSeq: 0 }, undefined).effects)).toEqual(["fatal"]);
+    m.restore({ epoch: 3, earlyIds: [], nondet: [] });
+    expect(kinds(m.arrive({ source: 1, epoch: 2, recording: false, channelSeq: 0 }, undefined).effects)).toEqual(["fatal"]);
+  });
+});
