@@ -12,6 +12,8 @@ import { LifelineError } from "./errors.ts";
 import { type InitOptions, resolveRankPlace } from "./mpi/env.ts";
 import { World } from "./mpi/world.ts";
 import { startWatchdog } from "./launch/watchdog.ts";
+import { coordinatedHook } from "./cpr/coordinated/driver.ts";
+import { LevelRecoveryStore } from "./store/level-store.ts";
 
 export { ANY_SOURCE, ANY_TAG, TAG_MAX } from "./mpi/types.ts";
 export type {
@@ -23,7 +25,7 @@ export { waitAll, waitAny } from "./mpi/request.ts";
 export type { World };
 
 /** Modes whose recovery is implemented in this build. */
-export const SUPPORTED_MODES = ["none"] as const;
+export const SUPPORTED_MODES = ["none", "cpr"] as const;
 
 /**
  * Joins the job this process was started in (by `lifeline run`, or by another launcher with
@@ -41,7 +43,10 @@ export async function init(options: InitOptions = {}): Promise<World> {
     faults: place.faults,
   });
   try {
-    const world = await World.join(place);
+    // cpr: each rank writes its parts of recovery lines into its own part store (LevelDB
+    // admits one process per database), opened on first use.
+    const cpr = place.mode === "cpr" ? coordinatedHook(() => new LevelRecoveryStore(place.store).openRank(place.rank)) : undefined;
+    const world = await World.join(place, { cpr });
     world.onClose(stopWatch);
     return world;
   } catch (err) {
