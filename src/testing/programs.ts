@@ -374,6 +374,8 @@ export async function runOp(world: World, ctx: RankContext, spec: ProgramSpec, i
     }
     case "overlap": {
       const c = runColl(world, spec, i, op.coll);
+      // If the round fails (an abort), the collective fails too; it is awaited below only on success.
+      c.catch(() => undefined);
       const r = await runRound(world, ctx, spec, i, op.round);
       return [await c, r];
     }
@@ -410,4 +412,64 @@ export function describeProgram(spec: ProgramSpec): string {
       case "checkpoint": return `${i}:checkpoint`;
     }
   }).join(" ");
+}
+
+// ---- mismatch injection -----------------------------------------------------------------------
+
+export type MismatchKind = "kind" | "root" | "op" | "length" | "skip" | "extra";
+
+export interface MismatchPlan {
+  /** The program each rank runs (all equal but one). */
+  readonly specs: readonly ProgramSpec[];
+  readonly rank: number;
+  readonly opIndex: number;
+  readonly mismatch: MismatchKind;
+}
+
+/**
+ * Makes one rank call a different collective at one collective operation: another kind,
+ * root, op or data length, or no collective at all (`skip`), or one more (`extra`).
+ * Returns undefined when `spec` has no collective operation.
+ */
+export function injectMismatch(spec: ProgramSpec, prng: Prng, kinds: readonly MismatchKind[]): MismatchPlan | undefined {
+  const candidates = spec.ops.flatMap((op, i) => (op.kind === "coll" && spec.size > 1 ? [i] : []));
+  if (candidates.length === 0) return undefined;
+  const opIndex = prng.pick(candidates);
+  const rank = prng.index(spec.size);
+  const mismatch = prng.pick(kinds);
+  const c = (spec.ops[opIndex] as Extract<Op, { kind: "coll" }>).coll;
+  let changed: CollSpec;
+  switch (mismatch) {
+    case "root":
+      changed = { ...c, kind: c.kind === "bcast" || c.kind === "gather" || c.kind === "scatter" || c.kind === "reduce" ? c.kind : "bcast", root: (c.root + 1) % spec.size };
+      break;
+    case "op":
+      changed = c.kind === "reduce" || c.kind === "allreduce"
+        ? { ...c, data: "f64", op: c.op === "max" ? "min" : "max" }
+        : { ...c, kind: "allreduce", data: "f64", op: "max" };
+      break;
+    case "length":
+      changed = { ...c, kind: c.kind === "reduce" ? "reduce" : "allreduce", data: "f64", op: "sum", len: c.len + 1 };
+      break;
+    default: {
+      const kinds2: CollKind[] = ["barrier", "bcast", "reduce", "allreduce", "gather", "scatter", "allgather", "alltoall"];
+      changed = { ...c, kind: prng.pick(kinds2.filter((k) => k !== c.kind)), data: "f64", op: "sum" };
+    }
+  }
+  const ops = [...spec.ops];
+  const other: Op[] = mismatch === "skip" ? [] : mismatch === "extra" ? [ops[opIndex]!, { kind: "coll", coll: { ...c, kind: "barrier" } }] : [{ kind: "coll", coll: changed }];
+  // The other ranks must also see the changed data shape where the shape is what differs.
+  const base: Op = mismatch === "op" || mismatch === "length" ? { kind: "coll", coll: { ...changed, op: mismatch === "op" ? (changed.op === "max" ? "min" : "max") : "sum", len: mismatch === "length" ? c.len : changed.len, kind: changed.kind } } : ops[opIndex]!;
+  const baseOps = [...ops];
+  baseOps[opIndex] = base;
+  const oddOps = [...ops];
+  oddOps.splice(opIndex, 1, ...other);
+  const specs = Array.from({ length: spec.size }, (_, r) => ({ ...spec, ops: r === rank ? oddOps : baseOps }));
+  return { specs, rank, opIndex, mismatch };
+}
+
+/** A program in which rank r runs `specs[r]`. */
+export function programOfEach(specs: readonly ProgramSpec[]): SimProgram {
+  const programs = specs.map(programOf);
+  return (world, ctx) => programs[world.rank]!(world, ctx);
 }

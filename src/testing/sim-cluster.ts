@@ -296,7 +296,9 @@ export class SimCluster {
     }
     await drain();
     this.invariants.atEnd();
-    const allReleased = this.coordinator.phase === "released" && this.ends.every((e) => e.kind === "finalized");
+    // An abort that reaches the coordinator after the release still fails the job: a rank found
+    // an error (e.g. a stray collective message) in a job that was about to be called a success.
+    const allReleased = this.coordinator.phase === "released" && this.ends.every((e) => e.kind === "finalized") && this.coordinator.aborts.length === 0;
     const status: SimOutcome["status"] = hang ? "hang" : allReleased ? "ok" : "failed";
     return {
       status,
