@@ -9,7 +9,8 @@
  * Algorithms are chosen by size, and always combine operands in a fixed order:
  * - barrier: dissemination, ⌈log2 p⌉ rounds;
  * - bcast: binomial tree; the payload is encoded once at the root and forwarded as received;
- * - reduce / allreduce, small or user op: binomial tree / recursive doubling with the
+ * - allreduce, small data on ≤ 4 ranks: one round of direct exchange, combined in rank order;
+ * - reduce / allreduce, otherwise small or user op: binomial tree / recursive doubling with the
  *   lower-ranked operand first (so user ops need only be associative);
  * - reduce / allreduce, large typed arrays with a built-in op: ring reduce-scatter (+ ring
  *   allgather, or a gather of chunks to the root): 2(p-1)/p of the data per rank, bandwidth
@@ -134,10 +135,46 @@ function useRing(data: unknown, op: ReduceOp, size: number): data is TA {
   return size > 1 && isTypedArray(data) && isBuiltinOp(op) && (data as TA).byteLength >= RING_BYTES_MIN && (data as TA).length >= size;
 }
 
+/** Up to this many ranks, a small allreduce is one round of direct exchange. */
+export const DIRECT_RANKS_MAX = 4;
+/** ... and "small" means an encoded payload of at most this many bytes. */
+export const DIRECT_BYTES_MAX = 8 * 1024;
+
 export async function allreduce<T>(io: CollectiveIo, data: T, op: ReduceOp): Promise<T> {
   if (io.size === 1) return copyValue(data);
   if (useRing(data, op, io.size)) return (await ringAllreduce(io, data, op)) as T;
+  if (io.size <= DIRECT_RANKS_MAX) {
+    const body = encodeBody(data, { copy: true });
+    if (bodyBytes(body) <= DIRECT_BYTES_MAX) return (await directAllreduce(io, data, body, op)) as T;
+  }
   return (await recursiveDoubling(io, data, op)) as T;
+}
+
+const bodyBytes = (b: EncodedBody): number => b.frames.reduce((n, f) => n + f.byteLength, 0);
+
+/**
+ * One round: every rank sends its operand to every other rank, then each combines all of them
+ * in rank order, x0 ⊕ x1 ⊕ … — the same expression everywhere, so the same bits. For few ranks
+ * and small data this beats recursive doubling's log2(p) dependent rounds (measured ~1.5x
+ * faster with 4 ranks on 2 cores: message latency, not bandwidth, is the cost). The body is
+ * encoded once and sent to every peer.
+ */
+async function directAllreduce(io: CollectiveIo, data: unknown, body: EncodedBody, op: ReduceOp): Promise<unknown> {
+  const { rank, size } = io;
+  const sends: Promise<void>[] = [];
+  for (let k = 1; k < size; k++) sends.push(io.send((rank + k) % size, 0, body));
+  const operands: unknown[] = new Array(size);
+  operands[rank] = data;
+  await Promise.all(
+    Array.from({ length: size - 1 }, async (_, i) => {
+      const src = (rank - i - 1 + size) % size;
+      operands[src] = decode(await io.recv(src, 0));
+    }),
+  );
+  await Promise.all(sends);
+  let acc = operands[0];
+  for (let r = 1; r < size; r++) acc = combine(acc, operands[r], op);
+  return acc === data ? copyValue(data) : acc;
 }
 
 function copyValue<T>(data: T): T {
