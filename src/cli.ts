@@ -20,6 +20,7 @@ import { MODES } from "./mpi/env.ts";
 import { DEFAULTS, NP_MAX, resolveRunConfig, SUPPORTED_MODES, type RunFlags } from "./launch/options.ts";
 import type { OutStream } from "./launch/progress.ts";
 import { runJob } from "./launch/run.ts";
+import { resolveDrillConfig, runDrill, type DrillFlags } from "./launch/drill.ts";
 
 /** Exit code of usage errors (bad flags), as is conventional for command-line tools. */
 export const EXIT_USAGE = 2;
@@ -32,12 +33,14 @@ export interface CliIo {
   cwd: string;
   /** See RunIo.handleSignals. */
   handleSignals?: boolean;
+  /** The command line (shown in drill reports); {@link main} fills it in. */
+  argv?: readonly string[];
 }
 
 /** Runs the CLI on `argv` (without node and script). Resolves to the process exit code. */
 export async function main(argv: readonly string[], io: CliIo): Promise<number> {
   let exitCode = 0;
-  const program = buildProgram(io, (code) => (exitCode = code));
+  const program = buildProgram({ ...io, argv: io.argv ?? argv.slice(1) }, (code) => (exitCode = code));
   try {
     await program.parseAsync([...argv], { from: "user" });
   } catch (err) {
@@ -86,10 +89,34 @@ function buildProgram(io: CliIo, setExit: (code: number) => void): Command {
     setExit(outcome.exitCode);
   });
 
+  const drill = program
+    .command("drill")
+    .summary("run clean, then under injected faults, and compare the results")
+    .description(
+      "Run <app> once cleanly (mode none) as the reference, then --repeat times in --mode with the --kill faults injected;\n" +
+        "report each fault's detection and recovery, and exit 0 only if every faulty run's results equal the reference's bit for bit.\n" +
+        "Options after <app> are passed to the app.",
+    )
+    .argument("<app>", "program every rank runs")
+    .argument("[args...]", "arguments for the app");
+  addRunOptions(drill, supported);
+  drill
+    .option("--kill <spec>", "a fault per run: 1@step:5, 2@time:1.5s, 0@send:100, 1@hang:step:3, random:3, mock=rank,version,seqno,ndeath (repeatable)", (v: string, prev: string[] | undefined) => [...(prev ?? []), v])
+    .option("--seed <n>", "seed of the random kills (default: random, printed)")
+    .option("--repeat <n>", "faulty runs, each with a seed derived from --seed (default 1)")
+    .option("--report <file.html>", "write a self-contained HTML picture of the runs")
+    .passThroughOptions()
+    .action(async (app: string, args: string[], opts: Record<string, unknown>) => {
+      const str = (k: string): string | undefined => (typeof opts[k] === "string" ? (opts[k] as string) : undefined);
+      const flags: DrillFlags = { ...toFlags(app, args, opts), kill: (opts.kill as string[] | undefined) ?? [], seed: str("seed"), repeat: str("repeat"), report: str("report") };
+      const config = resolveDrillConfig(flags, { cwd: io.cwd, command: ["lifeline", "drill", ...(io.argv ?? [])].join(" ") });
+      const outcome = await runDrill(config, { stdout: io.stdout, stderr: io.stderr, env: io.env, handleSignals: io.handleSignals ?? true });
+      setExit(outcome.exitCode);
+    });
+
   // Commands of API §4 that need the recovery modes: listed so users learn they are coming,
   // refused with a clear message instead of "unknown command".
   for (const [name, summary, why] of [
-    ["drill", "run clean, then under injected faults, and compare (not available yet)", "it compares runs under --mode cpr/retry-one, which have not landed; use `lifeline run --mode none --inject <rank>@<trigger>` to inject a fault into one run"],
     ["lines", "list recovery lines in a store (not available yet)", "recovery lines are written by --mode cpr, which has not landed"],
   ] as const) {
     program

@@ -72,10 +72,7 @@ describe("lifeline CLI usage errors (exit 2)", () => {
     expect(r.stderr).toMatch(/--mode retry-one is not available yet/);
   });
 
-  it("refuses drill and lines with a clear message", async () => {
-    const drill = await cli("drill", "-n", "2", "--kill", "1@step:5", "app.ts");
-    expect(drill.code).toBe(2);
-    expect(drill.stderr).toMatch(/`lifeline drill` is not available in this version/);
+  it("refuses lines with a clear message (drill: test/launch/drill-cli.test.ts)", async () => {
     const lines = await cli("lines", "--store", "x");
     expect(lines.code).toBe(2);
     expect(lines.stderr).toMatch(/`lifeline lines` is not available/);
