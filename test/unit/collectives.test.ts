@@ -1,0 +1,102 @@
+// Goal: every collective algorithm gives the right answer, in rank order, for 1..9 ranks —
+// including the non-power-of-two folds and tree shapes that the multi-process tests (at most
+// 4 ranks) cannot reach — and every rank gets bit-identical reductions. Method: run p virtual
+// ranks of the pure algorithms in one process over an in-memory mailbox (each message is
+// copied, as a socket would), delivering in a seeded random order.
+import { describe, expect, it } from "vitest";
+import * as coll from "../../src/mpi/collectives.ts";
+import type { EncodedBody } from "../../src/mpi/codec.ts";
+import { encodeHeader, Kind, type Header } from "../../src/mpi/wire.ts";
+
+function mulberry32(seed: number): () => number {
+  return () => {
+    seed = (seed + 0x6d2b79f5) | 0;
+    let t = Math.imul(seed ^ (seed >>> 15), 1 | seed);
+    t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t;
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+/** p virtual ranks; messages are delivered after a random number of event-loop turns. */
+function cluster(p: number, seed: number): coll.CollectiveIo[] {
+  const rnd = mulberry32(seed);
+  const boxes = new Map<string, coll.Arrival>();
+  const waiting = new Map<string, (a: coll.Arrival) => void>();
+  return Array.from({ length: p }, (_, rank) => ({
+    rank,
+    size: p,
+    send: async (dest: number, step: number, body: EncodedBody) => {
+      const header: Header = {
+        kind: Kind.collective, flags: 0, encoding: body.encoding, jobKey: 1, source: rank, tag: step, channelSeq: 0,
+        epoch: 0, collSeq: 0, signature: 0, arrayType: body.arrayType, attempt: 0,
+      };
+      void encodeHeader(header);
+      const arrival = { header, frames: body.frames.map((f) => Buffer.from(f)) };
+      const key = `${rank}>${dest}@${step}`;
+      const delay = Math.floor(rnd() * 3);
+      setTimeout(() => {
+        const w = waiting.get(key);
+        if (w !== undefined) { waiting.delete(key); w(arrival); } else boxes.set(key, arrival);
+      }, delay);
+    },
+    recv: (source: number, step: number) => {
+      const key = `${source}>${rank}@${step}`;
+      const ready = boxes.get(key);
+      if (ready !== undefined) { boxes.delete(key); return Promise.resolve(ready); }
+      return new Promise((resolve) => waiting.set(key, resolve));
+    },
+  }));
+}
+
+const f64 = (r: number, n: number): Float64Array => Float64Array.from({ length: n }, (_, i) => (r + 1) * 0.1 + i * 1e-3);
+const bytes = (a: ArrayBufferView): string => Buffer.from(a.buffer, a.byteOffset, a.byteLength).toString("hex");
+const sizes = [1, 2, 3, 4, 5, 6, 7, 8, 9];
+
+describe("collective algorithms over 1..9 virtual ranks", () => {
+  it.each(sizes)("allreduce keeps rank order and gives identical bits (p=%i)", async (p) => {
+    for (const n of [1, 100, 5000, 20_000]) {
+      const ios = cluster(p, p * 1000 + n);
+      const sums = await Promise.all(ios.map((io) => coll.allreduce(io, f64(io.rank, n), "sum")));
+      expect(new Set(sums.map(bytes)).size).toBe(1);
+      let expectLast = 0;
+      for (let r = 0; r < p; r++) expectLast += f64(r, n)[n - 1]!;
+      expect(sums[0]![n - 1]).toBeCloseTo(expectLast, 9);
+      // "first" and "last" are associative, not commutative: any reordering shows.
+      const firsts = await Promise.all(cluster(p, n).map((io) => coll.allreduce(io, Float64Array.from({ length: n }, () => io.rank), (a: number) => a)));
+      const lasts = await Promise.all(cluster(p, n + 1).map((io) => coll.allreduce(io, String(io.rank), (a: string, b: string) => a + b)));
+      for (const x of firsts) expect(x[n - 1]).toBe(0);
+      for (const x of lasts) expect(x).toBe([...Array(p).keys()].join(""));
+    }
+  });
+
+  it.each(sizes)("reduce to every root, small and ring-sized (p=%i)", async (p) => {
+    for (let root = 0; root < p; root++) {
+      for (const n of [3, 20_000]) {
+        const got = await Promise.all(cluster(p, root * 7 + n).map((io) => coll.reduce(io, f64(io.rank, n), "sum", root)));
+        got.forEach((g, r) => (r === root ? expect(g).toBeInstanceOf(Float64Array) : expect(g).toBeUndefined()));
+        let want = 0;
+        for (let r = 0; r < p; r++) want += f64(r, n)[0]!;
+        expect((got[root] as Float64Array)[0]).toBeCloseTo(want, 9);
+      }
+      const order = await Promise.all(cluster(p, root).map((io) => coll.reduce(io, String(io.rank), (a: string, b: string) => a + b, root)));
+      expect(order[root]).toBe([...Array(p).keys()].join(""));
+    }
+  });
+
+  it.each(sizes)("bcast, gather, scatter, allgather, alltoall, barrier (p=%i)", async (p) => {
+    for (let root = 0; root < p; root++) {
+      const b = await Promise.all(cluster(p, root).map((io) => coll.bcast(io, io.rank === root ? { from: root, a: new Int32Array([root]) } : undefined, root)));
+      for (const x of b) expect(x).toEqual({ from: root, a: new Int32Array([root]) });
+      const g = await Promise.all(cluster(p, root + 1).map((io) => coll.gather(io, io.rank * 10, root)));
+      expect(g[root]).toEqual([...Array(p).keys()].map((r) => r * 10));
+      const items = [...Array(p).keys()].map((r) => `to${r}`);
+      const s = await Promise.all(cluster(p, root + 2).map((io) => coll.scatter(io, io.rank === root ? items : undefined, root)));
+      expect(s).toEqual(items);
+    }
+    const ag = await Promise.all(cluster(p, 3).map((io) => coll.allgather(io, { r: io.rank })));
+    for (const x of ag) expect(x).toEqual([...Array(p).keys()].map((r) => ({ r })));
+    const a2a = await Promise.all(cluster(p, 4).map((io) => coll.alltoall(io, [...Array(p).keys()].map((d) => `${io.rank}>${d}`))));
+    a2a.forEach((x, r) => expect(x).toEqual([...Array(p).keys()].map((s) => `${s}>${r}`)));
+    await Promise.all(cluster(p, 5).map((io) => coll.barrier(io)));
+  });
+});
