@@ -47,6 +47,8 @@ export interface FaultReport {
   upMs: number | undefined;
   /** When the failed rank was past the point where it was hit (or finalized). */
   recoveredMs: number | undefined;
+  /** When a later fault was detected before this one had recovered (its recovery restarts with that one). */
+  interruptedMs: number | undefined;
   /** The recovery line (epoch) the job rolled back to, when the protocol reported it. */
   restoreEpoch: number | undefined;
   /** Steps redone: steps at the hit minus the steps the restored state already held. */
@@ -146,6 +148,7 @@ export function analyzeFaults(events: readonly RecordedEvent[], faults: readonly
     restartedMs: undefined,
     upMs: undefined,
     recoveredMs: undefined,
+    interruptedMs: undefined,
     restoreEpoch: undefined,
     workLostSteps: undefined,
     note: undefined,
@@ -181,15 +184,17 @@ export function analyzeFaults(events: readonly RecordedEvent[], faults: readonly
         const abs = base[ev.rank]! + ev.steps;
         if (!stepsAtEpoch[ev.rank]!.has(ev.epoch)) stepsAtEpoch[ev.rank]!.set(ev.epoch, abs);
         for (const r of open) {
-          if (r.fault.rank === ev.rank && r.upMs !== undefined && r.recoveredMs === undefined && r.stepsAtHit !== undefined && abs >= r.stepsAtHit) r.recoveredMs = t;
+          if (r.fault.rank === ev.rank && r.upMs !== undefined && recovering(r) && r.stepsAtHit !== undefined && abs >= r.stepsAtHit) r.recoveredMs = t;
         }
         break;
       }
       case "rank-exited":
       case "rank-failed": {
-        for (const r of open) {
-          if (r.fault.rank !== ev.rank || r.detectedMs !== undefined) continue;
-          r.detectedMs = t;
+        const detected = open.filter((r) => r.fault.rank === ev.rank && r.detectedMs === undefined);
+        for (const r of detected) r.detectedMs = t;
+        if (detected.length > 0) {
+          // A new failure before an earlier fault recovered: that recovery starts over.
+          for (const r of open) if (!detected.includes(r) && r.detectedMs !== undefined && recovering(r)) r.interruptedMs = t;
         }
         if (ev.kind === "rank-failed") {
           for (const r of open) if (r.fault.rank === ev.rank && r.cause === undefined) r.cause = causeOf(ev.reason);
@@ -212,7 +217,7 @@ export function analyzeFaults(events: readonly RecordedEvent[], faults: readonly
         break;
       }
       case "rank-finalized": {
-        for (const r of open) if (r.fault.rank === ev.rank && r.upMs !== undefined && r.recoveredMs === undefined) r.recoveredMs = t;
+        for (const r of open) if (r.fault.rank === ev.rank && r.upMs !== undefined && recovering(r)) r.recoveredMs = t;
         break;
       }
       default:
@@ -234,7 +239,8 @@ export function analyzeFaults(events: readonly RecordedEvent[], faults: readonly
       const restored = restoredStepsOf(stepsAtEpoch[r.fault.rank]!, r.restoreEpoch);
       r.workLostSteps = Math.max(0, r.stepsAtHit - restored);
     }
-    if (r.recoveredMs === undefined) r.note = "restarted, but did not get back to the point of the fault";
+    if (r.interruptedMs !== undefined) r.note = `a later fault struck ${Math.round(r.interruptedMs - (r.detectedMs ?? r.interruptedMs))} ms after detection, before this one had recovered`;
+    else if (r.recoveredMs === undefined) r.note = "restarted, but did not get back to the point of the fault";
   }
   return reports;
 }
@@ -247,6 +253,10 @@ export function analyzeFaults(events: readonly RecordedEvent[], faults: readonly
 function restoredStepsOf(stepsAtEpoch: ReadonlyMap<number, number>, epoch: number | undefined): number {
   if (epoch === undefined || epoch === 0) return 0;
   return stepsAtEpoch.get(epoch) ?? 0;
+}
+
+function recovering(r: FaultReport): boolean {
+  return r.recoveredMs === undefined && r.interruptedMs === undefined;
 }
 
 function causeOf(reason: string): string {
@@ -546,8 +556,11 @@ function renderRun(run: DrillRun, size: number, scaleMs: number, referenceWallMs
       parts.push(`<rect x="${f1(x(from))}" y="${mid - 5}" width="${f1(w)}" height="10" fill="${color}" opacity="0.9"><title>${esc(what)}: ${Math.round(to - from)} ms</title></rect>`);
     };
     band(f.hitMs, f.detectedMs, COLORS.detection, `fault ${f.fault.index}: detection (${f.cause ?? "exit"})`);
-    band(f.detectedMs, f.upMs, COLORS.restart, `fault ${f.fault.index}: restart`);
-    band(f.upMs, f.recoveredMs, COLORS.recovery, `fault ${f.fault.index}: redoing ${f.workLostSteps ?? "?"} lost steps`);
+    const stop = f.interruptedMs;
+    band(f.detectedMs, min(f.upMs, stop), COLORS.restart, `fault ${f.fault.index}: restart`);
+    if (stop === undefined || (f.upMs !== undefined && f.upMs < stop)) {
+      band(f.upMs, f.recoveredMs ?? stop, COLORS.recovery, `fault ${f.fault.index}: redoing ${f.workLostSteps ?? "?"} lost steps${stop === undefined ? "" : " (interrupted by a later fault)"}`);
+    }
     const hx = x(f.hitMs);
     parts.push(
       `<g><title>fault ${f.fault.index}: rank ${f.fault.rank} @ ${esc(describeTrigger(f.fault.trigger))}, hit at ${secs(f.hitMs)}</title>` +
@@ -560,7 +573,8 @@ function renderRun(run: DrillRun, size: number, scaleMs: number, referenceWallMs
       f.workLostSteps === undefined ? undefined : `${f.workLostSteps} steps lost`,
     ].filter((s) => s !== undefined);
     const label = `✕${f.fault.index} ${describeTrigger(f.fault.trigger)}${cost.length > 0 ? ` · ${cost.join(" · ")}` : ""}`;
-    parts.push(`<text x="${f1(hx + 8)}" y="${y + 6}" style="fill:${COLORS.fault};font-weight:600">${esc(label)}</text>`);
+    // A white halo keeps the label legible over the bars it crosses.
+    parts.push(`<text x="${f1(hx + 8)}" y="${y + 6}" style="fill:${COLORS.fault};font-weight:600;paint-order:stroke;stroke:#fff;stroke-width:3px">${esc(label)}</text>`);
   }
 
   // Time axis.
@@ -588,6 +602,10 @@ function niceTick(spanMs: number): number {
   const pow = 10 ** Math.floor(Math.log10(Math.max(raw, 1)));
   for (const m of [1, 2, 5, 10]) if (m * pow >= raw) return m * pow;
   return 10 * pow;
+}
+
+function min(a: number | undefined, b: number | undefined): number | undefined {
+  return a === undefined ? b : b === undefined ? a : Math.min(a, b);
 }
 
 function f1(n: number): string {

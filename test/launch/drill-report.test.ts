@@ -101,6 +101,22 @@ describe("analyzeFaults", () => {
     expect(r).toMatchObject({ hitMs: 500, detectedMs: 1_620, cause: "heartbeat", stepsAtHit: 2 });
   });
 
+  it("a second fault before the first recovered interrupts the first's recovery", () => {
+    const events = [
+      ...cprEvents().filter((e) => e.t < 1_400),
+      out(1_420, 0, "lifeline: injected fault: killing this rank (time:70)"),
+      exited(1_430, 0, "SIGKILL", false),
+      exited(1_431, 1, "SIGKILL", true),
+      at(1_500, { kind: "job-restarting", attempt: 2, epoch: 1, restarts: 2 }),
+      spawned(1_510, 0, 2), spawned(1_510, 1, 2), up(1_900, 0), up(1_900, 1),
+      step(2_000, 0, 9, 1), step(2_000, 1, 9, 2), finalized(2_100, 0), finalized(2_100, 1),
+    ];
+    const [first, second] = analyzeFaults(events, plan(["1@step:8", "0@time:70"]), { size: 2, mode: "cpr" });
+    expect(first).toMatchObject({ detectedMs: 735, interruptedMs: 1_430, recoveredMs: undefined });
+    expect(first!.note).toMatch(/a later fault struck 695 ms after detection/);
+    expect(second).toMatchObject({ hitMs: 1_420, detectedMs: 1_430, restartedMs: 1_510, upMs: 1_900, recoveredMs: 2_000, restoreEpoch: 1, interruptedMs: undefined });
+  });
+
   it("a fault that never fired says so", () => {
     const [r] = analyzeFaults([spawned(0, 0, 0), finalized(10, 0)], plan(["1@step:999"]), { size: 2, mode: "cpr" });
     expect(r!.hitMs).toBeUndefined();
