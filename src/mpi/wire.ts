@@ -25,7 +25,12 @@ export const Kind = { app: 1, collective: 2, protocol: 3 } as const;
 export type Kind = (typeof Kind)[keyof typeof Kind];
 
 /** Flag bits. `recording` is the coordinated protocol's "sender still records" bit. */
-export const Flag = { recording: 1, replayed: 2 } as const;
+export const Flag = {
+  recording: 1,
+  replayed: 2,
+  /** The sender sent its buffer without copying and waits for a receipt before reusing it. */
+  receipt: 4,
+} as const;
 
 /** How the body frames are encoded (see codec.ts). */
 export const Encoding = { none: 0, msgpack: 1, typedArray: 2 } as const;

@@ -28,7 +28,7 @@ import {
   ANY_SOURCE, ANY_TAG, type CollectiveOptions, type Message, type ReduceOp, type Request, type Restored, type Status,
   TAG_MAX, type WorldApi,
 } from "./types.ts";
-import { decodeHeader, encodeHeader, Flag, type Header, Kind } from "./wire.ts";
+import { decodeHeader, Encoding, encodeHeader, Flag, type Header, HEADER_BYTES, Kind } from "./wire.ts";
 import { type CprHook, type CprHookFactory, type CprWorldAccess, type LibState, type NondetEntry, PROTO_CPR_BASE, type RawFrame } from "./cpr-hook.ts";
 import { type ControlChannel, type Host, type Timer, type Transport, zmqHost } from "./host.ts";
 
@@ -57,6 +57,17 @@ const STEP_BITS = 24;
 /** Protocol-frame tags of the layer's own collective-signature query. */
 const PROTO_COLL_QUERY = 0x100;
 const PROTO_COLL_ANSWER = 0x101;
+/** Protocol-frame tag of a receipt for a message sent without copying (see sendApp). */
+const PROTO_RECEIPT = 0x102;
+/**
+ * Application payloads with at least this many bytes of typed arrays are sent without
+ * copying; `send` then resolves when the receiving process has the bytes (a receipt), so the
+ * program may reuse its arrays as soon as `send` resolves — the guarantee a copy gives, without
+ * the copy. Copying 16 MiB into fresh memory costs more than sending it on this kind of machine.
+ */
+const ZERO_COPY_BYTES_MIN = 64 * 1024;
+/** Bodies up to this size travel in the header's frame: one ZeroMQ frame instead of two. */
+const INLINE_BODY_BYTES_MAX = 4096;
 /** How often blocked collectives are looked at (see coll-registry.ts). */
 const QUERY_TICK_MS = 250;
 
@@ -275,13 +286,28 @@ export class World implements WorldApi {
 
   private onFrames(frames: Buffer[]): void {
     let header: Header;
+    let rawHeader = frames[0];
+    let body: Buffer[];
+    if (frames.length === 1 && rawHeader !== undefined && rawHeader.length > HEADER_BYTES) {
+      // A small body sent inline after the header (see transmit). 40 is a multiple of 8, so a
+      // typed array in it stays aligned.
+      body = [rawHeader.subarray(HEADER_BYTES)];
+      rawHeader = rawHeader.subarray(0, HEADER_BYTES);
+    } else {
+      body = frames.slice(1);
+    }
     try {
-      header = decodeHeader(frames[0], { jobKey: this.jobKey, size: this.size });
+      header = decodeHeader(rawHeader, { jobKey: this.jobKey, size: this.size });
     } catch (err) {
       this.warnGarbage(err);
       return;
     }
-    this.arrive(header, frames.slice(1), frames[0]!, true);
+    if ((header.flags & Flag.receipt) !== 0 && header.kind === Kind.app) {
+      // The sender waits for this before it reuses its buffer; the bytes are all here now.
+      const reply = encodeBody({ seq: header.channelSeq }, { copy: false });
+      void this.transmit(header.source, this.header(Kind.protocol, header.source, PROTO_RECEIPT, reply), reply).catch(() => undefined);
+    }
+    this.arrive(header, body, rawHeader!, true);
   }
 
   private warnGarbage(err: unknown): void {
@@ -372,6 +398,10 @@ export class World implements WorldApi {
       this.host.defer(() => this.deliverSelf(1));
       return Promise.resolve();
     }
+    const [only] = body.frames;
+    if (body.frames.length === 1 && only!.byteLength <= INLINE_BODY_BYTES_MAX) {
+      return this.transport.send(dest, [Buffer.concat([header, only!], HEADER_BYTES + only!.byteLength)]);
+    }
     return this.transport.send(dest, [header, ...body.frames]);
   }
 
@@ -387,9 +417,7 @@ export class World implements WorldApi {
     this.live("send");
     this.checkRank(dest, "send", false);
     this.checkTag(tag, "send", false);
-    const body = encodeBody(data, { copy: true });
-    this.faults.onSend();
-    await this.transmit(dest, this.header(Kind.app, dest, tag, body), body);
+    await this.sendApp(data, dest, tag);
   }
 
   isend(data: unknown, dest: number, tag = 0): Request<void> {
@@ -398,10 +426,44 @@ export class World implements WorldApi {
     this.live("isend");
     this.checkRank(dest, "isend", false);
     this.checkTag(tag, "isend", false);
-    const body = encodeBody(data, { copy: true });
-    this.faults.onSend();
-    this.transmit(dest, this.header(Kind.app, dest, tag, body), body).then(() => req.complete(), (e) => req.fail(e));
+    this.sendApp(data, dest, tag).then(() => req.complete(), (e) => req.fail(e));
     return req;
+  }
+
+  /** Receipts awaited for messages sent without copying, by `${dest}:${channelSeq}`. */
+  private readonly receipts = new Map<string, { resolve: () => void; reject: (e: unknown) => void }>();
+
+  /**
+   * Encodes and sends one application message. The program may reuse its buffers once this
+   * resolves: small payloads are copied; large typed arrays go without a copy, and this waits
+   * for the receiving process's receipt (sent by its reader loop on arrival, not on a matching
+   * receive, so it cannot deadlock).
+   */
+  private async sendApp(data: unknown, dest: number, tag: number): Promise<void> {
+    const body = encodeBody(data, { copy: false });
+    const userBytes = body.encoding === Encoding.typedArray ? body.frames[0]!.byteLength : body.frames.slice(1).reduce((n, f) => n + f.byteLength, 0);
+    const zeroCopy = userBytes >= ZERO_COPY_BYTES_MIN && dest !== this.rank;
+    if (!zeroCopy) {
+      // Frames that view the program's arrays are copied; msgpack's own buffer is ours already.
+      const first = body.encoding === Encoding.typedArray ? 0 : 1;
+      for (let i = first; i < body.frames.length; i++) body.frames[i] = Buffer.from(body.frames[i]!);
+    }
+    this.faults.onSend();
+    const header = this.header(Kind.app, dest, tag, body);
+    if (!zeroCopy || (this.cpr !== undefined && this.cpr.suppress(dest, header.readUInt32LE(20)))) {
+      await this.transmit(dest, header, body);
+      return;
+    }
+    header[6]! |= Flag.receipt;
+    const key = `${dest}:${header.readUInt32LE(20)}`;
+    const receipt = new Promise<void>((resolve, reject) => this.receipts.set(key, { resolve, reject }));
+    try {
+      await this.transmit(dest, header, body);
+    } catch (err) {
+      this.receipts.delete(key);
+      throw err;
+    }
+    await receipt;
   }
 
   irecv<T = unknown>(source: number = ANY_SOURCE, tag: number = ANY_TAG): Request<Message<T>> {
@@ -604,6 +666,13 @@ export class World implements WorldApi {
     }
     const seq = msg.seq as number;
     switch (header.tag) {
+      case PROTO_RECEIPT: {
+        const key = `${header.source}:${seq}`;
+        const waiter = this.receipts.get(key);
+        this.receipts.delete(key);
+        waiter?.resolve();
+        return;
+      }
       case PROTO_COLL_QUERY: {
         const mine = this.colls.signatureOf(seq);
         const reply = encodeBody({ seq, signature: mine?.signature ?? null, call: mine?.call ?? null }, { copy: false });
@@ -827,6 +896,8 @@ export class World implements WorldApi {
     this.outstandingRecvs = 0;
     for (const r of this.pending) r.fail(err);
     this.pending.clear();
+    for (const w of this.receipts.values()) w.reject(err);
+    this.receipts.clear();
     this.colls.failAll(err);
     this.collTimer?.stop();
   }
