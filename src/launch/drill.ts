@@ -359,7 +359,7 @@ class DrillOutput {
   }
 
   pass(summary: string): void {
-    if (this.style === "plain") this.write(summary);
+    if (this.style !== "json") this.write(summary);
   }
 
   fail(summary: string): void {
