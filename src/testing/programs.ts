@@ -87,6 +87,8 @@ export interface GenerateOptions {
   readonly msgsMax?: number;
   /** Chance a reduction uses a typed array big enough for the ring algorithms (default 0.02). */
   readonly bigChance?: number;
+  /** Chance an operation is a checkpoint() location (default 0.07; cpr runs want more). */
+  readonly checkpointChance?: number;
 }
 
 /** Tags of round i live in [i*TAG_STRIDE, (i+1)*TAG_STRIDE): rounds never share a tag. */
@@ -144,7 +146,12 @@ export function generateProgram(prng: Prng, opts: GenerateOptions): ProgramSpec 
   const bigChance = opts.bigChance ?? 0.02;
   const count = prng.rangeInclusive(1, opts.opsMax);
   const ops: Op[] = [];
+  const cp = opts.checkpointChance ?? 0.07;
   for (let i = 0; i < count; i++) {
+    if (cp !== 0.07 && prng.chance(cp)) {
+      ops.push({ kind: "checkpoint" });
+      continue;
+    }
     const r = prng.float();
     if (r < 0.35) ops.push({ kind: "p2p", round: genRound(prng, size, i, msgsMax) });
     else if (r < 0.7) ops.push({ kind: "coll", coll: genColl(prng, size, bigChance) });

@@ -17,10 +17,15 @@
  * const out = await new SimCluster({ seed: 7, size: 3, mode: "none", program }).run();
  * if (out.status !== "ok") console.log(out.report);
  */
+import { type CheckpointEvery, CprInitiator, type InitiatorEffect, type InitiatorInput } from "../cpr/coordinated/initiator.ts";
+import { coordinatedHook, type PartStoreLike } from "../cpr/coordinated/driver.ts";
 import { decodeValue } from "../mpi/codec.ts";
 import type { CoordinatorToRank, RankToCoordinator } from "../mpi/control.ts";
 import type { Mode, RankPlace } from "../mpi/env.ts";
 import { World } from "../mpi/world.ts";
+import { MemoryRecoveryStore } from "../store/memory-store.ts";
+import { recoverLocal } from "../store/recovery.ts";
+import type { LineManifest, LineRecord, RankPartStore } from "../store/types.ts";
 import { type ClusterInvariants, clusterInvariants } from "./invariants.ts";
 import { Prng } from "./prng.ts";
 import { simHost } from "./sim-host.ts";
@@ -57,10 +62,28 @@ export interface SimClusterOptions {
   /** Bounds: reaching one means the run hung. */
   readonly stepsMax?: number;
   readonly simMsMax?: number;
-  /** Restart-all from the last committed line on a crash (cpr). Needs the cpr rank driver. */
-  readonly restartAll?: boolean;
+  /** Mode cpr: the initiator's schedule and the restart policy (restart all from the last committed line). */
+  readonly cpr?: SimCprOptions;
   /** Events kept for the failure report (default 64). */
   readonly traceMax?: number;
+}
+
+export interface SimCprOptions {
+  readonly every: CheckpointEvery;
+  readonly keepLines?: number;
+  readonly phaseTimeoutMs?: number;
+  readonly maxRestarts?: number;
+  /**
+   * Every part-store operation of a rank waits for one scheduler event before and after it
+   * (a disk that takes time), so crashes can land in the middle of a part write or read.
+   */
+  readonly slowDisk?: boolean;
+}
+
+/** Line-level facts for the invariants: each committed line as read back from the store. */
+export interface CommittedLine {
+  readonly record: LineRecord;
+  readonly parts: readonly Buffer[];
 }
 
 export type RankEnd =
@@ -83,11 +106,18 @@ export interface SimOutcome {
   readonly steps: number;
   readonly simMs: number;
   readonly framesDelivered: number;
+  readonly restarts: number;
+  /** cpr: epochs of the lines committed, in order. */
+  readonly linesCommitted: readonly number[];
   /** The last events and the ranks' ends, for a failure message. */
   readonly report: string;
 }
 
 const JOB_KEY_SALT = 0x5eed;
+/** The cpr initiator's clock period (as src/launch/cpr-policy.ts). */
+const CPR_TICK_MS = 50;
+const BACKOFF_BASE_MS = 100;
+const BACKOFF_MAX_MS = 5_000;
 
 interface Link {
   attempt: number;
@@ -95,21 +125,31 @@ interface Link {
   endpoint: string | undefined;
   finalized: boolean;
   result: unknown;
-  released: boolean;
 }
 
 /**
- * The coordinator's part of the control protocol (src/launch/coordinator.ts), over the
- * simulated network. It decides nothing about failures itself; the cluster tells it.
+ * The coordinator's part of the control protocol (src/launch/coordinator.ts) and, in cpr, of
+ * the restart policy (src/launch/cpr-policy.ts: the initiator, commits to the line manifest),
+ * over the simulated network and a {@link MemoryRecoveryStore}. Failures are the cluster's call.
  */
 export class SimCoordinator {
   readonly links: Link[];
-  phase: "rendezvous" | "running" | "released" | "aborted" = "rendezvous";
+  phase: "rendezvous" | "running" | "released" | "aborted" | "restarting" = "rendezvous";
   readonly aborts: { rank: number; code: string; message: string }[] = [];
   readonly warnings: string[] = [];
+  /** cpr: the manifest (held by the coordinator for the job's lifetime) and the initiator of the current attempt. */
+  manifest: LineManifest | undefined;
+  private initiator: CprInitiator | undefined;
+  private chain: Promise<void> = Promise.resolve();
+  private tick: { stop(): void } | undefined;
+  /** cpr: the line the current attempt restores from. */
+  restoreLine: LineRecord | undefined;
+  readonly committed: number[] = [];
+  /** Called with each line the moment it is committed (invariants read it back). */
+  onCommitted: (epoch: number) => void = () => undefined;
 
-  constructor(private readonly net: SimNetwork, private readonly size: number, readonly jobKey: number) {
-    this.links = Array.from({ length: size }, () => ({ attempt: 0, up: false, endpoint: undefined, finalized: false, result: undefined, released: false }));
+  constructor(private readonly net: SimNetwork, private readonly size: number, readonly jobKey: number, private readonly cpr: SimCprOptions | undefined) {
+    this.links = Array.from({ length: size }, () => ({ attempt: 0, up: false, endpoint: undefined, finalized: false, result: undefined }));
     const node = net.addNode(COORDINATOR);
     node.onControl = (from, msg) => this.onMessage(from, msg as RankToCoordinator);
   }
@@ -123,9 +163,10 @@ export class SimCoordinator {
     const rank = msg.rank;
     const link = this.links[rank];
     if (link === undefined || from !== rankNode(rank, link.attempt)) {
-      this.warnings.push(`coordinator: ignored ${msg.t} claiming rank ${rank} from ${from}`);
+      // Messages of a dead attempt are ignored (the real coordinator keys them by routing id).
       return;
     }
+    const nowMs = this.net.now;
     switch (msg.t) {
       case "hello":
         if (link.up || msg.attempt !== link.attempt || msg.size !== this.size) {
@@ -134,22 +175,15 @@ export class SimCoordinator {
         }
         link.up = true;
         link.endpoint = msg.endpoint;
-        if (this.phase === "rendezvous" && this.links.every((l) => l.up)) {
-          this.phase = "running";
-          const table: CoordinatorToRank = {
-            t: "table", jobKey: this.jobKey, endpoints: this.links.map((l) => l.endpoint!), attempts: this.links.map((l) => l.attempt),
-          };
-          for (let r = 0; r < this.size; r++) this.send(r, table);
-        }
+        if (this.phase === "rendezvous" && this.links.every((l) => l.up)) this.onAllUp();
         return;
       case "finalize":
-        if (link.finalized) {
-          this.net.violation(`rank ${rank} finalized twice`);
-        }
+        if (link.finalized) this.net.violation(`rank ${rank} finalized twice in attempt ${link.attempt}`);
         link.finalized = true;
         link.result = decodeValue(Buffer.from(msg.result.buffer, msg.result.byteOffset, msg.result.byteLength));
         if (this.phase === "running" && this.links.every((l) => l.finalized)) {
           this.phase = "released";
+          this.stopInitiator();
           for (let r = 0; r < this.size; r++) this.send(r, { t: "release" });
         }
         return;
@@ -158,14 +192,85 @@ export class SimCoordinator {
         this.abortAll(msg.code, `rank ${rank}: ${msg.message}`);
         return;
       case "step":
+        this.input({ kind: "step", rank, steps: msg.steps, nowMs });
+        return;
       case "heartbeat":
         return;
       case "cpr-checkpointed":
+        this.input({ kind: "checkpointed", rank, epoch: msg.epoch, nowMs });
+        return;
       case "cpr-ready":
+        this.input({ kind: "ready", rank, epoch: msg.epoch, nowMs });
+        return;
       case "cpr-part":
+        this.input({ kind: "part", rank, epoch: msg.epoch, ref: msg.ref, nowMs });
+        return;
       case "cpr-part-failed":
-        // The cpr initiator is wired in once the rank driver lands (see SimClusterOptions.restartAll).
-        this.warnings.push(`coordinator: ${msg.t} from rank ${rank} with no cpr initiator`);
+        this.input({ kind: "part-failed", rank, epoch: msg.epoch, message: msg.message, nowMs });
+        return;
+    }
+  }
+
+  private onAllUp(): void {
+    this.phase = "running";
+    const table = { t: "table" as const, jobKey: this.jobKey, endpoints: this.links.map((l) => l.endpoint!), attempts: this.links.map((l) => l.attempt) };
+    for (let r = 0; r < this.size; r++) {
+      const line = this.restoreLine;
+      const ref = line?.parts[r];
+      const restore = line !== undefined && ref !== undefined
+        ? { restore: { epoch: line.epoch, ref: { rank: ref.rank, epoch: ref.epoch, checksum: ref.checksum, bytes: ref.bytes } } } : {};
+      this.send(r, { ...table, ...restore });
+    }
+    if (this.cpr !== undefined) {
+      this.initiator = new CprInitiator({
+        size: this.size, every: this.cpr.every, committedEpoch: this.restoreLine?.epoch ?? 0,
+        keepLines: this.cpr.keepLines ?? 2, phaseTimeoutMs: this.cpr.phaseTimeoutMs ?? 60_000, nowMs: this.net.now,
+      });
+      this.tick ??= this.net.timer(COORDINATOR, CPR_TICK_MS, CPR_TICK_MS, () => this.input({ kind: "tick", nowMs: this.net.now }));
+    }
+  }
+
+  private stopInitiator(): void {
+    this.initiator = undefined;
+    this.tick?.stop();
+    this.tick = undefined;
+  }
+
+  private input(input: InitiatorInput): void {
+    const init = this.initiator;
+    if (init === undefined) return;
+    for (const eff of init.step(input)) this.effect(init, eff);
+  }
+
+  private effect(init: CprInitiator, eff: InitiatorEffect): void {
+    switch (eff.kind) {
+      case "broadcast":
+        for (let r = 0; r < this.size; r++) this.send(r, eff.msg);
+        return;
+      case "commit": {
+        const manifest = this.manifest!;
+        this.chain = this.chain.then(async () => {
+          try {
+            await manifest.commitLine(eff.epoch, eff.refs);
+            this.committed.push(eff.epoch);
+            this.onCommitted(eff.epoch);
+            await manifest.prune(this.cpr!.keepLines ?? 2);
+            const keep = (await manifest.list()).map((l) => l.epoch);
+            if (this.initiator === init) for (const e of init.step({ kind: "commit-done", epoch: eff.epoch, keep, nowMs: this.net.now })) this.effect(init, e);
+          } catch (err) {
+            if (this.initiator === init) for (const e of init.step({ kind: "commit-failed", epoch: eff.epoch, message: (err as Error).message, nowMs: this.net.now })) this.effect(init, e);
+          }
+        });
+        return;
+      }
+      case "abort-line": {
+        const manifest = this.manifest!;
+        this.warnings.push(`line ${eff.epoch} aborted: ${eff.reason}`);
+        this.chain = this.chain.then(() => manifest.abortLine(eff.epoch)).catch((err: unknown) => { this.warnings.push(`abortLine ${eff.epoch}: ${(err as Error).message}`); });
+        return;
+      }
+      case "line-started":
+      case "line-committed":
         return;
     }
   }
@@ -174,11 +279,56 @@ export class SimCoordinator {
   abortAll(code: string, message: string): void {
     if (this.phase === "aborted" || this.phase === "released") return;
     this.phase = "aborted";
+    this.stopInitiator();
     for (let r = 0; r < this.size; r++) {
       const link = this.links[r]!;
       if (link.up && this.net.node(rankNode(r, link.attempt)).alive) this.send(r, { t: "abort", code, message });
     }
   }
+
+  /** cpr: every rank is gone; stop the initiator and wait for the commit chain (prepareRestart). */
+  async beginRestart(): Promise<void> {
+    this.phase = "restarting";
+    this.stopInitiator();
+    await this.chain;
+  }
+
+  /** cpr: a new rendezvous for `attempts`, restoring from `line` (undefined: from the beginning). */
+  restartRound(attempts: readonly number[], line: LineRecord | undefined): void {
+    this.restoreLine = line;
+    this.phase = "rendezvous";
+    this.links.forEach((l, r) => {
+      l.attempt = attempts[r]!;
+      l.up = false;
+      l.endpoint = undefined;
+      l.finalized = false;
+      l.result = undefined;
+    });
+  }
+}
+
+/**
+ * The rank's part store as the simulator hands it to the driver: it records every part
+ * written (for the line invariants) and, with `slow`, makes every operation take one
+ * scheduler event before and after it (a disk that takes time).
+ */
+function simParts(inner: RankPartStore, net: SimNetwork, node: string, slow: boolean, written: Map<string, Buffer>): PartStoreLike {
+  const hop = (): Promise<void> => (!slow ? Promise.resolve() : new Promise((resolve) => {
+    // A dead process's I/O never completes.
+    if (net.node(node).alive) net.defer(node, resolve);
+  }));
+  return {
+    async putPart(epoch, bytes) {
+      await hop();
+      const r = await inner.putPart(epoch, bytes);
+      written.set(`${r.rank}/${r.epoch}/${r.checksum}`, Buffer.from(bytes));
+      await hop();
+      return r;
+    },
+    async readPart(ref) { await hop(); const r = await inner.readPart(ref); await hop(); return r; },
+    async retain(keep, opts) { await hop(); return inner.retain(keep, opts); },
+    close: () => inner.close(),
+  };
 }
 
 export class SimCluster {
@@ -190,10 +340,19 @@ export class SimCluster {
   readonly worlds: (World | undefined)[];
   private readonly rankWarnings: string[] = [];
   private crashes = 0;
+  restarts = 0;
+  /** cpr: the store every rank and the coordinator use (kill -9 modelled by its crash()). */
+  readonly store: MemoryRecoveryStore | undefined;
+  /** cpr: each committed line as read back right after its commit. */
+  readonly lines: CommittedLine[] = [];
+  private restartPending = false;
+  /** cpr: every part written, by rank/epoch/checksum. */
+  private readonly written = new Map<string, Buffer>();
+  private failure: string | undefined;
   private readonly invariants: ClusterInvariants;
 
   constructor(private readonly opts: SimClusterOptions) {
-    if (opts.restartAll === true) throw new Error("restart-all (cpr) needs the cpr rank driver, which World does not have yet");
+    if (opts.cpr !== undefined && opts.mode !== "cpr") throw new Error("cpr options need mode cpr");
     this.prng = new Prng(opts.seed);
     this.faultPrng = this.prng.fork(0xfa17);
     this.net = new SimNetwork({
@@ -205,7 +364,9 @@ export class SimCluster {
       traceMax: opts.traceMax ?? 64,
     });
     const jobKey = (this.prng.fork(JOB_KEY_SALT).next() | 1) >>> 0;
-    this.coordinator = new SimCoordinator(this.net, opts.size, jobKey);
+    const cpr = opts.mode === "cpr" ? opts.cpr ?? { every: { ms: 100 } } : undefined;
+    this.coordinator = new SimCoordinator(this.net, opts.size, jobKey, cpr);
+    if (cpr !== undefined) this.store = new MemoryRecoveryStore({ name: `sim-${opts.seed}`, nowMs: () => this.net.now });
     this.ends = Array.from({ length: opts.size }, () => ({ kind: "running" }) as RankEnd);
     this.worlds = new Array(opts.size).fill(undefined);
     this.invariants = clusterInvariants(this);
@@ -213,6 +374,10 @@ export class SimCluster {
 
   get size(): number {
     return this.opts.size;
+  }
+
+  private get cpr(): SimCprOptions | undefined {
+    return this.opts.mode === "cpr" ? this.opts.cpr ?? { every: { ms: 100 } } : undefined;
   }
 
   private place(rank: number, attempt: number): RankPlace {
@@ -227,12 +392,19 @@ export class SimCluster {
     const envPrng = this.prng.fork(0xe1, rank, attempt);
     const ctx: RankContext = { rank, size: this.opts.size, attempt, environment: () => envPrng.next() };
     const mine = (): boolean => this.coordinator.links[rank]!.attempt === attempt && this.ends[rank]!.kind === "running";
+    const node = rankNode(rank, attempt);
+    const store = this.store;
+    const cpr = this.cpr;
+    const hook = store === undefined || cpr === undefined ? undefined : coordinatedHook(async () => {
+      const parts = await store.openRank(rank);
+      return simParts(parts, this.net, node, cpr.slowDisk === true, this.written);
+    });
     const run = async (): Promise<unknown> => {
       const world = await World.joinWith(this.place(rank, attempt), (onControl) => simHost({
         net: this.net, rank, attempt, onControl,
         onExit: (code) => this.onRankDied(rank, attempt, { kind: "exited", code }),
         onWarn: (line) => this.rankWarnings.push(line),
-      }));
+      }), { cpr: hook });
       this.worlds[rank] = world;
       const returned = await this.opts.program(world, ctx);
       await world.finalize(returned);
@@ -259,19 +431,72 @@ export class SimCluster {
   private onRankDied(rank: number, attempt: number, end: RankEnd): void {
     if (this.coordinator.links[rank]!.attempt !== attempt) return;
     const before = this.ends[rank]!;
-    // A rank that finished (finalized, or failed and exited) keeps that end; exit is its last act.
     if (before.kind === "running" || end.kind === "crashed") this.ends[rank] = end;
-    if (end.kind === "crashed" || (end.kind === "exited" && before.kind === "running")) {
-      // Mode none (fail fast): a rank that dies before the job is released fails the job.
-      this.coordinator.abortAll("LAUNCH_RANK_FAILED", `rank ${rank} died before finalizing`);
+    const unexpected = end.kind === "crashed" || (end.kind === "exited" && before.kind === "running");
+    if (!unexpected) return;
+    if (this.cpr !== undefined && this.coordinator.phase !== "aborted" && this.coordinator.aborts.length === 0) {
+      const max = this.cpr.maxRestarts ?? 10;
+      if (this.restarts < max) {
+        this.restartAll();
+        return;
+      }
+      this.failure = `rank ${rank} died and the job was already restarted ${this.restarts} time(s)`;
     }
+    // Fail fast: a rank that dies before the job is released fails the job.
+    this.coordinator.abortAll("LAUNCH_RANK_FAILED", `rank ${rank} died before finalizing`);
+  }
+
+  /**
+   * cpr: kill every rank (they roll back anyway), then — after a back-off — choose the newest
+   * committed line whose parts verify and start every rank with attempt + 1 restoring from it.
+   */
+  private restartAll(): void {
+    if (this.restartPending) return;
+    this.restartPending = true;
+    this.restarts++;
+    for (let r = 0; r < this.opts.size; r++) {
+      const link = this.coordinator.links[r]!;
+      const id = rankNode(r, link.attempt);
+      if (this.net.node(id).alive) this.net.kill(id);
+      this.ends[r] = { kind: "running" };
+    }
+    // Every rank process died: their store handles die with them (the coordinator reopens its manifest).
+    this.store!.crash();
+    this.net.note(`restart all (restart ${this.restarts})`);
+    const delay = Math.min(BACKOFF_MAX_MS, BACKOFF_BASE_MS * 2 ** (this.restarts - 1));
+    const stopped = this.coordinator.beginRestart();
+    // Armed now (not after the commit chain settles), so the scheduler sees the pending restart.
+    this.net.timer(COORDINATOR, delay, undefined, () => void stopped.then(() => this.prepareRestart()).catch((err: unknown) => {
+      this.net.violations.push(`restart failed: ${(err as Error).stack ?? String(err)}`);
+    }));
+  }
+
+  private async prepareRestart(): Promise<void> {
+    const store = this.store!;
+    // The crash() above killed the manifest handle too; reopen it, as a restarted launcher would.
+    this.coordinator.manifest = await store.openManifest();
+    const stores: RankPartStore[] = [];
+    let line: LineRecord | undefined;
+    try {
+      for (let r = 0; r < this.opts.size; r++) stores.push(await store.openRank(r));
+      const choice = await recoverLocal(this.coordinator.manifest, stores, { keep: this.cpr!.keepLines ?? 2 });
+      for (const w of choice.warnings) this.coordinator.warnings.push(w);
+      line = choice.line;
+    } finally {
+      await Promise.all(stores.map((s) => s.close()));
+    }
+    const attempts = this.coordinator.links.map((l) => l.attempt + 1);
+    this.coordinator.restartRound(attempts, line);
+    this.net.note(`restart from line ${line?.epoch ?? 0}`);
+    this.restartPending = false;
+    for (let r = 0; r < this.opts.size; r++) this.launch(r, attempts[r]!);
   }
 
   private maybeCrash(): void {
     const max = this.opts.crashesMax ?? 0;
     if (this.crashes >= max || !this.faultPrng.chance(this.opts.crashChance ?? 0)) return;
     const live = this.ends.flatMap((e, r) => (e.kind === "running" && this.net.node(rankNode(r, this.coordinator.links[r]!.attempt)).alive ? [r] : []));
-    if (live.length === 0) return;
+    if (live.length === 0 || this.restartPending) return;
     const victim = this.faultPrng.pick(live);
     this.crashes++;
     this.net.note(`crash rank ${victim}`);
@@ -282,6 +507,10 @@ export class SimCluster {
   async run(): Promise<SimOutcome> {
     const stepsMax = this.opts.stepsMax ?? 200_000;
     const simMsMax = this.opts.simMsMax ?? 600_000;
+    if (this.store !== undefined) {
+      this.coordinator.manifest = await this.store.openManifest();
+      this.coordinator.onCommitted = (epoch) => this.readBackLine(epoch);
+    }
     for (let r = 0; r < this.opts.size; r++) this.launch(r, 0);
     let hang = false;
     for (;;) {
@@ -310,14 +539,33 @@ export class SimCluster {
       steps: this.net.steps,
       simMs: this.net.now,
       framesDelivered: this.net.framesDelivered,
+      restarts: this.restarts,
+      linesCommitted: [...this.coordinator.committed],
       report: this.report(status),
     };
+  }
+
+  /** Collects a just-committed line's parts (as written) for the line invariants. */
+  private readBackLine(epoch: number): void {
+    const manifest = this.coordinator.manifest!;
+    void (async () => {
+      const record = (await manifest.list()).find((l) => l.epoch === epoch);
+      if (record === undefined) return;
+      const parts = record.parts.map((ref) => {
+        const b = this.written.get(`${ref.rank}/${ref.epoch}/${ref.checksum}`);
+        if (b === undefined) this.net.violation(`line ${epoch} names part ${ref.rank}/${ref.epoch}/${ref.checksum}, which no rank wrote`);
+        return b;
+      });
+      const line = { record, parts };
+      this.lines.push(line);
+      this.invariants.onLine(line);
+    })().catch((err: unknown) => { this.net.violations.push(`committed line ${epoch}: ${(err as Error).message}`); });
   }
 
   private report(status: string): string {
     const ends = this.ends.map((e, r) => `  rank ${r}: ${JSON.stringify(e, (_k, v) => (typeof v === "bigint" ? `${v}n` : v))?.slice(0, 300)}`).join("\n");
     return [
-      `seed ${this.opts.seed}: ${status} after ${this.net.steps} steps, ${this.net.now} simulated ms, ${this.net.framesDelivered} frames`,
+      `seed ${this.opts.seed}: ${status} after ${this.net.steps} steps, ${this.net.now} simulated ms, ${this.net.framesDelivered} frames, ${this.restarts} restart(s), lines ${JSON.stringify(this.coordinator.committed)}${this.failure !== undefined ? `; ${this.failure}` : ""}`,
       `coordinator: ${this.coordinator.phase}; aborts: ${JSON.stringify(this.coordinator.aborts)}`,
       ends,
       `warnings:\n  ${[...this.coordinator.warnings, ...this.rankWarnings].slice(0, 10).join("\n  ")}`,

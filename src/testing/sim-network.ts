@@ -147,6 +147,8 @@ export class SimNetwork {
   private readonly traceMax: number;
   /** Errors thrown by a node's receive callback: in production these end the read loop, here they are findings. */
   readonly callbackErrors: { node: string; error: unknown }[] = [];
+  /** Observers of every control message as it is sent. */
+  readonly controlObservers: ((src: string, dst: string, msg: ControlMessage) => void)[] = [];
   /** Observers of every data delivery (run before the frames reach the node). */
   readonly dataObservers: ((d: DataDelivery) => void)[] = [];
   steps = 0;
@@ -231,6 +233,7 @@ export class SimNetwork {
       this.framesDropped++;
       return;
     }
+    for (const obs of this.controlObservers) obs(src, dst, msg);
     const ch = this.channel(src, dst, "control");
     ch.queue.push({ gid: this.gid++, seq: ch.nextSeq++, deliverAtMs: this.nowMs, data: undefined, control: encodeControl(msg) });
   }
