@@ -157,11 +157,15 @@ export function decide(all: readonly Summary[], opts: DecideOptions): Decision {
     return best?.rank;
   };
   const transfers: Transfer[] = [];
-  /** Every bootstrap key some survivor holds and `to` lacks, grouped by the first holder. */
+  /**
+   * Every bootstrap key some rank holds and `to` lacks, grouped by the first holder. A
+   * restarted rank that has not restored yet may hold keys too: it ran or received them in
+   * this incarnation, so they are as good as anyone's.
+   */
   const pushCache = (to: Summary): void => {
     const have = new Set(to.cacheKeys);
     const bySource = new Map<number, string[]>();
-    for (const s of survivors) {
+    for (const s of all) {
       if (s.rank === to.rank) continue;
       for (const k of s.cacheKeys) {
         if (have.has(k)) continue;
@@ -173,7 +177,7 @@ export function decide(all: readonly Summary[], opts: DecideOptions): Decision {
     }
     for (const [from, keys] of bySource) transfers.push({ kind: "cache", from, to: to.rank, keys });
   };
-  const cacheHolder = (key: string, exclude: number): boolean => survivors.some((s) => s.rank !== exclude && s.cacheKeys.includes(key));
+  const cacheHolder = (key: string, exclude: number): boolean => all.some((s) => s.rank !== exclude && s.cacheKeys.includes(key));
 
   // load-checkpoint and load-cache for restarted ranks.
   for (const f of restoring) {
@@ -209,7 +213,7 @@ export function decide(all: readonly Summary[], opts: DecideOptions): Decision {
     }
   }
 
-  // Survivors behind other survivors: serve them what the others completed.
+  // Ranks behind others: serve them what the others completed.
   for (const s of survivors) {
     if (committing.has(s.rank)) continue;
     if (s.pos.kind === "coll") {

@@ -170,6 +170,11 @@ export class RetryOneRank {
     return { version: this.version, seqno: this.seqno, committed: this.committed };
   }
 
+  /** A restarted rank that has not got its checkpoint back yet (it holds nothing). */
+  get isRestoring(): boolean {
+    return this.restoring;
+  }
+
   get inRecovery(): boolean {
     return this.recovery;
   }

@@ -159,8 +159,10 @@ export type RankEffect =
   | { readonly kind: "send"; readonly to: number; readonly frame: ProtoFrame }
   /**
    * Run the pending collective on the wire now, as World's collective number `wireSeq`, with
-   * `viewId` in the frames' epoch field; then input `executed`. Collective frames held for
-   * sequence numbers below `purgeBelow` belong to abandoned executions: discard them.
+   * `viewId` in the frames' epoch field; then input `executed`. Collective frames already
+   * filed whose view id is not `viewId`, or whose sequence number is below `purgeBelow`,
+   * belong to abandoned executions (a dead incarnation may have used the same sequence
+   * number in an older view): discard them before running.
    */
   | { readonly kind: "execute"; readonly ident: CollIdentity; readonly wireSeq: number; readonly viewId: number; readonly purgeBelow: number }
   /** Give up the collective running on the wire (a peer failed); its frames are void. */
