@@ -46,6 +46,8 @@ import { runJob, type RunIo } from "./run.ts";
 
 /** Most faulty runs `--repeat` may ask for. */
 export const REPEAT_MAX = 1000;
+/** Rank stderr lines a run's record keeps (fault announcements are always kept). */
+const STDERR_LINES_KEPT_MAX = 10_000;
 
 /** The raw flags of `lifeline drill`: those of `run` plus the drill's own. */
 export interface DrillFlags extends RunFlags {
@@ -286,6 +288,7 @@ export function referenceShape(events: readonly RecordedEvent[], size: number): 
 class RecordingReporter implements Reporter {
   readonly events: RecordedEvent[] = [];
   private readonly start = performance.now();
+  private stderrKept = 0;
 
   constructor(private readonly run: number, private readonly faults: readonly PlannedFault[], private readonly out: DrillOutput) {}
 
@@ -312,10 +315,16 @@ class RecordingReporter implements Reporter {
   }
 
   rankLine(rank: number, stream: "stdout" | "stderr", line: string): void {
+    // The program's stdout is not the drill's business; its stderr is kept (bounded) for the
+    // fault announcements the analysis reads, and passed on under --json.
+    if (stream === "stdout") return;
     const t = this.now();
-    this.events.push({ t, ev: { kind: "rank-output", rank, stream, line } });
-    if (stream === "stderr") this.out.json({ event: "output", run: this.run, rank, stream, line, t: Math.round(t) });
-    const fired = stream === "stderr" ? /injected fault: (killing|freezing) this rank \((.+)\)/.exec(line) : null;
+    const fired = /injected fault: (killing|freezing) this rank \((.+)\)/.exec(line);
+    if (fired !== null || this.stderrKept < STDERR_LINES_KEPT_MAX) {
+      this.stderrKept++;
+      this.events.push({ t, ev: { kind: "rank-output", rank, stream, line } });
+    }
+    this.out.json({ event: "output", run: this.run, rank, stream, line, t: Math.round(t) });
     if (fired !== null) {
       const f = this.faults.find((p) => p.rank === rank && (p.trigger === fired[2] || p.trigger === `hang:${fired[2]}`));
       this.out.live(`  ${secs(t)} fault${f === undefined ? "" : ` ${f.index}`} hit rank ${rank} (${fired[1] === "killing" ? "killed" : "frozen"} at ${describeTrigger(fired[2]!)})`);
