@@ -48,7 +48,7 @@ function knownMarkerBug(out: SimOutcome): boolean {
 }
 
 describe("simulation, mode cpr", () => {
-  const seeds = swarmSeeds(1000);
+  const seeds = swarmSeeds(600);
   it(`random crashes, restart-all: failure-free results and consistent lines (${seeds.length} seeds from ${seeds[0]})`, async () => {
     const known: number[] = [];
     let restarts = 0;

@@ -19,7 +19,7 @@ const SEEDS = swarmSeeds(2000);
 export async function runNoneSeed(seed: number): Promise<{ spec: ProgramSpec; ref: SimOutcome; out: SimOutcome }> {
   const prng = new Prng(seed);
   const size = prng.rangeInclusive(2, 4);
-  const spec = generateProgram(prng.fork(1), { size, opsMax: 12 });
+  const spec = generateProgram(prng.fork(1), { size, opsMax: 10 });
   const program = programOf(spec);
   const knobs = prng.fork(2);
   const ref = await new SimCluster({ seed, size, mode: "none", program, policy: "fifo", stepsMax: 20_000 }).run();
