@@ -31,6 +31,7 @@ import {
 import { decodeHeader, Encoding, encodeHeader, Flag, type Header, HEADER_BYTES, Kind } from "./wire.ts";
 import { type CprHook, type CprHookFactory, type CprWorldAccess, type LibState, type NondetEntry, PROTO_CPR_BASE, type RawFrame } from "./cpr-hook.ts";
 import { type ControlChannel, type Host, type Timer, type Transport, zmqHost } from "./host.ts";
+import { BouncePool } from "./bounce-pool.ts";
 
 /** An application message after decoding, as the matcher holds it. */
 interface AppEnvelope {
@@ -60,12 +61,12 @@ const PROTO_COLL_ANSWER = 0x101;
 /** Protocol-frame tag of a receipt for a message sent without copying (see sendApp). */
 const PROTO_RECEIPT = 0x102;
 /**
- * Application payloads with at least this many bytes of typed arrays are sent without
- * copying; `send` then resolves when the receiving process has the bytes (a receipt), so the
- * program may reuse its arrays as soon as `send` resolves — the guarantee a copy gives, without
- * the copy. Copying 16 MiB into fresh memory costs more than sending it on this kind of machine.
+ * Application payloads with at least this many bytes of typed arrays are copied into pooled
+ * bounce buffers (see bounce-pool.ts) that come back when the receiver sends a receipt.
  */
-const ZERO_COPY_BYTES_MIN = 64 * 1024;
+const BOUNCE_BYTES_MIN = 64 * 1024;
+/** Idle bounce-buffer memory kept for reuse. */
+const BOUNCE_POOL_BYTES_MAX = 256 * 1024 * 1024;
 /** Bodies up to this size travel in the header's frame: one ZeroMQ frame instead of two. */
 const INLINE_BODY_BYTES_MAX = 4096;
 /** How often blocked collectives are looked at (see coll-registry.ts). */
@@ -382,9 +383,10 @@ export class World implements WorldApi {
     });
   }
 
-  private transmit(dest: number, header: Buffer, body: EncodedBody): Promise<void> {
+  private transmit(dest: number, header: Buffer, body: EncodedBody, onSuppressed?: () => void): Promise<void> {
     if (this.cpr !== undefined && header[5] !== Kind.protocol && this.cpr.suppress(dest, header.readUInt32LE(20))) {
       // An early message the receiver already holds (it told us on recovery): not re-sent.
+      onSuppressed?.();
       return Promise.resolve();
     }
     if (dest === this.rank) {
@@ -430,40 +432,49 @@ export class World implements WorldApi {
     return req;
   }
 
-  /** Receipts awaited for messages sent without copying, by `${dest}:${channelSeq}`. */
-  private readonly receipts = new Map<string, { resolve: () => void; reject: (e: unknown) => void }>();
+  /** Bounce buffers lent to in-flight messages, by `${dest}:${channelSeq}`, until the receipt. */
+  private readonly lent = new Map<string, Buffer[]>();
+  private readonly bounce = new BouncePool(BOUNCE_POOL_BYTES_MAX);
 
   /**
-   * Encodes and sends one application message. The program may reuse its buffers once this
-   * resolves: small payloads are copied; large typed arrays go without a copy, and this waits
-   * for the receiving process's receipt (sent by its reader loop on arrival, not on a matching
-   * receive, so it cannot deadlock).
+   * Encodes and sends one application message; the program may reuse its buffers once this
+   * resolves (a buffered send, as in MPI). Arrays are copied — small ones into fresh memory,
+   * large ones into warm pooled buffers, which the receiver's reader loop releases with a
+   * receipt on arrival (not on a matching receive, so it cannot deadlock).
    */
   private async sendApp(data: unknown, dest: number, tag: number): Promise<void> {
     const body = encodeBody(data, { copy: false });
-    const userBytes = body.encoding === Encoding.typedArray ? body.frames[0]!.byteLength : body.frames.slice(1).reduce((n, f) => n + f.byteLength, 0);
-    const zeroCopy = userBytes >= ZERO_COPY_BYTES_MIN && dest !== this.rank;
-    if (!zeroCopy) {
-      // Frames that view the program's arrays are copied; msgpack's own buffer is ours already.
-      const first = body.encoding === Encoding.typedArray ? 0 : 1;
-      for (let i = first; i < body.frames.length; i++) body.frames[i] = Buffer.from(body.frames[i]!);
+    // Frames that view the program's arrays; msgpack's own output buffer is ours already.
+    const first = body.encoding === Encoding.typedArray ? 0 : 1;
+    let userBytes = 0;
+    for (let i = first; i < body.frames.length; i++) userBytes += body.frames[i]!.byteLength;
+    const bounced = userBytes >= BOUNCE_BYTES_MIN && dest !== this.rank;
+    const lent: Buffer[] = [];
+    for (let i = first; i < body.frames.length; i++) {
+      const f = body.frames[i]!;
+      if (bounced) {
+        const b = this.bounce.acquire(f.byteLength);
+        b.set(f);
+        lent.push(b);
+        body.frames[i] = b;
+      } else {
+        body.frames[i] = Buffer.from(f);
+      }
     }
     this.faults.onSend();
     const header = this.header(Kind.app, dest, tag, body);
-    if (!zeroCopy || (this.cpr !== undefined && this.cpr.suppress(dest, header.readUInt32LE(20)))) {
+    if (!bounced) {
       await this.transmit(dest, header, body);
       return;
     }
     header[6]! |= Flag.receipt;
     const key = `${dest}:${header.readUInt32LE(20)}`;
-    const receipt = new Promise<void>((resolve, reject) => this.receipts.set(key, { resolve, reject }));
-    try {
-      await this.transmit(dest, header, body);
-    } catch (err) {
-      this.receipts.delete(key);
-      throw err;
-    }
-    await receipt;
+    this.lent.set(key, lent);
+    await this.transmit(dest, header, body, () => {
+      // Not sent after all (a suppressed re-send): no receipt will come.
+      this.lent.delete(key);
+      for (const b of lent) this.bounce.release(b);
+    });
   }
 
   irecv<T = unknown>(source: number = ANY_SOURCE, tag: number = ANY_TAG): Request<Message<T>> {
@@ -668,9 +679,9 @@ export class World implements WorldApi {
     switch (header.tag) {
       case PROTO_RECEIPT: {
         const key = `${header.source}:${seq}`;
-        const waiter = this.receipts.get(key);
-        this.receipts.delete(key);
-        waiter?.resolve();
+        const lent = this.lent.get(key);
+        this.lent.delete(key);
+        if (lent !== undefined) for (const b of lent) this.bounce.release(b);
         return;
       }
       case PROTO_COLL_QUERY: {
@@ -896,8 +907,8 @@ export class World implements WorldApi {
     this.outstandingRecvs = 0;
     for (const r of this.pending) r.fail(err);
     this.pending.clear();
-    for (const w of this.receipts.values()) w.reject(err);
-    this.receipts.clear();
+    // Bounce buffers still lent are left to the garbage collector: ZeroMQ may still read them.
+    this.lent.clear();
     this.colls.failAll(err);
     this.collTimer?.stop();
   }

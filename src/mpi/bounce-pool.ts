@@ -1,0 +1,48 @@
+/**
+ * Reusable send buffers for large payloads ("bounce buffers").
+ *
+ * A send must copy the program's arrays (the program may reuse them as soon as `send`
+ * resolves, but ZeroMQ reads the bytes later, on its I/O thread). Copying 16 MiB into fresh
+ * memory costs several times the memcpy itself on this kind of machine, because every page of
+ * the new buffer faults in. So large payloads are copied into buffers from this pool, already
+ * faulted in, and a buffer comes back to the pool when the receiving process acknowledges the
+ * message (a receipt): only then has ZeroMQ certainly finished reading it.
+ *
+ * @example
+ * const buf = pool.acquire(1 << 20); buf.set(bytes); send(buf); // on receipt: pool.release(buf)
+ */
+export class BouncePool {
+  private readonly free = new Map<number, ArrayBuffer[]>();
+  private pooledBytes = 0;
+
+  /** @param maxPooledBytes idle memory the pool may keep; beyond it, released buffers are dropped. */
+  constructor(private readonly maxPooledBytes: number) {}
+
+  /** A buffer of exactly `bytes` bytes, backed by a power-of-two block that may be reused. */
+  acquire(bytes: number): Buffer {
+    let size = 1;
+    while (size < bytes) size *= 2;
+    const block = this.free.get(size)?.pop();
+    if (block !== undefined) {
+      this.pooledBytes -= size;
+      return Buffer.from(block, 0, bytes);
+    }
+    return Buffer.from(new ArrayBuffer(size), 0, bytes);
+  }
+
+  /** Gives back a buffer from {@link acquire} once nothing reads it any more. */
+  release(buf: Buffer): void {
+    const block = buf.buffer as ArrayBuffer;
+    const size = block.byteLength;
+    if (this.pooledBytes + size > this.maxPooledBytes) return;
+    let list = this.free.get(size);
+    if (list === undefined) this.free.set(size, (list = []));
+    list.push(block);
+    this.pooledBytes += size;
+  }
+
+  /** Idle bytes held. */
+  get idleBytes(): number {
+    return this.pooledBytes;
+  }
+}
