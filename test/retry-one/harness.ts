@@ -90,7 +90,9 @@ export function parseMocks(spec: string): Mock[] {
 /** Crash a rank at a protocol moment (inside a checkpoint, while serving a restore). */
 export type Trigger =
   | { readonly kind: "after-replica"; readonly rank: number; readonly attempt: number; readonly version: number }
-  | { readonly kind: "serving-restore"; readonly rank: number; readonly attempt: number };
+  | { readonly kind: "serving-restore"; readonly rank: number; readonly attempt: number }
+  /** The restarted rank dies as its checkpoint arrives (killed again during its restore). */
+  | { readonly kind: "receiving-restore"; readonly rank: number; readonly attempt: number };
 
 export interface SimConfig {
   readonly seed: number;
@@ -498,6 +500,10 @@ export class RetryOneSim {
     if (!n.alive || n.failed || n.attempt !== m.toAttempt) return; // addressed to a dead incarnation
     if (m.kind === "coll") {
       this.acceptWire(n, m);
+      return;
+    }
+    if (m.frame.t === "xfer" && m.frame.part.kind === "restore" && this.fires({ kind: "receiving-restore", rank: n.rank, attempt: n.attempt })) {
+      this.crash(n, "trigger: killed again while its checkpoint arrives");
       return;
     }
     this.handle(n, n.machine.step({ kind: "frame", from: m.from, attempt: m.attempt, frame: m.frame }));
