@@ -91,6 +91,8 @@ export function parseMocks(spec: string): Mock[] {
 export type Trigger =
   | { readonly kind: "after-replica"; readonly rank: number; readonly attempt: number; readonly version: number }
   | { readonly kind: "serving-restore"; readonly rank: number; readonly attempt: number }
+  /** The rank dies as it calls the bootstrap collective `key`. */
+  | { readonly kind: "at-boot"; readonly rank: number; readonly attempt: number; readonly key: string }
   /** The restarted rank dies as its checkpoint arrives (killed again during its restore). */
   | { readonly kind: "receiving-restore"; readonly rank: number; readonly attempt: number };
 
@@ -328,6 +330,10 @@ export class RetryOneSim {
         this.crash(n, `mock=${n.rank},${version},${seqno},${n.attempt} at ${op.op}`);
         return;
       }
+    }
+    if (op.op === "boot" && this.triggers.some((t) => t.kind === "at-boot" && t.rank === n.rank && t.attempt === n.attempt && t.key === op.key)) {
+      this.crash(n, `trigger: in bootstrap collective ${op.key}`);
+      return;
     }
     n.waiting = op;
     switch (op.op) {
