@@ -9,7 +9,7 @@
  * await world.finalize(sum);
  */
 import { LifelineError } from "./errors.ts";
-import { type InitOptions, resolveRankPlace } from "./mpi/env.ts";
+import { type InitOptions, resolveRankPlace, SUPPORTED_MODES } from "./mpi/env.ts";
 import { World } from "./mpi/world.ts";
 import { startWatchdog } from "./launch/watchdog.ts";
 import { coordinatedHook } from "./cpr/coordinated/driver.ts";
@@ -24,8 +24,7 @@ export { LifelineError, isLifelineError, type LifelineErrorCode } from "./errors
 export { waitAll, waitAny } from "./mpi/request.ts";
 export type { World };
 
-/** Modes whose recovery is implemented in this build. */
-export const SUPPORTED_MODES = ["none", "cpr"] as const;
+export { SUPPORTED_MODES } from "./mpi/env.ts";
 
 /**
  * Joins the job this process was started in (by `lifeline run`, or by another launcher with
@@ -35,7 +34,7 @@ export const SUPPORTED_MODES = ["none", "cpr"] as const;
  */
 export async function init(options: InitOptions = {}): Promise<World> {
   const place = resolveRankPlace(options, process.env);
-  if (!(SUPPORTED_MODES as readonly string[]).includes(place.mode)) {
+  if (!SUPPORTED_MODES.includes(place.mode)) {
     throw new LifelineError("MPI_MODE", `mode ${place.mode} is not implemented in this build yet; run with --mode none`);
   }
   const stopWatch = startWatchdog({

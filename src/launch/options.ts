@@ -16,12 +16,12 @@ import { MODES, type Mode } from "../mpi/env.ts";
 import { parseFaults } from "../mpi/faults.ts";
 
 /**
- * Modes whose recovery the launcher implements today. `run` refuses the others before
- * spawning anything: running `cpr` without its protocol would silently give the user the
- * baseline they did not ask for. Add a mode here when its restart policy lands in
- * `supervisor.ts` (`policyFor`).
+ * Modes whose recovery is implemented (one list, in src/mpi/env.ts, shared with init()). `run`
+ * refuses the others before spawning anything: running a mode without its protocol would
+ * silently give the user the baseline they did not ask for.
  */
-export const SUPPORTED_MODES: readonly Mode[] = ["none", "cpr"];
+import { SUPPORTED_MODES } from "../mpi/env.ts";
+export { SUPPORTED_MODES };
 
 /** API §4: `cpr` is the default mode. */
 export const DEFAULT_MODE: Mode = "cpr";
