@@ -331,6 +331,11 @@ function simParts(inner: RankPartStore, net: SimNetwork, node: string, slow: boo
   };
 }
 
+/** A rank ended well: it finalized, or it died after the coordinator had its result (and released the job). */
+export function finishedOk(end: RankEnd, resultRecorded: boolean): boolean {
+  return end.kind === "finalized" || (end.kind === "crashed" && resultRecorded);
+}
+
 export class SimCluster {
   readonly net: SimNetwork;
   readonly coordinator: SimCoordinator;
@@ -433,7 +438,8 @@ export class SimCluster {
     const before = this.ends[rank]!;
     if (before.kind === "running" || end.kind === "crashed") this.ends[rank] = end;
     const unexpected = end.kind === "crashed" || (end.kind === "exited" && before.kind === "running");
-    if (!unexpected) return;
+    // After the release every result is in: a rank that dies on its way out fails nothing.
+    if (!unexpected || this.coordinator.phase === "released") return;
     if (this.cpr !== undefined && this.coordinator.phase !== "aborted" && this.coordinator.aborts.length === 0) {
       const max = this.cpr.maxRestarts ?? 10;
       if (this.restarts < max) {
@@ -527,7 +533,7 @@ export class SimCluster {
     this.invariants.atEnd();
     // An abort that reaches the coordinator after the release still fails the job: a rank found
     // an error (e.g. a stray collective message) in a job that was about to be called a success.
-    const allReleased = this.coordinator.phase === "released" && this.ends.every((e) => e.kind === "finalized") && this.coordinator.aborts.length === 0;
+    const allReleased = this.coordinator.phase === "released" && this.ends.every((e, r) => finishedOk(e, this.coordinator.links[r]!.finalized)) && this.coordinator.aborts.length === 0;
     const status: SimOutcome["status"] = hang ? "hang" : allReleased ? "ok" : "failed";
     return {
       status,

@@ -12,35 +12,13 @@
  * `SEED=n` reproduces one seed; a failure prints `reproduce with SEED=n`.
  */
 import { describe, expect, it } from "vitest";
-import { describeProgram, generateProgram, type ProgramSpec, programOf } from "../../src/testing/programs.ts";
-import { Prng, swarmSeeds } from "../../src/testing/prng.ts";
-import { SimCluster, type SimOutcome } from "../../src/testing/sim-cluster.ts";
+import { describeProgram } from "../../src/testing/programs.ts";
+import { swarmSeeds } from "../../src/testing/prng.ts";
+import type { SimOutcome } from "../../src/testing/sim-cluster.ts";
+import { runCprSeed } from "../../src/testing/swarm.ts";
 
 const STRICT = process.env.SIM_STRICT === "1";
 
-export async function runCprSeed(seed: number): Promise<{ spec: ProgramSpec; ref: SimOutcome; out: SimOutcome }> {
-  const prng = new Prng(seed);
-  const size = prng.rangeInclusive(2, 4);
-  const spec = generateProgram(prng.fork(1), { size, opsMax: 14, checkpointChance: 0.3 });
-  const program = programOf(spec);
-  const knobs = prng.fork(2);
-  const ref = await new SimCluster({ seed, size, mode: "none", program, policy: "fifo", stepsMax: 20_000 }).run();
-  const out = await new SimCluster({
-    seed, size, mode: "cpr", program, stepsMax: 60_000,
-    cpr: {
-      every: { ms: knobs.pick([20, 50, 150]) },
-      keepLines: knobs.pick([1, 2, 3]),
-      slowDisk: knobs.chance(0.5),
-      maxRestarts: 10,
-    },
-    delayMaxMs: knobs.pick([0, 5, 20, 100]),
-    advanceChance: knobs.pick([0.05, 0.2, 0.4]),
-    stickyChance: knobs.pick([0, 0.5]),
-    crashChance: knobs.pick([0, 0.005, 0.02, 0.05]),
-    crashesMax: knobs.rangeInclusive(1, 3),
-  }).run();
-  return { spec, ref, out };
-}
 
 /** Known driver bug (see the KNOWN block): a restored sender's next marker undercounts early frames. */
 function knownMarkerBug(out: SimOutcome): boolean {

@@ -10,27 +10,12 @@
  * prints `reproduce with SEED=n`.
  */
 import { describe, expect, it } from "vitest";
-import { describeProgram, generateProgram, type ProgramSpec, programOf } from "../../src/testing/programs.ts";
-import { Prng, swarmSeeds } from "../../src/testing/prng.ts";
-import { SimCluster, type SimOutcome } from "../../src/testing/sim-cluster.ts";
+import { describeProgram } from "../../src/testing/programs.ts";
+import { swarmSeeds } from "../../src/testing/prng.ts";
+import { runNoneSeed } from "../../src/testing/swarm.ts";
 
 const SEEDS = swarmSeeds(2000);
 
-export async function runNoneSeed(seed: number): Promise<{ spec: ProgramSpec; ref: SimOutcome; out: SimOutcome }> {
-  const prng = new Prng(seed);
-  const size = prng.rangeInclusive(2, 4);
-  const spec = generateProgram(prng.fork(1), { size, opsMax: 10 });
-  const program = programOf(spec);
-  const knobs = prng.fork(2);
-  const ref = await new SimCluster({ seed, size, mode: "none", program, policy: "fifo", stepsMax: 20_000 }).run();
-  const out = await new SimCluster({
-    seed, size, mode: "none", program, policy: "random", stepsMax: 20_000,
-    delayMaxMs: knobs.pick([0, 0, 2, 20, 400]),
-    advanceChance: knobs.pick([0, 0.01, 0.1, 0.3]),
-    stickyChance: knobs.pick([0, 0.5, 0.9]),
-  }).run();
-  return { spec, ref, out };
-}
 
 function check(seed: number, { spec, ref, out }: Awaited<ReturnType<typeof runNoneSeed>>): void {
   const where = `program: ${describeProgram(spec)}`;

@@ -1,0 +1,56 @@
+/**
+ * The swarm runs shared by the simulation tests: one seed → one job size, one random program,
+ * one set of network, disk and fault knobs (swarm testing: each seed switches features on and
+ * off), run under the reference schedule and under the seeded one.
+ *
+ * @example
+ * const { ref, out } = await runNoneSeed(42); // SEED=42 in test/sim reruns exactly this
+ */
+import { generateProgram, type ProgramSpec, programOf } from "./programs.ts";
+import { Prng } from "./prng.ts";
+import { SimCluster, type SimOutcome } from "./sim-cluster.ts";
+
+/** Mode none: a random program under the reference (fifo) schedule and under the seeded one. */
+export async function runNoneSeed(seed: number): Promise<{ spec: ProgramSpec; ref: SimOutcome; out: SimOutcome }> {
+  const prng = new Prng(seed);
+  const size = prng.rangeInclusive(2, 4);
+  const spec = generateProgram(prng.fork(1), { size, opsMax: 10 });
+  const program = programOf(spec);
+  const knobs = prng.fork(2);
+  const ref = await new SimCluster({ seed, size, mode: "none", program, policy: "fifo", stepsMax: 20_000 }).run();
+  const out = await new SimCluster({
+    seed, size, mode: "none", program, policy: "random", stepsMax: 20_000,
+    delayMaxMs: knobs.pick([0, 0, 2, 20, 400]),
+    advanceChance: knobs.pick([0, 0.01, 0.1, 0.3]),
+    stickyChance: knobs.pick([0, 0.5, 0.9]),
+  }).run();
+  return { spec, ref, out };
+}
+
+/**
+ * Mode cpr: the program's failure-free reference (mode none, fifo) and a cpr run with a random
+ * initiator period, keep-lines, disk speed, network knobs and crash rate (restart-all).
+ */
+export async function runCprSeed(seed: number): Promise<{ spec: ProgramSpec; ref: SimOutcome; out: SimOutcome }> {
+  const prng = new Prng(seed);
+  const size = prng.rangeInclusive(2, 4);
+  const spec = generateProgram(prng.fork(1), { size, opsMax: 14, checkpointChance: 0.3 });
+  const program = programOf(spec);
+  const knobs = prng.fork(2);
+  const ref = await new SimCluster({ seed, size, mode: "none", program, policy: "fifo", stepsMax: 20_000 }).run();
+  const out = await new SimCluster({
+    seed, size, mode: "cpr", program, stepsMax: 60_000,
+    cpr: {
+      every: { ms: knobs.pick([20, 50, 150]) },
+      keepLines: knobs.pick([1, 2, 3]),
+      slowDisk: knobs.chance(0.5),
+      maxRestarts: 10,
+    },
+    delayMaxMs: knobs.pick([0, 5, 20, 100]),
+    advanceChance: knobs.pick([0.05, 0.2, 0.4]),
+    stickyChance: knobs.pick([0, 0.5]),
+    crashChance: knobs.pick([0, 0.005, 0.02, 0.05]),
+    crashesMax: knobs.rangeInclusive(1, 3),
+  }).run();
+  return { spec, ref, out };
+}
