@@ -142,6 +142,8 @@ export interface SimOutcome {
   readonly lastCrashMs: number;
   readonly stats: { stateThunks: number; globalThunks: number };
   readonly replayed: number;
+  /** Protocol frames sent, by type (summary, xfer, replica, stored), and wire collective frames. */
+  readonly frames: Record<string, number>;
   readonly trace: string[];
 }
 
@@ -210,6 +212,7 @@ export class RetryOneSim {
   private readonly seen = new Map<string, string>();
   private readonly stats = { stateThunks: 0, globalThunks: 0 };
   private readonly trace: string[] = [];
+  private readonly frames: Record<string, number> = { summary: 0, xfer: 0, replica: 0, stored: 0, coll: 0 };
   private readonly mocks: readonly Mock[];
   private readonly triggers: readonly Trigger[];
 
@@ -268,6 +271,7 @@ export class RetryOneSim {
       lastCrashMs: this.lastCrashMs,
       stats: this.stats,
       replayed: this.replayed,
+      frames: this.frames,
       trace: this.trace,
     };
   }
@@ -491,6 +495,8 @@ export class RetryOneSim {
   // ---- network and coordinator -------------------------------------------------------------------
 
   private push(from: number, to: number, m: Msg): void {
+    const kind = m.kind === "coll" ? "coll" : m.frame.t;
+    this.frames[kind] = (this.frames[kind] ?? 0) + 1;
     const target = this.nodes[to]!;
     if (!target.alive && target.attempt === m.toAttempt) return; // sent to a dead process: lost
     const key = `${from}>${to}`;

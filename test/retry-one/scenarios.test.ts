@@ -95,6 +95,29 @@ describe.each(["model", "local", "lazy"] as const)("%s_recover on 4 ranks", (kin
   });
 });
 
+describe("cost", () => {
+  it("failure-free: no agreement frames at all; per checkpoint k replicas and N-1 `stored` per rank", () => {
+    const iterations = 5;
+    const o = new RetryOneSim({ seed: 9, size: SIZE, replicas: 2, program: rabitProgram(program("local")) }).run();
+    expect(o.status).toBe("ok");
+    expect(o.frames.summary).toBe(0);
+    expect(o.frames.xfer).toBe(0);
+    expect(o.frames.replica).toBe(SIZE * 2 * iterations);
+    expect(o.frames.stored).toBe(SIZE * (SIZE - 1) * iterations);
+  });
+
+  it("one failure costs a few agreement rounds (all-to-all summaries), not one per replayed collective", () => {
+    for (let seed = 1; seed <= SEEDS; seed++) {
+      const o = new RetryOneSim({ seed, size: SIZE, replicas: 2, program: rabitProgram(program("local")), mocks: parseMocks("1,3,2,0") }).run();
+      expect(o.status).toBe("ok");
+      // Two bootstrap keys and (3,0) at least; (3,1) too unless the dead rank's frames for it were lost.
+      expect(o.replayed).toBeGreaterThanOrEqual(3);
+      const rounds = o.frames.summary / (SIZE * (SIZE - 1));
+      expect(rounds).toBeLessThanOrEqual(4);
+    }
+  });
+});
+
 describe("failures issue 4 lists", () => {
   it("lazy checkpoints: the global function runs only for a restore it serves", () => {
     const clean = new RetryOneSim({ seed: 3, size: SIZE, replicas: 2, program: rabitProgram(program("lazy")) }).run();
