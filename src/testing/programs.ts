@@ -72,6 +72,13 @@ export type Op =
   | { readonly kind: "collPair"; readonly a: CollSpec; readonly b: CollSpec }
   | { readonly kind: "overlap"; readonly coll: CollSpec; readonly round: P2pRound }
   | { readonly kind: "nondet"; readonly salt: number }
+  /**
+   * Each rank sends one token to a peer chosen by an environment value (`nondet`), after an
+   * alltoall of who-sends-to-whom; receivers take their tokens with wildcards. The pattern
+   * differs per schedule and per attempt; the folded result (a count) does not. Under cpr this
+   * only stays consistent if recorded nondet values are replayed after a restore.
+   */
+  | { readonly kind: "nondetRoute"; readonly tag: number }
   | { readonly kind: "checkpoint" };
 
 export interface ProgramSpec {
@@ -157,7 +164,8 @@ export function generateProgram(prng: Prng, opts: GenerateOptions): ProgramSpec 
     else if (r < 0.7) ops.push({ kind: "coll", coll: genColl(prng, size, bigChance) });
     else if (r < 0.78) ops.push({ kind: "collPair", a: genColl(prng, size, bigChance), b: genColl(prng, size, bigChance) });
     else if (r < 0.86) ops.push({ kind: "overlap", coll: genColl(prng, size, bigChance), round: genRound(prng, size, i, msgsMax) });
-    else if (r < 0.93) ops.push({ kind: "nondet", salt: prng.next() });
+    else if (r < 0.9) ops.push({ kind: "nondet", salt: prng.next() });
+    else if (r < 0.95) ops.push({ kind: "nondetRoute", tag: i * TAG_STRIDE });
     else ops.push({ kind: "checkpoint" });
   }
   return { seed: prng.seed, size, ops };
@@ -387,6 +395,18 @@ export async function runOp(world: World, ctx: RankContext, spec: ProgramSpec, i
       return [await c, r];
     }
     case "nondet": return [world.nondet(() => mix32(spec.seed, world.rank, op.salt))];
+    case "nondetRoute": {
+      const dest = world.nondet(ctx.environment) % world.size;
+      const plan = await world.alltoall(Array.from<unknown, number>({ length: world.size }, (_, d) => (d === dest ? 1 : 0)));
+      const expected = plan.reduce((a, b) => a + b, 0);
+      await world.send({ token: world.rank }, dest, op.tag);
+      let got = 0;
+      for (let k = 0; k < expected; k++) {
+        const m = await world.recv<{ token: number }>(ANY_SOURCE, op.tag);
+        if (plan[m.source] === 1 && m.data.token === m.source) got++;
+      }
+      return [await world.allreduce(got, "sum")];
+    }
     case "checkpoint": return ["checkpoint"];
   }
 }
@@ -416,6 +436,7 @@ export function describeProgram(spec: ProgramSpec): string {
       case "collPair": return `${i}:pair(${op.a.kind}, ${op.b.kind})`;
       case "overlap": return `${i}:overlap(${op.coll.kind} + ${op.round.msgs.length} msgs)`;
       case "nondet": return `${i}:nondet`;
+      case "nondetRoute": return `${i}:nondetRoute`;
       case "checkpoint": return `${i}:checkpoint`;
     }
   }).join(" ");
