@@ -266,9 +266,11 @@ export class Coordinator {
       this.onHello(identity, msg);
       return;
     }
-    // Heartbeats come from the rank's watchdog thread, which has a Dealer of its own.
+    // Heartbeats come from the rank's watchdog thread, which has a Dealer of its own and starts
+    // beating before the rank says hello: accept them from the attempt we expect, so a rank
+    // that freezes during its start-up is caught by --failure-timeout, not the rendezvous timeout.
     const rank = msg.t === "heartbeat" && identity === heartbeatIdentity(msg.rank, msg.attempt)
-      ? this.byIdentity.get(controlIdentity(msg.rank, msg.attempt))
+      ? (this.links[msg.rank]?.attempt === msg.attempt ? msg.rank : undefined)
       : this.byIdentity.get(identity);
     if (rank === undefined) {
       this.warn(`ignored a ${msg.t} message from ${printable(identity)}, which has not said hello`);

@@ -37,9 +37,11 @@ if (data.coordinator !== undefined && data.heartbeatMs > 0) {
   socket.connect(data.coordinator);
   const beat = encodeControl({ t: "heartbeat", rank: data.rank, attempt: data.attempt });
   let sending = false;
-  setInterval(() => {
+  const tick = (): void => {
     if (sending) return;
     sending = true;
     socket.send(beat).then(() => { sending = false; }, () => { sending = false; });
-  }, data.heartbeatMs);
+  };
+  tick(); // at once: a rank that freezes while it is still starting up is watched too
+  setInterval(tick, data.heartbeatMs);
 }
