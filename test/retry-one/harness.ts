@@ -17,38 +17,11 @@
  * finalized), `failed` (a machine reported an error), or `hang` (a step bound).
  *
  * The shared simulator in src/testing runs real Worlds; these machines have no driver yet,
- * so this harness drives them directly (with its own tiny PRNG, to depend on nothing
- * uncommitted).
+ * so this harness drives them directly, with the simulator's seeded PRNG.
  */
 import { RetryOneRank } from "../../src/cpr/retry-one/rank.ts";
+import { Prng } from "../../src/testing/prng.ts";
 import type { CollIdentity, Lazy, ProtoFrame, RankEffect, RestoredValue } from "../../src/cpr/retry-one/types.ts";
-
-/** mulberry32: a tiny seeded 32-bit PRNG (enough for scheduling decisions). */
-export class TinyPrng {
-  private s: number;
-  constructor(seed: number) {
-    this.s = (seed ^ 0x9e3779b9) >>> 0;
-  }
-  next(): number {
-    this.s = (this.s + 0x6d2b79f5) >>> 0;
-    let t = this.s;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  }
-  int(n: number): number {
-    return Math.floor(this.next() * n);
-  }
-  range(min: number, max: number): number {
-    return min + this.int(max - min + 1);
-  }
-  chance(p: number): boolean {
-    return this.next() < p;
-  }
-  pick<T>(xs: readonly T[]): T {
-    return xs[this.int(xs.length)]!;
-  }
-}
 
 /** What a program yields; it is resumed with the call's result. */
 export type Op =
@@ -196,7 +169,7 @@ const reduce = (op: string, a: number[], b: number[]): number[] => {
 };
 
 export class RetryOneSim {
-  private readonly prng: TinyPrng;
+  private readonly prng: Prng;
   private readonly nodes: Node[] = [];
   private readonly coordAttempts: number[];
   private readonly restartAt = new Map<number, number>();
@@ -217,7 +190,7 @@ export class RetryOneSim {
   private readonly triggers: readonly Trigger[];
 
   constructor(private readonly cfg: SimConfig) {
-    this.prng = new TinyPrng(cfg.seed);
+    this.prng = new Prng(cfg.seed);
     this.coordAttempts = new Array<number>(cfg.size).fill(0);
     this.mocks = cfg.mocks ?? [];
     this.triggers = cfg.triggers ?? [];
@@ -310,7 +283,7 @@ export class RetryOneSim {
   private tick(): void {
     const waits = [...this.restartAt.values()].filter((t) => t > this.now);
     const quiet = this.nodes.every((n) => !n.alive || n.failed || (n.resume === null && n.started));
-    this.now += quiet && waits.length > 0 ? Math.max(1, Math.min(...waits) - this.now) : this.prng.range(1, 50);
+    this.now += quiet && waits.length > 0 ? Math.max(1, Math.min(...waits) - this.now) : this.prng.rangeInclusive(1, 50);
     for (const n of this.nodes) if (n.alive && !n.failed) this.handle(n, n.machine.step({ kind: "tick", nowMs: this.now }));
   }
 
@@ -556,7 +529,7 @@ export class RetryOneSim {
     for (let r = 0; r < this.cfg.size; r++) if (r !== n.rank) this.sendCtl(r, { kind: "peer-down", rank: n.rank, attempt: n.attempt });
     if (!(this.cfg.noRestart ?? []).includes(n.rank)) {
       const [lo, hi] = this.cfg.restartDelayMs ?? [1, 200];
-      this.restartAt.set(n.rank, this.now + this.prng.range(lo, hi));
+      this.restartAt.set(n.rank, this.now + this.prng.rangeInclusive(lo, hi));
     }
   }
 

@@ -9,12 +9,12 @@
  * and never a wrong result.
  * Method: swarm testing — each seed draws the job (2–5 ranks, 1–3 replicas, program kind,
  * iterations, bootstrap on/off) and the fault mix, then one schedule. `SEED=n` reproduces a
- * failure; `SIM_SEEDS` / `SEED_BASE` choose how many and which.
+ * failure; `SIM_SEEDS` / `SEED_BASE` choose how many and which (src/testing/prng.ts).
  */
 import { describe, expect, it } from "vitest";
-import { RetryOneSim, type SimOutcome, TinyPrng } from "./harness.ts";
+import { Prng, swarmSeeds } from "../../src/testing/prng.ts";
+import { RetryOneSim, type SimOutcome } from "./harness.ts";
 import { type RabitProgramOptions, rabitProgram } from "./programs.ts";
-import { seedsToRun } from "./seeds.ts";
 
 interface Job {
   readonly size: number;
@@ -25,15 +25,15 @@ interface Job {
   readonly staleChance: number;
 }
 
-function jobFor(seed: number): Job {
-  const p = new TinyPrng(seed ^ 0x5eed);
-  const size = p.range(2, 5);
+function jobFor(seed: number, label: number): Job {
+  const p = new Prng(seed).fork(label);
+  const size = p.rangeInclusive(2, 5);
   return {
     size,
-    replicas: p.range(1, Math.min(3, size - 1)),
-    program: { kind: p.pick(["model", "local", "lazy"] as const), iterations: p.range(2, 5), n: 3, bootstrap: p.chance(0.6) },
-    randomCrashes: p.range(1, 6),
-    crashChance: 0.005 * p.range(1, 8),
+    replicas: p.rangeInclusive(1, Math.min(3, size - 1)),
+    program: { kind: p.pick(["model", "local", "lazy"] as const), iterations: p.rangeInclusive(2, 5), n: 3, bootstrap: p.chance(0.6) },
+    randomCrashes: p.rangeInclusive(1, 6),
+    crashChance: 0.005 * p.rangeInclusive(1, 8),
     staleChance: p.pick([0, 0.5, 1]),
   };
 }
@@ -54,7 +54,7 @@ function reference(job: Job): string {
 function runSwarm(seeds: number[], impairedBeyondReplicas: boolean, check: (o: SimOutcome, job: Job) => void): { crashes: number; replayed: number; failed: number } {
   let crashes = 0, replayed = 0, failed = 0;
   for (const seed of seeds) {
-    const job = jobFor(seed);
+    const job = jobFor(seed, impairedBeyondReplicas ? 2 : 1);
     try {
       const o = new RetryOneSim({
         seed,
@@ -79,7 +79,7 @@ function runSwarm(seeds: number[], impairedBeyondReplicas: boolean, check: (o: S
 
 describe("retry-one swarm", () => {
   it("within the replicas' coverage: every run recovers with the failure-free results (≥ 2000 schedules)", () => {
-    const seeds = seedsToRun(2000);
+    const seeds = swarmSeeds(2000);
     const totals = runSwarm(seeds, false, (o, job) => {
       if (o.status !== "ok") {
         throw new Error(`${o.status}: ${o.failures.map((f) => `${f.code} ${f.message}`).join("; ")}\n${o.trace.slice(-40).join("\n")}`);
@@ -94,7 +94,7 @@ describe("retry-one swarm", () => {
   });
 
   it("beyond the coverage: ok with the right results or a clear CPR_RESTORE error; never a hang (≥ 1000 schedules)", () => {
-    const seeds = seedsToRun(1000).map((s) => s + 7_000_000);
+    const seeds = swarmSeeds(1000);
     const totals = runSwarm(seeds, true, (o, job) => {
       if (o.status === "ok") {
         expect(JSON.stringify(o.results)).toBe(reference(job));
