@@ -71,7 +71,13 @@ export type NondetEntry =
   /** An `iprobe` result (`null`: nothing matched). */
   | { readonly k: "iprobe"; readonly source: number; readonly tag: number; readonly found: boolean }
   /** The index `waitAny` returned. */
-  | { readonly k: "any"; readonly index: number };
+  | { readonly k: "any"; readonly index: number }
+  /**
+   * What a poll of a request (`test()` or `done`) saw. For a receive seen done, `msg` is the
+   * message as it arrived (raw frames, so typed arrays come back as they were): a replay
+   * returns it from the log, and the re-sent copy is swallowed when it arrives.
+   */
+  | { readonly k: "test"; readonly done: boolean; readonly msg?: RawFrame };
 
 /** What World asks about one non-deterministic call. */
 export interface NondetTicket {

@@ -132,6 +132,14 @@ export class Matcher<E extends Envelope> {
     this.posted.push(w);
   }
 
+  /** Puts `next` where `prev` is in posting order (e.g. to narrow what it matches). Returns whether `prev` was there. */
+  replace(prev: Waiter<E>, next: Waiter<E>): boolean {
+    const i = this.posted.indexOf(prev);
+    if (i < 0) return false;
+    this.posted[i] = next;
+    return true;
+  }
+
   /** Removes a waiter that has not matched yet (e.g. on abort). Returns whether it was there. */
   cancel(w: Waiter<E>): boolean {
     const i = this.posted.indexOf(w);

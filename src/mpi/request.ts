@@ -11,11 +11,21 @@
 import { LifelineError } from "../errors.ts";
 import type { Request } from "./types.ts";
 
+/**
+ * What the program learns by polling a request (`test()`, `done`) depends on timing, so in
+ * mode cpr World logs it while recording and replays it on recovery. A poller answers one
+ * poll: `{ done, value }` to return, or undefined to answer from the request's own state.
+ */
+export type Poller<T> = (req: RequestImpl<T>) => { readonly done: boolean; readonly value: T | undefined } | undefined;
+
 export class RequestImpl<T> implements Request<T> {
   private state: "pending" | "done" | "failed" = "pending";
   private value: T | undefined;
   private error: unknown;
   private waiters: { resolve: (v: T) => void; reject: (e: unknown) => void }[] = [];
+
+  /** `poller`: set by World in mode cpr for the requests it creates (see {@link Poller}). */
+  constructor(private readonly poller?: Poller<T>) {}
 
   /** Called once by the layer when the operation completes. */
   complete(value: T): void {
@@ -35,8 +45,31 @@ export class RequestImpl<T> implements Request<T> {
     this.waiters = [];
   }
 
+  /** The program's view (logged/replayed in mode cpr); the layer itself uses {@link settled}. */
   get done(): boolean {
+    const polled = this.poll();
+    return polled === undefined ? this.state !== "pending" : polled.done;
+  }
+
+  /** Completed or failed, as the layer sees it (never logged). */
+  get settled(): boolean {
     return this.state !== "pending";
+  }
+
+  /** Failed (abort, finalize): polls of a failed request are not logged, they throw. */
+  get failed(): boolean {
+    return this.state === "failed";
+  }
+
+  /** The value if completed, without going through the poller. */
+  peek(): T | undefined {
+    if (this.state === "failed") throw this.error;
+    return this.state === "done" ? this.value : undefined;
+  }
+
+  private poll(): { readonly done: boolean; readonly value: T | undefined } | undefined {
+    if (this.poller === undefined || this.state === "failed") return undefined;
+    return this.poller(this);
   }
 
   wait(): Promise<T> {
@@ -46,8 +79,9 @@ export class RequestImpl<T> implements Request<T> {
   }
 
   test(): T | undefined {
-    if (this.state === "failed") throw this.error;
-    return this.state === "done" ? this.value : undefined;
+    const polled = this.poll();
+    if (polled !== undefined) return polled.done ? polled.value : undefined;
+    return this.peek();
   }
 
   /** Registers a completion callback without creating a promise (used by waitAny). */
@@ -63,7 +97,15 @@ export function asImpl<T>(r: Request<T>): RequestImpl<T> {
   return r;
 }
 
-/** Completes when every request has; resolves to their values in order. */
+/**
+ * Completes when every request has; resolves to their values in order.
+ *
+ * Not a source of non-determinism, so mode cpr logs nothing for it: its result is every
+ * value in argument order, whatever order the requests completed in, and each value is fixed
+ * by matching, not by timing (FIFO per channel; a wildcard receive's match is logged on its
+ * own). Only calls that *observe* completion order or time — waitAny, test/done, iprobe — can
+ * make a replay diverge.
+ */
 export async function waitAll<T>(reqs: readonly Request<T>[]): Promise<T[]> {
   const impls = reqs.map(asImpl);
   const out: T[] = new Array(impls.length);
@@ -77,7 +119,7 @@ export function waitAny<T>(reqs: readonly Request<T>[]): Promise<{ index: number
   if (impls.length === 0) return Promise.reject(new LifelineError("MPI_REQUEST", "waitAny() needs at least one request"));
   const pick = (): { index: number; value: T } | undefined => {
     for (let i = 0; i < impls.length; i++) {
-      if (impls[i]!.done) return { index: i, value: impls[i]!.test() as T };
+      if (impls[i]!.settled) return { index: i, value: impls[i]!.peek() as T };
     }
     return undefined;
   };

@@ -21,7 +21,7 @@ import { type EncodedBody, decodeBody, encodeBody, encodeValue, isTypedArray } f
 import type { CoordinatorToRank } from "./control.ts";
 import type { Mode, RankPlace } from "./env.ts";
 import { FaultPlan, parseFaults } from "./faults.ts";
-import { Matcher } from "./matching.ts";
+import { Matcher, type Waiter } from "./matching.ts";
 import { checkOp, isBuiltinOp } from "./reduce-ops.ts";
 import { asImpl, RequestImpl, waitAll, waitAny } from "./request.ts";
 import {
@@ -423,7 +423,7 @@ export class World implements WorldApi {
   }
 
   isend(data: unknown, dest: number, tag = 0): Request<void> {
-    const req = new RequestImpl<void>();
+    const req = new RequestImpl<void>(this.cpr === undefined ? undefined : (r) => this.pollSend(r));
     // Validation errors throw synchronously, like send's would reject: the call is wrong.
     this.live("isend");
     this.checkRank(dest, "isend", false);
@@ -491,25 +491,90 @@ export class World implements WorldApi {
     const logMatch = (env: AppEnvelope): void => {
       if (ticket !== undefined && ticket.replay === undefined) this.cpr!.logNondet(ticket.ordinal, { k: "match", source: env.source, tag: env.tag });
     };
-    const req = new RequestImpl<Message<T>>();
+    // Mode cpr: the frame of the matched message, for a poll that logs it (see pollRecv).
+    let matched: RawFrame | undefined;
+    const recv: PolledRecv = { waiter: undefined, raw: () => matched };
+    const req = new RequestImpl<Message<T>>(this.cpr === undefined ? undefined : (r) => this.pollRecv(r, recv));
     const now = this.matcher.take(src, tg);
     if (now !== undefined) {
       logMatch(now);
+      matched = now.raw;
       req.complete(publicMessage(now) as Message<T>);
       return req;
     }
     this.outstandingRecvs++;
-    this.matcher.post({
+    const waiter: Waiter<AppEnvelope> = {
       source: src, tag: tg, consume: true,
       onMatch: (env) => {
-        this.outstandingRecvs--;
         this.pending.delete(req as RequestImpl<unknown>);
+        if (req.settled) {
+          // A ghost: a replayed poll already completed this receive from the log; this is
+          // the re-sent copy of that message, swallowed.
+          this.ghosts--;
+          return;
+        }
+        this.outstandingRecvs--;
         logMatch(env);
+        matched = env.raw;
         req.complete(publicMessage(env) as Message<T>);
       },
-    });
+    };
+    recv.waiter = waiter;
+    this.matcher.post(waiter);
     this.pending.add(req as RequestImpl<unknown>);
     return req;
+  }
+
+  /**
+   * Receives completed from the log by a replayed poll whose re-sent copy has not arrived yet
+   * (their posted receives stay in place and swallow it). A checkpoint waits for them.
+   */
+  private ghosts = 0;
+
+  /**
+   * A poll (`test()`/`done`) of an irecv in mode cpr: its outcome depends on timing, so it is
+   * logged while recording — for a receive seen done, with the message's frame — and replayed
+   * on recovery. A replayed "done" whose message has not arrived again yet completes the
+   * request from the log and leaves its posted receive as a ghost, narrowed to the logged
+   * (source, tag) in its place in posting order, to swallow the copy the sender re-sends.
+   */
+  private pollRecv<T>(req: RequestImpl<Message<T>>, recv: PolledRecv): { done: boolean; value: Message<T> | undefined } | undefined {
+    const cpr = this.cpr!;
+    const ticket = cpr.nondet("test");
+    const r = ticket.replay;
+    if (r?.k === "test") {
+      if (!r.done) return { done: false, value: undefined };
+      if (req.settled) return { done: true, value: req.peek() };
+      if (r.msg === undefined) {
+        this.fatal(new LifelineError("CPR_REPLAY", `rank ${this.rank}: replay: a receive's poll #${ticket.ordinal} was logged done without its message`));
+        return undefined;
+      }
+      const h = decodeHeader(r.msg.header, { jobKey: this.jobKey, size: this.size });
+      const env: AppEnvelope = { source: h.source, tag: h.tag, data: decodeBody(h.encoding, h.arrayType, r.msg.body), raw: r.msg };
+      const w = recv.waiter!;
+      this.matcher.replace(w, { ...w, source: env.source, tag: env.tag });
+      recv.waiter = undefined;
+      this.outstandingRecvs--;
+      this.ghosts++;
+      req.complete(publicMessage(env) as Message<T>);
+      return { done: true, value: req.peek() };
+    }
+    const done = req.settled;
+    const raw = done ? recv.raw() : undefined;
+    // Copied: the program may change the arrays it received.
+    const msg = raw === undefined ? undefined : { header: Buffer.from(raw.header), body: raw.body.map((b) => Buffer.from(b)) };
+    cpr.logNondet(ticket.ordinal, msg === undefined ? { k: "test", done } : { k: "test", done, msg });
+    return { done, value: done ? req.peek() : undefined };
+  }
+
+  /** A poll of an isend in mode cpr: whether it was done is timing; logged and replayed. */
+  private pollSend(req: RequestImpl<void>): { done: boolean; value: undefined } | undefined {
+    const cpr = this.cpr!;
+    const ticket = cpr.nondet("test");
+    if (ticket.replay?.k === "test") return { done: ticket.replay.done, value: undefined };
+    const done = req.settled;
+    cpr.logNondet(ticket.ordinal, { k: "test", done });
+    return { done, value: undefined };
   }
 
   /** Requests that the layer must fail on abort (posted receives and probes). */
@@ -854,6 +919,14 @@ export class World implements WorldApi {
     }
     this.steps++;
     this.collSinceCheckpoint = 0;
+    if (this.cpr !== undefined && this.ghosts > 0) {
+      // A replayed poll completed a receive from the log and its re-sent copy is still on
+      // its way: a checkpoint now would save a posted receive, which no part can hold. Not
+      // a checkpoint location this time; the next one is (the copy is already re-sent or
+      // about to be, by a peer replaying the same execution).
+      this.reportStep(false);
+      return;
+    }
     if (this.cpr !== undefined) {
       const before = this.cpr.epoch;
       this.cpr.checkpoint(state, global, () => this.deliverSelf(Infinity));
@@ -938,6 +1011,12 @@ export class World implements WorldApi {
 }
 
 /** What the program sees of a message (not the frame kept for checkpoints). */
+/** An irecv as its poller sees it: its posted receive (until matched) and its message's frame. */
+interface PolledRecv {
+  waiter: Waiter<AppEnvelope> | undefined;
+  readonly raw: () => RawFrame | undefined;
+}
+
 function publicMessage(env: AppEnvelope): { source: number; tag: number; data: unknown } {
   return { source: env.source, tag: env.tag, data: env.data };
 }

@@ -137,3 +137,55 @@ describe("RankMachine", () => {
     expect(kinds(m.arrive({ source: 1, epoch: 2, recording: false, channelSeq: 0 }, undefined).effects)).toEqual(["fatal"]);
   });
 });
+
+describe("RankMachine: polls of requests (test()/done)", () => {
+  const frame = { header: Buffer.alloc(40, 1), body: [Buffer.from(new Float64Array([1.5, -2]).buffer)] };
+  const recording = (): RankMachine => {
+    const m = new RankMachine({ rank: 0, size: 2, nondetEntriesMax: 4 });
+    m.onControl({ t: "cpr-checkpoint", epoch: 1 });
+    m.takeCheckpoint();
+    return m;
+  };
+
+  it("a polling loop's 'not done' outcomes cost no memory: only the last one is kept, so the log still reaches it", () => {
+    const m = recording();
+    for (let i = 0; i < 1000; i++) m.logNondet(m.nondet("test").ordinal, { k: "test", done: false }); // far past nondetEntriesMax 4
+    expect(m.logNondet(m.nondet("test").ordinal, { k: "test", done: true, msg: frame })).toEqual([]);
+    for (let i = 0; i < 10; i++) m.logNondet(m.nondet("test").ordinal, { k: "test", done: false });
+    m.onControl({ t: "cpr-stop", epoch: 1 });
+    const { nondet } = m.partLogs();
+    expect(nondet).toEqual([[1000, { k: "test", done: true, msg: frame }], [1010, { k: "test", done: false }]]);
+  });
+
+  it("a restored machine replays every poll up to the log's end ('not done' where the log has no entry, the message where it has one), then runs freely", () => {
+    const r = new RankMachine({ rank: 0, size: 2 });
+    r.restore({ epoch: 1, earlyIds: [], nondet: [[2, { k: "test", done: true, msg: frame }], [3, { k: "value", v: 7 }], [5, { k: "test", done: false }]] });
+    expect(r.nondet("test").replay).toEqual({ k: "test", done: false });
+    expect(r.nondet("test").replay).toEqual({ k: "test", done: false });
+    const done = r.nondet("test").replay;
+    expect(done).toEqual({ k: "test", done: true, msg: frame });
+    expect(r.nondet("value").replay).toEqual({ k: "value", v: 7 });
+    expect(r.nondet("test").replay).toEqual({ k: "test", done: false }); // #4: implied
+    expect(r.replaying).toBe(true);
+    expect(r.nondet("test").replay).toEqual({ k: "test", done: false }); // #5: the log's end
+    expect(r.replaying).toBe(false);
+    expect(r.nondet("test").replay).toBeUndefined();
+  });
+
+  it("a missing ordinal of another kind is not a poll: it runs freely (a wildcard match logged after the stop)", () => {
+    const r = new RankMachine({ rank: 0, size: 2 });
+    r.restore({ epoch: 1, earlyIds: [], nondet: [[1, { k: "test", done: true }]] });
+    expect(r.nondet("match").replay).toBeUndefined();
+    expect(r.nondet("test").replay).toEqual({ k: "test", done: true });
+  });
+
+  it("polls after recording stopped are not logged, and the bound counts only polls that saw a message", () => {
+    const m = recording();
+    for (let i = 0; i < 4; i++) expect(m.logNondet(m.nondet("test").ordinal, { k: "test", done: true, msg: frame })).toEqual([]);
+    expect(m.logNondet(m.nondet("test").ordinal, { k: "test", done: true, msg: frame })).toMatchObject([{ kind: "fatal", code: "CPR_PROTOCOL" }]);
+    m.onControl({ t: "cpr-stop", epoch: 1 });
+    m.partLogs();
+    m.logNondet(m.nondet("test").ordinal, { k: "test", done: false });
+    expect(m.partLogs().nondet).toEqual([]);
+  });
+});

@@ -239,7 +239,15 @@ export class CoordinatedDriver implements CprHook {
   }
 
   logNondet(ordinal: number, entry: NondetEntry): void {
-    this.apply(this.machine.logNondet(ordinal, entry));
+    const effects = this.machine.logNondet(ordinal, entry);
+    if (entry.k === "test" && entry.msg !== undefined && this.machine.recording) {
+      // Messages logged by polls count against the same bound as late frames.
+      this.lateBytes += entry.msg.header.length + entry.msg.body.reduce((n, b) => n + b.length, 0);
+      if (this.lateBytes > LATE_BYTES_MAX) {
+        effects.push({ kind: "fatal", code: "CPR_PROTOCOL", message: `rank ${this.access.rank}: more than ${LATE_BYTES_MAX >> 20} MiB of late and polled messages logged while recording epoch ${this.machine.epoch}` });
+      }
+    }
+    this.apply(effects);
   }
 
   async close(): Promise<void> {

@@ -22,7 +22,11 @@
  * (slide 33–34: what follows such a message may not be replayed the same way).
  *
  * While recording, every non-deterministic outcome is logged by ordinal since the
- * checkpoint; a restored rank replays the log by ordinal, then runs freely.
+ * checkpoint; a restored rank replays the log by ordinal, then runs freely. Polls of a
+ * request (`test()`/`done`) that saw it not done are the common case of a polling loop and
+ * cost no memory: only the highest such ordinal is kept, and on replay a poll whose ordinal
+ * is missing from the log but not past its end saw "not done" (a poll is logged at once, so
+ * every poll ordinal up to the log's end was logged while recording).
  *
  * @example
  * const m = new RankMachine({ rank: 1, size: 3 });
@@ -84,6 +88,8 @@ export class RankMachine {
   /** Late frames (opaque to the machine) logged in arrival order. */
   lateLog: unknown[] = [];
   private nondetLog = new Map<number, NondetEntry>();
+  /** Highest ordinal of a poll logged as "not done" (kept implicitly, see the file comment). */
+  private notDoneHigh = -1;
   private ordinal = 0;
   private replayLog: Map<number, NondetEntry> | undefined;
   private replayUntil = -1;
@@ -214,6 +220,7 @@ export class RankMachine {
     this.earlyNext = [];
     this.lateLog = [];
     this.nondetLog = new Map();
+    this.notDoneHigh = -1;
     this.ordinal = 0;
     this.replayLog = undefined;
     this.replayUntil = -1;
@@ -270,9 +277,14 @@ export class RankMachine {
 
   /** The logs of the round that just stopped (for the part). */
   partLogs(): { earlyIds: [number, number][]; lateLog: unknown[]; nondet: [number, NondetEntry][] } {
-    const out = { earlyIds: this.earlyIds, lateLog: this.lateLog, nondet: [...this.nondetLog].sort((a, b) => a[0] - b[0]) };
+    const nondet = [...this.nondetLog].sort((a, b) => a[0] - b[0]);
+    // The log must reach the last "not done" poll, or a replay would run that poll freely.
+    const last = nondet.length === 0 ? -1 : nondet[nondet.length - 1]![0];
+    if (this.notDoneHigh > last) nondet.push([this.notDoneHigh, { k: "test", done: false }]);
+    const out = { earlyIds: this.earlyIds, lateLog: this.lateLog, nondet };
     this.lateLog = [];
     this.nondetLog = new Map();
+    this.notDoneHigh = -1;
     return out;
   }
 
@@ -284,6 +296,7 @@ export class RankMachine {
     if (this.replayLog !== undefined) {
       replay = this.replayLog.get(ordinal);
       this.replayLog.delete(ordinal);
+      if (replay === undefined && kind === "test" && ordinal <= this.replayUntil) replay = { k: "test", done: false };
       if (replay !== undefined && replay.k !== kind) {
         effects.push({ kind: "fatal", code: "CPR_REPLAY", message: `rank ${this.rank}: replay diverged at non-deterministic event #${ordinal} of epoch ${this.epoch}: the log has a ${replay.k} outcome, the program made a ${kind} call; the program must make the same calls after a restore (keep all loop state in the checkpointed state)` });
         replay = undefined;
@@ -301,6 +314,10 @@ export class RankMachine {
   /** The outcome of call `ordinal`; kept if recording is still on. */
   logNondet(ordinal: number, entry: NondetEntry): RankEffect[] {
     if (!this.recording) return [];
+    if (entry.k === "test" && !entry.done && entry.msg === undefined) {
+      this.notDoneHigh = Math.max(this.notDoneHigh, ordinal);
+      return [];
+    }
     if (this.nondetLog.size >= this.nondetMax) {
       return [{ kind: "fatal", code: "CPR_PROTOCOL", message: `rank ${this.rank}: more than ${this.nondetMax} non-deterministic outcomes logged while recording epoch ${this.epoch}; checkpoint more often or record less` }];
     }

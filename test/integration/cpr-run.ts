@@ -1,0 +1,74 @@
+/**
+ * Runs the built launcher (`node dist/cli.js run`) for the cpr integration tests: --json
+ * events on stderr (the caller may watch them), --results read back. Every run has a
+ * deadline; the child is SIGTERMed past it (the launcher takes its ranks down with it).
+ */
+import { spawn } from "node:child_process";
+import { existsSync } from "node:fs";
+import { readFile } from "node:fs/promises";
+import { join } from "node:path";
+import { fileURLToPath } from "node:url";
+
+export const ROOT = fileURLToPath(new URL("../..", import.meta.url));
+export const CLI = join(ROOT, "dist", "cli.js");
+
+export interface RunOutcome {
+  code: number | null;
+  stdout: string;
+  stderr: string;
+  doc: { ranks: unknown[]; restarts: number; error?: { code: string; message: string }; recovery?: { linesCommitted: number[]; rollbacks: { attempt: number; epoch: number }[] } } | undefined;
+}
+
+export interface RunSpec {
+  readonly np: number;
+  /** Program path relative to the repository root. */
+  readonly program: string;
+  readonly flags: readonly string[];
+  readonly args?: readonly string[];
+  /** Working directory for stores and results. */
+  readonly dir: string;
+  readonly name: string;
+  readonly timeoutMs: number;
+  /** Sees every --json event line (parsed). */
+  readonly onEvent?: (ev: Record<string, unknown>) => void;
+  /** Without --json (human progress output on stderr). */
+  readonly human?: boolean;
+}
+
+export async function runLauncher(spec: RunSpec): Promise<RunOutcome> {
+  const results = join(spec.dir, `${spec.name}.json`);
+  const argv = [CLI, "run", "-n", String(spec.np), ...(spec.human === true ? [] : ["--json"]), "--store", join(spec.dir, `${spec.name}.store`), "--results", results, ...spec.flags, spec.program, ...(spec.args ?? [])];
+  const child = spawn(process.execPath, argv, { cwd: ROOT, stdio: ["ignore", "pipe", "pipe"] });
+  let stdout = "";
+  let stderr = "";
+  let partial = "";
+  child.stdout.setEncoding("utf8").on("data", (chunk: string) => { stdout += chunk; });
+  child.stderr.setEncoding("utf8").on("data", (chunk: string) => {
+    stderr += chunk;
+    partial += chunk;
+    const lines = partial.split("\n");
+    partial = lines.pop()!;
+    if (spec.onEvent === undefined) return;
+    for (const line of lines) {
+      if (!line.startsWith("{")) continue;
+      let ev: Record<string, unknown>;
+      try {
+        ev = JSON.parse(line) as Record<string, unknown>;
+      } catch {
+        continue; // a rank's own stderr line that happens to start with "{"
+      }
+      spec.onEvent(ev);
+    }
+  });
+  const timer = setTimeout(() => child.kill("SIGTERM"), spec.timeoutMs);
+  const code = await new Promise<number | null>((resolve, reject) => {
+    child.on("error", reject);
+    child.on("close", (c) => resolve(c));
+  });
+  clearTimeout(timer);
+  const doc = existsSync(results) ? (JSON.parse(await readFile(results, "utf8")) as RunOutcome["doc"]) : undefined;
+  return { code, stdout, stderr, doc };
+}
+
+/** The tail of a run's stderr without step events, for assertion messages. */
+export const context = (o: RunOutcome): string => `exit ${o.code}\n${o.stderr.split("\n").filter((l) => !l.includes('"rank-step"')).slice(-40).join("\n")}`;
