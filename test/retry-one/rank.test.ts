@@ -163,3 +163,43 @@ describe("RetryOneRank: misuse and failures", () => {
     expect(m.step({ kind: "executed", result: 9 })).toMatchObject([{ kind: "fail", code: "CPR_CHECKPOINT" }]);
   });
 });
+
+describe("RetryOneRank: a restart, step by step", () => {
+  it("the restarted rank restores from its successor, replays from a survivor's buffer, then all proceed together", () => {
+    const ms = machines(3, 1);
+    const seen: RankEffect[][] = [[], [], []];
+    const collectiveAll = (result: unknown): void => {
+      for (let r = 0; r < 3; r++) route(ms, r, { kind: "collective", ident: sum }, seen);
+      for (let r = 0; r < 3; r++) route(ms, r, { kind: "executed", result }, seen);
+    };
+    collectiveAll("a");
+    for (let r = 0; r < 3; r++) route(ms, r, { kind: "checkpoint", state: val(`s${r}`), global: val("g1") }, seen);
+    collectiveAll("b"); // (1, 0)
+    // Rank 1 dies while the survivors compute; it runs again as attempt 1.
+    ms[1] = new RetryOneRank({ rank: 1, size: 3, attempt: 1, attempts: [0, 1, 0], replicas: 1 });
+    seen[0] = [];
+    seen[1] = [];
+    seen[2] = [];
+    for (const r of [0, 2]) {
+      route(ms, r, { kind: "peer-down", rank: 1, attempt: 0, nowMs: 0 }, seen);
+      route(ms, r, { kind: "peer-up", rank: 1, attempt: 1, nowMs: 1 }, seen);
+    }
+    // Survivors wait at their next collective, (1, 1).
+    route(ms, 0, { kind: "collective", ident: sum }, seen);
+    route(ms, 2, { kind: "collective", ident: sum }, seen);
+    expect(seen[0]).toEqual([]);
+    route(ms, 1, { kind: "restore" }, seen);
+    expect(seen[1]).toEqual([{ kind: "restored", value: { state: "s1", global: "g1", version: 1 } }]);
+    route(ms, 1, { kind: "collective", ident: sum }, seen);
+    expect(seen[1]![1]).toEqual({ kind: "complete", result: "b", replayed: true });
+    // Caught up: the next round finds everyone at (1, 1) and they run it on the wire together.
+    route(ms, 1, { kind: "collective", ident: sum }, seen);
+    for (let r = 0; r < 3; r++) {
+      expect(seen[r]!.at(-1)).toMatchObject({ kind: "execute", ident: sum });
+      expect(ms[r]!.inRecovery).toBe(false);
+    }
+    const wire = seen.map((es) => (es.at(-1) as { wireSeq: number }).wireSeq);
+    expect(new Set(wire).size).toBe(1);
+    expect(ms[1]!.buffered.replicas).toBe(1); // it holds rank 0's replica again
+  });
+});

@@ -90,7 +90,7 @@ describe.each(["model", "local", "lazy"] as const)("%s_recover on 4 ranks", (kin
     expectRecovered({ program: program(kind), mocks: parseMocks(DIE_SAME), replicas: 3 }, 4);
   });
 
-  it(`die hard (${DIE_HARD}): restarted ranks 1 and 3 die again during their recovery, then the first survivor`, () => {
+  it(`die hard (${DIE_HARD}): restarted ranks 1 and 3 (1 is 3's tree parent) die again at the point where the survivor waits, then the survivor dies`, () => {
     expectRecovered({ program: program(kind), mocks: parseMocks(DIE_HARD), replicas: 3 }, 7);
   });
 });
