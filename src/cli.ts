@@ -141,6 +141,8 @@ function addRunOptions(cmd: Command, supported: string): void {
     .option("--store <dir>", `directory of the recovery-line store (default ${DEFAULTS.store})`)
     .option("--keep-lines <n>", `recovery lines to keep (default ${DEFAULTS.keepLines})`)
     .option("--max-restarts <n>", `restarts allowed before the job fails (default ${DEFAULTS.maxRestarts})`)
+    .option("--restart-reset <dur>", "healthy running for this long forgives earlier restarts: --max-restarts and the back-off start over (default: never)")
+    .option("--error-file <file>", "JSON record of every failure: rank, attempt, cause, time, last stderr lines (default <store>/errors.json)")
     .option("--heartbeat <ms>", `rank heartbeat interval (default ${DEFAULTS.heartbeatMs}ms)`)
     .option("--failure-timeout <ms>", `a rank silent this long is failed (default ${DEFAULTS.failureTimeoutMs}ms, at least 2x --heartbeat)`)
     .option("--stuck-timeout <dur>", "a rank with no checkpoint() call for this long is stuck and failed (default: not monitored)")
@@ -167,6 +169,8 @@ function toFlags(app: string, args: string[], o: Record<string, unknown>): RunFl
     store: str("store"),
     keepLines: str("keepLines"),
     maxRestarts: str("maxRestarts"),
+    restartReset: str("restartReset"),
+    errorFile: str("errorFile"),
     heartbeat: str("heartbeat"),
     failureTimeout: str("failureTimeout"),
     stuckTimeout: str("stuckTimeout"),

@@ -8,8 +8,9 @@
  *   through the coordinator; its commits are written to the line manifest (`<store>/manifest`,
  *   held by this process for the job's lifetime), then the manifest is pruned to
  *   `--keep-lines` and the ranks are told which lines to keep (cpr-committed).
- * - A failure of a rank (exit, heartbeat, stuck) restarts all ranks (attempt + 1) after a
- *   back-off, at most `--max-restarts` times; a job-fatal error reported by a rank (e.g. a
+ * - A failure of a rank (exit, heartbeat, stuck) restarts all ranks (attempt + 1) after the
+ *   supervisor's back-off with jitter (src/launch/backoff.ts), at most `--max-restarts` times
+ *   (counted since the last `--restart-reset`); a job-fatal error reported by a rank (e.g. a
  *   collective mismatch, a replay divergence) fails the job, since re-running cannot help.
  * - While no rank runs, the recovery line is chosen with `recoverLocal` (the newest committed
  *   line whose parts all verify; parts of aborted lines are deleted) and each rank's table
@@ -34,9 +35,6 @@ import type { JobView, PolicyContext, PolicyDecision, RankFailure, RestartPolicy
 const TICK_MS = 50;
 /** A round that takes longer than this is aborted (the last committed line stays). */
 export const PHASE_TIMEOUT_MS = 60_000;
-/** Back-off before restart n: BACKOFF_BASE_MS * 2^(n-1), at most BACKOFF_MAX_MS. */
-const BACKOFF_BASE_MS = 100;
-const BACKOFF_MAX_MS = 5_000;
 
 /** Failures that a restart cannot fix: the program or the launch itself is wrong. */
 const FATAL_KINDS: readonly RankFailure["kind"][] = ["abort", "bad-result", "release-hang", "rendezvous", "spawn", "interrupted"];
@@ -114,7 +112,7 @@ export class CprRestartPolicy implements RestartPolicy {
     }
     // Stop the initiator now: messages of the dying attempt must not start or commit a line.
     this.initiator = undefined;
-    return { kind: "restart", ranks: Array.from({ length: job.size }, (_, r) => r), delayMs: Math.min(BACKOFF_MAX_MS, BACKOFF_BASE_MS * 2 ** job.restarts) };
+    return { kind: "restart", ranks: Array.from({ length: job.size }, (_, r) => r), delayMs: job.backoffMs };
   }
 
   async prepareRestart(attempt: number): Promise<void> {

@@ -4,8 +4,9 @@
  * detector: the supervisor sees them at once.
  *
  * - Heartbeats catch frozen or unreachable ranks: no control message for `failureTimeoutMs`.
- *   Armed per rank by its first heartbeat, so a rank side that sends none (another engine's
- *   launcher, an older library) is never declared dead for silence.
+ *   Armed per rank by `heard(..., { heartbeat: true })`: the supervisor arms its own ranks at
+ *   their hello (their watchdog thread is already beating by then), so a rank that freezes
+ *   before its first beat is caught too.
  * - Steps catch hung ranks: no `checkpoint()` boundary for `stuckTimeoutMs` (only when the user
  *   asked for it with `--stuck-timeout`). Armed when the job starts (the rendezvous completes),
  *   so a rank that hangs before its first step — in a collective whose peer went elsewhere —

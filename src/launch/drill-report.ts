@@ -95,7 +95,8 @@ export interface DrillReport {
 
 // ---- analysis ----------------------------------------------------------------------------
 
-const FIRED_LINE = /injected fault: (?:killing|freezing) this rank \((.+)\)\s*$/;
+/** A rank's fault announcement (src/mpi/faults.ts `fire`); older ranks print no ` at <ms>`. */
+export const FIRED_LINE = /injected fault: (?:killing|freezing) this rank \((.+?)\)(?: at (\d+(?:\.\d+)?))?\s*$/;
 
 /** Loose view of an event, for kinds that recovery protocols may add (line commits, restores). */
 function fields(ev: RecordedEvent["ev"]): Record<string, unknown> {

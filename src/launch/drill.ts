@@ -318,8 +318,11 @@ class RecordingReporter implements Reporter {
     // The program's stdout is not the drill's business; its stderr is kept (bounded) for the
     // fault announcements the analysis reads, and passed on under --json.
     if (stream === "stdout") return;
-    const t = this.now();
-    const fired = /injected fault: (killing|freezing) this rank \((.+)\)/.exec(line);
+    const fired = /injected fault: (killing|freezing) this rank \((.+?)\)(?: at (\d+(?:\.\d+)?))?\s*$/.exec(line);
+    // A fault line carries the moment the rank died (wall clock): place the hit there, not at
+    // the line's arrival through the pipe, so that detection times are measured from the death.
+    const stamped = fired?.[3] === undefined ? undefined : Number(fired[3]) - (performance.timeOrigin + this.start);
+    const t = stamped !== undefined && Number.isFinite(stamped) && stamped >= 0 ? Math.min(stamped, this.now()) : this.now();
     if (fired !== null || this.stderrKept < STDERR_LINES_KEPT_MAX) {
       this.stderrKept++;
       this.events.push({ t, ev: { kind: "rank-output", rank, stream, line } });

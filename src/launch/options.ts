@@ -51,6 +51,10 @@ export interface RunConfig {
   store: string;
   keepLines: number;
   maxRestarts: number;
+  /** Healthy running for this long forgives the restarts so far (`--restart-reset`); `undefined` = never. */
+  restartResetMs: number | undefined;
+  /** Absolute path of the JSON failure record (`--error-file`); `undefined` = `<store>/errors.json`. */
+  errorFile: string | undefined;
   heartbeatMs: number;
   failureTimeoutMs: number;
   /** No step boundary for this long = stuck; `undefined` = not monitored. */
@@ -74,6 +78,8 @@ export interface RunFlags {
   store?: string | undefined;
   keepLines?: string | undefined;
   maxRestarts?: string | undefined;
+  restartReset?: string | undefined;
+  errorFile?: string | undefined;
   heartbeat?: string | undefined;
   failureTimeout?: string | undefined;
   stuckTimeout?: string | undefined;
@@ -216,6 +222,13 @@ export function resolveRunConfig(flags: RunFlags, ctx: { cwd: string }): RunConf
   const checkpointEvery = flags.checkpointEvery === undefined ? DEFAULTS.checkpointEvery : check(() => parseCheckpointEvery(flags.checkpointEvery!));
   const keepLines = flags.keepLines === undefined ? DEFAULTS.keepLines : check(() => parseCount(flags.keepLines!, "--keep-lines", 1, 1000));
   const maxRestarts = flags.maxRestarts === undefined ? DEFAULTS.maxRestarts : check(() => parseCount(flags.maxRestarts!, "--max-restarts", 0, 1_000_000));
+  const restartResetMs = flags.restartReset === undefined ? undefined : check(() => bounded(parseDuration(flags.restartReset!, "--restart-reset"), "--restart-reset", flags.restartReset!, 1, 30 * 86_400_000));
+  const errorFile = flags.errorFile === undefined ? undefined : check(() => {
+    if (flags.errorFile!.trim() === "") throw usage("--error-file needs a file name");
+    const path = resolve(ctx.cwd, flags.errorFile!);
+    if (existsSync(path) && statSync(path).isDirectory()) throw usage(`--error-file ${JSON.stringify(flags.errorFile)} is a directory; give a file name`);
+    return path;
+  });
   const heartbeatMs = flags.heartbeat === undefined ? DEFAULTS.heartbeatMs : check(() => bounded(parseDuration(flags.heartbeat!, "--heartbeat"), "--heartbeat", flags.heartbeat!, 10, 3_600_000));
   const failureTimeoutMs = flags.failureTimeout === undefined
     ? Math.max(DEFAULTS.failureTimeoutMs, 2 * (heartbeatMs ?? DEFAULTS.heartbeatMs))
@@ -283,6 +296,8 @@ export function resolveRunConfig(flags: RunFlags, ctx: { cwd: string }): RunConf
     store: resolve(ctx.cwd, flags.store ?? DEFAULTS.store),
     keepLines: keepLines!,
     maxRestarts: maxRestarts!,
+    restartResetMs,
+    errorFile,
     heartbeatMs: heartbeatMs!,
     failureTimeoutMs: failureTimeoutMs!,
     stuckTimeoutMs,

@@ -3,7 +3,8 @@
  *
  * The supervisor emits {@link JobEvent}s and forwards rank output; a {@link Reporter} renders
  * them in one of four styles:
- * - `tty`: a live status line on stderr (ranks up, per-rank steps, elapsed), redrawn in place
+ * - `tty`: a live status line on stderr (ranks up, per-rank steps, the newest committed recovery
+ *   line and the restarts so far in cpr, elapsed), redrawn in place
  *   and cleared before any forwarded rank line, then event lines and a final summary;
  * - `plain` (stderr is a pipe or file): one line per event, no control characters;
  * - `json` (`--json`): one JSON object per line on stderr per event, for machines; rank stderr
@@ -203,6 +204,9 @@ class HumanReporter implements Reporter {
   private readonly up: boolean[];
   private readonly finalized: boolean[];
   private statusShown = false;
+  /** cpr: the newest committed recovery line; restarts of the job so far. */
+  private lineEpoch = 0;
+  private restarts = 0;
   private lastDrawMs = -Infinity;
   private redrawTimer: NodeJS.Timeout | undefined;
   private job = "";
@@ -262,9 +266,14 @@ class HumanReporter implements Reporter {
         if (!this.quiet) this.print(`${this.paint("warning:", "33")} ${ev.message}`);
         break;
       case "line-committed":
+        this.lineEpoch = Math.max(this.lineEpoch, ev.epoch);
         this.info(`recovery line ${ev.epoch} committed (${ev.bytes} bytes, ${secs(ev.durationMs)})`);
         break;
       case "job-restarting":
+        this.restarts = ev.restarts;
+        this.lineEpoch = ev.epoch;
+        this.up.fill(false);
+        this.finalized.fill(false);
         this.info(`restart ${ev.restarts}: every rank restarts (attempt ${ev.attempt}) ${ev.epoch === 0 ? "from the beginning (no line committed yet)" : `from recovery line ${ev.epoch}`}`);
         break;
       case "job-finished":
@@ -341,6 +350,8 @@ class HumanReporter implements Reporter {
     const doneCount = this.finalized.filter(Boolean).length;
     const parts = [`lifeline ${this.job}`, `${upCount}/${size} up`];
     if (doneCount > 0) parts.push(`${doneCount}/${size} finalized`);
+    if (this.lineEpoch > 0) parts.push(`epoch ${this.lineEpoch}`);
+    if (this.restarts > 0) parts.push(`${this.restarts} restart${plural(this.restarts)}`);
     if (this.steps.some((s) => s > 0)) {
       parts.push(
         size <= STATUS_RANKS_LISTED_MAX

@@ -32,6 +32,8 @@ export interface RunIo {
    * (`lifeline drill` records each run's events this way). Closed by runJob at the end.
    */
   reporter?: Reporter;
+  /** Random source of the restart back-off's jitter (default Math.random); tests pass a seeded one. */
+  random?: () => number;
 }
 
 /** Signals that stop a job gracefully; a second one kills the ranks at once. */
@@ -51,7 +53,7 @@ export async function runJob(config: RunConfig, io: RunIo): Promise<JobOutcome> 
     stderr: io.stderr,
     size: config.size,
   });
-  const supervisor = new Supervisor(config, { reporter, runDir, jobId, jobKey, baseEnv: io.env });
+  const supervisor = new Supervisor(config, { reporter, runDir, jobId, jobKey, baseEnv: io.env, ...(io.random === undefined ? {} : { random: io.random }) });
 
   const handleSignals = io.handleSignals ?? true;
   const onSignal = (signal: NodeJS.Signals): void => supervisor.interrupt(signal);

@@ -15,10 +15,13 @@
  * process.once("SIGINT", () => sup.interrupt("SIGINT"));
  * const outcome = await sup.run(); // { ok, exitCode, results, error, ... }
  */
+import { mkdirSync, renameSync, rmSync, writeFileSync } from "node:fs";
 import { constants as osConstants } from "node:os";
+import { dirname, join } from "node:path";
 import type { CoordinatorToRank, RankToCoordinator } from "../mpi/control.ts";
 import { LifelineError, errorMessage, isLifelineError, type LifelineErrorCode } from "../errors.ts";
 import { ENV, type Mode } from "../mpi/env.ts";
+import { backoffDelayMs, RestartBudget } from "./backoff.ts";
 import { Coordinator, type CoordinatorEvent } from "./coordinator.ts";
 import { CprRestartPolicy } from "./cpr-policy.ts";
 import { FailureDetector, type Suspicion } from "./detector.ts";
@@ -55,9 +58,35 @@ export interface RankFailure {
 export interface JobView {
   readonly size: number;
   readonly mode: Mode;
+  /** Restarts that count against `maxRestarts`: since the start, or since the last `--restart-reset`. */
   readonly restarts: number;
   readonly maxRestarts: number;
   readonly finalized: readonly boolean[];
+  /** The back-off (with jitter) to wait if this failure is restarted (src/launch/backoff.ts). */
+  readonly backoffMs: number;
+}
+
+/** One entry of the `--error-file` (docs/cli.md, "Error file"). */
+export interface FailureRecord {
+  /** The failed rank; absent for job-level failures (rendezvous, spawn). */
+  rank: number | undefined;
+  /** Which start of the rank failed: 0 for the first, k after k restarts. */
+  attempt: number;
+  pid: number | undefined;
+  /** What was seen: the process exited (code) or died of a signal, or the launcher's detectors fired. */
+  cause: "exit-code" | "signal" | "heartbeat" | "stuck" | "abort" | "bad-result" | "rendezvous" | "release-hang" | "spawn";
+  exitCode: number | null;
+  signal: string | null;
+  /** The error code of the failure (LAUNCH_RANK_FAILED, LAUNCH_HEARTBEAT, LAUNCH_STUCK, ...). */
+  code: LifelineErrorCode;
+  message: string;
+  /** Wall-clock time the launcher detected the failure (ISO 8601), and ms since the job started. */
+  time: string;
+  elapsedMs: number;
+  /** What the launcher did about it: restart (the job went on) or fail the job. */
+  action: "restart" | "fail-job";
+  /** The rank's last stderr lines. */
+  stderrTail: string[];
 }
 
 /** A policy's answer to a failure. */
@@ -153,6 +182,8 @@ export interface SupervisorDeps {
   policy?: RestartPolicy;
   /** Overrides {@link RELEASE_EXIT_TIMEOUT_MS} (for embedding and tests). */
   releaseExitTimeoutMs?: number;
+  /** Random source of the restart back-off's jitter, in [0, 1) (default Math.random; seeded in tests). */
+  random?: () => number;
 }
 
 export class Supervisor {
@@ -177,6 +208,12 @@ export class Supervisor {
   private restarts = 0;
   /** All ranks are being stopped and started again (attempt + 1). */
   private restarting = false;
+  private readonly budget: RestartBudget;
+  private readonly errorFile: string;
+  private readonly failureRecords: FailureRecord[] = [];
+  /** Every rank failure that reached the policy, for the final error. */
+  private readonly history: { rank: number | undefined; attempt: number; cause: string }[] = [];
+  private errorFileWritten: Promise<void> = Promise.resolve();
 
   constructor(private readonly config: RunConfig, private readonly deps: SupervisorDeps) {
     this.policy = deps.policy ?? (config.mode === "cpr" ? new CprRestartPolicy(config) : policyFor(config.mode));
@@ -184,11 +221,19 @@ export class Supervisor {
     this.finalized = new Array<boolean>(config.size).fill(false);
     this.results = new Array<unknown>(config.size).fill(undefined);
     this.detector = new FailureDetector({ size: config.size, failureTimeoutMs: config.failureTimeoutMs, stuckTimeoutMs: config.stuckTimeoutMs });
+    this.budget = new RestartBudget({ maxRestarts: config.maxRestarts, resetAfterMs: config.restartResetMs });
+    this.errorFile = config.errorFile ?? join(config.store, ERROR_FILE_NAME);
   }
 
   /** Runs the job to the end. Never rejects for rank failures: they are in the outcome. */
   async run(): Promise<JobOutcome> {
     const allExited = new Promise<void>((resolve) => (this.resolveAllExited = resolve));
+    // A failure record left by an earlier job in the same place would be taken for this one's.
+    try {
+      rmSync(this.errorFile, { force: true });
+    } catch (err) {
+      this.deps.reporter.event({ kind: "warning", message: `cannot remove the old error file ${this.errorFile}: ${errorMessage(err)}` });
+    }
     const coordinator = new Coordinator({
       size: this.config.size,
       jobKey: this.deps.jobKey,
@@ -230,6 +275,7 @@ export class Supervisor {
     this.checkAllExited();
     await allExited;
     await this.failureReported;
+    await this.errorFileWritten;
     // Let the last forwarded lines through before the summary is printed.
     await withTimeout(Promise.all(this.procs.map((p) => p?.closed)), FINAL_DRAIN_WAIT_MS);
     this.stopTimers();
@@ -324,12 +370,16 @@ export class Supervisor {
     const now = this.nowMs();
     switch (ev.kind) {
       case "rank-up":
-        this.detector.heard(ev.rank, now, { heartbeat: false });
+        // Ranks this launcher starts heartbeat from a watchdog thread started before their
+        // hello (src/index.ts), so watch them from the hello on: a rank that freezes before its
+        // first beat reaches us must not escape the detector (and hang the job for ever).
+        this.detector.heard(ev.rank, now, { heartbeat: this.config.heartbeatMs > 0 });
         this.deps.reporter.event({ kind: "rank-up", rank: ev.rank, pid: ev.pid });
         return;
       case "ready":
         for (let r = 0; r < this.config.size; r++) this.detector.armSteps(r, now);
         this.deps.reporter.event({ kind: "job-started", rendezvousMs: Math.round(now) });
+        this.budget.healthy(now);
         this.policy.onReady?.();
         return;
       case "step":
@@ -455,23 +505,38 @@ export class Supervisor {
   /** A rank failed: ask the policy what that means. */
   private rankFailed(failure: RankFailure): void {
     if (this.stopping || this.restarting) return;
+    const now = this.nowMs();
+    const counted = this.budget.used(now);
+    this.history.push({ rank: failure.rank, attempt: this.attemptOf(failure.rank), cause: causeText(failure, this.procs[failure.rank ?? -1]?.exit) });
     const decision = this.policy.decide(failure, {
       size: this.config.size,
       mode: this.config.mode,
-      restarts: this.restarts,
+      restarts: counted,
       maxRestarts: this.config.maxRestarts,
       finalized: this.finalized,
+      backoffMs: backoffDelayMs(counted + 1, { random: this.deps.random ?? Math.random }),
     });
     switch (decision.kind) {
-      case "fail-job":
+      case "fail-job": {
+        if (decision.code === "LAUNCH_RESTARTS") {
+          this.fail({ ...failure, code: decision.code, message: `${decision.message ?? failure.message}; ${this.historyText()}` });
+          return;
+        }
         this.fail(decision.code === undefined ? failure : { ...failure, code: decision.code, message: decision.message ?? failure.message });
         return;
+      }
       case "restart":
         if (decision.ranks.length !== this.config.size) {
           // Restarting some ranks only (retry-one) is not implemented yet.
           this.fail({ ...failure, message: `${failure.message} (restarting ${decision.ranks.length} of ${this.config.size} ranks is not implemented)` });
           return;
         }
+        if (this.budget.exhausted(now)) {
+          // A policy without its own limit: --max-restarts still holds.
+          this.fail({ ...failure, code: "LAUNCH_RESTARTS", message: `${failure.message}; giving up after ${counted} restart(s) (--max-restarts ${this.config.maxRestarts}); ${this.historyText()}` });
+          return;
+        }
+        this.budget.restarted(now);
         void this.restartAll(failure, decision.delayMs);
         return;
       default: {
@@ -490,8 +555,13 @@ export class Supervisor {
     this.restarting = true;
     this.restarts++;
     const attempt = this.restarts;
-    void this.reportFailure(failure);
-    this.deps.reporter.event({ kind: "warning", message: `restarting all ${this.config.size} ranks (restart ${attempt} of at most ${this.config.maxRestarts}) after: ${failure.message}` });
+    void this.reportFailure(failure, "restart");
+    const counted = this.budget.used(this.nowMs());
+    const reset = counted === attempt ? "" : ` since the last --restart-reset; ${attempt} in all`;
+    this.deps.reporter.event({
+      kind: "warning",
+      message: `restarting all ${this.config.size} ranks in ${delayMs} ms (restart ${counted} of at most ${this.config.maxRestarts}${reset}) after: ${failure.message}`,
+    });
     for (let r = 0; r < this.config.size; r++) this.detector.forget(r);
     for (const p of this.procs) if (p?.alive) p.kill();
     await Promise.all(this.procs.map((p) => p?.exited));
@@ -534,7 +604,7 @@ export class Supervisor {
       return;
     }
     this.stopping = true;
-    this.failureReported = this.reportFailure(failure);
+    this.failureReported = this.reportFailure(failure, "fail-job");
     void this.coordinator?.abort(failure.code, failure.message);
     for (const p of this.procs) {
       if (p === undefined || !p.alive) continue;
@@ -551,11 +621,16 @@ export class Supervisor {
     this.checkAllExited();
   }
 
-  /** Emits `rank-failed` with the rank's last stderr lines once its output has drained. */
-  private async reportFailure(failure: RankFailure): Promise<void> {
+  /**
+   * Emits `rank-failed` with the rank's last stderr lines once its output has drained, and
+   * adds the failure to the error file.
+   */
+  private async reportFailure(failure: RankFailure, action: FailureRecord["action"]): Promise<void> {
     const proc = failure.rank === undefined ? undefined : this.procs[failure.rank];
+    const detectedMs = this.nowMs();
     if (proc !== undefined) await withTimeout(proc.closed, OUTPUT_DRAIN_WAIT_MS);
     const tail = proc?.stderrTail() ?? [];
+    if (failure.kind !== "interrupted") this.recordFailure(failure, action, proc, tail, detectedMs);
     this.failureDetail =
       tail.length === 0 ? failure.message : `${failure.message}\nlast ${tail.length} stderr line${tail.length === 1 ? "" : "s"} of rank ${failure.rank}:\n${tail.map((l) => `  | ${l}`).join("\n")}`;
     if (failure.rank !== undefined && RANK_FAULT_KINDS.includes(failure.kind)) {
@@ -572,6 +647,49 @@ export class Supervisor {
     } else if (failure.kind !== "interrupted") {
       this.deps.reporter.event({ kind: "job-stopping", reason: failure.message, rank: failure.rank, stderrTail: proc === undefined ? undefined : tail });
     }
+  }
+
+  /** Appends one failure to the error file: the whole file is rewritten and renamed into place. */
+  private recordFailure(failure: RankFailure, action: FailureRecord["action"], proc: RankProcess | undefined, tail: string[], detectedMs: number): void {
+    const exit = proc?.exit;
+    this.failureRecords.push({
+      rank: failure.rank,
+      attempt: proc?.attempt ?? this.restarts,
+      pid: proc?.pid,
+      cause: recordCause(failure, exit),
+      exitCode: exit?.code ?? null,
+      signal: exit?.signal ?? null,
+      code: failure.code,
+      message: failure.message,
+      time: new Date(performance.timeOrigin + this.startMs + detectedMs).toISOString(),
+      elapsedMs: Math.round(detectedMs),
+      action,
+      stderrTail: tail,
+    });
+    const doc = { job: this.deps.jobId, app: this.config.app, mode: this.config.mode, size: this.config.size, failures: [...this.failureRecords] };
+    const path = this.errorFile;
+    // Synchronous and serialized: a reader sees the previous file or the new one, never half of one.
+    this.errorFileWritten = this.errorFileWritten.then(() => {
+      try {
+        mkdirSync(dirname(path), { recursive: true });
+        const tmp = `${path}.${process.pid}.tmp`;
+        writeFileSync(tmp, `${JSON.stringify(doc, null, 2)}\n`);
+        renameSync(tmp, path);
+      } catch (err) {
+        this.deps.reporter.event({ kind: "warning", message: `cannot write the error file ${path}: ${errorMessage(err)}` });
+      }
+    });
+  }
+
+  /** The failures so far, for the final error of an exhausted restart budget. */
+  private historyText(): string {
+    const list = this.history.map((h) => `${h.rank === undefined ? "the job" : `rank ${h.rank}`} (attempt ${h.attempt}): ${h.cause}`);
+    const ranks = [...new Set(this.history.flatMap((h) => (h.rank === undefined ? [] : [h.rank])))].sort((a, b) => a - b);
+    return `failed rank${ranks.length === 1 ? "" : "s"} ${ranks.join(", ")}; failures in order: ${list.join("; ")}`;
+  }
+
+  private attemptOf(rank: number | undefined): number {
+    return (rank === undefined ? undefined : this.procs[rank]?.attempt) ?? this.restarts;
   }
 
   private checkAllExited(): void {
@@ -619,6 +737,34 @@ export class Supervisor {
   private nowMs(): number {
     return performance.now() - this.startMs;
   }
+}
+
+/** The error file's name in the store directory, unless `--error-file` says otherwise. */
+export const ERROR_FILE_NAME = "errors.json";
+
+function recordCause(failure: RankFailure, exit: RankExit | undefined): FailureRecord["cause"] {
+  switch (failure.kind) {
+    case "exit":
+      return exit?.signal != null ? "signal" : "exit-code";
+    case "heartbeat":
+    case "stuck":
+    case "abort":
+    case "bad-result":
+    case "rendezvous":
+    case "release-hang":
+    case "spawn":
+      return failure.kind;
+    case "interrupted":
+      return "exit-code"; // not recorded
+  }
+}
+
+/** A failure's cause in a few words: "killed by SIGKILL", "exit code 3", "heartbeat", "stuck". */
+function causeText(failure: RankFailure, exit: RankExit | undefined): string {
+  if (failure.kind === "exit") return exit?.signal != null ? `killed by ${exit.signal}` : `exit code ${exit?.code ?? "?"}`;
+  if (failure.kind === "heartbeat") return "no heartbeat (frozen or unreachable)";
+  if (failure.kind === "stuck") return "stuck (no step boundary)";
+  return failure.kind;
 }
 
 /** Failures that are one rank's own doing, reported as `rank-failed`; the rest are job-level. */

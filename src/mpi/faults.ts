@@ -83,9 +83,15 @@ export function parseFaults(text: string): FaultTrigger[] {
   return out;
 }
 
-/** Carries out a fault: SIGKILL (a crash) or SIGSTOP (a freeze) of this very process. */
+/**
+ * Carries out a fault: SIGKILL (a crash) or SIGSTOP (a freeze) of this very process. The line
+ * it writes first ends with the wall-clock time of the fault (`at <ms since the epoch>`, to the
+ * microsecond), so that detection can be measured from the moment the rank died rather than
+ * from when its last line reached the launcher.
+ */
 export function fire(action: FaultAction, why: string): void {
-  process.stderr.write(`lifeline: injected fault: ${action === "kill" ? "killing" : "freezing"} this rank (${why})\n`);
+  const atMs = (performance.timeOrigin + performance.now()).toFixed(3);
+  process.stderr.write(`lifeline: injected fault: ${action === "kill" ? "killing" : "freezing"} this rank (${why}) at ${atMs}\n`);
   process.kill(process.pid, action === "kill" ? "SIGKILL" : "SIGSTOP");
 }
 

@@ -61,7 +61,7 @@ describe("Supervisor", () => {
     expect(seen).toEqual([
       {
         failure: { kind: "exit", rank: 1, code: "LAUNCH_RANK_FAILED", message: expect.stringMatching(/^rank 1 \(pid \d+\) exited with code 3 before finalizing$/), exitStatus: 3 },
-        job: { size: 2, mode: "none", restarts: 0, maxRestarts: 3, finalized: [false, false] },
+        job: { size: 2, mode: "none", restarts: 0, maxRestarts: 3, finalized: [false, false], backoffMs: expect.any(Number) },
       },
     ]);
     expect(outcome).toMatchObject({ ok: false, exitCode: 3, finalizedCount: 0, restarts: 0 });
