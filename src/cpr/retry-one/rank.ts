@@ -133,8 +133,9 @@ export class RetryOneRank {
   private round = 0;
   private sentRound = -1;
   private readonly summaries = new Map<number, Map<number, Summary>>();
-  private awaiting: { readonly round: number; readonly expected: number; readonly parts: TransferPart[] } | null = null;
-  private readonly earlyXfers = new Map<number, TransferPart[]>();
+  /** Transfers this rank waits for after a round's decision, by key (see partKey). */
+  private awaiting: { readonly round: number; readonly expected: Set<string>; readonly parts: Map<string, TransferPart> } | null = null;
+  private readonly earlyXfers = new Map<number, Map<string, TransferPart>>();
   private heldFrames: { from: number; attempt: number; frame: ProtoFrame }[] = [];
 
   private out: RankEffect[] = [];
@@ -405,7 +406,7 @@ export class RetryOneRank {
     if (this.replicas > 0) {
       const state = own.state.get();
       for (const to of successors(this.rank, this.opts())) {
-        this.send(to, { t: "replica", view: this.attempts, version, state });
+        this.send(to, { t: "replica", view: this.viewNow(), version, state });
       }
     }
     this.checkStored();
@@ -420,7 +421,7 @@ export class RetryOneRank {
       }
       proto.storedSent = true;
       proto.storedFrom.add(this.rank);
-      for (let r = 0; r < this.size; r++) if (r !== this.rank) this.send(r, { t: "stored", view: this.attempts, version: proto.version });
+      for (let r = 0; r < this.size; r++) if (r !== this.rank) this.send(r, { t: "stored", view: this.viewNow(), version: proto.version });
     }
     if (proto.storedFrom.size === this.size) this.commit(proto.version);
   }
@@ -519,7 +520,7 @@ export class RetryOneRank {
       case "summary":
         return this.onSummary(from, frame.round, frame.summary);
       case "xfer":
-        return this.onXfer(frame.round, frame.part);
+        return this.onXfer(from, frame.round, frame.part);
       case "replica":
         if (this.restoring || frame.version !== this.committed + 1) return;
         this.heldPending.set(from, { version: frame.version, state: frame.state });
@@ -568,7 +569,7 @@ export class RetryOneRank {
     this.sentRound = this.round;
     const s = this.summary();
     this.record(this.round, s);
-    for (let r = 0; r < this.size; r++) if (r !== this.rank) this.send(r, { t: "summary", view: this.attempts, round: this.round, summary: s });
+    for (let r = 0; r < this.size; r++) if (r !== this.rank) this.send(r, { t: "summary", view: this.viewNow(), round: this.round, summary: s });
     this.tryDecide();
   }
 
@@ -617,16 +618,16 @@ export class RetryOneRank {
       case "plan": {
         const p = this.pos;
         if (d.commit !== null && !this.restoring && p !== null && p.kind === "ckpt" && p.version + 1 === d.commit) this.commit(d.commit);
-        let expected = 0;
+        const expected = new Set<string>();
         for (const t of d.transfers) {
-          if (t.from === this.rank) this.send(t.to, { t: "xfer", view: this.attempts, round, part: this.part(t) });
-          if (t.to === this.rank) expected++;
+          if (t.from === this.rank) this.send(t.to, { t: "xfer", view: this.viewNow(), round, part: this.part(t) });
+          if (t.to === this.rank) expected.add(transferKey(t.from, t));
         }
-        if (expected > 0) {
-          const early = this.earlyXfers.get(round) ?? [];
+        if (expected.size > 0) {
+          const early = this.earlyXfers.get(round) ?? new Map<string, TransferPart>();
           this.earlyXfers.delete(round);
-          this.awaiting = { round, expected, parts: early };
-          if (early.length >= expected) this.finishTransfers();
+          this.awaiting = { round, expected, parts: new Map() };
+          for (const [key, part] of early) this.acceptPart(key, part);
           return;
         }
         if (!this.serveLocally()) this.sync();
@@ -668,22 +669,32 @@ export class RetryOneRank {
     return h.state;
   }
 
-  private onXfer(round: number, part: TransferPart): void {
-    const a = this.awaiting;
-    if (a !== null && a.round === round) {
-      a.parts.push(part);
-      if (a.parts.length >= a.expected) this.finishTransfers();
+  private onXfer(from: number, round: number, part: TransferPart): void {
+    const key = transferKey(from, part);
+    if (this.awaiting !== null && this.awaiting.round === round) {
+      this.acceptPart(key, part);
       return;
     }
+    // Its sender decided the round before we did: keep it for our decision.
     if (round >= this.round - 1) {
-      const list = this.earlyXfers.get(round) ?? [];
-      list.push(part);
-      this.earlyXfers.set(round, list);
+      const early = this.earlyXfers.get(round) ?? new Map<string, TransferPart>();
+      early.set(key, part);
+      this.earlyXfers.set(round, early);
     }
   }
 
+  /** A transfer part for the awaited round; the transfers complete when every expected key is in. */
+  private acceptPart(key: string, part: TransferPart): void {
+    const a = this.awaiting!;
+    if (!a.expected.has(key)) {
+      throw new ProtocolError("CPR_PROTOCOL", `rank ${this.rank} got transfer ${key} in round ${a.round}, which the round's decision did not assign to it`);
+    }
+    a.parts.set(key, part);
+    if (a.parts.size === a.expected.size) this.finishTransfers();
+  }
+
   private finishTransfers(): void {
-    const parts = [...this.awaiting!.parts];
+    const parts = [...this.awaiting!.parts.values()];
     this.awaiting = null;
     // The checkpoint first: it sets the version that the results and replicas belong to.
     parts.sort((a, b) => (a.kind === "restore" ? 0 : 1) - (b.kind === "restore" ? 0 : 1));
@@ -727,9 +738,23 @@ export class RetryOneRank {
     this.out.push({ kind: "send", to, frame });
   }
 
+  /**
+   * A snapshot of the view for an outgoing frame. Never the live array: a frame must keep the
+   * view it was sent in, or a frame of an old view read after our next view change would pass
+   * for a current one (the swarm found this in-process, where frames are not serialized).
+   */
+  private viewNow(): readonly number[] {
+    return [...this.attempts];
+  }
+
   private opts(): { size: number; replicas: number } {
     return { size: this.size, replicas: this.replicas };
   }
+}
+
+/** Names one transfer (sender, kind, owner) so a duplicate can never stand in for another. */
+function transferKey(from: number, t: Transfer | TransferPart): string {
+  return `${from}:${t.kind}:${t.kind === "replica" ? t.owner : ""}`;
 }
 
 function isProgramCall(input: RankInput): boolean {
