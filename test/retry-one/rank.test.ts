@@ -153,6 +153,15 @@ describe("RetryOneRank: misuse and failures", () => {
     expect(m1!.step({ kind: "frame", from: 0, attempt: 0, frame: stale })).toEqual([]);
   });
 
+  it("a sent frame keeps the view it was sent in (regression: a live view array let an old transfer pass for a new one)", () => {
+    const [m] = machines(3);
+    m!.step({ kind: "peer-up", rank: 1, attempt: 1, nowMs: 0 });
+    const sent = m!.step({ kind: "collective", ident: sum }).filter((e) => e.kind === "send");
+    expect(sent.length).toBe(2);
+    m!.step({ kind: "peer-up", rank: 2, attempt: 1, nowMs: 1 });
+    for (const e of sent) if (e.kind === "send") expect(e.frame.view).toEqual([0, 1, 0]);
+  });
+
   it("the result buffer bound fails a long version with CPR_CHECKPOINT", () => {
     const m = new RetryOneRank({ rank: 0, size: 1, attempt: 0, attempts: [0], resultEntriesMax: 2 });
     for (let i = 0; i < 2; i++) {
