@@ -958,6 +958,12 @@ export class World implements WorldApi {
   async finalize(result?: unknown): Promise<void> {
     this.live("finalize");
     const encoded = encodeValue(result);
+    // Finalize is collective, as in MPI. The barrier also flushes every channel (they are FIFO):
+    // a stray message of a mismatched collective that some peer sent earlier arrives before
+    // that peer's barrier message and is reported, instead of after the job was released.
+    // Its own signature: a program collective on one rank against finalize() on another is a
+    // mismatch, reported at once.
+    await this.collective("barrier", ["finalize"], (io) => coll.barrier(io));
     this.finalized = true;
     this.reportStep(true);
     const released = new Promise<void>((resolve, reject) => { this.released = { resolve, reject }; });

@@ -62,29 +62,30 @@ describe("simulation: collective mismatch", () => {
 });
 
 /**
- * Known bugs, found by this simulator (first seen at swarm seeds 5120, 5355, 5067, 5093),
- * here as minimal hand-written programs. Each `it.fails` passes while the bug exists; when
- * World is fixed it starts failing — then drop `.fails` and keep it as a regression test.
+ * Regression tests for bugs this simulator found (first seen at swarm seeds 5120, 5355, 5067,
+ * 5093): mismatches that went unnoticed when the stray frames arrived after the release, or
+ * that hung. Fixed by making finalize() a collective (a barrier with its own signature), which
+ * also flushes every FIFO channel before the rank reports its result.
  */
-describe("KNOWN World bugs (remove .fails when fixed)", () => {
+describe("mismatches found by the simulator, as regression tests", () => {
   const job = (size: number, program: SimProgram, slowData: boolean): Promise<SimOutcome> =>
     // slowData: data frames are held 1 s while control messages flow at once, so the stray
     // collective messages arrive only after finalize/release (a legal schedule: a slow link).
     new SimCluster({ seed: 1, size, mode: "none", program, stepsMax: 5_000, simMsMax: 120_000, delayMaxMs: slowData ? 1000 : 0 }).run();
 
-  it.fails("gather(root=1) on rank 0 vs gather(root=0) on rank 1: released with no error when the stray frames arrive after the release", async () => {
+  it("gather(root=1) on rank 0 vs gather(root=0) on rank 1: reported even when the stray frames arrive late", async () => {
     const out = await job(2, async (w) => w.gather(w.rank, w.rank === 0 ? 1 : 0), true);
     expect(out.aborts.map((a) => a.code), out.report).toContain("MPI_COLLECTIVE_MISMATCH");
   });
-  it.fails("bcast(root=0) on rank 0 vs gather(root=0) on ranks 1 and 2: released with no error", async () => {
+  it("bcast(root=0) on rank 0 vs gather(root=0) on ranks 1 and 2: reported", async () => {
     const out = await job(3, async (w) => (w.rank === 0 ? w.bcast(7, 0) : w.gather(w.rank, 0)), true);
     expect(out.aborts.map((a) => a.code), out.report).toContain("MPI_COLLECTIVE_MISMATCH");
   });
-  it.fails("rank 1 calls one barrier more than rank 0: the job hangs (rank 0 waits for release, rank 1 in the barrier)", async () => {
+  it("rank 1 calls one barrier more than rank 0: reported, no hang", async () => {
     const out = await job(2, async (w) => { if (w.rank === 1) await w.barrier(); }, false);
     expect(out.status, out.report).toBe("failed");
   });
-  it.fails("rank 1 skips an allreduce that rank 0 calls: the job hangs", async () => {
+  it("rank 1 skips an allreduce that rank 0 calls: reported, no hang", async () => {
     const out = await job(2, async (w) => (w.rank === 0 ? w.allreduce(1) : undefined), false);
     expect(out.status, out.report).toBe("failed");
   });
