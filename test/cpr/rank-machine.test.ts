@@ -179,13 +179,79 @@ describe("RankMachine: polls of requests (test()/done)", () => {
     expect(r.nondet("test").replay).toEqual({ k: "test", done: true });
   });
 
-  it("polls after recording stopped are not logged, and the bound counts only polls that saw a message", () => {
+  it("the bound counts only polls that saw a message; past it the recording is abandoned, and later polls are not logged", () => {
     const m = recording();
     for (let i = 0; i < 4; i++) expect(m.logNondet(m.nondet("test").ordinal, { k: "test", done: true, msg: frame })).toEqual([]);
-    expect(m.logNondet(m.nondet("test").ordinal, { k: "test", done: true, msg: frame })).toMatchObject([{ kind: "fatal", code: "CPR_PROTOCOL" }]);
-    m.onControl({ t: "cpr-stop", epoch: 1 });
-    m.partLogs();
+    expect(m.logNondet(m.nondet("test").ordinal, { k: "test", done: true, msg: frame })).toMatchObject([{ kind: "abandon", epoch: 1 }]);
+    expect(m.recording).toBe(false);
     m.logNondet(m.nondet("test").ordinal, { k: "test", done: false });
     expect(m.partLogs().nondet).toEqual([]);
+  });
+});
+
+describe("RankMachine: a recording that never stops is abandoned (bounded memory, the line aborted, the job goes on)", () => {
+  const start = (): RankMachine => {
+    const m = new RankMachine({ rank: 0, size: 3 });
+    m.arrive({ source: 1, epoch: 0, recording: false, channelSeq: 0 }, undefined);
+    m.onControl({ t: "cpr-checkpoint", epoch: 1 });
+    m.takeCheckpoint();
+    return m;
+  };
+
+  it("the recording timeout abandons the round: logs dropped, abandon effect (the driver warns and reports the part failed), no part written", () => {
+    const m = start();
+    m.arrive({ source: 1, epoch: 0, recording: false, channelSeq: 1 }, "late");
+    m.logNondet(m.nondet("value").ordinal, { k: "value", v: 3 });
+    const eff = m.onRecordingTimeout(1, 120_000);
+    expect(eff).toEqual([{ kind: "abandon", epoch: 1, reason: expect.stringMatching(/did not stop within 120000 ms/) }]);
+    expect(m.recording).toBe(false);
+    expect(m.partLogs()).toEqual({ earlyIds: [], lateLog: [], nondet: [] });
+    // A stop or a second timer for it later changes nothing.
+    expect(m.onControl({ t: "cpr-stop", epoch: 1 })).toEqual([]);
+    expect(m.onRecordingTimeout(1, 120_000)).toEqual([]);
+  });
+
+  it("a timer of a round that already stopped, or of an older epoch, is ignored", () => {
+    const m = start();
+    m.onControl({ t: "cpr-stop", epoch: 1 });
+    expect(m.onRecordingTimeout(1, 1000)).toEqual([]);
+    expect(m.onRecordingTimeout(0, 1000)).toEqual([]);
+  });
+
+  it("after abandoning, late frames of the old epoch are delivered unlogged and markers of the abandoned epoch ignored (no protocol error)", () => {
+    const m = start();
+    m.onRecordingTimeout(1, 1000);
+    const late = m.arrive({ source: 1, epoch: 0, recording: false, channelSeq: 1 }, "late");
+    expect(late).toEqual({ verdict: "normal", effects: [] });
+    expect(m.onMarker(1, 1, 2)).toEqual([]);
+    expect(m.onMarker(2, 1, 0)).toEqual([]);
+    expect(m.partLogs().lateLog).toEqual([]);
+    // Memory stays bounded however long the peers keep sending: nothing is kept.
+    for (let i = 0; i < 1000; i++) m.logNondet(m.nondet("value").ordinal, { k: "value", v: i });
+    expect(m.partLogs().nondet).toEqual([]);
+  });
+
+  it("the next round runs normally after an abandoned one", () => {
+    const m = start();
+    m.onRecordingTimeout(1, 1000);
+    m.onMarker(1, 1, 2);
+    m.onMarker(2, 1, 0);
+    m.onControl({ t: "cpr-checkpoint", epoch: 2 });
+    expect(m.checkpointDue).toBe(true);
+    expect(kinds(m.takeCheckpoint())).toEqual(["cpr-checkpointed", "marker", "marker"]);
+    expect(m.recording).toBe(true);
+    expect(kinds(m.onMarker(1, 2, 0))).toEqual([]);
+    expect(kinds(m.onMarker(2, 2, 0))).toEqual(["cpr-ready"]);
+    expect(kinds(m.onControl({ t: "cpr-stop", epoch: 2 }))).toEqual(["write-part"]);
+  });
+
+  it("too many non-deterministic outcomes abandon the recording instead of failing the job", () => {
+    const m = new RankMachine({ rank: 0, size: 1, nondetEntriesMax: 2 });
+    m.onControl({ t: "cpr-checkpoint", epoch: 1 });
+    m.takeCheckpoint();
+    m.logNondet(m.nondet("value").ordinal, { k: "value", v: 1 });
+    m.logNondet(m.nondet("value").ordinal, { k: "value", v: 2 });
+    expect(kinds(m.logNondet(m.nondet("value").ordinal, { k: "value", v: 3 }))).toEqual(["abandon"]);
+    expect(m.recording).toBe(false);
   });
 });

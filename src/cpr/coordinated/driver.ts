@@ -20,7 +20,7 @@ import { decodeValue, encodeValue } from "../../mpi/codec.ts";
 import type { CoordinatorToRank } from "../../mpi/control.ts";
 import type { CprHook, CprHookFactory, CprWorldAccess, LibState, NondetEntry, NondetTicket, RawFrame } from "../../mpi/cpr-hook.ts";
 import { PROTO_CPR_BASE } from "../../mpi/cpr-hook.ts";
-import type { Host } from "../../mpi/host.ts";
+import type { Host, Timer } from "../../mpi/host.ts";
 import { Flag, type Header } from "../../mpi/wire.ts";
 import { RankMachine, type RankEffect } from "./rank.ts";
 
@@ -38,6 +38,12 @@ export const PROTO_CPR_EARLY = PROTO_CPR_BASE + 1;
 
 /** Bound on the bytes of late frames logged in one round (…Max). */
 export const LATE_BYTES_MAX = 512 * 1024 * 1024;
+/**
+ * How long a rank records before it abandons the round (rank.ts, "abandoned"): twice the
+ * initiator's phase timeout (60 s), so that the initiator, which sees the whole round, aborts
+ * first; this bound is for a round the initiator lost or stopped driving.
+ */
+export const RECORDING_TIMEOUT_MS = 120_000;
 /** How long a restoring rank waits for every peer's early-id list. */
 export const RECOVERY_EXCHANGE_TIMEOUT_MS = 60_000;
 const PART_FORMAT = 1;
@@ -62,8 +68,13 @@ export interface RestoreSpec {
 }
 
 /** The factory World.join takes in mode cpr. */
-export function coordinatedHook(openParts: () => Promise<PartStoreLike>): CprHookFactory {
-  return (access, host) => new CoordinatedDriver(access, host, openParts);
+export function coordinatedHook(openParts: () => Promise<PartStoreLike>, opts: CoordinatedDriverOptions = {}): CprHookFactory {
+  return (access, host) => new CoordinatedDriver(access, host, openParts, opts);
+}
+
+export interface CoordinatedDriverOptions {
+  /** See {@link RECORDING_TIMEOUT_MS}. */
+  readonly recordingTimeoutMs?: number;
 }
 
 export class CoordinatedDriver implements CprHook {
@@ -81,9 +92,12 @@ export class CoordinatedDriver implements CprHook {
   private earlyWaiter: (() => void) | undefined;
   private writes: Promise<void> = Promise.resolve();
   private failed = false;
+  private recordingTimer: Timer | undefined;
+  private readonly recordingTimeoutMs: number;
 
-  constructor(private readonly access: CprWorldAccess, private readonly host: Host, private readonly openParts: () => Promise<PartStoreLike>) {
+  constructor(private readonly access: CprWorldAccess, private readonly host: Host, private readonly openParts: () => Promise<PartStoreLike>, opts: CoordinatedDriverOptions = {}) {
     this.machine = new RankMachine({ rank: access.rank, size: access.size });
+    this.recordingTimeoutMs = opts.recordingTimeoutMs ?? RECORDING_TIMEOUT_MS;
   }
 
   get epoch(): number {
@@ -166,7 +180,7 @@ export class CoordinatedDriver implements CprHook {
     if (verdict === "late" && payload !== undefined) {
       this.lateBytes += payload.header.length + payload.body.reduce((n, b) => n + b.length, 0);
       if (this.lateBytes > LATE_BYTES_MAX) {
-        effects.push({ kind: "fatal", code: "CPR_PROTOCOL", message: `rank ${this.access.rank}: more than ${LATE_BYTES_MAX >> 20} MiB of late messages logged while recording epoch ${this.machine.epoch}` });
+        effects.push(...this.machine.abandonRecording(`more than ${LATE_BYTES_MAX >> 20} MiB of late messages to log while recording epoch ${this.machine.epoch}`));
       }
     }
     this.apply(effects);
@@ -217,6 +231,11 @@ export class CoordinatedDriver implements CprHook {
     this.saved = saved;
     this.lateBytes = 0;
     this.apply(this.machine.takeCheckpoint());
+    if (this.machine.recording) {
+      const epoch = this.machine.epoch;
+      this.recordingTimer?.stop();
+      this.recordingTimer = this.host.after(this.recordingTimeoutMs, () => this.apply(this.machine.onRecordingTimeout(epoch, this.recordingTimeoutMs)));
+    }
   }
 
   restored(): { state: unknown; global: unknown; version: number } | undefined {
@@ -244,13 +263,14 @@ export class CoordinatedDriver implements CprHook {
       // Messages logged by polls count against the same bound as late frames.
       this.lateBytes += entry.msg.header.length + entry.msg.body.reduce((n, b) => n + b.length, 0);
       if (this.lateBytes > LATE_BYTES_MAX) {
-        effects.push({ kind: "fatal", code: "CPR_PROTOCOL", message: `rank ${this.access.rank}: more than ${LATE_BYTES_MAX >> 20} MiB of late and polled messages logged while recording epoch ${this.machine.epoch}` });
+        effects.push(...this.machine.abandonRecording(`more than ${LATE_BYTES_MAX >> 20} MiB of late and polled messages to log while recording epoch ${this.machine.epoch}`));
       }
     }
     this.apply(effects);
   }
 
   async close(): Promise<void> {
+    this.recordingTimer?.stop();
     await this.writes.catch(() => undefined);
     await this.parts?.close();
   }
@@ -265,7 +285,14 @@ export class CoordinatedDriver implements CprHook {
           this.access.sendControl(e.msg);
           break;
         case "write-part":
+          this.recordingTimer?.stop();
           this.writePart(e.epoch);
+          break;
+        case "abandon":
+          this.recordingTimer?.stop();
+          this.saved = undefined;
+          this.host.warn(`lifeline: rank ${this.access.rank}: ${e.reason}; line ${e.epoch} will not be committed, the last committed line stays the recovery point`);
+          this.access.sendControl({ t: "cpr-part-failed", rank: this.access.rank, epoch: e.epoch, message: `recording abandoned: ${e.reason}` });
           break;
         case "fatal":
           this.failed = true;

@@ -28,6 +28,18 @@
  * is missing from the log but not past its end saw "not done" (a poll is logged at once, so
  * every poll ordinal up to the log's end was logged while recording).
  *
+ * A recording that cannot end within its bounds — the round outlives the driver's recording
+ * timeout (the initiator aborted or lost it, or a peer never reaches a checkpoint location),
+ * or its logs outgrow `nondetEntriesMax` (or the driver's byte bound) — is *abandoned*, not
+ * fatal: the rank stops recording, drops its logs (memory back at once), and reports its
+ * part as failed, so the initiator aborts the line and the last committed line stays the
+ * recovery point (DESIGN.md: "a line that cannot complete is aborted"). A fatal error would
+ * instead cost a restart of the whole job, every time a long phase outlasts the timeout.
+ * Abandoning is safe because a line is committed only with every rank's part: the rank's
+ * later messages (flagged not recording) may stop its peers' recordings early and their parts
+ * may be written, but the line is never used. Late frames and markers of the abandoned epoch
+ * that still arrive are delivered or ignored, not errors.
+ *
  * @example
  * const m = new RankMachine({ rank: 1, size: 3 });
  * m.onControl({ t: "cpr-checkpoint", epoch: 1 });   // → checkpointDue
@@ -42,6 +54,8 @@ export type RankEffect =
   | { readonly kind: "control"; readonly msg: RankToCoordinator }
   /** Recording of `epoch` is over: build the part from {@link RankMachine.partLogs} and write it. */
   | { readonly kind: "write-part"; readonly epoch: number }
+  /** Recording of `epoch` was abandoned (see the file comment): warn, report the part failed. */
+  | { readonly kind: "abandon"; readonly epoch: number; readonly reason: string }
   | { readonly kind: "fatal"; readonly code: "CPR_PROTOCOL" | "CPR_REPLAY"; readonly message: string };
 
 export type Verdict = "late" | "early" | "normal";
@@ -81,6 +95,8 @@ export class RankMachine {
   /** Markers that arrived before our own checkpoint (for epoch + 1). */
   private markersAhead = new Map<number, number>();
   private readySent = false;
+  /** The epoch whose recording was abandoned (its late frames and markers are no errors). */
+  private abandoned = -1;
   /** Early ids of the checkpoint being taken: frames of epoch+1 that arrived before it. */
   private earlyNext: [number, number][] = [];
   /** Early ids saved with our current checkpoint. */
@@ -172,6 +188,7 @@ export class RankMachine {
       return { verdict: "early", effects };
     }
     if (a.epoch + 1 === this.epoch) {
+      if (!this.recording && this.abandoned === this.epoch) return { verdict: "normal", effects };
       if (!this.recording) {
         effects.push({ kind: "fatal", code: "CPR_PROTOCOL", message: `rank ${this.rank}: a late message of epoch ${a.epoch} from rank ${a.source} arrived after recording of epoch ${this.epoch} stopped; it cannot be logged` });
         return { verdict: "late", effects };
@@ -246,6 +263,7 @@ export class RankMachine {
       this.due(epoch);
       return effects;
     }
+    if (epoch === this.epoch && !this.recording && this.abandoned === epoch) return effects;
     if (epoch !== this.epoch || !this.recording) {
       effects.push({ kind: "fatal", code: "CPR_PROTOCOL", message: `rank ${this.rank} (epoch ${this.epoch}${this.recording ? ", recording" : ""}) got rank ${source}'s marker of epoch ${epoch}` });
       return effects;
@@ -268,6 +286,33 @@ export class RankMachine {
     if (!this.recording || this.readySent || this.markers.size < this.size - 1) return;
     this.readySent = true;
     effects.push({ kind: "control", msg: { t: "cpr-ready", rank: this.rank, epoch: this.epoch } });
+  }
+
+  /**
+   * The driver's recording timer for `epoch` fired (armed at the checkpoint, for longer than
+   * the initiator's phase timeout). Abandons the recording if it is still going on.
+   */
+  onRecordingTimeout(epoch: number, timeoutMs: number): RankEffect[] {
+    const effects: RankEffect[] = [];
+    if (epoch !== this.epoch || !this.recording) return effects;
+    this.abandon(`recording of epoch ${epoch} did not stop within ${timeoutMs} ms (the round was aborted or lost, or a rank never reached a checkpoint location)`, effects);
+    return effects;
+  }
+
+  /** Abandons the current recording (bounds exceeded): see the file comment. */
+  abandonRecording(reason: string): RankEffect[] {
+    const effects: RankEffect[] = [];
+    if (this.recording) this.abandon(reason, effects);
+    return effects;
+  }
+
+  private abandon(reason: string, effects: RankEffect[]): void {
+    this.recording = false;
+    this.abandoned = this.epoch;
+    this.lateLog = [];
+    this.nondetLog = new Map();
+    this.notDoneHigh = -1;
+    effects.push({ kind: "abandon", epoch: this.epoch, reason });
   }
 
   private stop(epoch: number, effects: RankEffect[]): void {
@@ -319,7 +364,7 @@ export class RankMachine {
       return [];
     }
     if (this.nondetLog.size >= this.nondetMax) {
-      return [{ kind: "fatal", code: "CPR_PROTOCOL", message: `rank ${this.rank}: more than ${this.nondetMax} non-deterministic outcomes logged while recording epoch ${this.epoch}; checkpoint more often or record less` }];
+      return this.abandonRecording(`more than ${this.nondetMax} non-deterministic outcomes to log while recording epoch ${this.epoch}`);
     }
     this.nondetLog.set(ordinal, entry);
     return [];
