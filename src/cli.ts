@@ -13,6 +13,7 @@
  */
 import { realpathSync } from "node:fs";
 import { createRequire } from "node:module";
+import { resolve as resolvePath } from "node:path";
 import { fileURLToPath } from "node:url";
 import { Command, CommanderError, Option } from "commander";
 import { errorMessage, isLifelineError } from "./errors.ts";
@@ -21,6 +22,7 @@ import { DEFAULTS, NP_MAX, resolveRunConfig, SUPPORTED_MODES, type RunFlags } fr
 import type { OutStream } from "./launch/progress.ts";
 import { runJob } from "./launch/run.ts";
 import { resolveDrillConfig, runDrill, type DrillFlags } from "./launch/drill.ts";
+import { formatLines, listLines } from "./store/lines.ts";
 
 /** Exit code of usage errors (bad flags), as is conventional for command-line tools. */
 export const EXIT_USAGE = 2;
@@ -114,22 +116,20 @@ function buildProgram(io: CliIo, setExit: (code: number) => void): Command {
       setExit(outcome.exitCode);
     });
 
-  // Commands of API §4 that need the recovery modes: listed so users learn they are coming,
-  // refused with a clear message instead of "unknown command".
-  for (const [name, summary, why] of [
-    ["lines", "list recovery lines in a store (not available yet)", "recovery lines are written by --mode cpr, which has not landed"],
-  ] as const) {
-    program
-      .command(name)
-      .summary(summary)
-      .allowUnknownOption()
-      .allowExcessArguments()
-      .helpOption(false)
-      .action(() => {
-        io.stderr.write(`lifeline: error: \`lifeline ${name}\` is not available in this version: ${why}\n`);
-        setExit(EXIT_USAGE);
-      });
-  }
+  program
+    .command("lines")
+    .summary("list the recovery lines in a store")
+    .description("List the recovery lines in a store (epoch, time, ranks, bytes, state), verifying every committed line's parts.")
+    .option("--store <dir>", `the store (default ${DEFAULTS.store})`)
+    .action(async (opts: { store?: string }) => {
+      try {
+        io.stdout.write(formatLines(await listLines(resolvePath(io.cwd, opts.store ?? DEFAULTS.store))));
+      } catch (err) {
+        if (!isLifelineError(err)) throw err;
+        io.stderr.write(`lifeline: error: ${indent(err.message)}\n`);
+        setExit(1);
+      }
+    });
   return program;
 }
 

@@ -1,7 +1,7 @@
 /**
  * Goal: the `lifeline` command rejects bad command lines with exit code 2 and a message that
- * names the problem, before any rank is started; help, version and the not-yet-available
- * commands behave as documented in docs/cli.md.
+ * names the problem, before any rank is started; help, version and `lines` on a missing store
+ * behave as documented in docs/cli.md.
  *
  * Method: call the CLI's `main()` in-process with string-collecting streams (fast, most cases),
  * and run the real entry point as a process for the exit-code and shebang paths.
@@ -72,10 +72,11 @@ describe("lifeline CLI usage errors (exit 2)", () => {
     expect(r.stderr).toMatch(/--mode retry-one is not available yet/);
   });
 
-  it("refuses lines with a clear message (drill: test/launch/drill-cli.test.ts)", async () => {
+  it("lines on a directory that holds no store exits 1 with the store error's message (listing: test/integration/cpr-lines.test.ts)", async () => {
     const lines = await cli("lines", "--store", "x");
-    expect(lines.code).toBe(2);
-    expect(lines.stderr).toMatch(/`lifeline lines` is not available/);
+    expect(lines.code).toBe(1);
+    expect(lines.stdout).toBe("");
+    expect(lines.stderr).toMatch(/^lifeline: error: .*x/);
   });
 });
 
