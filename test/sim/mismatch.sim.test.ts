@@ -26,33 +26,27 @@ async function runMismatch(seed: number, kinds: readonly MismatchKind[]): Promis
 }
 
 /**
- * Known World bugs this simulator found (see KNOWN below). Until they are fixed the swarm
- * tolerates the first class — a run that completes "ok" although ranks mismatched — unless
- * SIM_STRICT=1; every other outcome must be MPI_COLLECTIVE_MISMATCH, never a hang.
+ * SIM_STRICT=1 adds the skip/extra swarm (one rank calls one collective fewer or more). It still
+ * finds hangs when the odd rank blocks in its extra collective while its peers wait in a
+ * point-to-point receive from it (no peer is in a collective, so no signature query can tell):
+ * e.g. SIM_STRICT=1 SEED=361804541003. In production only --stuck-timeout catches that.
  */
 const STRICT = process.env.SIM_STRICT === "1";
 
 function swarm(kinds: readonly MismatchKind[], count: number): void {
   const seeds = swarmSeeds(count);
   it(`${kinds.join("/")}: MPI_COLLECTIVE_MISMATCH, never a hang (${seeds.length} seeds from ${seeds[0]})`, async () => {
-    const silent: number[] = [];
     for (const seed of seeds) {
       try {
         const r = await runMismatch(seed, kinds);
         if (r === undefined) continue;
         const { out, what } = r;
-        expect(out.status, `${what}\n${out.report}`).not.toBe("hang");
-        if (out.status === "ok" && !STRICT) {
-          silent.push(seed);
-          continue;
-        }
         expect(out.status, `${what}\n${out.report}`).toBe("failed");
         expect(out.aborts.map((a) => a.code), `${what}\n${out.report}`).toContain("MPI_COLLECTIVE_MISMATCH");
       } catch (err) {
         throw new Error(`${(err as Error).message}\nsimulation failed, reproduce with SEED=${seed}`, { cause: err });
       }
     }
-    if (silent.length > 0) console.warn(`known bug (undetected mismatch, job released): seeds ${silent.join(", ")}`);
   }, 300_000);
 }
 
