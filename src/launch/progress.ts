@@ -14,6 +14,12 @@
  * lines to stderr likewise (as `output` events under `--json`). Launcher messages never go to
  * stdout, so a job's stdout can be piped on as the program's own output.
  *
+ * In cpr a rank that dies and is recovered is not a job error: the human styles print it as
+ * `failure detected: rank R … <cause>`, then `recovery N: every rank restarts … from recovery
+ * line E`, then, once every rank is up again, `recovered from rank R's failure (<cause>):
+ * rolled back to epoch E, every rank running again <t> after the failure was detected`. Only
+ * a failure that no restart follows (the final one) prints as `error:`.
+ *
  * @example
  * const reporter = createReporter({ style: pickStyle({ json: false, quiet: false, stderr: process.stderr, env: process.env }), stdout, stderr, size: 4 });
  * reporter.event({ kind: "rank-up", rank: 0, pid: 123 });
@@ -210,7 +216,16 @@ class HumanReporter implements Reporter {
   private lastDrawMs = -Infinity;
   private redrawTimer: NodeJS.Timeout | undefined;
   private job = "";
+  private mode = "";
   private readonly color: boolean;
+  /**
+   * cpr: failures not shown yet. Whether a failure is an error depends on what follows: the
+   * job restarts from a recovery line (a failure detected and recovered, not an error) or it
+   * stops (the final failure: an error). Shown at the next job-level event.
+   */
+  private pendingFailures: { ev: Extract<JobEvent, { kind: "rank-failed" }>; atMs: number }[] = [];
+  /** cpr: the recovery in progress (from the failure's detection until every rank is up). */
+  private recovering: { failures: string[]; epoch: number; sinceMs: number } | undefined;
 
   constructor(
     private readonly opts: ReporterOptions,
@@ -232,6 +247,7 @@ class HumanReporter implements Reporter {
     switch (ev.kind) {
       case "job-starting":
         this.job = ev.job;
+        this.mode = ev.mode;
         this.info(`job ${ev.job}: starting ${ev.size} rank${plural(ev.size)} of ${ev.app} (mode ${ev.mode})`);
         break;
       case "rank-spawned":
@@ -241,6 +257,12 @@ class HumanReporter implements Reporter {
         break;
       case "job-started":
         this.info(`all ${this.opts.size} rank${plural(this.opts.size)} up after ${secs(ev.rendezvousMs)}`);
+        if (this.recovering !== undefined) {
+          const r = this.recovering;
+          this.recovering = undefined;
+          const back = r.epoch === 0 ? "restarted from the beginning (no line was committed)" : `rolled back to epoch ${r.epoch}`;
+          this.info(`recovered from ${r.failures.join("; ")}: ${back}, every rank running again ${secs(this.elapsedMs() - r.sinceMs)} after the failure was detected`);
+        }
         break;
       case "rank-step":
         this.steps[ev.rank] = ev.steps;
@@ -250,6 +272,10 @@ class HumanReporter implements Reporter {
         this.info(`rank ${ev.rank} finalized at ${secs(this.elapsedMs())}`);
         break;
       case "rank-failed": {
+        if (this.mode === "cpr") {
+          this.pendingFailures.push({ ev, atMs: this.elapsedMs() });
+          break;
+        }
         const lines = [`rank ${ev.rank}${ev.pid === undefined ? "" : ` (pid ${ev.pid})`} ${ev.reason}`];
         lines.push(...stderrBlock(ev.rank, ev.stderrTail));
         this.error(lines.join("\n"));
@@ -258,6 +284,7 @@ class HumanReporter implements Reporter {
       case "rank-exited":
         break;
       case "job-stopping":
+        this.flushFailuresAsErrors();
         if (ev.stderrTail !== undefined && ev.rank !== undefined) this.error([`stopping the job: ${ev.reason}`, ...stderrBlock(ev.rank, ev.stderrTail)].join("\n"));
         else if (ev.reason.startsWith("interrupted")) this.info(`stopping the job: ${ev.reason}`);
         else this.error(`stopping the job: ${ev.reason}`);
@@ -269,14 +296,27 @@ class HumanReporter implements Reporter {
         this.lineEpoch = Math.max(this.lineEpoch, ev.epoch);
         this.info(`recovery line ${ev.epoch} committed (${ev.bytes} bytes, ${secs(ev.durationMs)})`);
         break;
-      case "job-restarting":
+      case "job-restarting": {
         this.restarts = ev.restarts;
         this.lineEpoch = ev.epoch;
         this.up.fill(false);
         this.finalized.fill(false);
-        this.info(`restart ${ev.restarts}: every rank restarts (attempt ${ev.attempt}) ${ev.epoch === 0 ? "from the beginning (no line committed yet)" : `from recovery line ${ev.epoch}`}`);
+        const failures = this.pendingFailures.splice(0);
+        for (const { ev: f } of failures) {
+          this.info([`failure detected: rank ${f.rank}${f.pid === undefined ? "" : ` (pid ${f.pid})`} ${f.reason}`, ...stderrBlock(f.rank, f.stderrTail)].join("\n"));
+        }
+        if (failures.length > 0) {
+          this.recovering = {
+            failures: failures.map(({ ev: f }) => `rank ${f.rank}'s failure (${f.reason})`),
+            epoch: ev.epoch,
+            sinceMs: Math.min(...failures.map((f) => f.atMs)),
+          };
+        }
+        this.info(`recovery ${ev.restarts}: every rank restarts (attempt ${ev.attempt}) ${ev.epoch === 0 ? "from the beginning (no line committed yet)" : `from recovery line ${ev.epoch}`}`);
         break;
+      }
       case "job-finished":
+        this.flushFailuresAsErrors();
         this.finish(ev);
         break;
       default: {
@@ -320,6 +360,13 @@ class HumanReporter implements Reporter {
     const lines = [`${this.paint(headline, "31")} (exit ${ev.exitCode}) after ${secs(ev.wallMs)}, ${ev.finalized}/${ev.size} ranks finalized: ${what}`];
     if (ev.resultsPath !== undefined) lines.push(`partial results written to ${ev.resultsPath}`);
     this.print(lines.join("\n"));
+  }
+
+  /** Failures that no recovery followed: the job's final failure, an error. */
+  private flushFailuresAsErrors(): void {
+    for (const { ev } of this.pendingFailures.splice(0)) {
+      this.error([`rank ${ev.rank}${ev.pid === undefined ? "" : ` (pid ${ev.pid})`} ${ev.reason}`, ...stderrBlock(ev.rank, ev.stderrTail)].join("\n"));
+    }
   }
 
   private info(message: string): void {
