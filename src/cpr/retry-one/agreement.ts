@@ -81,14 +81,24 @@ export interface DecideOptions {
   readonly replicas: number;
 }
 
-/** Ring successors of `rank` that hold its state. */
+/**
+ * Ring successors of `rank` that hold its state.
+ *
+ * @example
+ * successors(3, { size: 4, replicas: 2 }); // → [0, 1]
+ */
 export function successors(rank: number, opts: DecideOptions): number[] {
   const out: number[] = [];
   for (let i = 1; i <= opts.replicas; i++) out.push((rank + i) % opts.size);
   return out;
 }
 
-/** Ring predecessors of `rank` whose states it holds. */
+/**
+ * Ring predecessors of `rank` whose states it holds.
+ *
+ * @example
+ * predecessors(0, { size: 4, replicas: 2 }); // → [3, 2]
+ */
 export function predecessors(rank: number, opts: DecideOptions): number[] {
   const out: number[] = [];
   for (let i = 1; i <= opts.replicas; i++) out.push((rank - i + opts.size) % opts.size);
@@ -97,6 +107,13 @@ export function predecessors(rank: number, opts: DecideOptions): number[] {
 
 const fail = (code: LifelineErrorCode, message: string): Decision => ({ kind: "fail", code, message });
 
+/**
+ * The round's decision, the same on every rank for the same N summaries (ordered by rank).
+ * Fails with `CPR_RESTORE` (a checkpoint lost beyond the replicas, every rank restarted, a
+ * restarted rank skipping restore()), `CPR_REPLAY` (ranks at different points that nobody
+ * can serve), `MPI_COLLECTIVE_MISMATCH` (same point, different collective), `CPR_PROTOCOL`
+ * (ranks more than one checkpoint apart: a bug).
+ */
 export function decide(all: readonly Summary[], opts: DecideOptions): Decision {
   const { size } = opts;
   if (all.length !== size || all.some((s, i) => s.rank !== i)) {

@@ -29,6 +29,13 @@
  *   each collective it repeats is answered from those results (identity-checked) until it
  *   stands where the survivors wait; then everyone proceeds together.
  *
+ * Errors (as `fail` effects; afterwards every program call fails the same way):
+ * `MPI_BOOTSTRAP` (key reused, bootstrap after the first checkpoint, cache bound),
+ * `CPR_REPLAY` (a replayed call is not the collective that ran there; ranks stuck at
+ * different points), `CPR_RESTORE` (restore() misuse; a checkpoint lost beyond the replicas;
+ * every rank restarted), `CPR_CHECKPOINT` (result buffer bound), `MPI_TIMEOUT` (a dead rank
+ * not back within the failure timeout), `MPI_COLLECTIVE_MISMATCH`, `CPR_PROTOCOL` (a bug).
+ *
  * @example
  * const m = new RetryOneRank({ rank: 0, size: 4, attempt: 0, attempts: [0, 0, 0, 0] });
  * m.step({ kind: "collective", ident });           // → [{ kind: "execute", wireSeq: 0, ... }]
@@ -55,7 +62,13 @@ import {
   type TransferPart,
 } from "./types.ts";
 
-/** A checkpoint value materialized at most once (the thunk is the lazy form). */
+/**
+ * A checkpoint value materialized at most once (the thunk is the lazy form).
+ *
+ * @example
+ * const cell = new LazyCell({ kind: "thunk", thunk: () => encode(state) });
+ * cell.get(); cell.get(); // the thunk ran once
+ */
 export class LazyCell {
   private done = false;
   private value: unknown;
@@ -83,7 +96,13 @@ interface HeldReplica {
 
 type ViewOrder = "same" | "newer" | "stale";
 
-/** How a frame's view compares with ours: same, newer (hold it), or stale (drop it). */
+/**
+ * How a frame's view (attempt vector) compares with ours: same, newer (hold it until the
+ * coordinator's news arrives), or stale (drop it: its sender will learn and resend).
+ *
+ * @example
+ * compareView([0, 1, 0], [0, 0, 0]); // → "newer"
+ */
 export function compareView(theirs: readonly number[], mine: readonly number[]): ViewOrder {
   let greater = false;
   for (let i = 0; i < mine.length; i++) {

@@ -23,10 +23,22 @@ export interface CollIdentity {
   readonly length: number;
 }
 
+/**
+ * True when two calls are the same collective (op, root, type and length all equal).
+ *
+ * @example
+ * sameIdentity(ident, { ...ident, length: 9 }); // → false
+ */
 export function sameIdentity(a: CollIdentity, b: CollIdentity): boolean {
   return a.op === b.op && a.root === b.root && a.type === b.type && a.length === b.length;
 }
 
+/**
+ * A collective's identity for error messages.
+ *
+ * @example
+ * describeIdentity({ op: "bcast", root: 0, type: "Float64Array", length: 8 }); // → "bcast(Float64Array[8] root=0)"
+ */
 export function describeIdentity(i: CollIdentity): string {
   const root = i.root >= 0 ? ` root=${i.root}` : "";
   return `${i.op}(${i.type}[${i.length}]${root})`;
@@ -53,6 +65,12 @@ export type Position =
   /** finalize() after `count` collectives of `version`; the rank stays to serve peers. */
   | { readonly kind: "final"; readonly version: number; readonly count: number };
 
+/**
+ * A sync point for error messages.
+ *
+ * @example
+ * describePosition({ kind: "ckpt", version: 2, count: 5 }); // → "checkpoint 3 after 5 collective(s) of version 2"
+ */
 export function describePosition(p: Position): string {
   switch (p.kind) {
     case "boot":
