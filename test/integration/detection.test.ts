@@ -145,8 +145,9 @@ describe("detection bounds", () => {
     expect(r.outcome.exitCode, context(r)).toBe(0);
     const [ms] = latencies(r.rec, failedRank1);
     console.log(`detection, heartbeat (--heartbeat 100ms --failure-timeout 1s): ${ms?.toFixed(1)} ms from SIGSTOP to rank-failed`);
-    // The last heartbeat left at most one interval before the freeze; the detector ticks every 250 ms.
-    expect(ms).toBeGreaterThanOrEqual(1_000 - 100 - 20);
+    // The last beat heard left about one interval (plus scheduling delays on a loaded box) before
+    // the freeze; the detector ticks every 250 ms.
+    expect(ms).toBeGreaterThanOrEqual(1_000 - 300);
     expect(ms).toBeLessThan(1_000 + 250 + 750);
     expect(r.errors?.failures).toEqual([expect.objectContaining({ rank: 1, attempt: 0, cause: "heartbeat", code: "LAUNCH_HEARTBEAT", action: "restart" })]);
   }, TEST_MS);
