@@ -95,6 +95,19 @@ describe.each(["model", "local", "lazy"] as const)("%s_recover on 4 ranks", (kin
   });
 });
 
+describe("Rabit's own integration test on 10 ranks (seed 000: ranks 0, 4 and 9 die at once, rank 1 right after)", () => {
+  it.each(["model", "local"] as const)("%s_recover, replicas 2", (kind) => {
+    const p = program(kind, { iterations: 4 });
+    const want = referenceResults(p, 10);
+    for (let seed = 1; seed <= 10; seed++) {
+      const o = new RetryOneSim({ seed, size: 10, replicas: 2, program: rabitProgram(p), mocks: parseMocks("0,1,1,0 + 4,1,1,0 + 9,1,1,0 + 1,1,2,0") }).run();
+      if (o.status !== "ok") throw new Error(`seed ${seed}: ${o.status} ${o.failures.map((f) => f.message).join("; ")}`);
+      expect(JSON.stringify(o.results)).toBe(want);
+      expect(o.crashes).toBe(4);
+    }
+  });
+});
+
 describe("cost", () => {
   it("failure-free: no agreement frames at all; per checkpoint k replicas and N-1 `stored` per rank", () => {
     const iterations = 5;
