@@ -217,7 +217,7 @@ export class CoordinatedDriver implements CprHook {
   }
 
   checkpoint(state: unknown, global: unknown, flushSelf: () => void): void {
-    if (!this.machine.checkpointDue || this.failed) return;
+    if (!this.machine.mayCheckpoint || this.failed) return;
     // Nothing to self may cross the line: deliver what is pending into the matcher, where
     // it is channel state saved below.
     flushSelf();

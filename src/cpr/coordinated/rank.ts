@@ -135,6 +135,17 @@ export class RankMachine {
     this.replayUntil = logs.nondet.reduce((m, [o]) => Math.max(m, o), -1);
   }
 
+  /**
+   * Whether a due checkpoint may be taken at this location. Not while a restored rank still
+   * replays its line's log or still has early frames to re-send (and suppress): its line counts
+   * those frames, and those outcomes, in the restored epoch, so a checkpoint taken before they
+   * happen again would move them into the next epoch — a count mismatch at the next marker, or
+   * a replay cut short (found by the simulator: SEED=1005, SEED=584390233557).
+   */
+  get mayCheckpoint(): boolean {
+    return this.checkpointDue && this.replayLog === undefined && this.suppressSet.every((s) => s.size === 0);
+  }
+
   /** A peer told us (on recovery) which of our frames it already holds. */
   addSuppress(dest: number, channelSeqs: readonly number[]): void {
     for (const q of channelSeqs) this.suppressSet[dest]!.add(q);
