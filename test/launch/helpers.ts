@@ -176,7 +176,11 @@ export class CliProcess {
     const timeoutMs = opts.timeoutMs ?? 30_000;
     this.done = new Promise((resolve, reject) => {
       const timer = setTimeout(() => {
-        this.child.kill("SIGKILL");
+        // SIGTERM first: the launcher then stops its ranks itself (SIGCONT + SIGTERM + SIGKILL),
+        // which matters for a frozen (SIGSTOPped) rank, whose watchdog cannot run and which
+        // would outlive a SIGKILLed launcher. SIGKILL only if the launcher does not go.
+        this.child.kill("SIGTERM");
+        setTimeout(() => this.child.kill("SIGKILL"), 3000).unref();
         reject(new Error(`launcher did not finish within ${timeoutMs} ms\n--- stderr\n${this.stderr}`));
       }, timeoutMs);
       this.child.on("error", reject);
