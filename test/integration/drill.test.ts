@@ -131,7 +131,9 @@ describe("lifeline drill, mode cpr", () => {
     const [fault] = o.report.runs[1]!.faultReports;
     expect(fault!.cause).toBe("heartbeat");
     const detectionMs = fault!.detectedMs! - fault!.hitMs!;
-    expect(detectionMs).toBeGreaterThanOrEqual(900);
+    // The detector's clock starts at the last beat heard, up to one heartbeat (100 ms) plus
+    // scheduling delay before the freeze: detection may read a little under the 1 s timeout.
+    expect(detectionMs).toBeGreaterThanOrEqual(700);
     expect(detectionMs).toBeLessThan(3_000);
   }, DRILL_TEST_MS);
 });
