@@ -92,6 +92,11 @@ export interface SimConfig {
   readonly staleChance?: number;
   readonly resultEntriesMax?: number;
   readonly stepsMax?: number;
+  /**
+   * The coordinator sends no `peer-down`, only `peer` once the rank runs again (today's
+   * launcher): survivors learn of a death only from the restart.
+   */
+  readonly noPeerDown?: boolean;
 }
 
 export interface SimFailure {
@@ -526,7 +531,9 @@ export class RetryOneSim {
       else if (from === n.rank && !this.prng.chance(this.cfg.staleChance ?? 0.5)) q.length = 0;
     }
     this.ctl.delete(n.rank);
-    for (let r = 0; r < this.cfg.size; r++) if (r !== n.rank) this.sendCtl(r, { kind: "peer-down", rank: n.rank, attempt: n.attempt });
+    if (this.cfg.noPeerDown !== true) {
+      for (let r = 0; r < this.cfg.size; r++) if (r !== n.rank) this.sendCtl(r, { kind: "peer-down", rank: n.rank, attempt: n.attempt });
+    }
     if (!(this.cfg.noRestart ?? []).includes(n.rank)) {
       const [lo, hi] = this.cfg.restartDelayMs ?? [1, 200];
       this.restartAt.set(n.rank, this.now + this.prng.rangeInclusive(lo, hi));
@@ -546,7 +553,7 @@ export class RetryOneSim {
       this.sendCtl(r, { kind: "peer-up", rank, attempt });
       // The coordinator's table for the new process says who is down right now.
       const other = this.nodes[r]!;
-      if (!other.alive) this.sendCtl(rank, { kind: "peer-down", rank: r, attempt: other.attempt });
+      if (!other.alive && this.cfg.noPeerDown !== true) this.sendCtl(rank, { kind: "peer-down", rank: r, attempt: other.attempt });
     }
   }
 }

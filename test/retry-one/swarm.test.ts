@@ -23,6 +23,7 @@ interface Job {
   readonly randomCrashes: number;
   readonly crashChance: number;
   readonly staleChance: number;
+  readonly noPeerDown: boolean;
 }
 
 function jobFor(seed: number, label: number): Job {
@@ -35,6 +36,8 @@ function jobFor(seed: number, label: number): Job {
     randomCrashes: p.rangeInclusive(1, 6),
     crashChance: 0.005 * p.rangeInclusive(1, 8),
     staleChance: p.pick([0, 0.5, 1]),
+    // Today's launcher sends only `peer` on a restart; the protocol must not need `peer-down`.
+    noPeerDown: p.chance(0.25),
   };
 }
 
@@ -64,6 +67,7 @@ function runSwarm(seeds: number[], impairedBeyondReplicas: boolean, check: (o: S
         randomCrashes: job.randomCrashes,
         crashChance: job.crashChance,
         staleChance: job.staleChance,
+        noPeerDown: job.noPeerDown,
         impairedMax: impairedBeyondReplicas ? job.size : job.replicas,
       }).run();
       check(o, job);
