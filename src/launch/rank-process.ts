@@ -6,7 +6,7 @@
  *   tsx that ships with lifeline, so users need no TypeScript tooling of their own; a `.js`
  *   app runs as `node app.js`.
  * - stdio: stdin is ignored (N ranks cannot share a terminal's input); stdout and stderr are
- *   pipes read line by line; fd 3 is a pipe whose other end only the launcher holds (libuv
+ *   pipes read line by line; fd 3 is a pipe (the rank's heartbeats come back on it) whose other end only the launcher holds (libuv
  *   opens it close-on-exec, so sibling ranks do not inherit it). When the launcher dies, even
  *   by SIGKILL, the rank reads EOF there and ends itself (src/index.ts watches it).
  * - Each rank is its own process group (`detached`), so a terminal's Ctrl-C reaches only the
@@ -46,6 +46,8 @@ export interface RankSpawnSpec {
 /** Where a rank's output lines go. */
 export interface RankOutputSink {
   line(rank: number, stream: "stdout" | "stderr", line: string): void;
+  /** The rank's watchdog thread beat on the watch pipe (fd 3). */
+  heartbeat?(rank: number, attempt: number): void;
 }
 
 /** Lines of stderr kept per rank for failure messages. */
@@ -118,11 +120,12 @@ export class RankProcess {
       }),
     ];
     this.closed = Promise.all([this.exited, ...drains]).then(() => undefined);
-    // The watch pipe: never written; kept open until the rank ends. Its errors (EPIPE when
-    // the rank closed its end) are expected and carry no information.
-    const watch = child.stdio[3] as (NodeJS.ReadableStream & { on(ev: "error", fn: () => void): unknown; resume(): unknown }) | null;
+    // The watch pipe (a socketpair): kept open until the rank ends; its EOF tells the rank
+    // that the launcher is gone. The rank's watchdog thread writes a byte per heartbeat into
+    // it. Its errors (EPIPE when the rank closed its end) are expected and carry no information.
+    const watch = child.stdio[3] as (NodeJS.ReadableStream & { on(ev: string, fn: (...a: unknown[]) => void): unknown }) | null;
     watch?.on("error", () => undefined);
-    watch?.resume();
+    watch?.on("data", () => sink.heartbeat?.(rank, attempt));
   }
 
   /** True until the process has exited. */

@@ -361,7 +361,13 @@ export class Supervisor {
   }
 
   private outputSink(): RankOutputSink {
-    return { line: (rank, stream, line) => this.deps.reporter.rankLine(rank, stream, line) };
+    return {
+      line: (rank, stream, line) => this.deps.reporter.rankLine(rank, stream, line),
+      // Beats of a superseded attempt (a rank being replaced) say nothing about the new one.
+      heartbeat: (rank, attempt) => {
+        if (this.procs[rank]?.attempt === attempt) this.detector.heard(rank, this.nowMs(), { heartbeat: true });
+      },
+    };
   }
 
   // ---- watching -------------------------------------------------------------------------

@@ -34,7 +34,7 @@ export function startWatchdog(opts: WatchdogOptions): () => void {
   const worker = new Worker(new URL(file, import.meta.url), { workerData: { pid: process.pid, ...opts } });
   worker.unref();
   worker.on("error", (err) => process.stderr.write(`lifeline: watchdog failed: ${err.message}\n`));
-  return () => {
-    void worker.terminate();
-  };
+  // Stopped by a message, not terminate(): the worker handles it only after its start-up code
+  // ran, so it is never torn down in the middle of building a socket.
+  return () => worker.postMessage("stop");
 }

@@ -8,6 +8,16 @@ import { ROOT, runCli } from "../launch/helpers.ts";
 const FIX = join(ROOT, "test", "fixtures", "world");
 
 describe("heartbeats from the watchdog thread", () => {
+  it("ends cleanly when a rank finalizes right after init() (the watchdog is stopped, never torn down mid-start)", async () => {
+    // A worker terminated while it built a ZeroMQ socket used to abort the rank (SIGABRT):
+    // jobs that finalize at once hit that window. Several in a row, 4 ranks each.
+    for (let i = 0; i < 4; i++) {
+      const r = await runCli(["run", "-n", "4", "--mode", "none", join(ROOT, "test", "fixtures", "launch", "ok.ts"), "0"]);
+      expect(r.code, r.stderr).toBe(0);
+      expect(r.stderr).not.toMatch(/SIGABRT|FATAL ERROR/);
+    }
+  });
+
   it("keeps a rank busy in a 2.5 s synchronous loop alive under a 1 s failure timeout", async () => {
     const r = await runCli(["run", "-n", "2", "--mode", "none", "--heartbeat", "100", "--failure-timeout", "1000", join(FIX, "busy.ts"), "2500"]);
     expect(r.code, r.stderr).toBe(0);
