@@ -32,7 +32,7 @@ import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
 import { CtrlServer } from "./lib/ctrl.ts";
 import { LifelineJob, type JobEnv } from "./lib/jobs.ts";
-import { perOpSeconds } from "./lib/plan.ts";
+import { cpuPerOpSeconds, perOpSeconds } from "./lib/plan.ts";
 import { installCleanup, killAllSync, spawnChild } from "./lib/procs.ts";
 import { median, quantile } from "./lib/stats.ts";
 import { renderStoreTable, runStoreBench, type StoreBenchResult } from "./store-bench.ts";
@@ -67,14 +67,20 @@ function ratioRow(name: string, unit: string, v: number, base: number, target: n
 
 // ---- (a) ping-pong, cpr with nothing due vs none --------------------------------------------
 
-async function benchPingpong(tmpDir: string, o: { reps: number; iters: number }): Promise<{ row: Row; data: Record<string, unknown> }> {
+async function benchPingpong(tmpDir: string, o: { reps: number; iters: number }): Promise<{ rows: Row[]; data: Record<string, unknown> }> {
   const ctrl = await CtrlServer.open(`ipc://${tmpDir}/ctrl`);
   const env: JobEnv = { ctrl, root: ROOT, tmpDir, transport: "ipc", payload: "f64", echo: false, startTimeoutMs: 90_000, commandTimeoutMs: 60_000, idleMs: 60_000, cpuProf: undefined };
   const none = new LifelineJob(2, env, 0);
   const cpr = new CprPingJob(2, env, 1);
   try {
     await Promise.all([none.start(), cpr.start()]);
-    const oneWayUs = async (job: LifelineJob): Promise<number> => perOpSeconds("pingpong", o.iters, (await job.run("pingpong", 8, o.iters)).seconds) * 1e6;
+    const nCpu: number[] = [];
+    const cCpu: number[] = [];
+    const oneWayUs = async (job: LifelineJob, cpu?: number[]): Promise<number> => {
+      const r = await job.run("pingpong", 8, o.iters);
+      cpu?.push(cpuPerOpSeconds("pingpong", o.iters, r.cpuS) * 1e6);
+      return perOpSeconds("pingpong", o.iters, r.seconds) * 1e6;
+    };
     await oneWayUs(none);
     await oneWayUs(cpr);
     const n: number[] = [];
@@ -82,16 +88,17 @@ async function benchPingpong(tmpDir: string, o: { reps: number; iters: number })
     for (let k = 0; k < o.reps; k++) {
       // Alternate which goes first, so drift of a shared machine hits both alike.
       if (k % 2 === 0) {
-        n.push(await oneWayUs(none));
-        c.push(await oneWayUs(cpr));
+        n.push(await oneWayUs(none, nCpu));
+        c.push(await oneWayUs(cpr, cCpu));
       } else {
-        c.push(await oneWayUs(cpr));
-        n.push(await oneWayUs(none));
+        c.push(await oneWayUs(cpr, cCpu));
+        n.push(await oneWayUs(none, nCpu));
       }
     }
     const paired = c.map((x, k) => x / n[k]!);
     const row = ratioRow("8 B ping-pong one-way, cpr (nothing due) vs none", "us", median(c), median(n), 1.05, ` (paired ${median(paired).toFixed(3)}x, IQR ${quantile(paired, 0.25).toFixed(3)}..${quantile(paired, 0.75).toFixed(3)})`);
-    return { row, data: { iters: o.iters, reps: o.reps, noneUs: n, cprUs: c, paired } };
+    const cpuRow = ratioRow("  same, CPU per one-way message, both ranks (all threads; steadier on a loaded machine)", "us", median(cCpu), median(nCpu), 1.05);
+    return { rows: [row, cpuRow], data: { iters: o.iters, reps: o.reps, noneUs: n, cprUs: c, paired, noneCpuUs: nCpu, cprCpuUs: cCpu } };
   } finally {
     await Promise.all([none.stop(), cpr.stop()]).catch(() => undefined);
     ctrl.close();
@@ -261,7 +268,7 @@ async function main(): Promise<void> {
     if (only.has("pingpong")) {
       progress("pingpong: cpr (nothing due) vs none, 2 ranks, alternating blocks");
       const r = await benchPingpong(tmpDir, { reps: int(values.reps, quick ? 5 : 15), iters: quick ? 200 : 1000 });
-      rows.push(r.row);
+      rows.push(...r.rows);
       data.pingpong = r.data;
     }
     if (only.has("heat")) {
