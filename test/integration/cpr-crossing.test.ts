@@ -9,7 +9,7 @@
  * between the same two collectives: every line is crossed by at least one collective, forced
  * by construction rather than timing. 3 real rank processes, `--checkpoint-every 1steps` (a
  * round as soon as the previous one ended), one collective kind per run, a rank killed at its
- * 12th checkpoint() after lines were committed (the victim rotates over the ranks); the
+ * 20th checkpoint() (of 24) after lines were committed (the victim rotates over the ranks); the
  * reference is one --mode none run of every kind.
  */
 import { existsSync } from "node:fs";
@@ -21,7 +21,7 @@ import { CLI, context, runLauncher, type RunOutcome } from "./cpr-run.ts";
 
 const PROGRAM = "test/fixtures/cpr/crossing.ts";
 const NP = 3;
-const POINTS = "36";
+const POINTS = "48";
 const TIMEOUT_MS = 30_000;
 const KINDS = ["barrier", "bcast", "reduce", "allreduce", "allreduce-ring", "gather", "scatter", "allgather", "alltoall"];
 
@@ -43,7 +43,7 @@ describe("collectives crossing the recovery line (--mode cpr, a rank killed late
     const victim = i % NP;
     it(`${kind}: rank ${victim} killed after a crossed line was committed; results equal --mode none`, async () => {
       expect(reference.code, context(reference)).toBe(0);
-      const o = await runLauncher({ np: NP, program: PROGRAM, args: [kind, POINTS], flags: ["--mode", "cpr", "--checkpoint-every", "1steps", "--inject", `${victim}@step:12`], dir, name: kind, timeoutMs: TIMEOUT_MS });
+      const o = await runLauncher({ np: NP, program: PROGRAM, args: [kind, POINTS], flags: ["--mode", "cpr", "--checkpoint-every", "1steps", "--inject", `${victim}@step:20`], dir, name: kind, timeoutMs: TIMEOUT_MS });
       expect(o.code, context(o)).toBe(0);
       expect(o.doc!.restarts).toBe(1);
       // Restored from a committed line, not from the beginning: the replay crosses it.
