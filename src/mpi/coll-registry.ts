@@ -177,6 +177,35 @@ export class CollectiveRegistry {
     return this.active.get(seq);
   }
 
+  /**
+   * retry-one: gives up collective `seq` (a peer failed): its pending receives reject with
+   * `err`, and it leaves the active set and the inbox.
+   */
+  abandon(seq: number, err: Error): void {
+    const c = this.active.get(seq);
+    this.active.delete(seq);
+    for (const [key, w] of this.waiters) {
+      if (key.startsWith(`${seq}.`)) {
+        this.waiters.delete(key);
+        w.reject(err);
+      }
+    }
+    c?.fail(err as LifelineError);
+    this.purge((a) => a.header.collSeq !== seq);
+  }
+
+  /** retry-one: drops every filed message that `keep` rejects (frames of abandoned executions). */
+  purge(keep: (a: Arrival) => boolean): void {
+    for (const [key, a] of this.inbox) {
+      if (keep(a)) continue;
+      this.inbox.delete(key);
+      const seq = a.header.collSeq;
+      const n = (this.unreadBySeq.get(seq) ?? 1) - 1;
+      if (n <= 0) this.unreadBySeq.delete(seq);
+      else this.unreadBySeq.set(seq, n);
+    }
+  }
+
   /** Fails every pending collective receive (abort, finalize). */
   failAll(err: unknown): void {
     for (const w of this.waiters.values()) w.reject(err);

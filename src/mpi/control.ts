@@ -42,9 +42,16 @@ export type CoordinatorToRank =
    * `restore` (cpr) names the committed recovery line to restore from and this rank's part of
    * it; absent on a fresh start (and on a restart before the first line).
    */
-  | { t: "table"; jobKey: number; endpoints: string[]; attempts: number[]; restore?: { epoch: number; ref: { rank: number; epoch: number; checksum: number; bytes: number } } }
+  | {
+    t: "table"; jobKey: number; endpoints: string[]; attempts: number[];
+    restore?: { epoch: number; ref: { rank: number; epoch: number; checksum: number; bytes: number } };
+    /** retry-one: ranks down right now (dead, not running again yet). */
+    down?: number[];
+  }
   /** One peer's endpoint changed (it was restarted). */
   | { t: "peer"; rank: number; endpoint: string; attempt: number }
+  /** retry-one: incarnation `attempt` of `rank` died (sent at once, before any restart). */
+  | { t: "peer-down"; rank: number; attempt: number }
   /** All ranks finalized: close sockets and exit. */
   | { t: "release" }
   /** Stop now: the job failed or was interrupted. */

@@ -32,6 +32,8 @@ export const ENV = {
   watchFd: "LIFELINE_WATCH_FD",
   heartbeatMs: "LIFELINE_HEARTBEAT_MS",
   failureTimeoutMs: "LIFELINE_FAILURE_TIMEOUT_MS",
+  /** retry-one: ring successors that keep a copy of each rank's state (`--replicas`). */
+  replicas: "LIFELINE_REPLICAS",
 } as const;
 
 export interface InitOptions {
@@ -61,6 +63,8 @@ export interface RankPlace {
   watchFd: number | undefined;
   heartbeatMs: number;
   failureTimeoutMs: number;
+  /** retry-one: ring successors holding each rank's state (default 2). */
+  replicas?: number | undefined;
 }
 
 function intFrom(name: string, raw: string | undefined): number | undefined {
@@ -114,5 +118,6 @@ export function resolveRankPlace(opts: InitOptions, env: NodeJS.ProcessEnv): Ran
     watchFd: intFrom(ENV.watchFd, env[ENV.watchFd]),
     heartbeatMs: intFrom(ENV.heartbeatMs, env[ENV.heartbeatMs]) ?? 500,
     failureTimeoutMs: intFrom(ENV.failureTimeoutMs, env[ENV.failureTimeoutMs]) ?? 5000,
+    replicas: intFrom(ENV.replicas, env[ENV.replicas]) ?? 2,
   };
 }

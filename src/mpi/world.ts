@@ -17,7 +17,7 @@
 import { LifelineError } from "../errors.ts";
 import { type ActiveCollective, CollectiveRegistry } from "./coll-registry.ts";
 import * as coll from "./collectives.ts";
-import { type EncodedBody, decodeBody, encodeBody, encodeValue, isTypedArray } from "./codec.ts";
+import { type EncodedBody, decodeBody, decodeValue, encodeBody, encodeValue, isTypedArray } from "./codec.ts";
 import type { CoordinatorToRank } from "./control.ts";
 import type { Mode, RankPlace } from "./env.ts";
 import { FaultPlan, parseFaults } from "./faults.ts";
@@ -32,6 +32,7 @@ import { decodeHeader, Encoding, encodeHeader, Flag, type Header, HEADER_BYTES, 
 import { type CprHook, type CprHookFactory, type CprWorldAccess, type LibState, type NondetEntry, PROTO_CPR_BASE, type RawFrame } from "./cpr-hook.ts";
 import { type ControlChannel, type Host, type Timer, type Transport, zmqHost } from "./host.ts";
 import { BouncePool } from "./bounce-pool.ts";
+import { PROTO_RETRY_BASE, type RetryCollIdentity, type RetryDecision, type RetryOneHook, type RetryOneHookFactory, type RetryWorldAccess } from "./retry-hook.ts";
 
 /** An application message after decoding, as the matcher holds it. */
 interface AppEnvelope {
@@ -46,6 +47,18 @@ interface AppEnvelope {
 export interface JoinOptions {
   /** The recovery protocol's hook (mode cpr); see cpr-hook.ts. */
   readonly cpr?: CprHookFactory;
+  /** The retry-one driver (mode retry-one); see retry-hook.ts. */
+  readonly retryOne?: RetryOneHookFactory;
+}
+
+/** The internal signal that ends a collective the retry-one protocol abandoned (never user-visible). */
+class Abandoned extends Error {}
+
+/** A collective call as retry-one checks it on replay: op, root, type, length (see retry-hook.ts). */
+function identOf(op: string, root: number, data: unknown): RetryCollIdentity {
+  if (isTypedArray(data)) return { op, root, type: (data as object).constructor.name, length: (data as ArrayLike<unknown>).length };
+  if (Array.isArray(data)) return { op, root, type: "msgpack", length: data.length };
+  return { op, root, type: data === undefined ? "none" : "msgpack", length: 0 };
 }
 
 /** Collective kinds, carried in the top byte of a collective frame's tag for error messages. */
@@ -54,6 +67,8 @@ type CollKind = (typeof COLL_KINDS)[number];
 
 /** Steps fit in the low 24 bits of the tag; the kind index sits above them. */
 const STEP_BITS = 24;
+/** retry-one: steps of a second algorithm run in the same collective (reduce, then bcast). */
+const RETRY_STEP_SHIFT = 1 << 20;
 
 /** Protocol-frame tags of the layer's own collective-signature query. */
 const PROTO_COLL_QUERY = 0x100;
@@ -128,6 +143,11 @@ export class World implements WorldApi {
   private released: { resolve: () => void; reject: (e: unknown) => void } | undefined;
   private host!: Host;
   private cpr: CprHook | undefined;
+  private retry: RetryOneHook | undefined;
+  /** retry-one: the epoch field of collective frames (the protocol's view id); 0 otherwise. */
+  private collEpoch = 0;
+  /** retry-one: the collective running on the wire, and whether the protocol abandoned it. */
+  private retryRun: { seq: number; abandoned: boolean } | undefined;
   private readonly bootstrapResults = new Map<string, Buffer>();
   /** Sends to self waiting for their (deferred) delivery, FIFO. */
   private readonly selfQueue: { header: Header; raw: RawFrame }[] = [];
@@ -172,7 +192,13 @@ export class World implements WorldApi {
   private onControl(msg: CoordinatorToRank): void {
     switch (msg.t) {
       case "table": this.gotTable(msg); break;
-      case "peer": if (msg.rank !== this.rank) this.transport.connect(msg.rank, msg.endpoint); break;
+      case "peer":
+        if (msg.rank !== this.rank) this.transport.connect(msg.rank, msg.endpoint);
+        this.retry?.onControl(msg);
+        break;
+      case "peer-down":
+        this.retry?.onControl(msg);
+        break;
       case "release": this.released?.resolve(); break;
       case "abort": {
         const err = new LifelineError("MPI_ABORTED", `the job was aborted: ${msg.message}`);
@@ -194,6 +220,7 @@ export class World implements WorldApi {
     this.transport = host.transport;
     this.control = host.control;
     if (this.mode === "cpr" && opts.cpr !== undefined) this.cpr = opts.cpr(this.cprAccess(), host);
+    if (this.mode === "retry-one" && opts.retryOne !== undefined) this.retry = opts.retryOne(this.retryAccess(), host);
     const table = new Promise<Extract<CoordinatorToRank, { t: "table" }>>((resolve, reject) => {
       this.gotTable = resolve;
       this.failJoin = reject;
@@ -215,7 +242,9 @@ export class World implements WorldApi {
       throw new LifelineError("MPI_INIT", `the coordinator's table has ${t.endpoints.length} ranks, but this rank was started for ${this.size}`);
     }
     this.jobKey = t.jobKey;
-    t.endpoints.forEach((ep, r) => { if (r !== rank) this.transport.connect(r, ep); });
+    // retry-one: a rank that is down has no endpoint yet; a `peer` message brings it.
+    t.endpoints.forEach((ep, r) => { if (r !== rank && ep !== "") this.transport.connect(r, ep); });
+    this.retry?.beforeStart(t);
     if (this.cpr !== undefined) {
       try {
         // Restore the library state and re-inject logged messages before anything new can
@@ -257,6 +286,32 @@ export class World implements WorldApi {
       },
       sendControl: (msg) => void this.control.send(msg).catch(() => undefined),
       fatal: (code, message) => this.fatal(new LifelineError(code, message)),
+    };
+  }
+
+  /** What the retry-one driver may do with this communicator. */
+  private retryAccess(): RetryWorldAccess {
+    return {
+      rank: this.rank,
+      size: this.size,
+      attempt: this.attempt,
+      sendProtocol: (dest, tag, body) => {
+        const enc = encodeBody(body, { copy: false });
+        void this.transmit(dest, this.header(Kind.protocol, dest, tag, enc), enc).catch(() => undefined);
+      },
+      abandonCollective: (seq) => {
+        if (this.retryRun !== undefined && this.retryRun.seq === seq) this.retryRun.abandoned = true;
+        this.colls.abandon(seq, new Abandoned(`collective #${seq} abandoned`));
+      },
+      inject: (frame) => {
+        const h = decodeHeader(frame.header, { jobKey: this.jobKey, size: this.size });
+        this.arrive(h, frame.body, frame.header, false);
+      },
+      fatal: (code, message) => {
+        const err = new LifelineError(code, message);
+        this.fatal(err);
+        this.failPending(err);
+      },
     };
   }
 
@@ -325,6 +380,7 @@ export class World implements WorldApi {
     if (classify && this.cpr !== undefined && header.kind !== Kind.protocol && header.source !== this.rank) {
       this.cpr.arrive(header, { header: rawHeader, body });
     }
+    if (classify && this.retry !== undefined && header.kind === Kind.collective && header.source !== this.rank && !this.retry.arrive(header, { header: rawHeader, body })) return;
     switch (header.kind) {
       case Kind.app: {
         let data: unknown;
@@ -373,10 +429,19 @@ export class World implements WorldApi {
 
   // ---- point to point ----------------------------------------------------------------------
 
+  /** retry-one replays collectives only: point-to-point calls are rejected there (README, API). */
+  private pointToPoint(what: string): void {
+    if (this.mode !== "retry-one") return;
+    throw new LifelineError(
+      "MPI_MODE",
+      `${what}(): point-to-point messages are not recoverable in --mode retry-one (only collectives are replayed from peers); use --mode cpr`,
+    );
+  }
+
   private header(kind: Header["kind"], dest: number, tag: number, body: EncodedBody, collSeq = 0, signature = 0): Buffer {
     // Protocol frames are the layer's own talk: not part of any channel's message sequence,
     // not stamped with an epoch.
-    const stamp = kind === Kind.protocol || this.cpr === undefined ? { epoch: 0, flags: 0 } : this.cpr.stamp(dest);
+    const stamp = kind === Kind.protocol || this.cpr === undefined ? { epoch: kind === Kind.collective ? this.collEpoch : 0, flags: 0 } : this.cpr.stamp(dest);
     return encodeHeader({
       kind, flags: stamp.flags, encoding: body.encoding, jobKey: this.jobKey, source: this.rank, tag,
       channelSeq: kind === Kind.protocol ? 0 : this.channelSeqOut[dest]!++, epoch: stamp.epoch, collSeq, signature, arrayType: body.arrayType, attempt: this.attempt,
@@ -417,6 +482,7 @@ export class World implements WorldApi {
 
   async send(data: unknown, dest: number, tag = 0): Promise<void> {
     this.live("send");
+    this.pointToPoint("send");
     this.checkRank(dest, "send", false);
     this.checkTag(tag, "send", false);
     await this.sendApp(data, dest, tag);
@@ -426,6 +492,7 @@ export class World implements WorldApi {
     const req = new RequestImpl<void>(this.cpr === undefined ? undefined : (r) => this.pollSend(r));
     // Validation errors throw synchronously, like send's would reject: the call is wrong.
     this.live("isend");
+    this.pointToPoint("isend");
     this.checkRank(dest, "isend", false);
     this.checkTag(tag, "isend", false);
     this.sendApp(data, dest, tag).then(() => req.complete(), (e) => req.fail(e));
@@ -479,6 +546,7 @@ export class World implements WorldApi {
 
   irecv<T = unknown>(source: number = ANY_SOURCE, tag: number = ANY_TAG): Request<Message<T>> {
     this.live("irecv");
+    this.pointToPoint("irecv");
     let src = this.checkRank(source, "irecv", true);
     let tg = this.checkTag(tag, "irecv", true);
     // A wildcard receive's match depends on timing: log it while recording, replay it after
@@ -586,6 +654,7 @@ export class World implements WorldApi {
 
   iprobe(source: number = ANY_SOURCE, tag: number = ANY_TAG): Status | undefined {
     this.live("iprobe");
+    this.pointToPoint("iprobe");
     const src = this.checkRank(source, "iprobe", true);
     const tg = this.checkTag(tag, "iprobe", true);
     // Whether a message is there yet is timing: always an outcome to log and replay. On
@@ -605,6 +674,7 @@ export class World implements WorldApi {
     let tg: number;
     try {
       this.live("probe");
+      this.pointToPoint("probe");
       src = this.checkRank(source, "probe", true);
       tg = this.checkTag(tag, "probe", true);
     } catch (err) {
@@ -662,13 +732,60 @@ export class World implements WorldApi {
    * Runs one collective: assigns its sequence number and signature synchronously (so calls
    * keep program order even when not awaited one by one), then the algorithm.
    */
-  private collective<R>(kind: CollKind, identity: readonly (string | number)[], run: (io: coll.CollectiveIo) => Promise<R>): Promise<R> {
+  private collective<R>(
+    kind: CollKind,
+    identity: readonly (string | number)[],
+    run: (io: coll.CollectiveIo) => Promise<R>,
+    rc?: { readonly ident: RetryCollIdentity; readonly key?: string | undefined },
+  ): Promise<R> {
     try {
       this.live(kind);
     } catch (err) {
       return Promise.reject(err);
     }
     this.faults.onCollective(this.versions, this.collSinceCheckpoint++);
+    if (this.retry !== undefined) return this.retryCollective(kind, identity, run, rc ?? { ident: identOf(kind, -1, undefined) });
+    return this.runCollective(kind, identity, run);
+  }
+
+  /**
+   * retry-one: the protocol answers the call from a buffer (a replay) or has it run on the
+   * wire as the given sequence number in the given view; an abandoned run (a peer failed)
+   * asks the protocol again.
+   */
+  private async retryCollective<R>(
+    kind: CollKind,
+    identity: readonly (string | number)[],
+    run: (io: coll.CollectiveIo) => Promise<R>,
+    rc: { readonly ident: RetryCollIdentity; readonly key?: string | undefined },
+  ): Promise<R> {
+    const hook = this.retry!;
+    let d: RetryDecision = await hook.beforeCollective(rc.key === undefined ? { ident: rc.ident } : { ident: rc.ident, bootstrapKey: rc.key });
+    for (;;) {
+      if (this.failure !== undefined) throw this.failure;
+      if ("result" in d) return decodeValue(d.result) as R;
+      const { wireSeq, viewId, purgeBelow } = d.run;
+      this.colls.restoreNextSeq(wireSeq);
+      this.colls.purge((a) => a.header.epoch === viewId && a.header.collSeq >= purgeBelow);
+      this.collEpoch = viewId;
+      const mine = { seq: wireSeq, abandoned: false };
+      this.retryRun = mine;
+      let result: { value: R } | undefined;
+      try {
+        result = { value: await this.runCollective(kind, identity, run) };
+      } catch (err) {
+        if (!(err instanceof Abandoned) && !mine.abandoned) throw err;
+      }
+      if (this.retryRun === mine) this.retryRun = undefined;
+      if (result !== undefined && !mine.abandoned) {
+        hook.afterCollective(encodeValue(result.value));
+        return result.value;
+      }
+      d = await hook.resumeCollective();
+    }
+  }
+
+  private runCollective<R>(kind: CollKind, identity: readonly (string | number)[], run: (io: coll.CollectiveIo) => Promise<R>): Promise<R> {
     const kindIndex = COLL_KINDS.indexOf(kind);
     const c = this.colls.begin(fnv1a([kind, ...identity]), `${kind}(${identity.join(", ")})`, this.host.now());
     const io: coll.CollectiveIo = {
@@ -712,8 +829,10 @@ export class World implements WorldApi {
   /** Asks every peer for its signature of each collective blocked here for a while. */
   private queryOverdueCollectives(): void {
     if (this.failure !== undefined || this.finalized) return;
+    // retry-one: no queries while the protocol's rounds run (ranks are at different points).
+    if (this.retry?.inRecovery === true) return;
     for (const c of this.colls.overdue(this.host.now())) {
-      const body = encodeBody({ seq: c.seq }, { copy: false });
+      const body = encodeBody(this.retry === undefined ? { seq: c.seq } : { seq: c.seq, view: this.retry.viewId }, { copy: false });
       for (let r = 0; r < this.size; r++) {
         if (r !== this.rank) void this.transmit(r, this.header(Kind.protocol, r, PROTO_COLL_QUERY, body), body).catch(() => undefined);
       }
@@ -721,6 +840,17 @@ export class World implements WorldApi {
   }
 
   private onProtocol(header: Header, body: Buffer[]): void {
+    if (header.tag >= PROTO_RETRY_BASE && this.retry !== undefined) {
+      let decoded: unknown;
+      try {
+        decoded = decodeBody(header.encoding, header.arrayType, body);
+      } catch (err) {
+        this.warnGarbage(err);
+        return;
+      }
+      this.retry.onProtocol(header, decoded);
+      return;
+    }
     if (header.tag >= PROTO_CPR_BASE && this.cpr !== undefined) {
       let decoded: unknown;
       try {
@@ -732,7 +862,7 @@ export class World implements WorldApi {
       this.cpr.onProtocol(header, decoded);
       return;
     }
-    let msg: { seq?: unknown; signature?: unknown; call?: unknown };
+    let msg: { seq?: unknown; signature?: unknown; call?: unknown; view?: unknown };
     try {
       msg = decodeBody(header.encoding, header.arrayType, body) as typeof msg;
       if (typeof msg !== "object" || msg === null || typeof msg.seq !== "number") throw new Error("protocol body has no sequence number");
@@ -750,14 +880,21 @@ export class World implements WorldApi {
         return;
       }
       case PROTO_COLL_QUERY: {
-        const mine = this.colls.signatureOf(seq);
-        const reply = encodeBody({ seq, signature: mine?.signature ?? null, call: mine?.call ?? null }, { copy: false });
+        // retry-one: a query of another view is about another execution (answer "not reached").
+        const mine = this.retry !== undefined && msg.view !== this.retry.viewId ? undefined : this.colls.signatureOf(seq);
+        const reply = encodeBody(
+          this.retry === undefined
+            ? { seq, signature: mine?.signature ?? null, call: mine?.call ?? null }
+            : { seq, signature: mine?.signature ?? null, call: mine?.call ?? null, view: this.retry.viewId },
+          { copy: false },
+        );
         void this.transmit(header.source, this.header(Kind.protocol, header.source, PROTO_COLL_ANSWER, reply), reply).catch(() => undefined);
         return;
       }
       case PROTO_COLL_ANSWER: {
         const c = this.colls.activeCollective(seq);
         if (c === undefined || typeof msg.signature !== "number" || msg.signature === c.signature) return;
+        if (this.retry !== undefined && (this.retry.inRecovery || msg.view !== this.retry.viewId)) return;
         this.fatal(
           new LifelineError(
             "MPI_COLLECTIVE_MISMATCH",
@@ -803,7 +940,7 @@ export class World implements WorldApi {
   }
 
   barrier(): Promise<void> {
-    return this.collective("barrier", [], (io) => coll.barrier(io));
+    return this.collective("barrier", [], (io) => coll.barrier(io), { ident: identOf("barrier", -1, undefined) });
   }
 
   bcast<T>(data: T, root = 0, opts?: CollectiveOptions): Promise<T> {
@@ -814,7 +951,7 @@ export class World implements WorldApi {
     } catch (err) {
       return Promise.reject(err);
     }
-    return this.bootstrapped(key, () => this.collective("bcast", [`root=${root}`], (io) => coll.bcast(io, data, root)));
+    return this.bootstrapped(key, () => this.collective("bcast", [`root=${root}`], (io) => coll.bcast(io, data, root), { ident: identOf("bcast", root, undefined), key }));
   }
 
   reduce<T>(data: T, op: ReduceOp = "sum", root = 0): Promise<T | undefined> {
@@ -824,6 +961,17 @@ export class World implements WorldApi {
       this.checkRank(root, "reduce root", false);
     } catch (err) {
       return Promise.reject(err);
+    }
+    if (this.retry !== undefined) {
+      // A buffered result must serve any rank: the reduce runs as in the other modes (so the
+      // root's result is bit for bit theirs: float sums depend on the combining order), then
+      // the root broadcasts it, in the same collective with its steps shifted.
+      return this.collective("reduce", [`root=${root}`, opLabel(checked), shapeOf(data), "retry-one"], async (io) => {
+        const r = await coll.reduce(io, data, checked, root);
+        const shifted: coll.CollectiveIo = { ...io, send: (d, step, b) => io.send(d, step + RETRY_STEP_SHIFT, b), recv: (src, step) => io.recv(src, step + RETRY_STEP_SHIFT) };
+        return coll.bcast(shifted, r, root);
+      }, { ident: identOf(`reduce:${opLabel(checked)}`, root, data) })
+        .then((r) => (this.rank === root ? r : undefined));
     }
     return this.collective("reduce", [`root=${root}`, opLabel(checked), shapeOf(data)], (io) => coll.reduce(io, data, checked, root));
   }
@@ -837,7 +985,7 @@ export class World implements WorldApi {
     } catch (err) {
       return Promise.reject(err);
     }
-    return this.bootstrapped(key, () => this.collective("allreduce", [opLabel(checked), shapeOf(data)], (io) => coll.allreduce(io, data, checked)));
+    return this.bootstrapped(key, () => this.collective("allreduce", [opLabel(checked), shapeOf(data)], (io) => coll.allreduce(io, data, checked), { ident: identOf(`allreduce:${opLabel(checked)}`, -1, data), key }));
   }
 
   gather<T>(data: T, root = 0): Promise<T[] | undefined> {
@@ -845,6 +993,10 @@ export class World implements WorldApi {
       this.checkRank(root, "gather root", false);
     } catch (err) {
       return Promise.reject(err);
+    }
+    if (this.retry !== undefined) {
+      return this.collective("allgather", [`gather root=${root}`], (io) => coll.allgather(io, data), { ident: identOf("gather", root, undefined) })
+        .then((r) => (this.rank === root ? r : undefined));
     }
     return this.collective("gather", [`root=${root}`], (io) => coll.gather(io, data, root));
   }
@@ -862,6 +1014,11 @@ export class World implements WorldApi {
       if (err instanceof LifelineError) this.fatal(err);
       return Promise.reject(err);
     }
+    if (this.retry !== undefined) {
+      // Every rank gets the root's items (a bcast) and picks its own: replayable for any rank.
+      return this.collective("bcast", [`scatter root=${root}`], (io) => coll.bcast(io, items, root), { ident: identOf("scatter", root, undefined) })
+        .then((all) => (all as readonly T[])[this.rank] as T);
+    }
     return this.collective("scatter", [`root=${root}`], (io) => coll.scatter(io, items, root));
   }
 
@@ -872,7 +1029,7 @@ export class World implements WorldApi {
     } catch (err) {
       return Promise.reject(err);
     }
-    return this.bootstrapped(key, () => this.collective("allgather", [], (io) => coll.allgather(io, data)));
+    return this.bootstrapped(key, () => this.collective("allgather", [], (io) => coll.allgather(io, data), { ident: identOf("allgather", -1, undefined), key }));
   }
 
   alltoall<T>(items: readonly T[]): Promise<T[]> {
@@ -884,6 +1041,11 @@ export class World implements WorldApi {
       this.fatal(err);
       return Promise.reject(err);
     }
+    if (this.retry !== undefined) {
+      // Every rank gets every row (an allgather: p times the data) and picks its column.
+      return this.collective("allgather", ["alltoall"], (io) => coll.allgather(io, items), { ident: identOf("alltoall", -1, items) })
+        .then((rows) => (rows as T[][]).map((row) => row[this.rank]!));
+    }
     return this.collective("alltoall", [], (io) => coll.alltoall(io, items));
   }
 
@@ -894,6 +1056,14 @@ export class World implements WorldApi {
     if (this.restoreCalled) throw new LifelineError("CPR_RESTORE", "restore() called twice; call it once, before the main loop");
     if (this.steps > 0) throw new LifelineError("CPR_RESTORE", "restore() called after checkpoint(); call it once, before the first checkpoint()");
     this.restoreCalled = true;
+    if (this.retry !== undefined) {
+      const got = await this.retry.restore();
+      if (got === undefined) return undefined;
+      this.versions = got.version;
+      // Counted as in the run that took the checkpoint (fault coordinates: version, seqno).
+      this.collSinceCheckpoint = 0;
+      return { state: decodeValue(got.state) as S, global: decodeValue(got.global) as G, version: got.version };
+    }
     const r = this.cpr?.restored();
     if (r === undefined) return undefined;
     this.versions = r.version;
@@ -919,6 +1089,17 @@ export class World implements WorldApi {
     }
     this.steps++;
     this.collSinceCheckpoint = 0;
+    if (this.retry !== undefined) {
+      // Encoded now (a copy: later changes must not reach the checkpoint), or, for the
+      // function form, when the protocol really needs a copy (Rabit's lazy checkpoint).
+      const lazy = typeof state === "function";
+      const s = lazy ? () => encodeValue((state as () => S)()) : encodeValue(state);
+      const g = lazy ? () => encodeValue(global) : encodeValue(global);
+      await this.retry.checkpoint(s, g);
+      this.versions = this.retry.progress.version;
+      this.reportStep(true);
+      return;
+    }
     if (this.cpr !== undefined && this.ghosts > 0) {
       // A replayed poll completed a receive from the log and its re-sent copy is still on
       // its way: a checkpoint now would save a posted receive, which no part can hold. Not
@@ -940,6 +1121,12 @@ export class World implements WorldApi {
 
   nondet<T>(fn: () => T): T {
     this.live("nondet");
+    if (this.mode === "retry-one") {
+      throw new LifelineError(
+        "MPI_MODE",
+        "nondet() is not recoverable in --mode retry-one (a restarted rank would compute a different value); broadcast such a value from one rank with a collective, or use --mode cpr",
+      );
+    }
     if (typeof fn !== "function") throw new TypeError("nondet(fn) needs a function");
     const ticket = this.ticket("value");
     if (ticket?.replay?.k === "value") return ticket.replay.v as T;
@@ -952,7 +1139,7 @@ export class World implements WorldApi {
     const now = this.host.now();
     if (!force && now - this.lastStepReport < STEP_REPORT_MS) return;
     this.lastStepReport = now;
-    void this.control.send({ t: "step", rank: this.rank, steps: this.steps, epoch: this.cpr?.epoch ?? 0 }).catch(() => undefined);
+    void this.control.send({ t: "step", rank: this.rank, steps: this.steps, epoch: this.cpr?.epoch ?? (this.retry !== undefined ? this.versions : 0) }).catch(() => undefined);
   }
 
   async finalize(result?: unknown): Promise<void> {
@@ -963,7 +1150,9 @@ export class World implements WorldApi {
     // that peer's barrier message and is reported, instead of after the job was released.
     // Its own signature: a program collective on one rank against finalize() on another is a
     // mismatch, reported at once.
-    await this.collective("barrier", ["finalize"], (io) => coll.barrier(io));
+    await this.collective("barrier", ["finalize"], (io) => coll.barrier(io), { ident: identOf("finalize", -1, undefined) });
+    // retry-one: the rank stays to serve restarted peers until the release.
+    this.retry?.finalize();
     this.finalized = true;
     this.reportStep(true);
     const released = new Promise<void>((resolve, reject) => { this.released = { resolve, reject }; });
@@ -975,6 +1164,7 @@ export class World implements WorldApi {
       this.failPending(new LifelineError("MPI_FINALIZED", "finalize() was called while this operation was pending"));
       await this.closeSockets();
       await this.cpr?.close().catch(() => undefined);
+      this.retry?.close();
       for (const fn of this.closeHooks.splice(0)) fn();
     }
   }

@@ -1,0 +1,89 @@
+/**
+ * The seam between the communicator and retry-one mode (Rabit-style recovery: restart only the
+ * failed rank, restore it from its peers' memory, replay collective results;
+ * `src/cpr/retry-one`). Like cpr-hook.ts, `src/mpi` defines it and never imports `src/cpr`;
+ * `src/index.ts` plugs the driver in when the mode is `retry-one`.
+ *
+ * World calls the hook around every collective (answer it from a buffer, or run it on the
+ * wire with a sequence number and view id the protocol chose), on every arriving collective
+ * frame (the protocol may drop or hold it), at checkpoint()/restore()/finalize(), for its
+ * protocol frames and for the coordinator's `peer`/`peer-down` news. The hook calls back
+ * through {@link RetryWorldAccess}.
+ *
+ * @example
+ * const world = await World.join(place, { retryOne: (access, host) => new RetryOneDriver(access, host, opts) });
+ */
+import type { LifelineErrorCode } from "../errors.ts";
+import type { CoordinatorToRank } from "./control.ts";
+import type { RawFrame } from "./cpr-hook.ts";
+import type { Host } from "./host.ts";
+import type { Header } from "./wire.ts";
+
+/** What replay checks about a collective call (op, root, type, length). */
+export interface RetryCollIdentity {
+  readonly op: string;
+  readonly root: number;
+  readonly type: string;
+  readonly length: number;
+}
+
+/** How a collective call goes on: run it on the wire as given, or take this (encoded) result. */
+export type RetryDecision =
+  | { readonly run: { readonly wireSeq: number; readonly viewId: number; readonly purgeBelow: number } }
+  | { readonly result: Buffer };
+
+/** What World lets the retry-one driver do. */
+export interface RetryWorldAccess {
+  readonly rank: number;
+  readonly size: number;
+  readonly attempt: number;
+  /** Sends one protocol frame (kind protocol, not counted on any channel) to a peer. */
+  sendProtocol(dest: number, tag: number, body: unknown): void;
+  /**
+   * Gives up the collective running as wire sequence `wireSeq`: its pending receives end with
+   * an internal retry signal and World asks {@link RetryOneHook.resumeCollective} again.
+   */
+  abandonCollective(wireSeq: number): void;
+  /** Delivers a held collective frame now (it passed classification). */
+  inject(frame: RawFrame): void;
+  /** Fails this rank's pending and future calls and asks the coordinator to stop the job. */
+  fatal(code: LifelineErrorCode, message: string): void;
+}
+
+/** The retry-one protocol's side of the seam. */
+export interface RetryOneHook {
+  /** The table arrived (every rank's attempt; ranks down now); before the transport delivers. */
+  beforeStart(table: Extract<CoordinatorToRank, { t: "table" }>): void;
+  /** A collective call, before anything is sent. `bootstrapKey` for bootstrap collectives. */
+  beforeCollective(call: { readonly ident: RetryCollIdentity; readonly bootstrapKey?: string }): Promise<RetryDecision>;
+  /** The collective of the last `run` decision was abandoned: how it goes on now. */
+  resumeCollective(): Promise<RetryDecision>;
+  /** The collective of the last `run` decision finished on the wire with this encoded result. */
+  afterCollective(result: Buffer): void;
+  /** An arriving collective frame from a peer: deliver it (true) or not (dropped or held). */
+  arrive(header: Header, frame: RawFrame): boolean;
+  /** A protocol frame with a retry-one tag ({@link PROTO_RETRY_BASE}..). */
+  onProtocol(header: Header, body: unknown): void;
+  /** `peer` (after World reconnected) and `peer-down` from the coordinator. */
+  onControl(msg: CoordinatorToRank): void;
+  /** checkpoint(): resolves when the version is committed. `state`/`global` are encoded or thunks. */
+  checkpoint(state: Buffer | (() => Buffer), global: Buffer | (() => Buffer)): Promise<void>;
+  /** restore(): the encoded checkpoint from peers, or undefined (nothing saved yet). */
+  restore(): Promise<{ state: Buffer; global: Buffer; version: number } | undefined>;
+  /** finalize() passed its barrier: the rank keeps serving peers until release. */
+  finalize(): void;
+  /** The version the program is in and the seqno of its next collective. */
+  readonly progress: { readonly version: number; readonly seqno: number };
+  /** The view id stamped in collective frames; signature queries of another view are ignored. */
+  readonly viewId: number;
+  /** In recovery (rounds running): World's signature queries are off. */
+  readonly inRecovery: boolean;
+  /** The rank finalized or failed. */
+  close(): void;
+}
+
+/** Builds a hook for one World. */
+export type RetryOneHookFactory = (access: RetryWorldAccess, host: Host) => RetryOneHook;
+
+/** Protocol-frame tags of retry-one (summary, xfer, replica, stored); distinct from cpr's 0x200 range. */
+export const PROTO_RETRY_BASE = 0x300;
