@@ -13,6 +13,7 @@ import { type InitOptions, resolveRankPlace, SUPPORTED_MODES } from "./mpi/env.t
 import { World } from "./mpi/world.ts";
 import { startWatchdog } from "./launch/watchdog.ts";
 import { coordinatedHook } from "./cpr/coordinated/driver.ts";
+import { retryOneHook } from "./cpr/retry-one/driver.ts";
 import { LevelRecoveryStore } from "./store/level-store.ts";
 
 export { ANY_SOURCE, ANY_TAG, TAG_MAX } from "./mpi/types.ts";
@@ -45,7 +46,8 @@ export async function init(options: InitOptions = {}): Promise<World> {
     // cpr: each rank writes its parts of recovery lines into its own part store (LevelDB
     // admits one process per database), opened on first use.
     const cpr = place.mode === "cpr" ? coordinatedHook(() => new LevelRecoveryStore(place.store).openRank(place.rank)) : undefined;
-    const world = await World.join(place, { cpr });
+    const retryOne = place.mode === "retry-one" ? retryOneHook({ replicas: place.replicas, failureTimeoutMs: place.failureTimeoutMs }) : undefined;
+    const world = await World.join(place, { cpr, retryOne });
     world.onClose(stopWatch);
     return world;
   } catch (err) {

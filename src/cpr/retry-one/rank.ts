@@ -143,6 +143,12 @@ export class RetryOneRank {
   private ownPending: OwnCheckpoint | null = null;
   private held = new Map<number, HeldReplica>();
   private heldPending = new Map<number, HeldReplica>();
+  /**
+   * Replicas of the checkpoint after the pending one (committed + 2): a peer that committed
+   * before us may already push them when two checkpoints follow each other with no collective
+   * between (found by the World simulator). Moved to heldPending at our commit.
+   */
+  private earlyReplicas = new Map<number, HeldReplica>();
 
   private pos: Position | null = null;
   private executing: { readonly wireSeq: number } | null = null;
@@ -460,6 +466,8 @@ export class RetryOneRank {
     for (const [owner, h] of this.heldPending) if (h.version === version) held.set(owner, h);
     this.held = held;
     this.heldPending = new Map();
+    for (const [owner, h] of this.earlyReplicas) if (h.version === version + 1) this.heldPending.set(owner, h);
+    this.earlyReplicas = new Map();
     this.ckptProto = null;
     this.pos = null;
     this.out.push({ kind: "checkpointed", version });
@@ -541,6 +549,7 @@ export class RetryOneRank {
       case "xfer":
         return this.onXfer(from, frame.round, frame.part);
       case "replica":
+        if (!this.restoring && frame.version === this.committed + 2) this.earlyReplicas.set(from, { version: frame.version, state: frame.state });
         if (this.restoring || frame.version !== this.committed + 1) return;
         this.heldPending.set(from, { version: frame.version, state: frame.state });
         return this.checkStored();
@@ -550,7 +559,8 @@ export class RetryOneRank {
           proto.storedFrom.add(from);
           return this.checkStored();
         }
-        if (frame.version === this.committed + 1) {
+        // committed + 2: a peer already at the checkpoint after the one we still commit.
+        if (frame.version === this.committed + 1 || frame.version === this.committed + 2) {
           const set = this.earlyStored.get(frame.version) ?? new Set<number>();
           set.add(from);
           this.earlyStored.set(frame.version, set);
