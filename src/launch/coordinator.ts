@@ -100,6 +100,11 @@ export class Coordinator {
   private warnings = 0;
   private suppressedWarnings = 0;
   private endpointValue: string | undefined;
+  /** retry-one: ranks down (dead, or restarted and not back yet), and those expected back. */
+  private readonly down = new Set<number>();
+  private readonly rejoining = new Set<number>();
+  /** retry-one: routing ids of dead incarnations (their last messages are ignored quietly). */
+  private readonly gone = new Set<string>();
 
   constructor(private readonly opts: CoordinatorOptions) {
     assert(Number.isInteger(opts.size) && opts.size >= 1, "coordinator size must be a positive integer");
@@ -205,6 +210,51 @@ export class Coordinator {
     this.rendezvousTimer = setTimeout(() => this.onRendezvousTimeout(), this.opts.rendezvousTimeoutMs);
   }
 
+  /**
+   * retry-one: `rank` (incarnation `attempt`) died. The others are told at once (`peer-down`)
+   * and it counts as down until a restarted incarnation says hello.
+   */
+  rankDown(rank: number, attempt: number): void {
+    const link = this.links[rank]!;
+    if (link.attempt !== attempt || this.phase !== "running") return;
+    link.up = false;
+    this.byIdentity.delete(link.identity);
+    this.gone.add(link.identity);
+    this.down.add(rank);
+    if (link.finalized) {
+      // Its result comes again from the next incarnation; the job is released only after it.
+      link.finalized = false;
+      link.result = undefined;
+      this.finalizedCount--;
+    }
+    this.links.forEach((l, r) => { if (l.up && r !== rank) void this.send(r, { t: "peer-down", rank, attempt }); });
+  }
+
+  /**
+   * retry-one: `rank` is started again as incarnation `attempt` while the others keep running.
+   * Its hello gets it the table (with the ranks down right now); the others get `peer` with
+   * its new endpoint. Nobody else re-handshakes.
+   */
+  restartRank(rank: number, attempt: number): void {
+    const link = this.links[rank]!;
+    this.byIdentity.delete(link.identity);
+    if (link.finalized && this.phase !== "released") this.finalizedCount--;
+    const rendezvous = this.phase === "rendezvous";
+    // Died before the job started: the new incarnation's hello counts in the rendezvous instead.
+    if (rendezvous && link.up) this.helloCount--;
+    link.attempt = attempt;
+    link.identity = controlIdentity(rank, attempt);
+    link.up = false;
+    link.pid = undefined;
+    link.endpoint = undefined;
+    link.steps = 0;
+    link.finalized = false;
+    link.result = undefined;
+    if (rendezvous) return;
+    this.down.add(rank);
+    this.rejoining.add(rank);
+  }
+
   /** Sends `msg` to every rank that said hello in the current round. */
   broadcast(msg: CoordinatorToRank): void {
     if (this.phase !== "running") return;
@@ -273,6 +323,7 @@ export class Coordinator {
       ? (this.links[msg.rank]?.attempt === msg.attempt ? msg.rank : undefined)
       : this.byIdentity.get(identity);
     if (rank === undefined) {
+      if (this.gone.has(identity) || this.gone.has(identity.replace(/^hb:/, ""))) return;
       this.warn(`ignored a ${msg.t} message from ${printable(identity)}, which has not said hello`);
       return;
     }
@@ -328,6 +379,10 @@ export class Coordinator {
       this.warn(`ignored a second hello from rank ${msg.rank} (pid ${msg.pid}; rank ${msg.rank} is pid ${link.pid})`);
       return;
     }
+    if (this.phase === "running" && this.rejoining.has(msg.rank)) {
+      this.onRejoin(identity, msg);
+      return;
+    }
     if (this.phase !== "rendezvous") {
       this.warn(`ignored hello from rank ${msg.rank} after the rendezvous (${this.phase})`);
       return;
@@ -339,6 +394,28 @@ export class Coordinator {
     this.helloCount++;
     this.opts.onEvent({ kind: "rank-up", rank: msg.rank, attempt: msg.attempt, pid: msg.pid, endpoint: msg.endpoint });
     if (this.helloCount === this.opts.size) this.onAllUp();
+  }
+
+  /** retry-one: a restarted rank is back; it gets the table, the others its endpoint. */
+  private onRejoin(identity: string, msg: Extract<RankToCoordinator, { t: "hello" }>): void {
+    const link = this.links[msg.rank]!;
+    this.rejoining.delete(msg.rank);
+    this.down.delete(msg.rank);
+    link.up = true;
+    link.pid = msg.pid;
+    link.endpoint = msg.endpoint;
+    this.byIdentity.set(identity, msg.rank);
+    this.opts.onEvent({ kind: "rank-up", rank: msg.rank, attempt: msg.attempt, pid: msg.pid, endpoint: msg.endpoint });
+    const table: CoordinatorToRank = {
+      t: "table", jobKey: this.opts.jobKey, endpoints: this.links.map((l) => l.endpoint ?? ""),
+      // A rank restarted but not back yet is still its dead incarnation here: its `peer` (the
+      // new attempt) follows once it says hello.
+      attempts: this.links.map((l, r) => (this.rejoining.has(r) ? l.attempt - 1 : l.attempt)),
+      down: [...this.down].sort((a, b) => a - b),
+    };
+    void this.send(msg.rank, { ...table, ...this.opts.tableFor?.(msg.rank) } as CoordinatorToRank);
+    const peer: CoordinatorToRank = { t: "peer", rank: msg.rank, endpoint: msg.endpoint, attempt: msg.attempt };
+    this.links.forEach((l, r) => { if (l.up && r !== msg.rank) void this.send(r, peer); });
   }
 
   private onAllUp(): void {

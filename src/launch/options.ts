@@ -68,6 +68,8 @@ export interface RunConfig {
   transport: "ipc" | "tcp";
   /** `LIFELINE_FAULTS` of each rank ("" = none), from `--inject`. */
   faults: string[];
+  /** retry-one: ring successors that keep a copy of each rank's state (`--replicas`, default 2). */
+  replicas?: number | undefined;
 }
 
 /** The raw strings the CLI collected; `undefined` = flag not given. */
@@ -89,6 +91,7 @@ export interface RunFlags {
   quiet?: boolean | undefined;
   transport?: string | undefined;
   inject?: string[] | undefined;
+  replicas?: string | undefined;
   app?: string | undefined;
   appArgs?: string[] | undefined;
 }
@@ -104,6 +107,7 @@ export const DEFAULTS = {
   failureTimeoutMs: 5_000,
   rendezvousTimeoutMs: 30_000,
   transport: "ipc" as "ipc" | "tcp",
+  replicas: 2,
 } as const;
 
 const UNIT_MS: Record<string, number> = { ms: 1, s: 1_000, m: 60_000, h: 3_600_000 };
@@ -222,6 +226,7 @@ export function resolveRunConfig(flags: RunFlags, ctx: { cwd: string }): RunConf
   const checkpointEvery = flags.checkpointEvery === undefined ? DEFAULTS.checkpointEvery : check(() => parseCheckpointEvery(flags.checkpointEvery!));
   const keepLines = flags.keepLines === undefined ? DEFAULTS.keepLines : check(() => parseCount(flags.keepLines!, "--keep-lines", 1, 1000));
   const maxRestarts = flags.maxRestarts === undefined ? DEFAULTS.maxRestarts : check(() => parseCount(flags.maxRestarts!, "--max-restarts", 0, 1_000_000));
+  const replicas = flags.replicas === undefined ? DEFAULTS.replicas : check(() => parseCount(flags.replicas!, "--replicas", 0, 1_000));
   const restartResetMs = flags.restartReset === undefined ? undefined : check(() => bounded(parseDuration(flags.restartReset!, "--restart-reset"), "--restart-reset", flags.restartReset!, 1, 30 * 86_400_000));
   const errorFile = flags.errorFile === undefined ? undefined : check(() => {
     if (flags.errorFile!.trim() === "") throw usage("--error-file needs a file name");
@@ -307,6 +312,7 @@ export function resolveRunConfig(flags: RunFlags, ctx: { cwd: string }): RunConf
     quiet: flags.quiet === true,
     transport: transport!,
     faults,
+    replicas: replicas!,
   };
 }
 

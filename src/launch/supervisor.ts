@@ -25,6 +25,7 @@ import { backoffDelayMs, RestartBudget } from "./backoff.ts";
 import { Coordinator, type CoordinatorEvent } from "./coordinator.ts";
 import { CprRestartPolicy } from "./cpr-policy.ts";
 import { FailureDetector, type Suspicion } from "./detector.ts";
+import { RetryOnePolicy } from "./retry-one-policy.ts";
 import { SUPPORTED_MODES, type RunConfig } from "./options.ts";
 import type { JobEvent, Reporter } from "./progress.ts";
 import { spawnRank, type RankExit, type RankOutputSink, type RankProcess } from "./rank-process.ts";
@@ -145,7 +146,7 @@ export function policyFor(mode: Mode): RestartPolicy {
     case "cpr":
       throw new LifelineError("LAUNCH_USAGE", "mode cpr needs the run configuration: construct a CprRestartPolicy");
     case "retry-one":
-      throw new LifelineError("LAUNCH_USAGE", `mode ${mode} is listed as supported but has no restart policy`);
+      return new RetryOnePolicy();
   }
 }
 
@@ -208,6 +209,8 @@ export class Supervisor {
   private restarts = 0;
   /** All ranks are being stopped and started again (attempt + 1). */
   private restarting = false;
+  /** retry-one: ranks being restarted alone (the others keep running). */
+  private readonly replacing = new Set<number>();
   private readonly budget: RestartBudget;
   private readonly errorFile: string;
   private readonly failureRecords: FailureRecord[] = [];
@@ -216,7 +219,7 @@ export class Supervisor {
   private errorFileWritten: Promise<void> = Promise.resolve();
 
   constructor(private readonly config: RunConfig, private readonly deps: SupervisorDeps) {
-    this.policy = deps.policy ?? (config.mode === "cpr" ? new CprRestartPolicy(config) : policyFor(config.mode));
+    this.policy = deps.policy ?? (config.mode === "cpr" ? new CprRestartPolicy(config) : config.mode === "retry-one" ? new RetryOnePolicy() : policyFor(config.mode));
     this.procs = new Array<RankProcess | undefined>(config.size).fill(undefined);
     this.finalized = new Array<boolean>(config.size).fill(false);
     this.results = new Array<unknown>(config.size).fill(undefined);
@@ -357,6 +360,7 @@ export class Supervisor {
     env[ENV.heartbeatMs] = String(this.config.heartbeatMs);
     env[ENV.failureTimeoutMs] = String(this.config.failureTimeoutMs);
     env[ENV.faults] = this.config.faults[rank] ?? "";
+    if (this.config.replicas !== undefined) env[ENV.replicas] = String(this.config.replicas);
     return env;
   }
 
@@ -452,7 +456,7 @@ export class Supervisor {
   private onExit(proc: RankProcess, exit: RankExit): void {
     const rank = proc.rank;
     // A process of an attempt that was replaced (or is being replaced) by a restart of all.
-    const superseded = this.restarting || this.procs[rank] !== proc;
+    const superseded = this.restarting || this.procs[rank] !== proc || this.replacing.has(rank);
     if (!superseded) this.detector.forget(rank);
     this.deps.reporter.event({ kind: "rank-exited", rank, code: exit.code, signal: exit.signal, killedByLauncher: this.stopping || superseded });
     if (!this.stopping && !superseded) {
@@ -532,17 +536,16 @@ export class Supervisor {
         return;
       }
       case "restart":
-        if (decision.ranks.length !== this.config.size) {
-          // Restarting some ranks only (retry-one) is not implemented yet.
-          this.fail({ ...failure, message: `${failure.message} (restarting ${decision.ranks.length} of ${this.config.size} ranks is not implemented)` });
-          return;
-        }
         if (this.budget.exhausted(now)) {
           // A policy without its own limit: --max-restarts still holds.
           this.fail({ ...failure, code: "LAUNCH_RESTARTS", message: `${failure.message}; giving up after ${counted} restart(s) (--max-restarts ${this.config.maxRestarts}); ${this.historyText()}` });
           return;
         }
         this.budget.restarted(now);
+        if (decision.ranks.length !== this.config.size) {
+          void this.restartRanks(failure, decision.ranks, decision.delayMs);
+          return;
+        }
         void this.restartAll(failure, decision.delayMs);
         return;
       default: {
@@ -592,6 +595,53 @@ export class Supervisor {
       await this.spawnAll(this.coordinator!.endpoint, attempt);
     } catch (err) {
       this.fail({ kind: "spawn", rank: undefined, code: isLifelineError(err) ? err.code : "LAUNCH_SPAWN", message: errorMessage(err), exitStatus: undefined });
+    }
+    this.checkAllExited();
+  }
+
+  /**
+   * Restarts some ranks only (retry-one): the survivors are told at once (`peer-down`), the
+   * failed ranks are started again with attempt + 1 after `delayMs`; the coordinator sends
+   * them the table and the survivors their new endpoints (`peer`).
+   */
+  private async restartRanks(failure: RankFailure, ranks: readonly number[], delayMs: number): Promise<void> {
+    this.restarts++;
+    void this.reportFailure(failure, "restart");
+    const old = ranks.map((r) => this.procs[r]);
+    for (const r of ranks) {
+      this.replacing.add(r);
+      this.detector.forget(r);
+      this.coordinator!.rankDown(r, this.procs[r]?.attempt ?? 0);
+    }
+    this.deps.reporter.event({
+      kind: "warning",
+      message: `restarting rank${ranks.length === 1 ? "" : "s"} ${ranks.join(", ")} alone in ${delayMs} ms (restart ${this.budget.used(this.nowMs())} of at most ${this.config.maxRestarts}) after: ${failure.message}`,
+    });
+    for (const p of old) if (p?.alive) p.kill();
+    await Promise.all(old.map((p) => p?.exited));
+    if (delayMs > 0) await new Promise((resolve) => setTimeout(resolve, delayMs));
+    if (this.stopping) {
+      for (const r of ranks) this.replacing.delete(r);
+      this.checkAllExited();
+      return;
+    }
+    try {
+      await Promise.all(ranks.map((r, i) => {
+        const attempt = (old[i]?.attempt ?? 0) + 1;
+        this.coordinator!.restartRank(r, attempt);
+        return spawnRank(
+          { rank: r, attempt, app: this.config.app, appArgs: this.config.appArgs, env: this.rankEnv(r, attempt, this.coordinator!.endpoint), cwd: this.config.cwd },
+          this.outputSink(),
+        ).then((proc) => {
+          this.finalized[r] = false;
+          this.results[r] = undefined;
+          this.replacing.delete(r);
+          this.adopt(proc);
+        });
+      }));
+    } catch (err) {
+      for (const r of ranks) this.replacing.delete(r);
+      this.fail({ kind: "spawn", rank: undefined, code: isLifelineError(err) ? err.code : "LAUNCH_SPAWN", message: `cannot restart rank(s) ${ranks.join(", ")}: ${errorMessage(err)}`, exitStatus: undefined });
     }
     this.checkAllExited();
   }
@@ -699,7 +749,7 @@ export class Supervisor {
   }
 
   private checkAllExited(): void {
-    if (this.spawning || this.restarting) return;
+    if (this.spawning || this.restarting || this.replacing.size > 0) return;
     const anyAlive = this.procs.some((p) => p !== undefined && p.alive);
     if (anyAlive) return;
     // Without a failure, the job is over only when every rank has been started and has ended.
