@@ -54,12 +54,18 @@ const decode = (a: Arrival): unknown => decodeBody(a.header.encoding, a.header.a
 /** Decodes a body we also forward: the program gets a copy, never the forwarded buffers. */
 const decodeCopy = (a: Arrival): unknown => decodeBody(a.header.encoding, a.header.arrayType, a.frames.map((f) => Buffer.from(f)));
 
+/**
+ * A chunk of `arr` as a message body, copied: the algorithms go on writing into `arr` (and
+ * hand it to the program), while ZeroMQ reads a sent buffer later, on its I/O thread. The
+ * ring's causal chain would make a view safe in a plain run, but not after a recovery, when
+ * messages re-delivered from a late log arrive without the causality the chain relies on.
+ */
 function rawBody(arr: TA, from: number, to: number): EncodedBody {
   const bpe = arr.BYTES_PER_ELEMENT;
   return {
     encoding: Encoding.typedArray,
     arrayType: typedArrayCode(arr),
-    frames: [Buffer.from(arr.buffer, arr.byteOffset + from * bpe, (to - from) * bpe)],
+    frames: [Buffer.from(Buffer.from(arr.buffer, arr.byteOffset + from * bpe, (to - from) * bpe))],
   };
 }
 
@@ -229,9 +235,6 @@ async function recursiveDoubling(io: CollectiveIo, data: unknown, op: ReduceOp):
 /**
  * Ring reduce-scatter: after p-1 steps rank r holds the full reduction of chunk (r+1) mod p.
  * Chunk c is reduced along the ring in a fixed order, so every rank gets the same bits.
- * Sends view `acc` without copying; a chunk is written again only after its earlier send was
- * provably received (the ring's causal chain: a message from r-1 at step k implies r+1 has
- * received our step-k message).
  */
 async function ringReduceScatter(io: CollectiveIo, acc: TA, op: ReduceOp): Promise<void> {
   const { rank, size } = io;
