@@ -47,6 +47,12 @@ export class CollectiveRegistry {
   private readonly active = new Map<number, ActiveCollective>();
   private readonly history = new Map<number, { signature: number; call: string }>();
 
+  /**
+   * retry-one: a filed message may be superseded by one with the same (sequence, source,
+   * step) from a newer view (the older belongs to an abandoned execution); see {@link arrive}.
+   */
+  supersede = false;
+
   constructor(private readonly rank: number) {}
 
   /** Number of collectives started so far (the next sequence number). */
@@ -117,6 +123,12 @@ export class CollectiveRegistry {
     if (w !== undefined) {
       this.waiters.delete(key);
       w.resolve(a);
+      return undefined;
+    }
+    const filed = this.inbox.get(key);
+    if (this.supersede && filed !== undefined) {
+      // The newer view's frame wins; the abandoned execution's is void (counted once).
+      if (a.header.epoch >= filed.header.epoch) this.inbox.set(key, a);
       return undefined;
     }
     this.inbox.set(key, a);

@@ -220,7 +220,10 @@ export class World implements WorldApi {
     this.transport = host.transport;
     this.control = host.control;
     if (this.mode === "cpr" && opts.cpr !== undefined) this.cpr = opts.cpr(this.cprAccess(), host);
-    if (this.mode === "retry-one" && opts.retryOne !== undefined) this.retry = opts.retryOne(this.retryAccess(), host);
+    if (this.mode === "retry-one" && opts.retryOne !== undefined) {
+      this.retry = opts.retryOne(this.retryAccess(), host);
+      this.colls.supersede = true;
+    }
     const table = new Promise<Extract<CoordinatorToRank, { t: "table" }>>((resolve, reject) => {
       this.gotTable = resolve;
       this.failJoin = reject;
