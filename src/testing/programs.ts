@@ -96,6 +96,8 @@ export interface GenerateOptions {
   readonly bigChance?: number;
   /** Chance an operation is a checkpoint() location (default 0.07; cpr runs want more). */
   readonly checkpointChance?: number;
+  /** Only collectives (awaited one at a time) and checkpoints: retry-one's programs. */
+  readonly collectivesOnly?: boolean;
 }
 
 /** Tags of round i live in [i*TAG_STRIDE, (i+1)*TAG_STRIDE): rounds never share a tag. */
@@ -155,6 +157,10 @@ export function generateProgram(prng: Prng, opts: GenerateOptions): ProgramSpec 
   const ops: Op[] = [];
   const cp = opts.checkpointChance ?? 0.07;
   for (let i = 0; i < count; i++) {
+    if (opts.collectivesOnly === true) {
+      ops.push(prng.chance(cp) ? { kind: "checkpoint" } : { kind: "coll", coll: genColl(prng, size, bigChance) });
+      continue;
+    }
     if (cp !== 0.07 && prng.chance(cp)) {
       ops.push({ kind: "checkpoint" });
       continue;

@@ -19,6 +19,7 @@
  */
 import { type CheckpointEvery, CprInitiator, type InitiatorEffect, type InitiatorInput } from "../cpr/coordinated/initiator.ts";
 import { coordinatedHook, type PartStoreLike } from "../cpr/coordinated/driver.ts";
+import { retryOneHook } from "../cpr/retry-one/driver.ts";
 import { decodeValue } from "../mpi/codec.ts";
 import type { CoordinatorToRank, RankToCoordinator } from "../mpi/control.ts";
 import type { Mode, RankPlace } from "../mpi/env.ts";
@@ -66,6 +67,18 @@ export interface SimClusterOptions {
   readonly cpr?: SimCprOptions;
   /** Events kept for the failure report (default 64). */
   readonly traceMax?: number;
+  /** Mode retry-one: replicas, restarts of the failed rank alone (src/launch/retry-one-policy.ts). */
+  readonly retryOne?: SimRetryOneOptions;
+}
+
+export interface SimRetryOneOptions {
+  readonly replicas?: number;
+  readonly maxRestarts?: number;
+  readonly failureTimeoutMs?: number;
+  /** Ranks never restarted (the survivors must fail with MPI_TIMEOUT, never hang). */
+  readonly noRestart?: readonly number[];
+  /** Send `peer-down` at once on a death (the launcher does); without it only `peer` tells. */
+  readonly peerDown?: boolean;
 }
 
 export interface SimCprOptions {
@@ -147,6 +160,9 @@ export class SimCoordinator {
   readonly committed: number[] = [];
   /** Called with each line the moment it is committed (invariants read it back). */
   onCommitted: (epoch: number) => void = () => undefined;
+  /** retry-one: ranks down (dead or restarted and not back), and those expected back. */
+  private readonly down = new Set<number>();
+  private readonly rejoining = new Set<number>();
 
   constructor(private readonly net: SimNetwork, private readonly size: number, readonly jobKey: number, private readonly cpr: SimCprOptions | undefined) {
     this.links = Array.from({ length: size }, () => ({ attempt: 0, up: false, endpoint: undefined, finalized: false, result: undefined }));
@@ -175,6 +191,10 @@ export class SimCoordinator {
         }
         link.up = true;
         link.endpoint = msg.endpoint;
+        if (this.phase === "running" && this.rejoining.has(rank)) {
+          this.onRejoin(rank);
+          return;
+        }
         if (this.phase === "rendezvous" && this.links.every((l) => l.up)) this.onAllUp();
         return;
       case "finalize":
@@ -208,6 +228,48 @@ export class SimCoordinator {
       case "cpr-part-failed":
         this.input({ kind: "part-failed", rank, epoch: msg.epoch, message: msg.message, nowMs });
         return;
+    }
+  }
+
+  /** retry-one: incarnation `attempt` of `rank` died; the others are told at once if `tell`. */
+  rankDown(rank: number, attempt: number, tell: boolean): void {
+    const link = this.links[rank]!;
+    if (link.attempt !== attempt || this.phase !== "running") return;
+    link.up = false;
+    this.down.add(rank);
+    link.finalized = false;
+    link.result = undefined;
+    if (!tell) return;
+    for (let r = 0; r < this.size; r++) {
+      const l = this.links[r]!;
+      if (r !== rank && l.up && this.net.node(rankNode(r, l.attempt)).alive) this.send(r, { t: "peer-down", rank, attempt });
+    }
+  }
+
+  /** retry-one: `rank` runs again as `attempt` (as coordinator.ts restartRank). */
+  restartRank(rank: number, attempt: number): void {
+    const link = this.links[rank]!;
+    link.attempt = attempt;
+    link.up = false;
+    link.endpoint = undefined;
+    link.finalized = false;
+    link.result = undefined;
+    this.down.add(rank);
+    this.rejoining.add(rank);
+  }
+
+  private onRejoin(rank: number): void {
+    this.rejoining.delete(rank);
+    this.down.delete(rank);
+    const link = this.links[rank]!;
+    this.send(rank, {
+      t: "table", jobKey: this.jobKey, endpoints: this.links.map((l) => l.endpoint ?? ""),
+      attempts: this.links.map((l, r) => (this.rejoining.has(r) ? l.attempt - 1 : l.attempt)),
+      down: [...this.down].sort((a, b) => a - b),
+    });
+    for (let r = 0; r < this.size; r++) {
+      const l = this.links[r]!;
+      if (r !== rank && l.up) this.send(r, { t: "peer", rank, endpoint: link.endpoint!, attempt: link.attempt });
     }
   }
 
@@ -381,6 +443,14 @@ export class SimCluster {
     return this.opts.size;
   }
 
+  get mode(): Mode {
+    return this.opts.mode;
+  }
+
+  private get retryOne(): SimRetryOneOptions | undefined {
+    return this.opts.mode === "retry-one" ? this.opts.retryOne ?? {} : undefined;
+  }
+
   private get cpr(): SimCprOptions | undefined {
     return this.opts.mode === "cpr" ? this.opts.cpr ?? { every: { ms: 100 } } : undefined;
   }
@@ -388,7 +458,7 @@ export class SimCluster {
   private place(rank: number, attempt: number): RankPlace {
     return {
       rank, size: this.opts.size, coordinator: COORDINATOR, job: `sim-${this.opts.seed}`, mode: this.opts.mode, store: "memory",
-      attempt, transport: "tcp", runDir: undefined, faults: "", watchFd: undefined, heartbeatMs: 500, failureTimeoutMs: 5000,
+      attempt, transport: "tcp", runDir: undefined, faults: "", watchFd: undefined, heartbeatMs: 500, failureTimeoutMs: this.retryOne?.failureTimeoutMs ?? 5000,
     };
   }
 
@@ -409,7 +479,7 @@ export class SimCluster {
         net: this.net, rank, attempt, onControl,
         onExit: (code) => this.onRankDied(rank, attempt, { kind: "exited", code }),
         onWarn: (line) => this.rankWarnings.push(line),
-      }), { cpr: hook });
+      }), { cpr: hook, retryOne: this.retryOne === undefined ? undefined : retryOneHook({ replicas: this.retryOne.replicas ?? 2, failureTimeoutMs: this.retryOne.failureTimeoutMs ?? 5000 }) });
       this.worlds[rank] = world;
       const returned = await this.opts.program(world, ctx);
       await world.finalize(returned);
@@ -440,6 +510,19 @@ export class SimCluster {
     const unexpected = end.kind === "crashed" || (end.kind === "exited" && before.kind === "running");
     // After the release every result is in: a rank that dies on its way out fails nothing.
     if (!unexpected || this.coordinator.phase === "released") return;
+    const r1 = this.retryOne;
+    if (r1 !== undefined && this.coordinator.phase === "running" && this.coordinator.aborts.length === 0) {
+      this.coordinator.rankDown(rank, attempt, r1.peerDown !== false);
+      if (r1.noRestart?.includes(rank)) {
+        this.net.note(`rank ${rank} is not restarted`);
+        return;
+      }
+      if (this.restarts < (r1.maxRestarts ?? 10)) {
+        this.restartOne(rank, attempt);
+        return;
+      }
+      this.failure = `rank ${rank} died and ${this.restarts} restart(s) were used`;
+    }
     if (this.cpr !== undefined && this.coordinator.phase !== "aborted" && this.coordinator.aborts.length === 0) {
       const max = this.cpr.maxRestarts ?? 10;
       if (this.restarts < max) {
@@ -477,6 +560,19 @@ export class SimCluster {
     }));
   }
 
+  /** retry-one: only `rank` starts again (attempt + 1) after a back-off; the others keep running. */
+  private restartOne(rank: number, attempt: number): void {
+    this.restarts++;
+    this.ends[rank] = { kind: "running" };
+    const delay = Math.min(BACKOFF_MAX_MS, BACKOFF_BASE_MS * 2 ** Math.min(this.restarts - 1, 3));
+    this.net.note(`restart rank ${rank} alone in ${delay} ms`);
+    this.net.timer(COORDINATOR, delay, undefined, () => {
+      if (this.coordinator.phase !== "running") return;
+      this.coordinator.restartRank(rank, attempt + 1);
+      this.launch(rank, attempt + 1);
+    });
+  }
+
   private async prepareRestart(): Promise<void> {
     const store = this.store!;
     // The crash() above killed the manifest handle too; reopen it, as a restarted launcher would.
@@ -503,6 +599,8 @@ export class SimCluster {
     if (this.crashes >= max || !this.faultPrng.chance(this.opts.crashChance ?? 0)) return;
     const live = this.ends.flatMap((e, r) => (e.kind === "running" && this.net.node(rankNode(r, this.coordinator.links[r]!.attempt)).alive ? [r] : []));
     if (live.length === 0 || this.restartPending) return;
+    // retry-one restarts one rank into a running job; crashes before the rendezvous are mode none's case.
+    if (this.opts.mode === "retry-one" && this.coordinator.phase !== "running") return;
     const victim = this.faultPrng.pick(live);
     this.crashes++;
     this.net.note(`crash rank ${victim}`);

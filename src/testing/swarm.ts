@@ -54,3 +54,29 @@ export async function runCprSeed(seed: number): Promise<{ spec: ProgramSpec; ref
   }).run();
   return { spec, ref, out };
 }
+
+/**
+ * Mode retry-one: a collectives-only program's failure-free reference (mode none, fifo) and a
+ * retry-one run with random replicas, network knobs and crashes of any rank at any step —
+ * also while a rank is being restored or serving a restore — each restarting that rank alone.
+ * A quarter of the seeds run without `peer-down` (only `peer` tells survivors of a restart).
+ */
+export async function runRetryOneSeed(seed: number): Promise<{ spec: ProgramSpec; ref: SimOutcome; out: SimOutcome }> {
+  const prng = new Prng(seed);
+  const size = prng.rangeInclusive(2, 4);
+  const spec = generateProgram(prng.fork(1), { size, opsMax: 12, checkpointChance: 0.3, collectivesOnly: true });
+  const program = programOf(spec);
+  const knobs = prng.fork(2);
+  const ref = await new SimCluster({ seed, size, mode: "none", program, policy: "fifo", stepsMax: 20_000 }).run();
+  const out = await new SimCluster({
+    seed, size, mode: "retry-one", program, stepsMax: 60_000,
+    retryOne: { replicas: knobs.pick([1, 2, 3]), maxRestarts: 10, failureTimeoutMs: 60_000, peerDown: !knobs.chance(0.25) },
+    delayMaxMs: knobs.pick([0, 5, 20, 100]),
+    advanceChance: knobs.pick([0.05, 0.2, 0.4]),
+    stickyChance: knobs.pick([0, 0.5]),
+    crashChance: knobs.pick([0, 0.005, 0.02, 0.05]),
+    // One at a time is always covered (replicas ≥ 1); crashes may still overlap a recovery.
+    crashesMax: knobs.rangeInclusive(1, 3),
+  }).run();
+  return { spec, ref, out };
+}

@@ -1,0 +1,100 @@
+/**
+ * Goal: under `--mode retry-one`, random collectives-only programs with random crashes — of
+ * any rank, at any step, also while a rank is being restored or serves a restore — finish
+ * with exactly their failure-free results, with only the failed rank restarted each time.
+ * Method: the real World and the real retry-one driver (src/cpr/retry-one/driver.ts) over the
+ * seeded simulated network; the reference is the program's mode-none run under the reference
+ * schedule. `SEED=n` reproduces one seed; a failure prints `reproduce with SEED=n`.
+ */
+import { describe, expect, it } from "vitest";
+import { describeProgram } from "../../src/testing/programs.ts";
+import { swarmSeeds } from "../../src/testing/prng.ts";
+import { SimCluster } from "../../src/testing/sim-cluster.ts";
+import { runRetryOneSeed } from "../../src/testing/swarm.ts";
+
+describe("simulation, mode retry-one", () => {
+  // Issue 4 asks for at least 2,000 seeded schedules in every CI run.
+  const seeds = swarmSeeds(2000);
+  it(`random crashes, restart only the failed rank: failure-free results (${seeds.length} seeds from ${seeds[0]})`, async () => {
+    let restarts = 0;
+    let beyond = 0;
+    for (const seed of seeds) {
+      try {
+        const { spec, ref, out } = await runRetryOneSeed(seed);
+        const where = `program: ${describeProgram(spec)}`;
+        expect(ref.status, `reference run\n${where}\n${ref.report}`).toBe("ok");
+        if (out.status === "failed" && out.aborts.length > 0 && out.aborts.every((a) => a.code === "CPR_RESTORE" && /lost/.test(a.message))) {
+          // The crashes took a checkpoint and all its replicas (or every rank's memory): a
+          // clear error every rank agrees on is the right end, never a hang or a silent restart.
+          beyond++;
+          continue;
+        }
+        expect(out.status, `retry-one run\n${where}\n${out.report}`).toBe("ok");
+        expect(out.results, `retry-one results differ from the failure-free ones\n${where}\n${out.report}`).toEqual(ref.results);
+        restarts += out.restarts;
+      } catch (err) {
+        throw new Error(`${(err as Error).message}\nsimulation failed, reproduce with SEED=${seed}`, { cause: err });
+      }
+    }
+    if (seeds.length >= 100) {
+      expect(restarts, "the swarm should exercise restarts").toBeGreaterThan(0);
+      expect(beyond, "failures beyond the replicas' coverage should be rare").toBeLessThan(seeds.length / 20);
+    }
+  }, 600_000);
+
+  it("seeds that found bugs, as regression tests", async () => {
+    // 780239487002: two checkpoints with no collective between, a peer's replica of the second
+    // arrived before our commit of the first and was dropped (a hang; fixed in rank.ts).
+    // 517791427132: reduce of floats run as an allreduce differed in the last bit from mode
+    // none (now the reduce itself runs, then the root broadcasts its result).
+    // 44056679035: a rank killed after finalize() let the job be released without it.
+    // 942906554797: a frame of an abandoned execution and one of the new view under the same
+    // (sequence, source, step) were counted twice (a false MPI_COLLECTIVE_MISMATCH).
+    for (const seed of [780239487002, 517791427132, 44056679035, 942906554797]) {
+      const { ref, out } = await runRetryOneSeed(seed);
+      expect(out.status, out.report).toBe("ok");
+      expect(out.results, out.report).toEqual(ref.results);
+    }
+  });
+
+  it("a dead rank never restarted: the survivors fail with MPI_TIMEOUT within the failure timeout, never hang", async () => {
+    for (const seed of [1, 2, 3, 4, 5]) {
+      const cluster: SimCluster = new SimCluster({
+        seed, size: 3, mode: "retry-one", stepsMax: 60_000, retryOne: { failureTimeoutMs: 3000, noRestart: [1] },
+        program: async (world, ctx) => {
+          let x = 0;
+          for (let i = 0; i < 6; i++) {
+            if (ctx.rank === 0 && i === 3) cluster.crash(1); // kill -9 from outside
+            x += await world.allreduce(i + ctx.rank, "sum");
+            await world.checkpoint(x);
+          }
+          return x;
+        },
+      });
+      const out = await cluster.run();
+      expect(out.status, out.report).toBe("failed");
+      expect(out.aborts.some((a) => a.code === "MPI_TIMEOUT" && a.message.includes("rank 1") && a.message.includes("failure timeout")), out.report).toBe(true);
+      expect(out.simMs, "the survivors gave up within about the failure timeout").toBeLessThan(3000 + 3000);
+    }
+  });
+
+  it("point-to-point and nondet are rejected with MPI_MODE, naming --mode cpr", async () => {
+    const out = await new SimCluster({
+      seed: 1, size: 2, mode: "retry-one", policy: "fifo",
+      program: async (world) => {
+        const errs: string[] = [];
+        for (const call of [() => world.send(1, 1 - world.rank), () => world.recv(), () => world.probe(), async () => world.iprobe(), async () => world.nondet(() => 1)]) {
+          try {
+            await call();
+            errs.push("no error");
+          } catch (err) {
+            errs.push(`${(err as { code: string }).code}:${/--mode cpr/.test((err as Error).message)}`);
+          }
+        }
+        return errs;
+      },
+    }).run();
+    expect(out.status, out.report).toBe("ok");
+    expect(out.results[0]).toEqual(Array(5).fill("MPI_MODE:true"));
+  });
+});
