@@ -73,7 +73,10 @@ describe("drills on every example, mode cpr", () => {
   }, DRILL_TEST_MS);
 
   it("logreg: Rabit's mock=1,2,0,0 (first collective after rank 1's 2nd checkpoint) rolls back to a committed line", async () => {
-    const o = await drill({ checkpointEvery: "100ms", kill: ["mock=1,2,0,0"] }, ["examples/logreg.ts", "--samples", "4096", "--steps", "600"]);
+    // In cpr, Rabit's "version" counts checkpoints actually taken (lines), so lines must come
+    // quickly and the run must outlast two of them even on a loaded machine: a line as often
+    // as the rounds allow, and enough steps.
+    const o = await drill({ checkpointEvery: "1steps", kill: ["mock=1,2,0,0"] }, ["examples/logreg.ts", "--samples", "4096", "--steps", "3000"]);
     expectRecovered(o, 1);
     const [fault] = o.report.runs[1]!.faultReports;
     expect(fault!.fault.trigger).toBe("mock:2,0");
