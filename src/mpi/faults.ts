@@ -5,7 +5,8 @@
  * The variable holds `;`-separated triggers for this rank:
  * - `step:N`   at the Nth `checkpoint()` call of this attempt (1-based), before anything is saved;
  * - `send:N`   at the Nth application send of this attempt (1-based), before it is handed over;
- * - `time:MS`  MS milliseconds after `init()`;
+ * - `time:MS`  MS milliseconds after `init()` (fired from the rank's watchdog thread too, so
+ *              it hits a rank busy in a synchronous loop);
  * - `mock:V,S` Rabit's coordinates: when V checkpoints have completed and the collective about
  *              to start is the Sth since the last one (0-based), as Rabit's `mock=r,V,S,ndeath`;
  * - `hang:step:N` / `hang:time:MS` freeze (SIGSTOP) instead of dying, for heartbeat tests.

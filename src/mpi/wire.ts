@@ -28,7 +28,7 @@ export type Kind = (typeof Kind)[keyof typeof Kind];
 export const Flag = {
   recording: 1,
   replayed: 2,
-  /** The sender sent its buffer without copying and waits for a receipt before reusing it. */
+  /** The sender lent a pooled bounce buffer and takes it back when the receipt comes. */
   receipt: 4,
 } as const;
 
