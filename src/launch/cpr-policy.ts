@@ -24,7 +24,7 @@
  */
 import { LifelineError } from "../errors.ts";
 import type { CoordinatorToRank, RankToCoordinator } from "../mpi/control.ts";
-import { CprInitiator, type InitiatorEffect, type InitiatorInput } from "../cpr/coordinated/initiator.ts";
+import { CprInitiator, type InitiatorEffect, type InitiatorInput, initiatorInputOf } from "../cpr/coordinated/initiator.ts";
 import { LevelRecoveryStore } from "../store/level-store.ts";
 import { recoverLocal } from "../store/recovery.ts";
 import type { LineManifest, LineRecord, RankPartStore } from "../store/types.ts";
@@ -84,21 +84,7 @@ export class CprRestartPolicy implements RestartPolicy {
   }
 
   onCprMessage(rank: number, msg: Extract<RankToCoordinator, { t: `cpr-${string}` }>): void {
-    const nowMs = this.now();
-    switch (msg.t) {
-      case "cpr-checkpointed":
-        this.input({ kind: "checkpointed", rank, epoch: msg.epoch, nowMs });
-        return;
-      case "cpr-ready":
-        this.input({ kind: "ready", rank, epoch: msg.epoch, nowMs });
-        return;
-      case "cpr-part":
-        this.input({ kind: "part", rank, epoch: msg.epoch, ref: msg.ref, nowMs });
-        return;
-      case "cpr-part-failed":
-        this.input({ kind: "part-failed", rank, epoch: msg.epoch, message: msg.message, nowMs });
-        return;
-    }
+    this.input(initiatorInputOf(rank, msg, this.now()));
   }
 
   decide(failure: RankFailure, job: JobView): PolicyDecision {

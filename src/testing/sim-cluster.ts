@@ -17,7 +17,7 @@
  * const out = await new SimCluster({ seed: 7, size: 3, mode: "none", program }).run();
  * if (out.status !== "ok") console.log(out.report);
  */
-import { type CheckpointEvery, CprInitiator, type InitiatorEffect, type InitiatorInput } from "../cpr/coordinated/initiator.ts";
+import { type CheckpointEvery, CprInitiator, type InitiatorEffect, type InitiatorInput, initiatorInputOf } from "../cpr/coordinated/initiator.ts";
 import { coordinatedHook, type PartStoreLike } from "../cpr/coordinated/driver.ts";
 import { retryOneHook } from "../cpr/retry-one/driver.ts";
 import { decodeValue } from "../mpi/codec.ts";
@@ -217,16 +217,10 @@ export class SimCoordinator {
       case "heartbeat":
         return;
       case "cpr-checkpointed":
-        this.input({ kind: "checkpointed", rank, epoch: msg.epoch, nowMs });
-        return;
       case "cpr-ready":
-        this.input({ kind: "ready", rank, epoch: msg.epoch, nowMs });
-        return;
       case "cpr-part":
-        this.input({ kind: "part", rank, epoch: msg.epoch, ref: msg.ref, nowMs });
-        return;
       case "cpr-part-failed":
-        this.input({ kind: "part-failed", rank, epoch: msg.epoch, message: msg.message, nowMs });
+        this.input(initiatorInputOf(rank, msg, nowMs));
         return;
     }
   }

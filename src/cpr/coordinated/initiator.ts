@@ -17,7 +17,7 @@
  * const init = new CprInitiator({ size: 4, every: { ms: 10_000 }, committedEpoch: 0, keepLines: 2, phaseTimeoutMs: 60_000, nowMs: 0 });
  * for (const eff of init.step({ kind: "tick", nowMs: 10_000 })) apply(eff); // → broadcast cpr-checkpoint 1
  */
-import type { CoordinatorToRank } from "../../mpi/control.ts";
+import type { CoordinatorToRank, RankToCoordinator } from "../../mpi/control.ts";
 
 export interface PartRefLike {
   readonly rank: number;
@@ -182,5 +182,15 @@ export class CprInitiator {
     if (this.aborted) return;
     this.aborted = true;
     out.push({ kind: "abort-line", epoch: this.epoch, reason });
+  }
+}
+
+/** The initiator's input for a rank's coordinated-checkpoint control message. */
+export function initiatorInputOf(rank: number, msg: Extract<RankToCoordinator, { t: `cpr-${string}` }>, nowMs: number): InitiatorInput {
+  switch (msg.t) {
+    case "cpr-checkpointed": return { kind: "checkpointed", rank, epoch: msg.epoch, nowMs };
+    case "cpr-ready": return { kind: "ready", rank, epoch: msg.epoch, nowMs };
+    case "cpr-part": return { kind: "part", rank, epoch: msg.epoch, ref: msg.ref, nowMs };
+    case "cpr-part-failed": return { kind: "part-failed", rank, epoch: msg.epoch, message: msg.message, nowMs };
   }
 }
