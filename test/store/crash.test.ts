@@ -25,6 +25,7 @@ import { LevelRecoveryStore } from "../../src/store/level-store.ts";
 import { latestLine, localVerifier, recoverLocal } from "../../src/store/recovery.ts";
 import type { RankPartStore } from "../../src/store/types.ts";
 import { expectCode } from "./suite.ts";
+import { Prng } from "../../src/testing/prng.ts";
 
 const ROOT = fileURLToPath(new URL("../..", import.meta.url));
 const WRITER = join(ROOT, "test", "fixtures", "store", "writer.ts");
@@ -33,15 +34,10 @@ const KILLS = 30;
 const RANKS = 3;
 const KEEP = 2;
 
+/** Seeded, from the simulator's PRNG. */
 function prng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
+  const p = new Prng(seed);
+  return () => p.float();
 }
 
 interface Child {

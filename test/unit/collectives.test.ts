@@ -7,19 +7,12 @@ import { describe, expect, it } from "vitest";
 import * as coll from "../../src/mpi/collectives.ts";
 import type { EncodedBody } from "../../src/mpi/codec.ts";
 import { encodeHeader, Kind, type Header } from "../../src/mpi/wire.ts";
-
-function mulberry32(seed: number): () => number {
-  return () => {
-    seed = (seed + 0x6d2b79f5) | 0;
-    let t = Math.imul(seed ^ (seed >>> 15), 1 | seed);
-    t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t;
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
+import { Prng } from "../../src/testing/prng.ts";
 
 /** p virtual ranks; messages are delivered after a random number of event-loop turns. */
 function cluster(p: number, seed: number): coll.CollectiveIo[] {
-  const rnd = mulberry32(seed);
+  const prng = new Prng(seed);
+  const rnd = (): number => prng.float();
   const boxes = new Map<string, coll.Arrival>();
   const waiting = new Map<string, (a: coll.Arrival) => void>();
   return Array.from({ length: p }, (_, rank) => ({
