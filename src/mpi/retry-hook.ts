@@ -58,6 +58,11 @@ export interface RetryOneHook {
   beforeCollective(call: { readonly ident: RetryCollIdentity; readonly bootstrapKey?: string }): Promise<RetryDecision>;
   /** The collective of the last `run` decision was abandoned: how it goes on now. */
   resumeCollective(): Promise<RetryDecision>;
+  /**
+   * The protocol gave up wire execution `wireSeq` (possibly before World started it: the
+   * abandon and the decision may arrive in either order); World then asks resumeCollective().
+   */
+  isAbandoned(wireSeq: number): boolean;
   /** The collective of the last `run` decision finished on the wire with this encoded result. */
   afterCollective(result: Buffer): void;
   /** An arriving collective frame from a peer: deliver it (true) or not (dropped or held). */

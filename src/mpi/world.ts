@@ -147,7 +147,7 @@ export class World implements WorldApi {
   /** retry-one: the epoch field of collective frames (the protocol's view id); 0 otherwise. */
   private collEpoch = 0;
   /** retry-one: the collective running on the wire, and whether the protocol abandoned it. */
-  private retryRun: { seq: number; abandoned: boolean } | undefined;
+  private retryRun: { seq: number; abandoned: boolean; abandon: () => void } | undefined;
   private readonly bootstrapResults = new Map<string, Buffer>();
   /** Sends to self waiting for their (deferred) delivery, FIFO. */
   private readonly selfQueue: { header: Header; raw: RawFrame }[] = [];
@@ -303,7 +303,10 @@ export class World implements WorldApi {
         void this.transmit(dest, this.header(Kind.protocol, dest, tag, enc), enc).catch(() => undefined);
       },
       abandonCollective: (seq) => {
-        if (this.retryRun !== undefined && this.retryRun.seq === seq) this.retryRun.abandoned = true;
+        if (this.retryRun !== undefined && this.retryRun.seq === seq) {
+          this.retryRun.abandoned = true;
+          this.retryRun.abandon();
+        }
         this.colls.abandon(seq, new Abandoned(`collective #${seq} abandoned`));
       },
       inject: (frame) => {
@@ -771,13 +774,22 @@ export class World implements WorldApi {
       this.colls.restoreNextSeq(wireSeq);
       this.colls.purge((a) => a.header.epoch === viewId && a.header.collSeq >= purgeBelow);
       this.collEpoch = viewId;
-      const mine = { seq: wireSeq, abandoned: false };
+      // A run blocked in a send to a dead peer never ends by itself: the abandon ends the wait.
+      let abandon!: () => void;
+      const abandoned = new Promise<never>((_, reject) => { abandon = () => reject(new Abandoned(`collective #${wireSeq} abandoned`)); });
+      abandoned.catch(() => undefined);
+      const mine = { seq: wireSeq, abandoned: hook.isAbandoned(wireSeq), abandon };
       this.retryRun = mine;
       let result: { value: R } | undefined;
-      try {
-        result = { value: await this.runCollective(kind, identity, run) };
-      } catch (err) {
-        if (!(err instanceof Abandoned) && !mine.abandoned) throw err;
+      // Abandoned before it started (the abandon overtook the decision): not run at all.
+      if (!mine.abandoned) {
+        try {
+          const running = this.runCollective(kind, identity, run);
+          running.catch(() => undefined); // an abandoned run may end later; nobody waits for it
+          result = { value: await Promise.race([running, abandoned]) };
+        } catch (err) {
+          if (!(err instanceof Abandoned) && !mine.abandoned) throw err;
+        }
       }
       if (this.retryRun === mine) this.retryRun = undefined;
       if (result !== undefined && !mine.abandoned) {
@@ -801,8 +813,11 @@ export class World implements WorldApi {
       },
       recv: (source, step) => (this.failure !== undefined ? Promise.reject(this.failure) : this.colls.recv(c, source, step)),
     };
+    // retry-one: a run the protocol abandoned (no longer active) may still end later; ignore it.
+    const gone = (): boolean => this.retry !== undefined && this.colls.activeCollective(c.seq) !== c;
     return run(io).then(
       (result) => {
+        if (gone()) return result;
         try {
           this.colls.end(c);
         } catch (err) {
@@ -812,6 +827,7 @@ export class World implements WorldApi {
         return result;
       },
       (err: unknown) => {
+        if (gone()) throw err;
         if (err instanceof LifelineError && (err.code === "MPI_COLLECTIVE_MISMATCH" || err.code === "MPI_OP")) this.fatal(err, c);
         throw err;
       },

@@ -85,6 +85,8 @@ export class RetryOneDriver implements RetryOneHook {
   private held: { header: Header; frame: RawFrame }[] = [];
   private timer: Timer | undefined;
   private readonly failureTimeoutMs: number;
+  /** Wire executions below this were abandoned. */
+  private abandonedBelow = 0;
 
   constructor(private readonly access: RetryWorldAccess, private readonly host: Host, private readonly opts: RetryOneDriverOptions = {}) {
     this.failureTimeoutMs = opts.failureTimeoutMs ?? 60_000;
@@ -128,6 +130,10 @@ export class RetryOneDriver implements RetryOneHook {
   resumeCollective(): Promise<RetryDecision> {
     if (this.failure !== undefined) return Promise.reject(this.failure);
     return this.decision ?? Promise.reject(new LifelineError("CPR_PROTOCOL", "retry-one: a collective resumed that the protocol is not running"));
+  }
+
+  isAbandoned(wireSeq: number): boolean {
+    return wireSeq < this.abandonedBelow;
   }
 
   afterCollective(result: Buffer): void {
@@ -223,6 +229,7 @@ export class RetryOneDriver implements RetryOneHook {
       }
       case "abandon":
         // World asks resumeCollective() for the next decision of the same call.
+        this.abandonedBelow = Math.max(this.abandonedBelow, e.wireSeq + 1);
         this.newCall();
         this.access.abandonCollective(e.wireSeq);
         return;
