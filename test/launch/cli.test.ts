@@ -37,7 +37,7 @@ describe("lifeline CLI usage errors (exit 2)", () => {
     [["run", "-n", "0", "--mode", "none", "app.ts"], /-n\/--np must be a whole number from 1 to 1024, got "0"/],
     [["run", "-n", "two", "--mode", "none", "app.ts"], /got "two"/],
     [["run", "-n", "2", "--mode", "turbo", "app.ts"], /--mode "turbo" is not a mode/],
-    [["run", "-n", "2", "--mode", "retry-one", "app.ts"], /--mode retry-one is not available yet.*--mode none/s],
+    [["run", "-n", "2", "--mode", "retry-one", "--replicas", "x", "app.ts"], /--replicas/],
     [["run", "-n", "2", "--mode", "none", "--checkpoint-every", "10x", "app.ts"], /--checkpoint-every "10x"/],
     [["run", "-n", "2", "--mode", "none", "--heartbeat", "abc", "app.ts"], /--heartbeat "abc" is not a duration/],
     [["run", "-n", "2", "--mode", "none", "--stuck-timeout", "5 days", "app.ts"], /--stuck-timeout "5 days"/],
@@ -67,9 +67,9 @@ describe("lifeline CLI usage errors (exit 2)", () => {
 
   it("passes options after <app> to the app instead of parsing them", async () => {
     // -n 0 after the app belongs to the app; the launcher's own -n is fine, the mode is not.
-    const r = await cli("run", "-n", "2", "--mode", "retry-one", "app.ts", "-n", "0", "--frobnicate");
+    const r = await cli("run", "-n", "2", "--mode", "turbo", "app.ts", "-n", "0", "--frobnicate");
     expect(r.stderr).not.toMatch(/frobnicate|got "0"/);
-    expect(r.stderr).toMatch(/--mode retry-one is not available yet/);
+    expect(r.stderr).toMatch(/--mode "turbo" is not a mode/);
   });
 
   it("lines on a directory that holds no store exits 1 with the store error's message (listing: test/integration/cpr-lines.test.ts)", async () => {
@@ -86,7 +86,7 @@ describe("lifeline CLI help and version", () => {
     expect(r.code).toBe(0);
     for (const flag of [
       "-n, --np", "--mode", "--checkpoint-every", "--store", "--keep-lines", "--max-restarts", "--heartbeat",
-      "--failure-timeout", "--stuck-timeout", "--rendezvous-timeout", "--results", "--json", "--quiet", "--transport", "--inject",
+      "--failure-timeout", "--stuck-timeout", "--rendezvous-timeout", "--results", "--json", "--quiet", "--transport", "--inject", "--replicas",
     ]) {
       expect(r.stdout).toContain(flag);
     }
@@ -103,9 +103,9 @@ describe("lifeline CLI help and version", () => {
 
 describe("lifeline CLI as a process", () => {
   it("exits 2 on a usage error, before starting any rank", async () => {
-    const r = await runCli(["run", "-n", "2", "--mode", "retry-one", "--json", join(FIXTURES, "ok.ts")], { timeoutMs: 20_000 });
+    const r = await runCli(["run", "-n", "2", "--mode", "turbo", "--json", join(FIXTURES, "ok.ts")], { timeoutMs: 20_000 });
     expect(r.code).toBe(2);
-    expect(r.stderr).toMatch(/--mode retry-one is not available yet/);
+    expect(r.stderr).toMatch(/--mode "turbo" is not a mode/);
     expect(r.stderr).not.toMatch(/rank-spawned/);
   });
 

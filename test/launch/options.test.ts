@@ -96,9 +96,11 @@ describe("resolveRunConfig", () => {
     expect(c.appArgs).toEqual(["-n", "9", "--mode", "x"]);
   });
 
-  it("refuses modes whose recovery has not landed, telling the user to pass --mode none", () => {
-    expect(SUPPORTED_MODES).toEqual(["none", "cpr"]);
-    expect(usageMessage(() => resolveWith({ mode: "retry-one" }))).toMatch(/--mode retry-one is not available yet.*--mode none/);
+  it("accepts every mode (retry-one landed with --replicas, default 2) and refuses unknown ones", () => {
+    expect(SUPPORTED_MODES).toEqual(["none", "cpr", "retry-one"]);
+    expect(resolveWith({ mode: "retry-one" }).replicas).toBe(2);
+    expect(resolveWith({ mode: "retry-one", replicas: "3" }).replicas).toBe(3);
+    expect(usageMessage(() => resolveWith({ mode: "retry-one", replicas: "two" }))).toMatch(/--replicas/);
     expect(usageMessage(() => resolveWith({ mode: "fast" }))).toMatch(/--mode "fast" is not a mode; use one of cpr, retry-one, none/);
   });
 

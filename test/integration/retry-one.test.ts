@@ -1,0 +1,104 @@
+/**
+ * Goal: under `--mode retry-one`, real jobs whose ranks are SIGKILLed (`--inject r@step:N` and
+ * Rabit's `mock=rank,version,seqno,ndeath` coordinates as `r@mock:V,S[@attempt=N]`) finish
+ * with results bit-identical to `--mode none`, restarting only the failed rank (the others
+ * keep their pids); a dead rank that is not restarted (`--max-restarts 0`) ends the job with a
+ * clear error, never a hang.
+ *
+ * Method: the built launcher (`node dist/cli.js run`, so `npm run build` must have run) runs
+ * examples/logreg.ts, examples/boosting.ts (bootstrap collectives) and Rabit's
+ * model/local/lazy recovery programs (test/fixtures/retry-one/rabit.ts, which checks every
+ * collective result against its known value) on 4 ranks; the `--results` digests are compared
+ * with a `--mode none` run, the --json `rank-spawned` events give every rank's pids.
+ */
+import { existsSync } from "node:fs";
+import { mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { CLI, context, type RunOutcome, runLauncher } from "./cpr-run.ts";
+
+const RUN_TIMEOUT_MS = 60_000;
+const NP = 4;
+const RABIT = "test/fixtures/retry-one/rabit.ts";
+
+let dir: string;
+let runs = 0;
+
+beforeAll(async () => {
+  if (!existsSync(CLI)) throw new Error(`${CLI} is missing: run \`npm run build\` first`);
+  dir = await mkdtemp(join(tmpdir(), "lifeline-r1-"));
+});
+
+afterAll(async () => {
+  if (dir !== undefined) await rm(dir, { recursive: true, force: true });
+});
+
+interface Run extends RunOutcome {
+  /** Pids each rank was started with, in order. */
+  pids: number[][];
+}
+
+async function run(program: string, flags: readonly string[], args: readonly string[] = []): Promise<Run> {
+  const pids: number[][] = Array.from({ length: NP }, () => []);
+  const o = await runLauncher({
+    np: NP, program, flags, args, dir, name: `run${runs++}`, timeoutMs: RUN_TIMEOUT_MS,
+    onEvent: (ev) => { if (ev.event === "rank-spawned") pids[ev.rank as number]!.push(ev.pid as number); },
+  });
+  return { ...o, pids };
+}
+
+/** Runs `program` in mode none and in retry-one with `faults`; the results must be equal. */
+async function expectSameAsNone(program: string, args: readonly string[], faults: readonly string[], extra: readonly string[] = [], reference?: Run): Promise<Run> {
+  const ref = reference ?? await run(program, ["--mode", "none"], args);
+  expect(ref.code, context(ref)).toBe(0);
+  expect(ref.doc?.ranks.length, context(ref)).toBe(NP);
+  const r1 = await run(program, ["--mode", "retry-one", ...faults.flatMap((f) => ["--inject", f]), ...extra], args);
+  expect(r1.code, context(r1)).toBe(0);
+  expect(r1.doc?.ranks, context(r1)).toEqual(ref.doc?.ranks);
+  return r1;
+}
+
+/** Only the ranks in `killed` were started again, once per death; the others kept their process. */
+function expectOnlyRestarted(r: Run, deaths: Record<number, number>): void {
+  for (let rank = 0; rank < NP; rank++) expect(r.pids[rank]!.length, `rank ${rank}'s pids ${JSON.stringify(r.pids)}`).toBe(1 + (deaths[rank] ?? 0));
+  expect(r.doc?.restarts).toBe(Object.values(deaths).reduce((a, b) => a + b, 0));
+}
+
+describe("retry-one with real processes", () => {
+  it("logreg: rank 1 killed at step 25 → bit-identical weights, only rank 1 restarted", async () => {
+    const r1 = await expectSameAsNone("examples/logreg.ts", ["--steps", "50"], ["1@step:25"]);
+    expectOnlyRestarted(r1, { 1: 1 });
+  }, 2 * RUN_TIMEOUT_MS);
+
+  it("boosting: a kill inside a bootstrap collective (mock 1,0,0,0) and one after checkpoint 2 (mock 3,2,0,0) → bit-identical model", async () => {
+    const r1 = await expectSameAsNone("examples/boosting.ts", ["--trees", "2"], ["1@mock:0,0", "3@mock:2,0"]);
+    expectOnlyRestarted(r1, { 1: 1, 3: 1 });
+  }, 2 * RUN_TIMEOUT_MS);
+
+  it("Rabit model_recover, mock=0,0,1,0 + 1,1,1,0: a death before any checkpoint, one after", async () => {
+    const r1 = await expectSameAsNone(RABIT, ["--kind", "model"], ["0@mock:0,1", "1@mock:1,1"]);
+    expectOnlyRestarted(r1, { 0: 1, 1: 1 });
+  }, 2 * RUN_TIMEOUT_MS);
+
+  let localRef: Run | undefined;
+  it("Rabit local_recover, die same (0,0,1,0 + 1,2,1,0 + 2,2,1,0 + 3,2,1,0): three ranks die at the same collective, --replicas 3", async () => {
+    localRef = await run(RABIT, ["--mode", "none"], ["--kind", "local"]);
+    const r1 = await expectSameAsNone(RABIT, ["--kind", "local"], ["0@mock:0,1", "1@mock:2,1", "2@mock:2,1", "3@mock:2,1"], ["--replicas", "3", "--max-restarts", "8"], localRef);
+    expectOnlyRestarted(r1, { 0: 1, 1: 1, 2: 1, 3: 1 });
+  }, 2 * RUN_TIMEOUT_MS);
+
+  it("Rabit lazy_recover (checkpoint(() => state)), mock=0,0,1,0 + 1,1,1,0: same results as local_recover in mode none", async () => {
+    const r1 = await expectSameAsNone(RABIT, ["--kind", "lazy"], ["0@mock:0,1", "1@mock:1,1"], [], localRef);
+    expectOnlyRestarted(r1, { 0: 1, 1: 1 });
+  }, 2 * RUN_TIMEOUT_MS);
+
+  it("a dead rank never restarted (--max-restarts 0): a clear LAUNCH_RESTARTS error, no hang", async () => {
+    const started = performance.now();
+    const r = await run(RABIT, ["--mode", "retry-one", "--max-restarts", "0", "--inject", "2@mock:1,1"], ["--kind", "local"]);
+    expect(r.code, context(r)).not.toBe(0);
+    expect(r.doc?.error?.code, context(r)).toBe("LAUNCH_RESTARTS");
+    expect(r.doc?.error?.message, context(r)).toMatch(/--max-restarts 0.*cannot go on without rank 2/s);
+    expect(performance.now() - started).toBeLessThan(30_000);
+  }, RUN_TIMEOUT_MS);
+});
