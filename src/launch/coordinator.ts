@@ -227,7 +227,8 @@ export class Coordinator {
       link.result = undefined;
       this.finalizedCount--;
     }
-    this.links.forEach((l, r) => { if (l.up && r !== rank) void this.send(r, { t: "peer-down", rank, attempt }); });
+    // Quiet: another rank dying at the same moment cannot take the news (it is told by its own death).
+    this.links.forEach((l, r) => { if (l.up && r !== rank) void this.send(r, { t: "peer-down", rank, attempt }, true); });
   }
 
   /**
@@ -415,7 +416,7 @@ export class Coordinator {
     };
     void this.send(msg.rank, { ...table, ...this.opts.tableFor?.(msg.rank) } as CoordinatorToRank);
     const peer: CoordinatorToRank = { t: "peer", rank: msg.rank, endpoint: msg.endpoint, attempt: msg.attempt };
-    this.links.forEach((l, r) => { if (l.up && r !== msg.rank) void this.send(r, peer); });
+    this.links.forEach((l, r) => { if (l.up && r !== msg.rank) void this.send(r, peer, true); });
   }
 
   private onAllUp(): void {
@@ -465,7 +466,7 @@ export class Coordinator {
    * are chained; a failed send (rank gone, queue full past the timeout) is reported as a
    * warning and does not break the chain.
    */
-  private send(rank: number, msg: CoordinatorToRank): Promise<void> {
+  private send(rank: number, msg: CoordinatorToRank, quiet = false): Promise<void> {
     const identity = this.links[rank]!.identity;
     const frame = encodeControl(msg);
     const next = this.sendChain.then(async () => {
@@ -475,7 +476,7 @@ export class Coordinator {
       } catch (err) {
         // A rank that already exited cannot receive its abort/release; that is expected
         // during a teardown, so only other cases are worth a warning.
-        if (!this.tearingDown()) {
+        if (!quiet && !this.tearingDown()) {
           this.opts.onEvent({ kind: "warning", message: `could not send ${msg.t} to rank ${rank}: ${errorMessage(err)}` });
         }
       }

@@ -93,6 +93,12 @@ describe("retry-one with real processes", () => {
     expectOnlyRestarted(r1, { 0: 1, 1: 1 });
   }, 2 * RUN_TIMEOUT_MS);
 
+  it("Rabit die hard: die same, then the restarted ranks 1 and 3 die again while being restored (mock 1,2,1,1 + 3,2,1,1) and rank 0 right after (0,2,2,1)", async () => {
+    const hard = ["0@mock:0,1", "1@mock:2,1", "2@mock:2,1", "3@mock:2,1", "1@mock:2,1@attempt=1", "3@mock:2,1@attempt=1", "0@mock:2,2@attempt=1"];
+    const r1 = await expectSameAsNone(RABIT, ["--kind", "local"], hard, ["--replicas", "3", "--max-restarts", "10"], localRef);
+    expectOnlyRestarted(r1, { 0: 2, 1: 2, 2: 1, 3: 2 });
+  }, 2 * RUN_TIMEOUT_MS);
+
   it("a dead rank never restarted (--max-restarts 0): a clear LAUNCH_RESTARTS error, no hang", async () => {
     const started = performance.now();
     const r = await run(RABIT, ["--mode", "retry-one", "--max-restarts", "0", "--inject", "2@mock:1,1"], ["--kind", "local"]);
