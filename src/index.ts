@@ -12,6 +12,7 @@ import { LifelineError } from "./errors.ts";
 import { type InitOptions, resolveRankPlace, SUPPORTED_MODES } from "./mpi/env.ts";
 import { World } from "./mpi/world.ts";
 import { startWatchdog } from "./launch/watchdog.ts";
+import { BACKOFF_MAX_MS } from "./launch/backoff.ts";
 import { coordinatedHook } from "./cpr/coordinated/driver.ts";
 import { retryOneHook } from "./cpr/retry-one/driver.ts";
 import { LevelRecoveryStore } from "./store/level-store.ts";
@@ -46,7 +47,12 @@ export async function init(options: InitOptions = {}): Promise<World> {
     // cpr: each rank writes its parts of recovery lines into its own part store (LevelDB
     // admits one process per database), opened on first use.
     const cpr = place.mode === "cpr" ? coordinatedHook(() => new LevelRecoveryStore(place.store).openRank(place.rank)) : undefined;
-    const retryOne = place.mode === "retry-one" ? retryOneHook({ replicas: place.replicas, failureTimeoutMs: place.failureTimeoutMs }) : undefined;
+    // retry-one: a dead peer must be running again within the launcher's longest restart
+    // back-off plus a start-up (a restarted rank must beat within --failure-timeout) plus the
+    // failure timeout; past that the survivors fail with MPI_TIMEOUT. This is the backstop: when
+    // --max-restarts is exhausted the launcher stops the job at once (LAUNCH_RESTARTS).
+    const deadPeerTimeoutMs = 2 * place.failureTimeoutMs + BACKOFF_MAX_MS;
+    const retryOne = place.mode === "retry-one" ? retryOneHook({ replicas: place.replicas, failureTimeoutMs: deadPeerTimeoutMs }) : undefined;
     const world = await World.join(place, { cpr, retryOne });
     world.onClose(stopWatch);
     return world;
