@@ -39,11 +39,12 @@ export async function init(options: InitOptions = {}): Promise<World> {
   if (!SUPPORTED_MODES.includes(place.mode)) {
     throw new LifelineError("MPI_MODE", `mode ${place.mode} is not implemented in this build yet; run with --mode none`);
   }
-  const stopWatch = startWatchdog({
+  const watchdog = startWatchdog({
     fd: place.watchFd, coordinator: place.coordinator, rank: place.rank, attempt: place.attempt, heartbeatMs: place.heartbeatMs,
     faults: place.faults,
   });
   try {
+    await watchdog.ready;
     // cpr: each rank writes its parts of recovery lines into its own part store (LevelDB
     // admits one process per database), opened on first use.
     const cpr = place.mode === "cpr" ? coordinatedHook(() => new LevelRecoveryStore(place.store).openRank(place.rank)) : undefined;
@@ -54,10 +55,10 @@ export async function init(options: InitOptions = {}): Promise<World> {
     const deadPeerTimeoutMs = 2 * place.failureTimeoutMs + BACKOFF_MAX_MS;
     const retryOne = place.mode === "retry-one" ? retryOneHook({ replicas: place.replicas, failureTimeoutMs: deadPeerTimeoutMs }) : undefined;
     const world = await World.join(place, { cpr, retryOne });
-    world.onClose(stopWatch);
+    world.onClose(() => watchdog.stop());
     return world;
   } catch (err) {
-    stopWatch();
+    watchdog.stop();
     throw err;
   }
 }

@@ -45,6 +45,7 @@ if (data.heartbeatMs > 0 && pipe !== undefined) {
   const tick = (): void => void pipe!.write(beat);
   tick(); // at once: a rank that freezes while it is still starting up is watched too
   timers.push(setInterval(tick, data.heartbeatMs));
+  parentPort?.postMessage("ready");
 } else if (data.heartbeatMs > 0 && data.coordinator !== undefined) {
   const { Dealer } = await import("zeromq");
   // A small high-water mark: while the coordinator is unreachable, beats are dropped, not hoarded.
@@ -60,6 +61,9 @@ if (data.heartbeatMs > 0 && pipe !== undefined) {
   };
   tick();
   timers.push(setInterval(tick, data.heartbeatMs));
+  parentPort?.postMessage("ready");
+} else {
+  parentPort?.postMessage("ready");
 }
 
 parentPort?.on("message", (msg: unknown) => {

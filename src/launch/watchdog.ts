@@ -27,14 +27,41 @@ export interface WatchdogOptions {
   faults: string;
 }
 
-/** Starts the watchdog thread; returns a function that stops it (for a clean exit). */
-export function startWatchdog(opts: WatchdogOptions): () => void {
-  // Run from source (tsx) in development, from dist/ when installed.
-  const file = import.meta.url.endsWith(".ts") ? "./watchdog-worker.ts" : "./watchdog-worker.js";
-  const worker = new Worker(new URL(file, import.meta.url), { workerData: { pid: process.pid, ...opts } });
+/** Longest wait in init() for the watchdog's first beat: never block a rank on its watchdog. */
+const WATCHDOG_READY_MS = 5000;
+
+/** A running watchdog: `ready` once its first heartbeat is out; `stop` for a clean exit. */
+export interface Watchdog {
+  readonly ready: Promise<void>;
+  stop(): void;
+}
+
+/** Starts the watchdog thread. */
+export function startWatchdog(opts: WatchdogOptions): Watchdog {
+  // Run from source (tsx) in development, from dist/ when installed. Compiled, the thread needs
+  // no loader: not inheriting the program's `--import tsx` saves it most of its start-up.
+  const fromSource = import.meta.url.endsWith(".ts");
+  const file = fromSource ? "./watchdog-worker.ts" : "./watchdog-worker.js";
+  const worker = new Worker(new URL(file, import.meta.url), {
+    workerData: { pid: process.pid, ...opts },
+    ...(fromSource ? {} : { execArgv: [] }),
+  });
   worker.unref();
   worker.on("error", (err) => process.stderr.write(`lifeline: watchdog failed: ${err.message}\n`));
+  // The launcher watches heartbeats from the rank's hello on, so the first beat must be out
+  // before init() says hello (a slow thread start under load must not look like a frozen rank).
+  const ready = new Promise<void>((resolve) => {
+    const timer = setTimeout(resolve, WATCHDOG_READY_MS);
+    timer.unref();
+    const done = (): void => {
+      clearTimeout(timer);
+      resolve();
+    };
+    worker.once("message", done);
+    worker.once("error", done);
+    worker.once("exit", done);
+  });
   // Stopped by a message, not terminate(): the worker handles it only after its start-up code
   // ran, so it is never torn down in the middle of building a socket.
-  return () => worker.postMessage("stop");
+  return { ready, stop: () => worker.postMessage("stop") };
 }
