@@ -69,7 +69,7 @@ function ratioRow(name: string, unit: string, v: number, base: number, target: n
 
 async function benchPingpong(tmpDir: string, o: { reps: number; iters: number }): Promise<{ rows: Row[]; data: Record<string, unknown> }> {
   const ctrl = await CtrlServer.open(`ipc://${tmpDir}/ctrl`);
-  const env: JobEnv = { ctrl, root: ROOT, tmpDir, transport: "ipc", payload: "f64", echo: false, startTimeoutMs: 90_000, commandTimeoutMs: 60_000, idleMs: 60_000, cpuProf: undefined };
+  const env: JobEnv = { ctrl, root: ROOT, tmpDir, transport: "ipc", mode: "none", payload: "f64", echo: false, startTimeoutMs: 90_000, commandTimeoutMs: 60_000, idleMs: 60_000, cpuProf: undefined };
   const none = new LifelineJob(2, env, 0);
   const cpr = new CprPingJob(2, env, 1);
   try {

@@ -35,6 +35,8 @@ const HELP = `Usage: npm run bench -- [options]
   --quick               tiny sizes, 3 reps, 5 ms per timing (< 60 s; the smoke test uses it)
   --only <names>        comma list of: ${BENCH_NAMES.join(", ")}
   --transport <t>       ipc (default; endpoints in a temp dir) or tcp (127.0.0.1, port 0)
+  --mode <m>            the Lifeline job's recovery mode: none (default), cpr or retry-one
+                        (retry-one allows collectives only: use --only allreduce,bcast,barrier)
   --reps <n>            timed repetitions per case and variant (default 15; quick 3)
   --target-ms <ms>      calibrate each timed block to about this long (default 50; quick 5)
   --variant <v>         both (default), lifeline or raw
@@ -51,6 +53,7 @@ const HELP = `Usage: npm run bench -- [options]
 
 interface Options {
   quick: boolean;
+  mode: "none" | "cpr" | "retry-one";
   only: Set<BenchName>;
   transport: "ipc" | "tcp";
   reps: number;
@@ -79,6 +82,7 @@ function parseOptions(argv: string[]): Options {
         quick: { type: "boolean", default: false },
         only: { type: "string" },
         transport: { type: "string", default: "ipc" },
+        mode: { type: "string", default: "none" },
         reps: { type: "string" },
         "target-ms": { type: "string" },
         variant: { type: "string", default: "both" },
@@ -107,6 +111,7 @@ function parseOptions(argv: string[]): Options {
     only.add(name as BenchName);
   }
   if (v.transport !== "ipc" && v.transport !== "tcp") usage(`--transport ${v.transport}: expected ipc or tcp`);
+  if (v.mode !== "none" && v.mode !== "cpr" && v.mode !== "retry-one") usage(`--mode ${v.mode}: expected none, cpr or retry-one`);
   if (v.variant !== "both" && v.variant !== "lifeline" && v.variant !== "raw") usage(`--variant ${v.variant}: expected both, lifeline or raw`);
   if (v.payload !== "f64" && v.payload !== "u8") usage(`--payload ${v.payload}: expected f64 or u8`);
   const posInt = (name: string, raw: string | undefined, dflt: number): number => {
@@ -125,6 +130,7 @@ function parseOptions(argv: string[]): Options {
   const stamp = new Date().toISOString().replace(/[:.]/g, "-");
   return {
     quick,
+    mode: v.mode as Options["mode"],
     only,
     transport: v.transport,
     reps: posInt("reps", v.reps, quick ? 3 : 15),
@@ -409,6 +415,7 @@ async function main(): Promise<void> {
       root: ROOT,
       tmpDir,
       transport: opts.transport,
+      mode: opts.mode,
       payload: opts.payload,
       echo: opts.verbose,
       startTimeoutMs: 90_000,

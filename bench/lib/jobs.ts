@@ -21,6 +21,8 @@ export interface JobEnv {
   /** Private temp dir of this run (ipc endpoints, results files). */
   tmpDir: string;
   transport: "ipc" | "tcp";
+  /** Recovery mode of the Lifeline job (the raw baseline has none). */
+  mode: "none" | "cpr" | "retry-one";
   payload: "f64" | "u8";
   /** Echo children's output (--verbose). */
   echo: boolean;
@@ -108,7 +110,7 @@ export class LifelineJob extends Job {
 
   command(): string[] {
     return [
-      "dist/cli.js", "run", "-n", String(this.np), "--mode", "none", "--transport", this.env.transport,
+      "dist/cli.js", "run", "-n", String(this.np), "--mode", this.env.mode, "--transport", this.env.transport,
       "--results", this.resultsFile,
       "--store", path.join(this.env.tmpDir, `${this.name}-store`),
       "bench/programs/mpi-bench.ts",
