@@ -126,8 +126,10 @@ export class CprRestartPolicy implements RestartPolicy {
 
   async close(): Promise<void> {
     if (this.timer !== undefined) clearInterval(this.timer);
-    this.initiator = undefined;
+    // A commit still being written finishes first, and is recorded: the results file must list
+    // every line that is durable in the manifest.
     await this.chain;
+    this.initiator = undefined;
     await this.manifest?.close();
   }
 

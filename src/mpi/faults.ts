@@ -16,6 +16,7 @@
  * const faults = new FaultPlan(parseFaults("step:5;mock:1,0@attempt=1"), 1);
  * faults.onCheckpoint(); // kills the process at the 5th call when attempt is 0
  */
+import { writeSync } from "node:fs";
 import { LifelineError } from "../errors.ts";
 
 export type FaultTrigger =
@@ -92,7 +93,9 @@ export function parseFaults(text: string): FaultTrigger[] {
  */
 export function fire(action: FaultAction, why: string): void {
   const atMs = (performance.timeOrigin + performance.now()).toFixed(3);
-  process.stderr.write(`lifeline: injected fault: ${action === "kill" ? "killing" : "freezing"} this rank (${why}) at ${atMs}\n`);
+  // Straight to fd 2, synchronously: from the watchdog thread, process.stderr is relayed through
+  // the main thread, and the SIGKILL below would lose the line (drills date the fault by it).
+  writeSync(2, `lifeline: injected fault: ${action === "kill" ? "killing" : "freezing"} this rank (${why}) at ${atMs}\n`);
   process.kill(process.pid, action === "kill" ? "SIGKILL" : "SIGSTOP");
 }
 
