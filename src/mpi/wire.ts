@@ -27,7 +27,6 @@ export type Kind = (typeof Kind)[keyof typeof Kind];
 /** Flag bits. `recording` is the coordinated protocol's "sender still records" bit. */
 export const Flag = {
   recording: 1,
-  replayed: 2,
   /** The sender lent a pooled bounce buffer and takes it back when the receipt comes. */
   receipt: 4,
 } as const;

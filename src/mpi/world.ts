@@ -859,7 +859,11 @@ export class World implements WorldApi {
   }
 
   private onProtocol(header: Header, body: Buffer[]): void {
-    if (header.tag >= PROTO_RETRY_BASE && this.retry !== undefined) {
+    // Tags from PROTO_RETRY_BASE / PROTO_CPR_BASE up belong to the recovery protocol in use.
+    const protocol = header.tag >= PROTO_RETRY_BASE && this.retry !== undefined ? this.retry
+      : header.tag >= PROTO_CPR_BASE && this.cpr !== undefined ? this.cpr
+      : undefined;
+    if (protocol !== undefined) {
       let decoded: unknown;
       try {
         decoded = decodeBody(header.encoding, header.arrayType, body);
@@ -867,18 +871,7 @@ export class World implements WorldApi {
         this.warnGarbage(err);
         return;
       }
-      this.retry.onProtocol(header, decoded);
-      return;
-    }
-    if (header.tag >= PROTO_CPR_BASE && this.cpr !== undefined) {
-      let decoded: unknown;
-      try {
-        decoded = decodeBody(header.encoding, header.arrayType, body);
-      } catch (err) {
-        this.warnGarbage(err);
-        return;
-      }
-      this.cpr.onProtocol(header, decoded);
+      protocol.onProtocol(header, decoded);
       return;
     }
     let msg: { seq?: unknown; signature?: unknown; call?: unknown; view?: unknown };
