@@ -31,6 +31,8 @@ export interface RawFrame {
 export interface LibState {
   /** Frames sent so far on each channel this → dest (the next channelSeq). */
   readonly channelSeqOut: number[];
+  /** Application frames sent so far on each channel (see frameId in wire.ts). */
+  readonly appSeqOut?: number[];
   /** The next collective sequence number. */
   readonly collNextSeq: number;
   /** Messages of collectives not yet started here (arrived early), in arrival order. */

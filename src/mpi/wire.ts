@@ -115,3 +115,15 @@ export function decodeHeader(b: Buffer | undefined, expect: { jobKey: number; si
     attempt: b.readUInt16LE(38),
   };
 }
+
+/**
+ * What a frame is, independent of where it sits on its channel: for a collective frame its
+ * (collective sequence, step); for an application frame its number among the application
+ * frames of its channel (carried in the collective-sequence field, unused by them otherwise).
+ * The recovery protocol suppresses re-sent early frames by this identity: a re-execution issues
+ * the same frames, but operations in flight at once may interleave them on the channel in
+ * another order than the recorded run did.
+ */
+export function frameId(h: Pick<Header, "kind" | "collSeq" | "tag">): number {
+  return h.kind === Kind.collective ? 2 * (h.collSeq * 0x1000000 + (h.tag & 0xffffff)) + 1 : 2 * h.collSeq;
+}

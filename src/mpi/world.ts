@@ -28,7 +28,7 @@ import {
   ANY_SOURCE, ANY_TAG, type CollectiveOptions, type Message, type ReduceOp, type Request, type Restored, type Status,
   TAG_MAX, type WorldApi,
 } from "./types.ts";
-import { decodeHeader, Encoding, encodeHeader, Flag, type Header, HEADER_BYTES, Kind } from "./wire.ts";
+import { decodeHeader, Encoding, encodeHeader, Flag, frameId, type Header, HEADER_BYTES, Kind } from "./wire.ts";
 import { type CprHook, type CprHookFactory, type CprWorldAccess, type LibState, type NondetEntry, PROTO_CPR_BASE, type RawFrame } from "./cpr-hook.ts";
 import { type ControlChannel, type Host, type Timer, type Transport, zmqHost } from "./host.ts";
 import { BouncePool } from "./bounce-pool.ts";
@@ -127,6 +127,8 @@ export class World implements WorldApi {
   private jobKey = 0;
   private readonly matcher: Matcher<AppEnvelope>;
   private readonly channelSeqOut: Uint32Array;
+  /** Application frames sent so far on each channel (their identity, see frameId). */
+  private readonly appSeqOut: Uint32Array;
   private readonly colls: CollectiveRegistry;
   private collTimer: Timer | undefined;
   private finalized = false;
@@ -162,6 +164,7 @@ export class World implements WorldApi {
     this.matcher = new Matcher(place.size);
     this.colls = new CollectiveRegistry(place.rank);
     this.channelSeqOut = new Uint32Array(place.size);
+    this.appSeqOut = new Uint32Array(place.size);
     this.faults = new FaultPlan(parseFaults(place.faults), place.attempt);
   }
 
@@ -325,6 +328,7 @@ export class World implements WorldApi {
     const raw = (f: RawFrame): RawFrame => ({ header: Buffer.from(f.header), body: f.body.map((b) => Buffer.from(b)) });
     return {
       channelSeqOut: [...this.channelSeqOut],
+      appSeqOut: [...this.appSeqOut],
       collNextSeq: this.colls.started,
       collInbox: this.colls.inboxInOrder().map((a) => raw({ header: encodeHeader(a.header), body: a.frames })),
       unexpected: this.matcher.queuedInOrder().map((env) => {
@@ -338,6 +342,7 @@ export class World implements WorldApi {
 
   private restoreLibState(lib: LibState): void {
     lib.channelSeqOut.forEach((n, d) => { this.channelSeqOut[d] = n; });
+    lib.appSeqOut?.forEach((n, d) => { this.appSeqOut[d] = n; });
     this.colls.restoreNextSeq(lib.collNextSeq);
     for (const [k, v] of lib.bootstrap) this.bootstrapResults.set(k, v);
     for (const f of lib.collInbox) this.cprAccess().inject(f);
@@ -450,12 +455,14 @@ export class World implements WorldApi {
     const stamp = kind === Kind.protocol || this.cpr === undefined ? { epoch: kind === Kind.collective ? this.collEpoch : 0, flags: 0 } : this.cpr.stamp(dest);
     return encodeHeader({
       kind, flags: stamp.flags, encoding: body.encoding, jobKey: this.jobKey, source: this.rank, tag,
-      channelSeq: kind === Kind.protocol ? 0 : this.channelSeqOut[dest]!++, epoch: stamp.epoch, collSeq, signature, arrayType: body.arrayType, attempt: this.attempt,
+      channelSeq: kind === Kind.protocol ? 0 : this.channelSeqOut[dest]!++, epoch: stamp.epoch,
+      collSeq: kind === Kind.app ? this.appSeqOut[dest]!++ : collSeq, signature, arrayType: body.arrayType, attempt: this.attempt,
     });
   }
 
   private transmit(dest: number, header: Buffer, body: EncodedBody, onSuppressed?: () => void): Promise<void> {
-    if (this.cpr !== undefined && header[5] !== Kind.protocol && this.cpr.suppress(dest, header.readUInt32LE(20))) {
+    if (this.cpr !== undefined && header[5] !== Kind.protocol
+      && this.cpr.suppress(dest, frameId({ kind: header[5] as Header["kind"], collSeq: header.readUInt32LE(28), tag: header.readInt32LE(16) }))) {
       // An early message the receiver already holds (it told us on recovery): not re-sent.
       onSuppressed?.();
       return Promise.resolve();

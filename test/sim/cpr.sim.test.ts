@@ -65,19 +65,16 @@ describe("cpr bugs found by the simulator, as regression tests", () => {
 });
 
 /**
- * KNOWN OPEN BUG (found by the retry-one engineer's swarm runs; rarer than 1 in 12,000 seeds):
- * after a restore, two operations in flight at once (here a reduce and a barrier) can issue
- * their sends to a peer in another order than in the recorded execution, because their progress
- * depends on arrival timing. Early frames are identified by their channel sequence number, so a
- * sender then suppresses the wrong frame and re-sends one the receiver already holds: the
- * receiver reports MPI_COLLECTIVE_MISMATCH (a stray frame for a collective it finished).
- * The fix is to identify early frames by what they are — (collective sequence, step) for
- * collective frames, an application-only counter for application frames — instead of their
- * position on the channel. This test asserts the failure while the bug exists (it.fails): when
- * it starts passing, turn it into a plain regression test.
+ * Regression test for a bug found in long swarm runs (rarer than 1 in 12,000 seeds): after a
+ * restore, two operations in flight at once (here a reduce and a barrier) issued their sends to
+ * a peer in another order than the recorded execution, because their progress depends on
+ * arrival timing. Early frames were identified by their channel sequence number, so a sender
+ * suppressed the wrong frame and re-sent one the receiver already held (MPI_COLLECTIVE_MISMATCH
+ * for a stray frame). Fixed: early frames are identified by what they are (frameId in wire.ts:
+ * collective sequence and step, or the frame's number among the channel's application frames).
  */
-describe("KNOWN cpr bug (remove .fails when fixed)", () => {
-  it.fails("concurrent collectives after a restore keep early-frame suppression right (SEED=84356165557)", async () => {
+describe("cpr: early-frame identity survives reordered sends after a restore", () => {
+  it("concurrent collectives after a restore keep early-frame suppression right (SEED=84356165557)", async () => {
     const { ref, out } = await runCprSeed(84356165557);
     expect(out.status, out.report).toBe("ok");
     expect(out.results).toEqual(ref.results);

@@ -21,7 +21,7 @@ import type { CoordinatorToRank } from "../../mpi/control.ts";
 import type { CprHook, CprHookFactory, CprWorldAccess, LibState, NondetEntry, NondetTicket, RawFrame } from "../../mpi/cpr-hook.ts";
 import { PROTO_CPR_BASE } from "../../mpi/cpr-hook.ts";
 import type { Host, Timer } from "../../mpi/host.ts";
-import { Flag, type Header } from "../../mpi/wire.ts";
+import { Flag, frameId, type Header } from "../../mpi/wire.ts";
 import { RankMachine, type RankEffect } from "./rank.ts";
 
 /** The part store operations the driver needs (RankPartStore satisfies it). */
@@ -56,7 +56,7 @@ interface Part {
   global: Buffer | null;
   /** encodeValue(LibState) */
   lib: Buffer;
-  early: [number, number][];
+  early: [number, number, number][];
   late: RawFrame[];
   nondet: [number, NondetEntry][];
 }
@@ -174,7 +174,7 @@ export class CoordinatedDriver implements CprHook {
     const late = header.epoch + 1 === this.machine.epoch;
     const payload = late ? { header: Buffer.from(frame.header), body: frame.body.map((b) => Buffer.from(b)) } : undefined;
     const { verdict, effects } = this.machine.arrive(
-      { source: header.source, epoch: header.epoch, recording: (header.flags & Flag.recording) !== 0, channelSeq: header.channelSeq },
+      { source: header.source, epoch: header.epoch, recording: (header.flags & Flag.recording) !== 0, channelSeq: header.channelSeq, id: frameId(header) },
       payload,
     );
     if (verdict === "late" && payload !== undefined) {

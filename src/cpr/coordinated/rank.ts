@@ -71,7 +71,8 @@ export interface RankMachineOptions {
 export interface RestoredLogs {
   readonly epoch: number;
   /** Early ids by source: channel sequence numbers of frames we hold that the source will re-send. */
-  readonly earlyIds: readonly (readonly [number, number])[];
+  /** [source, channelSeq, frame identity] of each early frame held. */
+  readonly earlyIds: readonly (readonly [number, number, number?])[];
   readonly nondet: readonly (readonly [number, NondetEntry])[];
 }
 
@@ -98,9 +99,9 @@ export class RankMachine {
   /** The epoch whose recording was abandoned (its late frames and markers are no errors). */
   private abandoned = -1;
   /** Early ids of the checkpoint being taken: frames of epoch+1 that arrived before it. */
-  private earlyNext: [number, number][] = [];
+  private earlyNext: [number, number, number][] = [];
   /** Early ids saved with our current checkpoint. */
-  earlyIds: [number, number][] = [];
+  earlyIds: [number, number, number][] = [];
   /** Late frames (opaque to the machine) logged in arrival order. */
   lateLog: unknown[] = [];
   private nondetLog = new Map<number, NondetEntry>();
@@ -125,7 +126,7 @@ export class RankMachine {
   restore(logs: RestoredLogs): void {
     this.epoch = logs.epoch;
     this.dueEpoch = logs.epoch;
-    this.earlyIds = logs.earlyIds.map(([s, q]) => [s, q]);
+    this.earlyIds = logs.earlyIds.map(([s, q, id]) => [s, q, id ?? q]);
     // The early frames are part of our state: count them as arrived in our epoch, as their
     // senders count them as sent (suppressed re-sends still count), so that the next
     // marker's count matches.
@@ -153,7 +154,7 @@ export class RankMachine {
 
   /** The early ids we hold from `source` (sent to it on recovery). */
   earlyFrom(source: number): number[] {
-    return this.earlyIds.filter(([s]) => s === source).map(([, q]) => q);
+    return this.earlyIds.filter(([s]) => s === source).map(([, , id]) => id);
   }
 
   /** The stamp of an outgoing frame to `dest`; counts it as sent in the current epoch. */
@@ -183,7 +184,7 @@ export class RankMachine {
    * class and the effects (a stop that must happen before the frame is delivered, fatal
    * errors). `payload` is kept in the late log if the frame is late.
    */
-  arrive(a: { source: number; epoch: number; recording: boolean; channelSeq: number }, payload: unknown): { verdict: Verdict; effects: RankEffect[] } {
+  arrive(a: { source: number; epoch: number; recording: boolean; channelSeq: number; id?: number }, payload: unknown): { verdict: Verdict; effects: RankEffect[] } {
     const effects: RankEffect[] = [];
     if (a.source === this.rank) return { verdict: "normal", effects };
     this.counts(a.epoch)[a.source]!++;
@@ -194,7 +195,7 @@ export class RankMachine {
       return { verdict: "normal", effects };
     }
     if (a.epoch === this.epoch + 1) {
-      this.earlyNext.push([a.source, a.channelSeq]);
+      this.earlyNext.push([a.source, a.channelSeq, a.id ?? a.channelSeq]);
       this.due(a.epoch);
       return { verdict: "early", effects };
     }
@@ -332,7 +333,7 @@ export class RankMachine {
   }
 
   /** The logs of the round that just stopped (for the part). */
-  partLogs(): { earlyIds: [number, number][]; lateLog: unknown[]; nondet: [number, NondetEntry][] } {
+  partLogs(): { earlyIds: [number, number, number][]; lateLog: unknown[]; nondet: [number, NondetEntry][] } {
     const nondet = [...this.nondetLog].sort((a, b) => a[0] - b[0]);
     // The log must reach the last "not done" poll, or a replay would run that poll freely.
     const last = nondet.length === 0 ? -1 : nondet[nondet.length - 1]![0];
