@@ -161,8 +161,8 @@ const bodyBytes = (b: EncodedBody): number => b.frames.reduce((n, f) => n + f.by
 /**
  * One round: every rank sends its operand to every other rank, then each combines all of them
  * in rank order, x0 ⊕ x1 ⊕ … — the same expression everywhere, so the same bits. For few ranks
- * and small data this beats recursive doubling's log2(p) dependent rounds (measured ~1.5x
- * faster with 4 ranks on 2 cores: message latency, not bandwidth, is the cost). The body is
+ * and small data, one round of message latency beats recursive doubling's log2(p) dependent
+ * rounds (latency, not bandwidth, is the cost; `npm run bench -- --only allreduce --np 4`). The body is
  * encoded once and sent to every peer.
  */
 async function directAllreduce(io: CollectiveIo, data: unknown, body: EncodedBody, op: ReduceOp): Promise<unknown> {

@@ -47,7 +47,7 @@ const isFloatArray = (a: unknown): boolean => a instanceof Float64Array || a ins
 /**
  * The element-wise loop body of each built-in op, as source text. Kernels are compiled per
  * (op, element type) so that every loop stays monomorphic: a single shared loop that has seen
- * Float64Array, Int32Array and plain arrays goes megamorphic in V8 and runs ~30x slower.
+ * Float64Array, Int32Array and plain arrays goes megamorphic in V8 and runs many times slower.
  */
 const OP_BODY: Record<ReduceOpName, string> = {
   sum: "acc[i] += other[i];",

@@ -14,19 +14,12 @@ import { existsSync } from "node:fs";
 import { join } from "node:path";
 import { beforeAll, describe, expect, it } from "vitest";
 import { resolveDrillConfig, runDrill, type DrillFlags, type DrillOutcome } from "../../src/launch/drill.ts";
-import { ROOT, waitGone } from "../launch/helpers.ts";
+import { ROOT, Sink, waitGone } from "../launch/helpers.ts";
 
 beforeAll(() => {
   if (!existsSync(join(ROOT, "dist", "index.js"))) throw new Error("dist/index.js is missing: run `npm run build` first");
 });
 
-class Sink {
-  text = "";
-  write(s: string): boolean {
-    this.text += s;
-    return true;
-  }
-}
 
 const DRILL_TEST_MS = 45_000;
 

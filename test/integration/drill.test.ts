@@ -15,7 +15,7 @@ import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { resolveDrillConfig, runDrill, type DrillFlags, type DrillOutcome } from "../../src/launch/drill.ts";
-import { ROOT, tempDir, waitGone } from "../launch/helpers.ts";
+import { ROOT, Sink, tempDir, waitGone } from "../launch/helpers.ts";
 
 const { dir, cleanup } = tempDir("lifeline-drill-");
 afterAll(cleanup);
@@ -23,13 +23,6 @@ beforeAll(() => {
   if (!existsSync(join(ROOT, "dist", "index.js"))) throw new Error("dist/index.js is missing: run `npm run build` first");
 });
 
-class Sink {
-  text = "";
-  write(s: string): boolean {
-    this.text += s;
-    return true;
-  }
-}
 
 const DRILL_TEST_MS = 30_000;
 /** Small enough to be quick, long enough for cpr to commit lines before the faults. */

@@ -9,27 +9,14 @@
 import { readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
-import { main } from "../../src/cli.ts";
-import { FIXTURES, runCli, tempDir } from "./helpers.ts";
+import { FIXTURES, inProcessCli, runCli, tempDir } from "./helpers.ts";
 
-class Sink {
-  text = "";
-  write(s: string): boolean {
-    this.text += s;
-    return true;
-  }
-}
 
 const { dir, cleanup } = tempDir("lifeline-drill-cli-");
 afterAll(cleanup);
 writeFileSync(join(dir, "app.ts"), "throw new Error('must not run');\n");
 
-async function cli(...argv: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
-  const stdout = new Sink();
-  const stderr = new Sink();
-  const code = await main(argv, { stdout, stderr, env: { ...process.env, NO_COLOR: "1" }, cwd: dir, handleSignals: false });
-  return { code, stdout: stdout.text, stderr: stderr.text };
-}
+const cli = inProcessCli(dir);
 
 describe("lifeline drill usage", () => {
   it("lists its options in --help", async () => {

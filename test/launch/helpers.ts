@@ -201,3 +201,23 @@ export class CliProcess {
 export function runCli(args: readonly string[], opts: { cwd?: string; env?: NodeJS.ProcessEnv; timeoutMs?: number } = {}): Promise<CliResult> {
   return new CliProcess(args, opts).done;
 }
+
+/** A writable that keeps what is written (stdout/stderr of in-process CLI runs). */
+export class Sink {
+  text = "";
+  write(s: string): boolean {
+    this.text += s;
+    return true;
+  }
+}
+
+/** Runs the CLI's `main` in this process with `cwd`, capturing its output. */
+export function inProcessCli(cwd: string): (...argv: string[]) => Promise<{ code: number; stdout: string; stderr: string }> {
+  return async (...argv) => {
+    const { main } = await import("../../src/cli.ts");
+    const stdout = new Sink();
+    const stderr = new Sink();
+    const code = await main(argv, { stdout, stderr, env: { ...process.env, NO_COLOR: "1" }, cwd, handleSignals: false });
+    return { code, stdout: stdout.text, stderr: stderr.text };
+  };
+}
