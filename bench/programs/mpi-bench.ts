@@ -132,6 +132,10 @@ async function serveHarness(endpoint: string, id: string): Promise<void> {
     try {
       const t = await runBlock(cmd.bench, cmd.bytes, cmd.iters);
       blocks.push([cmd.bench, cmd.bytes, cmd.iters, t.seconds]);
+      // retry-one keeps every collective result since the last checkpoint, as a real program
+      // that checkpoints each iteration would not let it grow: a checkpoint (untimed, empty
+      // state) after every block.
+      if (world.mode === "retry-one") await world.checkpoint(null);
       await ctrl.send({ t: "done", seq: cmd.seq, rank, ...t });
     } catch (err) {
       await ctrl.send({ t: "error", seq: cmd.seq, rank, message: (err as Error).stack ?? String(err) });
