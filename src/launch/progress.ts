@@ -20,6 +20,11 @@
  * rolled back to epoch E, every rank running again <t> after the failure was detected`. Only
  * a failure that no restart follows (the final one) prints as `error:`.
  *
+ * Likewise in retry-one: `failure detected: rank R … <cause>`, `restarting rank R alone …`,
+ * then, when the new process caught up, `recovered from rank R's failure (<cause>): restored
+ * checkpoint version V from its peers, replayed N collective results, caught up <t> after the
+ * failure was detected`.
+ *
  * @example
  * const reporter = createReporter({ style: pickStyle({ json: false, quiet: false, stderr: process.stderr, env: process.env }), stdout, stderr, size: 4 });
  * reporter.event({ kind: "rank-up", rank: 0, pid: 123 });
@@ -53,6 +58,17 @@ export type JobEvent =
   | { kind: "line-committed"; epoch: number; durationMs: number; bytes: number }
   /** cpr: every rank restarts (attempt) from line `epoch`, or from the beginning (`epoch` 0). */
   | { kind: "job-restarting"; attempt: number; epoch: number; restarts: number }
+  /**
+   * retry-one: `rank` is started again alone as `attempt` in `delayMs` (`restarts` so far,
+   * counted against `maxRestarts`); the others keep running. `after`: the failure.
+   */
+  | { kind: "rank-restarting"; rank: number; attempt: number; delayMs: number; restarts: number; maxRestarts: number; after: string }
+  /**
+   * retry-one: restarted `rank` restored checkpoint `version` from its peers (0: none yet),
+   * got `replayed` collective results from their buffers and runs collective `seqno` of that
+   * version on the wire with the others again.
+   */
+  | { kind: "rank-caught-up"; rank: number; attempt: number; version: number; seqno: number; replayed: number }
   | {
       kind: "job-finished";
       ok: boolean;
@@ -226,6 +242,8 @@ class HumanReporter implements Reporter {
   private pendingFailures: { ev: Extract<JobEvent, { kind: "rank-failed" }>; atMs: number }[] = [];
   /** cpr: the recovery in progress (from the failure's detection until every rank is up). */
   private recovering: { failures: string[]; epoch: number; sinceMs: number } | undefined;
+  /** retry-one: ranks being restarted alone, from the restart's announcement until they catch up. */
+  private readonly restartingRanks = new Map<number, { sinceMs: number; cause: string | undefined }>();
 
   constructor(
     private readonly opts: ReporterOptions,
@@ -272,7 +290,14 @@ class HumanReporter implements Reporter {
         this.info(`rank ${ev.rank} finalized at ${secs(this.elapsedMs())}`);
         break;
       case "rank-failed": {
-        if (this.mode === "cpr") {
+        const restarting = this.restartingRanks.get(ev.rank);
+        if (this.mode === "retry-one" && restarting !== undefined && restarting.cause === undefined) {
+          // Its restart was announced already (the failure's output drains first): not an error.
+          restarting.cause = ev.reason;
+          this.info([`failure detected: rank ${ev.rank}${ev.pid === undefined ? "" : ` (pid ${ev.pid})`} ${ev.reason}`, ...stderrBlock(ev.rank, ev.stderrTail)].join("\n"));
+          break;
+        }
+        if (this.mode === "cpr" || this.mode === "retry-one") {
           this.pendingFailures.push({ ev, atMs: this.elapsedMs() });
           break;
         }
@@ -313,6 +338,29 @@ class HumanReporter implements Reporter {
           };
         }
         this.info(`recovery ${ev.restarts}: every rank restarts (attempt ${ev.attempt}) ${ev.epoch === 0 ? "from the beginning (no line committed yet)" : `from recovery line ${ev.epoch}`}`);
+        break;
+      }
+      case "rank-restarting": {
+        this.restarts = ev.restarts;
+        this.up[ev.rank] = false;
+        this.finalized[ev.rank] = false;
+        const i = this.pendingFailures.findIndex((f) => f.ev.rank === ev.rank);
+        const pending = i < 0 ? undefined : this.pendingFailures.splice(i, 1)[0];
+        this.restartingRanks.set(ev.rank, { sinceMs: pending?.atMs ?? this.elapsedMs(), cause: pending?.ev.reason });
+        if (pending !== undefined) {
+          const f = pending.ev;
+          this.info([`failure detected: rank ${f.rank}${f.pid === undefined ? "" : ` (pid ${f.pid})`} ${f.reason}`, ...stderrBlock(f.rank, f.stderrTail)].join("\n"));
+        }
+        this.info(`restarting rank ${ev.rank} alone (attempt ${ev.attempt}) in ${ev.delayMs} ms, restart ${ev.restarts} of at most ${ev.maxRestarts}; the other ranks keep running`);
+        break;
+      }
+      case "rank-caught-up": {
+        const r = this.restartingRanks.get(ev.rank);
+        this.restartingRanks.delete(ev.rank);
+        const from = ev.version === 0 ? "restarted from the beginning (no checkpoint yet)" : `restored checkpoint version ${ev.version} from its peers`;
+        const replayed = `${ev.replayed} collective result${plural(ev.replayed)} replayed from the others' buffers`;
+        const since = r === undefined ? "" : `, caught up ${secs(this.elapsedMs() - r.sinceMs)} after the failure was detected`;
+        this.info(`recovered from rank ${ev.rank}'s failure${r?.cause === undefined ? "" : ` (${r.cause})`}: ${from}, ${replayed}${since}`);
         break;
       }
       case "job-finished":

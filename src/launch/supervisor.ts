@@ -413,6 +413,9 @@ export class Supervisor {
         this.releaseTimer = setTimeout(() => this.onReleaseTimeout(), this.releaseExitTimeoutMs);
         this.releaseTimer.unref();
         return;
+      case "caught-up":
+        this.deps.reporter.event({ kind: "rank-caught-up", rank: ev.rank, attempt: ev.attempt, version: ev.version, seqno: ev.seqno, replayed: ev.replayed });
+        return;
       case "rank-abort": {
         const proc = this.procs[ev.rank];
         const code = ev.code.startsWith("MPI_") || ev.code.startsWith("CPR_") || ev.code.startsWith("STORE_") || ev.code.startsWith("LAUNCH_") ? (ev.code as LifelineErrorCode) : "LAUNCH_RANK_FAILED";
@@ -613,10 +616,17 @@ export class Supervisor {
       this.detector.forget(r);
       this.coordinator!.rankDown(r, this.procs[r]?.attempt ?? 0);
     }
-    this.deps.reporter.event({
-      kind: "warning",
-      message: `restarting rank${ranks.length === 1 ? "" : "s"} ${ranks.join(", ")} alone in ${delayMs} ms (restart ${this.budget.used(this.nowMs())} of at most ${this.config.maxRestarts}) after: ${failure.message}`,
-    });
+    for (const r of ranks) {
+      this.deps.reporter.event({
+        kind: "rank-restarting",
+        rank: r,
+        attempt: (this.procs[r]?.attempt ?? 0) + 1,
+        delayMs,
+        restarts: this.budget.used(this.nowMs()),
+        maxRestarts: this.config.maxRestarts,
+        after: failure.message,
+      });
+    }
     for (const p of old) if (p?.alive) p.kill();
     await Promise.all(old.map((p) => p?.exited));
     if (delayMs > 0) await new Promise((resolve) => setTimeout(resolve, delayMs));

@@ -242,14 +242,21 @@ export function decodeBody(encoding: Encoding, arrayType: number, frames: Buffer
 }
 
 /** Encodes a value to one self-contained buffer (frames length-prefixed); for stores and logs. */
-export function encodeValue(data: unknown): Buffer {
+export function encodeValue(data: unknown, alloc?: (bytes: number) => Buffer): Buffer {
   const body = encodeBody(data, { copy: false });
-  const head = Buffer.allocUnsafe(6 + 4 * body.frames.length);
-  head[0] = body.encoding;
-  head[1] = body.arrayType;
-  head.writeUInt32LE(body.frames.length, 2);
-  body.frames.forEach((f, i) => head.writeUInt32LE(f.byteLength, 6 + 4 * i));
-  return Buffer.concat([head, ...body.frames]);
+  const headBytes = 6 + 4 * body.frames.length;
+  const total = headBytes + body.frames.reduce((n, f) => n + f.byteLength, 0);
+  const out = alloc === undefined ? Buffer.allocUnsafe(total) : alloc(total);
+  out[0] = body.encoding;
+  out[1] = body.arrayType;
+  out.writeUInt32LE(body.frames.length, 2);
+  let off = headBytes;
+  body.frames.forEach((f, i) => {
+    out.writeUInt32LE(f.byteLength, 6 + 4 * i);
+    out.set(f, off);
+    off += f.byteLength;
+  });
+  return out;
 }
 
 /** Inverse of {@link encodeValue}. Typed arrays in the result may view `buf`. */

@@ -33,7 +33,14 @@ export type RankToCoordinator =
   /** The rank's part of line `epoch` is durable in its part store. */
   | { t: "cpr-part"; rank: number; epoch: number; ref: { rank: number; epoch: number; checksum: number; bytes: number } }
   /** The rank could not write its part of line `epoch` (the line cannot commit). */
-  | { t: "cpr-part-failed"; rank: number; epoch: number; message: string };
+  | { t: "cpr-part-failed"; rank: number; epoch: number; message: string }
+  // ---- retry-one, see src/cpr/retry-one ----
+  /**
+   * A restarted rank caught up: it restored checkpoint `version` from its peers, was answered
+   * `replayed` collectives from their buffers, and now runs collective `seqno` of that version
+   * on the wire with the others.
+   */
+  | { t: "retry-caught-up"; rank: number; attempt: number; version: number; seqno: number; replayed: number };
 
 /** Coordinator → rank. */
 export type CoordinatorToRank =

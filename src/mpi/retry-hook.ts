@@ -40,6 +40,13 @@ export interface RetryWorldAccess {
   /** Sends one protocol frame (kind protocol, not counted on any channel) to a peer. */
   sendProtocol(dest: number, tag: number, body: unknown): void;
   /**
+   * A result given to {@link RetryOneHook.afterCollective} that nothing refers to any more
+   * (dropped at a checkpoint, never sent or served): its memory may be reused.
+   */
+  recycle(result: Buffer): void;
+  /** A restarted rank caught up with the others (tells the launcher; see control.ts `retry-caught-up`). */
+  caughtUp(info: { readonly version: number; readonly seqno: number; readonly replayed: number }): void;
+  /**
    * Gives up the collective running as wire sequence `wireSeq`: its pending receives end with
    * an internal retry signal and World asks {@link RetryOneHook.resumeCollective} again.
    */

@@ -82,6 +82,14 @@ const PROTO_RECEIPT = 0x102;
 const BOUNCE_BYTES_MIN = 64 * 1024;
 /** Idle bounce-buffer memory kept for reuse. */
 const BOUNCE_POOL_BYTES_MAX = 256 * 1024 * 1024;
+/**
+ * retry-one: results of at least this size are copied for the result buffer into pooled
+ * memory, reused once the protocol drops them at the next checkpoint (fresh memory faults in
+ * every page: several times the copy itself).
+ */
+const RESULT_POOL_BYTES_MIN = 64 * 1024;
+/** retry-one: idle result-buffer memory kept for reuse. */
+const RESULT_POOL_BYTES_MAX = 256 * 1024 * 1024;
 /** Bodies up to this size travel in the header's frame: one ZeroMQ frame instead of two. */
 const INLINE_BODY_BYTES_MAX = 4096;
 /** How often blocked collectives are looked at (see coll-registry.ts). */
@@ -305,6 +313,11 @@ export class World implements WorldApi {
         const enc = encodeBody(body, { copy: false });
         void this.transmit(dest, this.header(Kind.protocol, dest, tag, enc), enc).catch(() => undefined);
       },
+      caughtUp: (info) => void this.control.send({ t: "retry-caught-up", rank: this.rank, attempt: this.attempt, ...info }).catch(() => undefined),
+      recycle: (buf) => {
+        if (!this.pooledResults.delete(buf)) return; // not ours (e.g. a transfer's), or given back twice
+        this.resultPool.release(buf);
+      },
       abandonCollective: (seq) => {
         if (this.retryRun !== undefined && this.retryRun.seq === seq) {
           this.retryRun.abandoned = true;
@@ -515,6 +528,9 @@ export class World implements WorldApi {
   /** Bounce buffers lent to in-flight messages, by `${dest}:${channelSeq}`, until the receipt. */
   private readonly lent = new Map<string, Buffer[]>();
   private readonly bounce = new BouncePool(BOUNCE_POOL_BYTES_MAX);
+  /** retry-one: memory of kept collective results, and the buffers it lent out (see recycle). */
+  private readonly resultPool = new BouncePool(RESULT_POOL_BYTES_MAX);
+  private readonly pooledResults = new WeakSet<Buffer>();
 
   /**
    * Encodes and sends one application message; the program may reuse its buffers once this
@@ -776,7 +792,9 @@ export class World implements WorldApi {
     let d: RetryDecision = await hook.beforeCollective(rc.key === undefined ? { ident: rc.ident } : { ident: rc.ident, bootstrapKey: rc.key });
     for (;;) {
       if (this.failure !== undefined) throw this.failure;
-      if ("result" in d) return decodeValue(d.result) as R;
+      // A copy: the buffer's result may be served again (to another restarted peer), so the
+      // program must not get a view of it that it could change.
+      if ("result" in d) return decodeValue(Buffer.from(d.result)) as R;
       const { wireSeq, viewId, purgeBelow } = d.run;
       this.colls.restoreNextSeq(wireSeq);
       this.colls.purge((a) => a.header.epoch === viewId && a.header.collSeq >= purgeBelow);
@@ -800,11 +818,19 @@ export class World implements WorldApi {
       }
       if (this.retryRun === mine) this.retryRun = undefined;
       if (result !== undefined && !mine.abandoned) {
-        hook.afterCollective(encodeValue(result.value));
+        hook.afterCollective(encodeValue(result.value, (n) => this.resultBuffer(n)));
         return result.value;
       }
       d = await hook.resumeCollective();
     }
+  }
+
+  /** retry-one: memory for a kept result (pooled when large; see recycle in retryAccess). */
+  private resultBuffer(bytes: number): Buffer {
+    if (bytes < RESULT_POOL_BYTES_MIN) return Buffer.allocUnsafe(bytes);
+    const buf = this.resultPool.acquire(bytes);
+    this.pooledResults.add(buf);
+    return buf;
   }
 
   private runCollective<R>(kind: CollKind, identity: readonly (string | number)[], run: (io: coll.CollectiveIo) => Promise<R>): Promise<R> {

@@ -122,6 +122,10 @@ export interface SimOutcome {
   readonly restarts: number;
   /** cpr: epochs of the lines committed, in order. */
   readonly linesCommitted: readonly number[];
+  /** retry-one: restarted ranks' reports that they caught up, in order. */
+  readonly caughtUp: readonly { readonly rank: number; readonly attempt: number; readonly version: number; readonly seqno: number; readonly replayed: number }[];
+  /** Each rank's attempt at the end. */
+  readonly attempts: readonly number[];
   /** The last events and the ranks' ends, for a failure message. */
   readonly report: string;
 }
@@ -149,6 +153,7 @@ export class SimCoordinator {
   readonly links: Link[];
   phase: "rendezvous" | "running" | "released" | "aborted" | "restarting" = "rendezvous";
   readonly aborts: { rank: number; code: string; message: string }[] = [];
+  readonly caughtUp: { rank: number; attempt: number; version: number; seqno: number; replayed: number }[] = [];
   readonly warnings: string[] = [];
   /** cpr: the manifest (held by the coordinator for the job's lifetime) and the initiator of the current attempt. */
   manifest: LineManifest | undefined;
@@ -215,6 +220,10 @@ export class SimCoordinator {
         this.input({ kind: "step", rank, steps: msg.steps, nowMs });
         return;
       case "heartbeat":
+        return;
+      case "retry-caught-up":
+        if (msg.attempt === 0) this.net.violation(`rank ${rank} reported catching up in its first attempt`);
+        this.caughtUp.push({ rank, attempt: msg.attempt, version: msg.version, seqno: msg.seqno, replayed: msg.replayed });
         return;
       case "cpr-checkpointed":
       case "cpr-ready":
@@ -633,6 +642,8 @@ export class SimCluster {
       results: this.coordinator.links.map((l) => l.result),
       ends: [...this.ends],
       aborts: this.coordinator.aborts,
+      caughtUp: this.coordinator.caughtUp,
+      attempts: this.coordinator.links.map((l) => l.attempt),
       warnings: [...this.coordinator.warnings, ...this.rankWarnings],
       steps: this.net.steps,
       simMs: this.net.now,

@@ -3,6 +3,8 @@
  * output says a failure was detected (rank, cause), that every rank restarts from a recovery
  * line, and once every rank is up again that the job recovered (epoch rolled back to, time
  * since the failure was detected); only a failure that no restart follows is an `error:`.
+ * In retry-one likewise, per rank: failure detected, the rank restarts alone, and once it
+ * caught up, recovered (checkpoint version restored from peers, results replayed, time).
  * In mode none every failure is an error, as before.
  *
  * Method: the reporter of src/launch/progress.ts (plain style) fed scripted event sequences
@@ -105,5 +107,56 @@ describe("progress output of a cpr failure and its recovery", () => {
   it("mode none: a failure is an error at once, as before", () => {
     const lines = play("none", [{ kind: "job-started", rendezvousMs: 300 }, killed(1, 12)]);
     expect(lines).toContain("lifeline: error: rank 1 (pid 12) was killed by SIGKILL before finalizing");
+  });
+});
+
+describe("progress output of a retry-one failure and its recovery", () => {
+  const restarting = (rank: number, attempt: number, restarts: number): JobEvent => ({
+    kind: "rank-restarting", rank, attempt, delayMs: 90, restarts, maxRestarts: 3, after: `rank ${rank} was killed by SIGKILL before finalizing`,
+  });
+  const caughtUp = (rank: number, attempt: number, version: number, replayed: number): JobEvent => ({ kind: "rank-caught-up", rank, attempt, version, seqno: 2, replayed });
+
+  it("restart announced before the failure's output drained: failure detected, restarting alone, recovered; no error", () => {
+    const lines = play("retry-one", [
+      { kind: "job-started", rendezvousMs: 300 },
+      4000, restarting(1, 1, 1), 4020, killed(1, 12),
+      { kind: "rank-up", rank: 1, pid: 31 },
+      4470, caughtUp(1, 1, 7, 3),
+      9000, finished(true, 1),
+    ]);
+    expect(lines.slice(1, 8)).toEqual([
+      "lifeline: all 2 ranks up after 0.30s",
+      "lifeline: restarting rank 1 alone (attempt 1) in 90 ms, restart 1 of at most 3; the other ranks keep running",
+      "lifeline: failure detected: rank 1 (pid 12) was killed by SIGKILL before finalizing",
+      "lifeline:   last 1 stderr line of rank 1:",
+      "lifeline:   | lifeline: injected fault: killing this rank (step:5)",
+      "lifeline: recovered from rank 1's failure (was killed by SIGKILL before finalizing): restored checkpoint version 7 from its peers, 3 collective results replayed from the others' buffers, caught up 0.47s after the failure was detected",
+      "lifeline: done: 2/2 ranks finalized in 9.00s, 1 restart",
+    ]);
+    expect(lines.join("\n")).not.toMatch(/error/);
+  });
+
+  it("failure reported first, then the restart: the same story; before any checkpoint it restarts from the beginning", () => {
+    const lines = play("retry-one", [{ kind: "job-started", rendezvousMs: 300 }, 1000, killed(0, 11), 1010, restarting(0, 1, 1), 1600, caughtUp(0, 1, 0, 1)]);
+    expect(lines.slice(2)).toEqual([
+      "lifeline: failure detected: rank 0 (pid 11) was killed by SIGKILL before finalizing",
+      "lifeline:   last 1 stderr line of rank 0:",
+      "lifeline:   | lifeline: injected fault: killing this rank (step:5)",
+      "lifeline: restarting rank 0 alone (attempt 1) in 90 ms, restart 1 of at most 3; the other ranks keep running",
+      "lifeline: recovered from rank 0's failure (was killed by SIGKILL before finalizing): restarted from the beginning (no checkpoint yet), 1 collective result replayed from the others' buffers, caught up 0.60s after the failure was detected",
+    ]);
+  });
+
+  it("a failure no restart follows (--max-restarts used up) is an error", () => {
+    const lines = play("retry-one", [
+      { kind: "job-started", rendezvousMs: 300 },
+      1000, restarting(1, 1, 1), killed(1, 12), 1500, caughtUp(1, 1, 2, 0),
+      5000, killed(1, 22), { kind: "job-stopping", reason: "--max-restarts 1 is used up" }, finished(false, 1),
+    ]);
+    expect(lines.filter((l) => l.startsWith("lifeline: error:"))).toEqual([
+      "lifeline: error: rank 1 (pid 22) was killed by SIGKILL before finalizing",
+      "lifeline: error: stopping the job: --max-restarts 1 is used up",
+    ]);
+    expect(lines).toContain("lifeline: failure detected: rank 1 (pid 12) was killed by SIGKILL before finalizing");
   });
 });

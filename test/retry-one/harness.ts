@@ -120,6 +120,8 @@ export interface SimOutcome {
   readonly lastCrashMs: number;
   readonly stats: { stateThunks: number; globalThunks: number };
   readonly replayed: number;
+  /** Results the machines dropped at checkpoints and let World reuse (poisoned here). */
+  readonly recycled: number;
   /** Protocol frames sent, by type (summary, xfer, replica, stored), and wire collective frames. */
   readonly frames: Record<string, number>;
   readonly trace: string[];
@@ -185,6 +187,7 @@ export class RetryOneSim {
   private randomCrashes = 0;
   private restarts = 0;
   private replayed = 0;
+  private recycled = 0;
   private lastCrashMs = -1;
   private readonly failures: SimFailure[] = [];
   private readonly seen = new Map<string, string>();
@@ -249,6 +252,7 @@ export class RetryOneSim {
       lastCrashMs: this.lastCrashMs,
       stats: this.stats,
       replayed: this.replayed,
+      recycled: this.recycled,
       frames: this.frames,
       trace: this.trace,
     };
@@ -378,9 +382,15 @@ export class RetryOneSim {
           if (e.replayed) this.replayed++;
           this.log(`rank ${n.rank}.${n.attempt} complete ${key} ${got}${e.replayed ? " (replayed)" : ""}`);
           n.waiting = null;
-          n.resume = { value: e.result };
+          n.resume = { value: [...(e.result as number[])] }; // the program gets a copy, as from World
           break;
         }
+        case "recycle":
+          // World reuses this memory for later results: poison it, so a result that is still
+          // served or in flight after this shows up as a different result (the invariant above).
+          for (const r of e.results) (r as number[]).fill(Number.NaN);
+          this.recycled += e.results.length;
+          break;
         case "restored":
           n.waiting = null;
           n.resume = { value: e.value };
@@ -450,7 +460,8 @@ export class RetryOneSim {
     }
     if (result === undefined) return;
     n.exec = null;
-    this.handle(n, n.machine.step({ kind: "executed", result, bytes: result.length * 8 }));
+    // The machine keeps its own copy, as World's encoded one (a bcast's result is the root's value).
+    this.handle(n, n.machine.step({ kind: "executed", result: [...result], bytes: result.length * 8 }));
   }
 
   private acceptWire(n: Node, m: Extract<Msg, { kind: "coll" }>): void {

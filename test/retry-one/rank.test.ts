@@ -42,7 +42,7 @@ describe("RetryOneRank: failure-free path", () => {
     expect(m!.step({ kind: "collective", ident: sum })[0]).toMatchObject({ kind: "execute", wireSeq: 1 });
   });
 
-  it("checkpoint: replicas to ring successors, `stored` to all, commit when all stored; the buffer empties", () => {
+  it("checkpoint: replicas to ring successors, `stored` to all, commit when all stored; the buffer empties and its results are recycled", () => {
     const ms = machines(3, 1);
     const seen: RankEffect[][] = [[], [], []];
     for (let r = 0; r < 3; r++) {
@@ -54,7 +54,7 @@ describe("RetryOneRank: failure-free path", () => {
     expect(seen.flat().filter((e) => e.kind === "checkpointed")).toEqual([]); // rank 2 has not arrived
     route(ms, 2, { kind: "checkpoint", state: val("s2"), global: val("g") }, seen);
     for (let r = 0; r < 3; r++) {
-      expect(kinds(seen[r]!)).toEqual(["checkpointed"]);
+      expect(seen[r]).toEqual([{ kind: "recycle", results: [[0, 0]] }, { kind: "checkpointed", version: 1 }]);
       expect(ms[r]!.progress).toEqual({ version: 1, seqno: 0, committed: 1 });
       expect(ms[r]!.buffered).toMatchObject({ entries: 0, replicas: 1 });
     }

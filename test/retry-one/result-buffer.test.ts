@@ -71,6 +71,24 @@ describe("ResultBuffer", () => {
     expect(b.bytes).toBe(0);
     expect(b.take(0, 0, sum8)).toBeUndefined();
   });
+
+  it("lists at reset only the results it never handed out (a transfer or a replay may still hold the rest)", () => {
+    const fill = (b: ResultBuffer, version: number, n: number): void => {
+      for (let s = 0; s < n; s++) b.add({ version, seqno: s, ident: sum8, result: `v${version}s${s}`, bytes: 8 });
+    };
+    const b = new ResultBuffer({ entriesMax: 10, bytesMax: 1000 });
+    fill(b, 0, 4);
+    expect(b.reset(1)).toEqual(["v0s0", "v0s1", "v0s2", "v0s3"]);
+    fill(b, 1, 4);
+    b.from(2); // seqnos 2 and 3 go out in a transfer
+    expect(b.reset(2)).toEqual(["v1s0", "v1s1"]);
+    fill(b, 2, 4);
+    b.take(2, 1, sum8); // served to this rank's program from seqno 1 on
+    b.from(3);
+    expect(b.reset(3)).toEqual(["v2s0"]);
+    fill(b, 3, 2);
+    expect(b.reset(4)).toEqual(["v3s0", "v3s1"]); // lending does not outlive its version
+  });
 });
 
 describe("BootstrapCache", () => {

@@ -54,8 +54,8 @@ function reference(job: Job): string {
   return r;
 }
 
-function runSwarm(seeds: number[], impairedBeyondReplicas: boolean, check: (o: SimOutcome, job: Job) => void): { crashes: number; replayed: number; failed: number } {
-  let crashes = 0, replayed = 0, failed = 0;
+function runSwarm(seeds: number[], impairedBeyondReplicas: boolean, check: (o: SimOutcome, job: Job) => void): { crashes: number; replayed: number; recycled: number; failed: number } {
+  let crashes = 0, replayed = 0, recycled = 0, failed = 0;
   for (const seed of seeds) {
     const job = jobFor(seed, impairedBeyondReplicas ? 2 : 1);
     try {
@@ -73,12 +73,13 @@ function runSwarm(seeds: number[], impairedBeyondReplicas: boolean, check: (o: S
       check(o, job);
       crashes += o.crashes;
       replayed += o.replayed;
+      recycled += o.recycled;
       if (o.status === "failed") failed++;
     } catch (err) {
       throw new Error(`swarm failed, reproduce with SEED=${seed} (job ${JSON.stringify(job)}): ${(err as Error).message}`, { cause: err });
     }
   }
-  return { crashes, replayed, failed };
+  return { crashes, replayed, recycled, failed };
 }
 
 describe("retry-one swarm", () => {
@@ -90,10 +91,12 @@ describe("retry-one swarm", () => {
       }
       expect(JSON.stringify(o.results)).toBe(reference(job));
     });
-    // The faults really happened, and restarted ranks really replayed results.
+    // The faults really happened, restarted ranks really replayed results, and dropped results
+    // really were recycled (poisoned by the harness: one still in use would change a result).
     if (seeds.length >= 100) {
       expect(totals.crashes).toBeGreaterThan(seeds.length);
       expect(totals.replayed).toBeGreaterThan(seeds.length);
+      expect(totals.recycled).toBeGreaterThan(seeds.length);
     }
   });
 

@@ -17,6 +17,7 @@ describe("simulation, mode retry-one", () => {
   const seeds = swarmSeeds(2000);
   it(`random crashes, restart only the failed rank: failure-free results (${seeds.length} seeds from ${seeds[0]})`, async () => {
     let restarts = 0;
+    let caughtUp = 0;
     let beyond = 0;
     for (const seed of seeds) {
       try {
@@ -31,6 +32,13 @@ describe("simulation, mode retry-one", () => {
         }
         expect(out.status, `retry-one run\n${where}\n${out.report}`).toBe("ok");
         expect(out.results, `retry-one results differ from the failure-free ones\n${where}\n${out.report}`).toEqual(ref.results);
+        // Every restarted rank that finished told the launcher once that it caught up.
+        const reports = out.caughtUp.map((c) => `${c.rank}.${c.attempt}`);
+        expect(new Set(reports).size, `duplicate caught-up reports ${reports.join(" ")}\n${out.report}`).toBe(reports.length);
+        out.attempts.forEach((a, r) => {
+          if (a > 0) expect(reports, `rank ${r} attempt ${a} finished without reporting that it caught up\n${out.report}`).toContain(`${r}.${a}`);
+        });
+        caughtUp += out.caughtUp.length;
         restarts += out.restarts;
       } catch (err) {
         throw new Error(`${(err as Error).message}\nsimulation failed, reproduce with SEED=${seed}`, { cause: err });
@@ -38,6 +46,7 @@ describe("simulation, mode retry-one", () => {
     }
     if (seeds.length >= 100) {
       expect(restarts, "the swarm should exercise restarts").toBeGreaterThan(0);
+      expect(caughtUp, "restarted ranks should report catching up").toBeGreaterThan(0);
       expect(beyond, "failures beyond the replicas' coverage should be rare").toBeLessThan(seeds.length / 20);
     }
   }, 600_000);

@@ -87,9 +87,12 @@ export class RetryOneDriver implements RetryOneHook {
   private readonly failureTimeoutMs: number;
   /** Wire executions below this were abandoned. */
   private abandonedBelow = 0;
+  /** A restarted rank: collectives answered from buffers so far; undefined once it caught up. */
+  private replaying: number | undefined;
 
   constructor(private readonly access: RetryWorldAccess, private readonly host: Host, private readonly opts: RetryOneDriverOptions = {}) {
     this.failureTimeoutMs = opts.failureTimeoutMs ?? 60_000;
+    this.replaying = access.attempt > 0 ? 0 : undefined;
   }
 
   beforeStart(table: Extract<CoordinatorToRank, { t: "table" }>): void {
@@ -180,6 +183,9 @@ export class RetryOneDriver implements RetryOneHook {
   }
 
   finalize(): void {
+    // A restarted rank whose every collective, up to finalize()'s barrier, was answered from
+    // the others' buffers (they had finalized already) caught up here.
+    this.reportCaughtUp();
     this.input({ kind: "finalize" });
   }
 
@@ -222,6 +228,8 @@ export class RetryOneDriver implements RetryOneHook {
         this.access.sendProtocol(e.to, TAG[e.frame.t], e.frame);
         return;
       case "execute": {
+        // The first collective a restarted rank runs on the wire: it has caught up.
+        this.reportCaughtUp();
         const c = this.call;
         this.call = undefined;
         c?.resolve({ run: { wireSeq: e.wireSeq, viewId: e.viewId, purgeBelow: e.purgeBelow } });
@@ -235,6 +243,7 @@ export class RetryOneDriver implements RetryOneHook {
         return;
       case "complete": {
         if (!e.replayed) return; // World has the result of its own run already
+        if (this.replaying !== undefined) this.replaying++;
         const c = this.call;
         this.call = undefined;
         c?.resolve({ result: asBuffer(e.result) });
@@ -253,10 +262,20 @@ export class RetryOneDriver implements RetryOneHook {
         d?.resolve();
         return;
       }
+      case "recycle":
+        for (const r of e.results) if (Buffer.isBuffer(r)) this.access.recycle(r);
+        return;
       case "fail":
         this.fail(e.code, e.message);
         return;
     }
+  }
+
+  private reportCaughtUp(): void {
+    if (this.replaying === undefined || this.failure !== undefined) return;
+    const p = this.progress;
+    this.access.caughtUp({ version: p.version, seqno: p.seqno, replayed: this.replaying });
+    this.replaying = undefined;
   }
 
   private fail(code: LifelineErrorCode, message: string): void {

@@ -459,7 +459,8 @@ export class RetryOneRank {
     this.committed = version;
     this.version = version;
     this.seqno = 0;
-    this.buffer.reset(version);
+    const dropped = this.buffer.reset(version);
+    if (dropped.length > 0) this.out.push({ kind: "recycle", results: dropped });
     this.own = this.ownPending;
     this.ownPending = null;
     const held = new Map<number, HeldReplica>();

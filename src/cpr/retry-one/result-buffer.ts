@@ -27,6 +27,8 @@ export class ResultBuffer {
   private versionNow = 0;
   private readonly entries: ResultEntry[] = [];
   private bytesNow = 0;
+  /** Seqnos from here on were handed out in a transfer (other code may still hold them). */
+  private lentFrom = Infinity;
 
   constructor(private readonly limits: { readonly entriesMax: number; readonly bytesMax: number }) {}
 
@@ -44,11 +46,17 @@ export class ResultBuffer {
     return this.bytesNow;
   }
 
-  /** A checkpoint committed: results of older versions are never needed again. */
-  reset(version: number): void {
+  /**
+   * A checkpoint committed: results of older versions are never needed again. Returns the
+   * dropped results that were never handed out by {@link from} (their memory may be reused).
+   */
+  reset(version: number): unknown[] {
+    const unlent = this.entries.slice(0, Math.min(this.lentFrom, this.entries.length)).map((e) => e.result);
     this.versionNow = version;
     this.entries.length = 0;
     this.bytesNow = 0;
+    this.lentFrom = Infinity;
+    return unlent;
   }
 
   /**
@@ -76,16 +84,18 @@ export class ResultBuffer {
     this.bytesNow += e.bytes;
   }
 
-  /** The held result of (version, seqno), identity-checked; undefined when not held. */
+  /** The held result of (version, seqno), identity-checked (and handed out); undefined when not held. */
   take(version: number, seqno: number, ident: CollIdentity): ResultEntry | undefined {
     if (version !== this.versionNow || seqno >= this.entries.length) return undefined;
     const e = this.entries[seqno]!;
     this.check(e, version, seqno, ident);
+    this.lentFrom = Math.min(this.lentFrom, seqno); // served to the program: handed out
     return e;
   }
 
-  /** Entries from `fromSeqno` on (for a transfer). */
+  /** Entries from `fromSeqno` on, for a transfer: they are handed out (never listed by {@link reset}). */
   from(fromSeqno: number): ResultEntry[] {
+    this.lentFrom = Math.min(this.lentFrom, fromSeqno);
     return this.entries.slice(fromSeqno);
   }
 

@@ -190,6 +190,12 @@ export type RankEffect =
   | { readonly kind: "restored"; readonly value: RestoredValue }
   /** checkpoint() returns: `version` is committed (every rank's state is at its replicas). */
   | { readonly kind: "checkpointed"; readonly version: number }
+  /**
+   * Results of an older version that the machine dropped and never handed out (never sent in
+   * a transfer, never served to the program): nothing refers to them any more, so their
+   * memory may be reused for later results. Results that were handed out are not listed.
+   */
+  | { readonly kind: "recycle"; readonly results: readonly unknown[] }
   /** Fail the pending call and every later one with this error; the job cannot go on. */
   | { readonly kind: "fail"; readonly code: LifelineErrorCode; readonly message: string };
 
