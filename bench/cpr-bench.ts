@@ -11,14 +11,10 @@
  * - **store**: one rank's 64 MiB part through the store vs `fs.writeFile` + fsync — this is
  *   bench/store-bench.ts's `runStoreBench`, run from here (not re-implemented).
  *   Target: <= 1.25x.
- * - **recovery**: bench/programs/cpr-recovery.ts, 4 ranks × 64 MiB state, a line every 10
- *   steps, rank 1 SIGKILLed at its 40th checkpoint() (`--inject 1@step:40`); from the
- *   launcher's --json events and the ranks' wall-clock marks: detect (the fault's wall time →
- *   the launcher sees the exit), restart (→ every rank is up again: survivors stopped, back-off,
- *   spawn, rendezvous), load (→ every rank's restore() returned: part read, verified,
- *   decoded), replay (→ every rank is past the failure point again). Rank marks are put on
- *   the launcher's clock with the smallest (arrival − wall) offset seen over the run's marked
- *   lines (the fault line is written unbuffered just before the kill).
+ * - **recovery**: bench/programs/recovery.ts, 4 ranks × 64 MiB local state, a line every 10
+ *   steps, rank 1 SIGKILLed at its 40th checkpoint() (`--inject 1@step:40`), in parts
+ *   (detect, restart, load, catch up; see bench/lib/recovery.ts, which `npm run bench -- --only
+ *   recovery` also uses to put retry-one next to cpr).
  *
  * Prints a table; writes JSON to bench/results/cpr-<timestamp>.json (or --out).
  * Usage: node --import tsx bench/cpr-bench.ts [--only pingpong,heat,store,recovery] [--quick]
@@ -33,7 +29,8 @@ import { parseArgs } from "node:util";
 import { CtrlServer } from "./lib/ctrl.ts";
 import { LifelineJob, type JobEnv } from "./lib/jobs.ts";
 import { cpuPerOpSeconds, perOpSeconds } from "./lib/plan.ts";
-import { installCleanup, killAllSync, spawnChild } from "./lib/procs.ts";
+import { installCleanup, killAllSync } from "./lib/procs.ts";
+import { launchJson, recoveryRun, renderRecoveryTable, type RecoveryParts } from "./lib/recovery.ts";
 import { median, quantile } from "./lib/stats.ts";
 import { renderStoreTable, runStoreBench, type StoreBenchResult } from "./store-bench.ts";
 
@@ -107,49 +104,13 @@ async function benchPingpong(tmpDir: string, o: { reps: number; iters: number })
 
 // ---- launcher runs with --json events ---------------------------------------------------------
 
-interface Ev {
-  readonly event: string;
-  readonly t: number;
-  readonly [k: string]: unknown;
-}
-
-/**
- * Runs the launcher with --json under bash, whose `times` then reports the CPU time of the
- * launcher and every process it waited for (the ranks): user + system seconds of the job.
- */
-async function launch(name: string, argv: readonly string[], timeoutMs: number): Promise<{ code: number | null; events: Ev[]; spawnToExitMs: number; cpuS: number | undefined; tail: string }> {
-  const t0 = performance.now();
-  const quoted = [process.execPath, path.join(ROOT, "dist", "cli.js"), "run", "--json", ...argv].map((a) => `'${a.replaceAll("'", "'\\''")}'`).join(" ");
-  const child = spawnChild(name, "bash", ["-c", `${quoted}; rc=$?; times >&2; exit $rc`], { cwd: ROOT });
-  const events: Ev[] = [];
-  let cpuS: number | undefined;
-  let partial = "";
-  child.proc.stderr!.setEncoding("utf8").on("data", (chunk: string) => {
-    const lines = (partial + chunk).split("\n");
-    partial = lines.pop() ?? "";
-    for (const line of lines) {
-      // `times`: the shell's own line, then its children's "<m>m<s>s <m>m<s>s" (user, system).
-      const t = /^(\d+)m([\d.]+)s (\d+)m([\d.]+)s$/.exec(line);
-      if (t !== null) cpuS = Number(t[1]) * 60 + Number(t[2]) + Number(t[3]) * 60 + Number(t[4]);
-      if (!line.startsWith("{")) continue;
-      try {
-        events.push(JSON.parse(line) as Ev);
-      } catch {
-        continue; // a rank's own line that happens to start with "{"
-      }
-    }
-  });
-  const status = await child.waitOrKill(timeoutMs);
-  return { code: status.code, events, spawnToExitMs: performance.now() - t0, cpuS, tail: child.tail() };
-}
-
 // ---- (b) heat, checkpoint every 1 s vs none ---------------------------------------------------
 
 async function benchHeat(tmpDir: string, o: { runs: number; iters: number }): Promise<{ rows: Row[]; data: Record<string, unknown> }> {
   const args = ["examples/heat.ts", "--rows", "512", "--cols", "512", "--iters", String(o.iters), "--tol", "0"];
   const one = async (mode: "none" | "cpr", k: number): Promise<{ wallMs: number; computeMs: number; cpuS: number; lines: number }> => {
     const flags = mode === "none" ? ["--mode", "none"] : ["--mode", "cpr", "--checkpoint-every", "1s"];
-    const r = await launch(`heat-${mode}-${k}`, ["-n", "4", "--store", path.join(tmpDir, `heat-${mode}-${k}`), ...flags, ...args], 300_000);
+    const r = await launchJson(ROOT, `heat-${mode}-${k}`, ["-n", "4", "--store", path.join(tmpDir, `heat-${mode}-${k}`), ...flags, ...args], 300_000);
     const fin = r.events.find((e) => e.event === "job-finished");
     const started = r.events.find((e) => e.event === "job-started");
     if (r.code !== 0 || fin === undefined || started === undefined) throw new Error(`heat ${mode}: exit ${r.code}\n${r.tail}`);
@@ -176,59 +137,6 @@ async function benchHeat(tmpDir: string, o: { runs: number; iters: number }): Pr
       ratioRow("  same, CPU time of launcher + ranks (user + system; steadier on a loaded machine)", "s", med(c, (x) => x.cpuS), med(n, (x) => x.cpuS), 1.05),
     ],
     data: { iters: o.iters, runs: o.runs, none: n, cpr: c },
-  };
-}
-
-// ---- (d) recovery with 4 ranks x 64 MiB ------------------------------------------------------
-
-interface RecoveryParts {
-  detectMs: number;
-  restartMs: number;
-  loadMs: number;
-  replayMs: number;
-  totalMs: number;
-  rolledBackToEpoch: number;
-  restoredStep: number;
-  failStep: number;
-}
-
-async function recoveryOnce(tmpDir: string, k: number, o: { mib: number; steps: number; failStep: number }): Promise<RecoveryParts> {
-  const r = await launch(`recovery-${k}`, [
-    "-n", "4", "--mode", "cpr", "--checkpoint-every", "10steps", "--inject", `1@step:${o.failStep}`, "--store", path.join(tmpDir, `recovery-${k}`),
-    "bench/programs/cpr-recovery.ts", "--mib", String(o.mib), "--steps", String(o.steps), "--fail-step", String(o.failStep),
-  ], 300_000);
-  if (r.code !== 0) throw new Error(`recovery run: exit ${r.code}\n${r.tail}`);
-  const out = r.events.filter((e) => e.event === "output").map((e) => ({ t: e.t, rank: e.rank as number, line: e.line as string }));
-  const fault = out.map((l) => ({ l, m: /injected fault: killing this rank .* at ([\d.]+)$/.exec(l.line) })).find((x) => x.m !== null);
-  if (fault === undefined) throw new Error("recovery run: no fault line");
-  const marks = out.map((l) => ({ ...l, m: /^cpr-bench: (start|restored|past) ([\d.]+)/.exec(l.line) })).filter((x) => x.m !== null);
-  // Launcher clock = wall + offset; every line arrives after it was written, so the smallest
-  // (arrival − wall) is the best estimate of the offset.
-  const timed = [{ t: fault.l.t, wall: Number(fault.m![1]) }, ...marks.map((x) => ({ t: x.t, wall: Number(x.m![2]) }))];
-  const offset = Math.min(...timed.map((x) => x.t - x.wall));
-  const killAt = Number(fault.m![1]) + offset;
-  const victim = fault.l.rank;
-  const exited = r.events.find((e) => e.event === "rank-exited" && e.rank === victim && e.t >= fault.l.t - 1);
-  const restarting = r.events.find((e) => e.event === "job-restarting");
-  const started = r.events.filter((e) => e.event === "job-started")[1];
-  if (exited === undefined || restarting === undefined || started === undefined) throw new Error("recovery run: missing launcher events");
-  const lastOf = (kind: string): number => {
-    const ts = marks.filter((x) => x.m![1] === kind).map((x) => Number(x.m![2]) + offset);
-    if (ts.length !== 4) throw new Error(`recovery run: ${ts.length} '${kind}' marks, expected 4`);
-    return Math.max(...ts);
-  };
-  const restored = lastOf("restored");
-  const past = lastOf("past");
-  const restoredStep = Number(/step (\d+)/.exec(marks.find((x) => x.m![1] === "restored")!.line)![1]);
-  return {
-    detectMs: exited.t - killAt,
-    restartMs: started.t - exited.t,
-    loadMs: restored - started.t,
-    replayMs: past - restored,
-    totalMs: past - killAt,
-    rolledBackToEpoch: restarting.epoch as number,
-    restoredStep,
-    failStep: o.failStep,
   };
 }
 
@@ -264,6 +172,7 @@ async function main(): Promise<void> {
   const data: Record<string, unknown> = {};
   let storeResult: StoreBenchResult | undefined;
   const recovery: RecoveryParts[] = [];
+  let recoveryMib = 0;
   try {
     if (only.has("pingpong")) {
       progress("pingpong: cpr (nothing due) vs none, 2 ranks, alternating blocks");
@@ -286,9 +195,13 @@ async function main(): Promise<void> {
     if (only.has("recovery")) {
       const runs = int(values["recovery-runs"], quick ? 1 : 3);
       const o = quick ? { mib: 8, steps: 30, failStep: 20 } : { mib: 64, steps: 60, failStep: 40 };
+      recoveryMib = o.mib;
       for (let k = 0; k < runs; k++) {
         progress(`recovery: run ${k + 1}/${runs} (4 ranks x ${o.mib} MiB, kill at step ${o.failStep})`);
-        recovery.push(await recoveryOnce(tmpDir, k, o));
+        recovery.push(await recoveryRun({
+          root: ROOT, dir: tmpDir, name: `recovery-${k}`, mode: "cpr", np: 4, globalMib: 0, localMib: o.mib,
+          steps: o.steps, failStep: o.failStep, stepMs: 20, checkpointEvery: "10steps",
+        }));
       }
       data.recovery = { ...o, ranks: 4, runs: recovery };
     }
@@ -306,16 +219,7 @@ async function main(): Promise<void> {
     ...rows.map((r) => `| ${r.name} | ${r.value} | ${r.baseline} | ${f(r.ratio)} | ${r.target} | ${r.met === null ? "" : r.met ? "yes" : "NO"} |`),
   ];
   if (recovery.length > 0) {
-    const m = (k: keyof RecoveryParts): string => (median(recovery.map((x) => x[k])) / 1000).toFixed(2);
-    const d = data.recovery as { mib: number };
-    table.push(
-      "",
-      `### Recovery, 4 ranks x ${d.mib} MiB state, rank 1 killed (median of ${recovery.length}; seconds)`,
-      "",
-      "| detect | restart (stop, back-off, spawn, rendezvous) | load (read + verify + restore) | replay (back past the failure point) | total | rolled back to |",
-      "| ---: | ---: | ---: | ---: | ---: | --- |",
-      `| ${m("detectMs")} | ${m("restartMs")} | ${m("loadMs")} | ${m("replayMs")} | ${m("totalMs")} | ${recovery.map((r) => `epoch ${r.rolledBackToEpoch} (step ${r.restoredStep} of failure step ${r.failStep})`).join("; ")} |`,
-    );
+    table.push("", renderRecoveryTable(recovery, `### Recovery, 4 ranks x ${recoveryMib} MiB state, rank 1 killed (median of ${recovery.length}; seconds)`).trimEnd());
   }
   const text = table.join("\n") + "\n" + (storeResult === undefined ? "" : `\n${renderStoreTable(storeResult)}`);
   process.stdout.write(`\n${text}`);

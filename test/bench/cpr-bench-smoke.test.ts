@@ -20,7 +20,7 @@ const tmp = mkdtempSync(path.join(os.tmpdir(), "lfcprbench-smoke-"));
 afterAll(() => rmSync(tmp, { recursive: true, force: true }));
 const built = existsSync(path.join(ROOT, "dist", "cli.js"));
 
-interface Parts { detectMs: number; restartMs: number; loadMs: number; replayMs: number; totalMs: number; rolledBackToEpoch: number; restoredStep: number; failStep: number }
+interface Parts { mode: string; detectMs: number; restartMs: number; loadMs: number; catchUpMs: number; totalMs: number; restarted: number; restoredStep: number; failStep: number }
 
 describe("bench/cpr-bench.ts --quick", () => {
   it.skipIf(!built)("measures the store write and a recovery in parts, prints the tables, writes the JSON", async () => {
@@ -38,10 +38,12 @@ describe("bench/cpr-bench.ts --quick", () => {
     expect(doc.rows[0]!.ratio).toBeGreaterThan(0);
     expect(doc.recovery.ranks).toBe(4);
     const [p] = doc.recovery.runs;
-    for (const k of ["detectMs", "restartMs", "loadMs", "replayMs", "totalMs"] as const) {
+    expect(p!.mode).toBe("cpr");
+    expect(p!.restarted).toBe(4);
+    for (const k of ["detectMs", "restartMs", "loadMs", "catchUpMs", "totalMs"] as const) {
       expect(Number.isFinite(p![k]) && p![k] >= 0, `${k} = ${p![k]}`).toBe(true);
     }
-    expect(p!.detectMs + p!.restartMs + p!.loadMs + p!.replayMs).toBeCloseTo(p!.totalMs, 0);
+    expect(p!.detectMs + p!.restartMs + p!.loadMs + p!.catchUpMs).toBeCloseTo(p!.totalMs, 0);
     expect(p!.restoredStep).toBeLessThan(p!.failStep);
   }, 150_000);
 });
