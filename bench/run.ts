@@ -1,13 +1,17 @@
 /**
  * `npm run bench`: Lifeline's message layer next to raw zeromq.js, measured in the same run,
- * with the same sizes and process layout, timed in alternation.
+ * with the same sizes and process layout, timed in alternation; and (benchmark `retry-one`)
+ * allreduce in a Lifeline job under `--mode retry-one` next to one under `--mode none`, the
+ * same way.
  *
- * For each group of cases with one rank count, the harness starts a Lifeline job (the real
- * launcher running bench/programs/mpi-bench.ts) and the raw baseline processes
- * (bench/programs/raw-*.ts), keeps them all running, and drives them over a control channel
- * (bench/lib/ctrl.ts). For each case: calibrate each variant to ~`--target-ms` per timed block,
- * one warm-up block each, then `--reps` timed blocks alternating L R, R L, ...; every block
- * starts with a barrier inside the job. The figure is the median over the blocks.
+ * Every case compares a subject job with a baseline job (bench/lib/plan.ts, `jobsOf`). For
+ * each group of cases with one rank count, the harness starts the jobs they need — Lifeline
+ * jobs (the real launcher running bench/programs/mpi-bench.ts, one per recovery mode needed)
+ * and raw baseline processes (bench/programs/raw-*.ts) — keeps them all running, and drives
+ * them over a control channel (bench/lib/ctrl.ts). For each case: calibrate each variant to
+ * ~`--target-ms` per timed block, one warm-up block each, then `--reps` timed blocks
+ * alternating S B, B S, ...; every block starts with a barrier inside the job. The figure is
+ * the median over the blocks.
  *
  * Usage: see `--help` and bench/README.md.
  */
@@ -20,11 +24,12 @@ import { parseArgs } from "node:util";
 import { CtrlServer } from "./lib/ctrl.ts";
 import { LifelineJob, RawJob, type Job, type JobEnv } from "./lib/jobs.ts";
 import {
-  BENCH_NAMES, FULL_SIZES, QUICK_SIZES, buildCases, caseKey, cpuPerOpSeconds, display, peerFigure, peerPerOpSeconds, perOpSeconds,
-  ratioOf, rawProgramFor, targetFor, unitOf, type BenchName, type Case, type PeersFile, type Sizes,
+  BENCHMARKS, FULL_SIZES, QUICK_SIZES, buildCases, caseKey, cpuPerOpSeconds, describeKind, display, jobsOf, lifelineModeOf, opOf,
+  peerFigure, peerPerOpSeconds, perOpSeconds, ratioOf, targetFor, unitOf,
+  type Benchmark, type Case, type JobKind, type LifelineMode, type PeersFile, type Sizes,
 } from "./lib/plan.ts";
 import { installCleanup, killAllSync } from "./lib/procs.ts";
-import { renderTables, type CaseResult, type VariantResult } from "./lib/report.ts";
+import { columnsOf, renderTables, type CaseResult, type VariantResult } from "./lib/report.ts";
 import { calibrate, fmt, fmtRatio, median, quantile, spread } from "./lib/stats.ts";
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
@@ -33,16 +38,21 @@ const HELP = `Usage: npm run bench -- [options]
        node --import tsx bench/run.ts [options]      (after npm run build)
 
   --quick               tiny sizes, 3 reps, 5 ms per timing (< 60 s; the smoke test uses it)
-  --only <names>        comma list of: ${BENCH_NAMES.join(", ")}
+  --only <names>        comma list of: ${BENCHMARKS.join(", ")}
+                        (retry-one: allreduce under --mode retry-one vs --mode none, np 4)
   --transport <t>       ipc (default; endpoints in a temp dir) or tcp (127.0.0.1, port 0)
   --mode <m>            the Lifeline job's recovery mode: none (default), cpr or retry-one
-                        (retry-one allows collectives only: use --only allreduce,bcast,barrier)
+                        (retry-one allows collectives only: use --only allreduce,bcast,barrier);
+                        not used by the retry-one benchmark, which always runs both modes
   --reps <n>            timed repetitions per case and variant (default 15; quick 3)
   --target-ms <ms>      calibrate each timed block to about this long (default 50; quick 5)
-  --variant <v>         both (default), lifeline or raw
+  --variant <v>         both (default); lifeline: the subject only (the Lifeline job; for
+                        retry-one the retry-one job); raw: the raw zeromq.js baselines only
+                        (no build needed; skips bcast, barrier and retry-one)
   --payload <p>         f64 (default; Float64Array) or u8 (Uint8Array) for ping-pong/stream
   --sizes <list>        override the payload sizes in bytes of the selected benchmarks (e.g. 8,1048576)
-  --np <list>           override the rank counts of the collectives (default 2,4)
+  --np <list>           override the rank counts of the collectives (default 2,4) and of
+                        retry-one (default 4)
   --cpu-prof <dir>      write a V8 CPU profile of every measuring process to <dir>
                         (summarize with: node --import tsx bench/tools/cpuprofile-top.ts <dir>/*.cpuprofile)
   --out <file>          JSON output (default bench/results/<timestamp>.json)
@@ -53,8 +63,8 @@ const HELP = `Usage: npm run bench -- [options]
 
 interface Options {
   quick: boolean;
-  mode: "none" | "cpr" | "retry-one";
-  only: Set<BenchName>;
+  mode: LifelineMode;
+  only: Set<Benchmark>;
   transport: "ipc" | "tcp";
   reps: number;
   targetMs: number;
@@ -105,10 +115,10 @@ function parseOptions(argv: string[]): Options {
     process.stdout.write(HELP);
     process.exit(0);
   }
-  const only = new Set<BenchName>();
-  for (const name of (v.only ?? BENCH_NAMES.join(",")).split(",").map((s) => s.trim()).filter(Boolean)) {
-    if (!BENCH_NAMES.includes(name as BenchName)) usage(`--only ${name}: expected one of ${BENCH_NAMES.join(", ")}`);
-    only.add(name as BenchName);
+  const only = new Set<Benchmark>();
+  for (const name of (v.only ?? BENCHMARKS.join(",")).split(",").map((s) => s.trim()).filter(Boolean)) {
+    if (!BENCHMARKS.includes(name as Benchmark)) usage(`--only ${name}: expected one of ${BENCHMARKS.join(", ")}`);
+    only.add(name as Benchmark);
   }
   if (v.transport !== "ipc" && v.transport !== "tcp") usage(`--transport ${v.transport}: expected ipc or tcp`);
   if (v.mode !== "none" && v.mode !== "cpr" && v.mode !== "retry-one") usage(`--mode ${v.mode}: expected none, cpr or retry-one`);
@@ -174,41 +184,65 @@ function sessionsOf(cases: readonly Case[]): Session[] {
   return [...byNp.entries()].sort((a, b) => a[0] - b[0]).map(([np, list]) => ({ np, cases: list }));
 }
 
-/** Jobs of one session, started on first use and restarted (a bounded number of times) after a failure. */
+/** Which variant of a case a job measures: the numerator or the denominator of the ratio. */
+type Role = "subject" | "baseline";
+const ROLES: readonly Role[] = ["subject", "baseline"];
+
+/**
+ * The jobs a case uses under `--variant`: both; `lifeline`, the subject only; `raw`, the
+ * baseline only, and only where it is a raw zeromq.js program (so that `--variant raw` needs
+ * no build: bcast and barrier, which have no baseline, and retry-one, whose baseline is a
+ * Lifeline job, measure nothing).
+ */
+function jobsFor(c: Case, opts: Options): Partial<Record<Role, JobKind>> {
+  const { subject, baseline } = jobsOf(c.bench, opts.mode);
+  const out: Partial<Record<Role, JobKind>> = {};
+  if (opts.variant !== "raw") out.subject = subject;
+  if (opts.variant !== "lifeline" && baseline !== undefined && (opts.variant !== "raw" || lifelineModeOf(baseline) === undefined)) out.baseline = baseline;
+  return out;
+}
+
+/**
+ * Jobs of one session, keyed by kind, started on first use and restarted (a bounded number
+ * of times) after a failure. Lifeline jobs of different modes (e.g. `lifeline4` and
+ * `lifeline4-retry-one`) are different kinds and run side by side.
+ */
 class JobPool {
-  private readonly jobs = new Map<string, Job>();
-  private readonly starts = new Map<string, number>();
+  private readonly jobs = new Map<JobKind, Job>();
+  private readonly starts = new Map<JobKind, number>();
   readonly summaries: Record<string, unknown>[] = [];
   private static readonly STARTS_MAX = 2;
 
   constructor(private readonly np: number, private readonly env: JobEnv) {}
 
-  async get(kind: "lifeline" | "raw-pingpong" | "raw-pushpull"): Promise<Job> {
+  async get(kind: JobKind): Promise<Job> {
     const have = this.jobs.get(kind);
     if (have !== undefined && have.broken === undefined) return have;
     if (have !== undefined) await this.retire(kind, have);
     const n = this.starts.get(kind) ?? 0;
-    if (n >= JobPool.STARTS_MAX) throw new Error(`${kind} np ${this.np} failed ${n} times; not starting it again`);
+    if (n >= JobPool.STARTS_MAX) throw new Error(`${describeKind(kind)} np ${this.np} failed ${n} times; not starting it again`);
     this.starts.set(kind, n + 1);
-    const job = kind === "lifeline" ? new LifelineJob(this.np, this.env, n) : new RawJob(kind, this.np, this.env, n);
-    progress(`  starting ${job.name} (${this.np} processes${kind === "lifeline" ? " via `lifeline run`" : ""})`);
+    const job = kind === "raw-pingpong" || kind === "raw-pushpull"
+      ? new RawJob(kind, this.np, this.env, n)
+      : new LifelineJob(this.np, this.env, n, lifelineModeOf(kind));
+    progress(`  starting ${job.name} (${this.np} processes${job instanceof LifelineJob ? ` via \`lifeline run --mode ${job.mode}\`` : ""})`);
     const t0 = performance.now();
     this.jobs.set(kind, job);
     await job.start();
     if (job instanceof LifelineJob) {
       const reported = new Set(job.hellos.map((h) => (h.t === "hello" ? h.transport ?? "(unset)" : "")));
       if (!reported.has(this.env.transport)) {
-        progress(`  WARNING: Lifeline ranks report LIFELINE_TRANSPORT=${[...reported].join(",")}, the raw baseline uses ${this.env.transport}`);
+        progress(`  WARNING: ${job.name} ranks report LIFELINE_TRANSPORT=${[...reported].join(",")}, the raw baselines use ${this.env.transport}`);
       }
     }
     progress(`  ${job.name} up in ${((performance.now() - t0) / 1000).toFixed(1)} s`);
     return job;
   }
 
-  private async retire(kind: string, job: Job): Promise<void> {
+  private async retire(kind: JobKind, job: Job): Promise<void> {
     this.jobs.delete(kind);
     const summary = await job.stop().catch((err: Error) => ({ stopError: err.message }));
-    this.summaries.push({ job: job.name, np: this.np, broken: job.broken?.message.split("\n")[0] ?? null, ...summary });
+    this.summaries.push({ job: job.name, kind, np: this.np, broken: job.broken?.message.split("\n")[0] ?? null, ...summary });
   }
 
   async closeAll(): Promise<void> {
@@ -218,19 +252,15 @@ class JobPool {
 
 /**
  * Starts every job of a session, then runs each case's code once or a few times in every job
- * before anything is timed: freshly started processes are still compiling (tsx, JIT) and
- * settling, which would otherwise tilt the session's first cases against whichever variant
- * is measured first. Failures here are left for the cases to report.
+ * it uses before anything is timed: freshly started processes are still compiling (tsx, JIT)
+ * and settling, which would otherwise tilt the session's first cases against whichever
+ * variant is measured first. Failures here are left for the cases to report.
  */
 async function warmUpSession(session: Session, pool: JobPool, opts: Options): Promise<void> {
   const t0 = performance.now();
-  const kinds = new Set<"lifeline" | "raw-pingpong" | "raw-pushpull">();
-  for (const c of session.cases) {
-    if (opts.variant !== "raw") kinds.add("lifeline");
-    const raw = rawProgramFor(c.bench);
-    if (opts.variant !== "lifeline" && raw !== undefined) kinds.add(raw);
-  }
-  const jobs = new Map<string, Job>();
+  const kinds = new Set<JobKind>();
+  for (const c of session.cases) for (const k of Object.values(jobsFor(c, opts))) kinds.add(k);
+  const jobs = new Map<JobKind, Job>();
   for (const k of kinds) {
     try {
       jobs.set(k, await pool.get(k));
@@ -240,11 +270,12 @@ async function warmUpSession(session: Session, pool: JobPool, opts: Options): Pr
   }
   await new Promise((resolve) => setTimeout(resolve, 500));
   for (const c of session.cases) {
+    const uses = new Set(Object.values(jobsFor(c, opts)));
     for (const [k, job] of jobs) {
-      if (k !== "lifeline" && rawProgramFor(c.bench) !== k) continue;
+      if (!uses.has(k)) continue;
       const iters = c.bytes >= 16 * 1024 * 1024 ? 1 : c.bytes >= 1024 * 1024 ? 3 : 20;
       try {
-        await job.run(c.bench, c.bytes, iters);
+        await job.run(opOf(c.bench), c.bytes, iters);
       } catch {
         // the job is now marked broken; the case will restart it and report
       }
@@ -262,103 +293,106 @@ interface Measured {
 }
 
 async function measure(job: Job, c: Case, iters: number): Promise<Measured> {
-  const { seconds, cpuS, loopS, minorFaults } = await job.run(c.bench, c.bytes, iters);
+  const op = opOf(c.bench);
+  const { seconds, cpuS, loopS, minorFaults } = await job.run(op, c.bytes, iters);
   return {
     wallS: Math.max(...seconds),
-    perOpS: perOpSeconds(c.bench, iters, seconds),
-    cpuPerOpS: cpuPerOpSeconds(c.bench, iters, cpuS),
-    loopPerOpS: cpuPerOpSeconds(c.bench, iters, loopS),
-    faultsPerOp: cpuPerOpSeconds(c.bench, iters, minorFaults),
+    perOpS: perOpSeconds(op, iters, seconds),
+    cpuPerOpS: cpuPerOpSeconds(op, iters, cpuS),
+    loopPerOpS: cpuPerOpSeconds(op, iters, loopS),
+    faultsPerOp: cpuPerOpSeconds(op, iters, minorFaults),
   };
 }
 
 async function runCase(c: Case, pool: JobPool, opts: Options, peers: PeersFile): Promise<CaseResult> {
   const errors: string[] = [];
-  const kinds: ("lifeline" | "raw")[] = [];
-  if (opts.variant !== "raw") kinds.push("lifeline");
-  const rawProgram = rawProgramFor(c.bench);
-  if (opts.variant !== "lifeline" && rawProgram !== undefined) kinds.push("raw");
+  const kinds = jobsFor(c, opts);
+  const what = (role: Role): string => `${role} (${describeKind(kinds[role]!)})`;
 
-  const jobs = new Map<"lifeline" | "raw", Job>();
-  for (const k of kinds) {
+  const jobs = new Map<Role, Job>();
+  for (const role of ROLES) {
+    const kind = kinds[role];
+    if (kind === undefined) continue;
     try {
-      jobs.set(k, await pool.get(k === "lifeline" ? "lifeline" : rawProgram!));
+      jobs.set(role, await pool.get(kind));
     } catch (err) {
-      errors.push(`${k}: ${(err as Error).message}`);
+      errors.push(`${what(role)}: ${(err as Error).message}`);
     }
   }
 
   const targetS = opts.targetMs / 1000;
-  const state = new Map<"lifeline" | "raw", { iters: number; calibration: [number, number][]; warmupPerOpS: number; perOpS: number[]; cpuPerOpS: number[]; loopPerOpS: number[]; faultsPerOp: number[] }>();
-  const drop = (k: "lifeline" | "raw", err: unknown): void => {
-    errors.push(`${k}: ${(err as Error).message}`);
-    progress(`    ${k} FAILED: ${(err as Error).message.split("\n")[0]}`);
-    jobs.delete(k);
-    state.delete(k);
+  const state = new Map<Role, { iters: number; calibration: [number, number][]; warmupPerOpS: number; perOpS: number[]; cpuPerOpS: number[]; loopPerOpS: number[]; faultsPerOp: number[] }>();
+  const drop = (role: Role, err: unknown): void => {
+    errors.push(`${what(role)}: ${(err as Error).message}`);
+    progress(`    ${what(role)} FAILED: ${(err as Error).message.split("\n")[0]}`);
+    jobs.delete(role);
+    state.delete(role);
   };
-  for (const [k, job] of jobs) {
+  for (const [role, job] of jobs) {
     try {
       const cal = await calibrate(async (iters) => (await measure(job, c, iters)).wallS, { targetS, itersMax: 100_000 });
       const warm = await measure(job, c, cal.iters);
-      state.set(k, { iters: cal.iters, calibration: cal.probes, warmupPerOpS: warm.perOpS, perOpS: [], cpuPerOpS: [], loopPerOpS: [], faultsPerOp: [] });
+      state.set(role, { iters: cal.iters, calibration: cal.probes, warmupPerOpS: warm.perOpS, perOpS: [], cpuPerOpS: [], loopPerOpS: [], faultsPerOp: [] });
     } catch (err) {
-      drop(k, err);
+      drop(role, err);
     }
   }
   for (let rep = 0; rep < opts.reps; rep++) {
     const order = [...jobs.keys()];
-    if (rep % 2 === 1) order.reverse(); // L R, R L, L R, ...
-    for (const k of order) {
-      const s = state.get(k);
+    if (rep % 2 === 1) order.reverse(); // S B, B S, S B, ...
+    for (const role of order) {
+      const s = state.get(role);
       if (s === undefined) continue;
       try {
-        const m = await measure(jobs.get(k)!, c, s.iters);
+        const m = await measure(jobs.get(role)!, c, s.iters);
         s.perOpS.push(m.perOpS);
         s.cpuPerOpS.push(m.cpuPerOpS);
         s.loopPerOpS.push(m.loopPerOpS);
         s.faultsPerOp.push(m.faultsPerOp);
       } catch (err) {
-        drop(k, err);
+        drop(role, err);
       }
     }
   }
 
-  const variant = (k: "lifeline" | "raw"): VariantResult | null => {
-    const s = state.get(k);
-    const job = jobs.get(k);
+  const variant = (role: Role): VariantResult | null => {
+    const s = state.get(role);
+    const job = jobs.get(role);
     if (s === undefined || job === undefined || s.perOpS.length === 0) return null;
     const med = median(s.perOpS);
     return {
-      job: job.name, iters: s.iters, calibration: s.calibration, warmupPerOpS: s.warmupPerOpS, perOpS: s.perOpS, medianPerOpS: med,
+      job: job.name, kind: kinds[role]!, iters: s.iters, calibration: s.calibration, warmupPerOpS: s.warmupPerOpS, perOpS: s.perOpS, medianPerOpS: med,
       value: display(c, med), spread: spread(s.perOpS), cpuPerOpS: s.cpuPerOpS, medianCpuUs: median(s.cpuPerOpS) * 1e6,
       medianLoopUs: median(s.loopPerOpS) * 1e6,
       medianMinorFaults: median(s.faultsPerOp),
     };
   };
-  const lifeline = variant("lifeline");
-  const raw = variant("raw");
+  const subject = variant("subject");
+  const baseline = variant("baseline");
   let ratio: number | null = null;
   let ratioQ1: number | null = null;
   let ratioQ3: number | null = null;
-  if (lifeline !== null && raw !== null) {
-    ratio = ratioOf(c, lifeline.medianPerOpS, raw.medianPerOpS);
-    const n = Math.min(lifeline.perOpS.length, raw.perOpS.length);
-    const paired = Array.from({ length: n }, (_, i) => ratioOf(c, lifeline.perOpS[i]!, raw.perOpS[i]!));
+  if (subject !== null && baseline !== null) {
+    ratio = ratioOf(c, subject.medianPerOpS, baseline.medianPerOpS);
+    const n = Math.min(subject.perOpS.length, baseline.perOpS.length);
+    const paired = Array.from({ length: n }, (_, i) => ratioOf(c, subject.perOpS[i]!, baseline.perOpS[i]!));
     ratioQ1 = quantile(paired, 0.25);
     ratioQ3 = quantile(paired, 0.75);
   }
   const mpiTcp = peerFigure(peers, c) ?? null;
-  const ratioMpiTcp = lifeline !== null && mpiTcp !== null ? ratioOf(c, lifeline.medianPerOpS, peerPerOpSeconds(c, mpiTcp)) : null;
+  const ratioMpiTcp = subject !== null && mpiTcp !== null ? ratioOf(c, subject.medianPerOpS, peerPerOpSeconds(c, mpiTcp)) : null;
   const t = targetFor(c);
   return {
     key: caseKey(c),
     bench: c.bench,
+    op: opOf(c.bench),
     np: c.np,
     bytes: c.bytes,
     label: c.label,
     unit: unitOf(c.bench),
-    lifeline,
-    raw,
+    kinds: { subject: kinds.subject ?? null, baseline: kinds.baseline ?? null },
+    subject,
+    baseline,
     ratio,
     ratioQ1,
     ratioQ3,
@@ -386,20 +420,26 @@ async function main(): Promise<void> {
   }, opts.timeoutS * 1000);
   watchdog.unref();
 
-  if (opts.variant !== "raw") {
-    const missing = LifelineJob.available(ROOT);
-    if (missing !== undefined) usage(`the Lifeline side needs the built package: ${missing}`);
-  }
   const peers = JSON.parse(readFileSync(path.join(ROOT, "bench", "peers.json"), "utf8")) as PeersFile;
-  // With --variant raw, benchmarks without a raw baseline have nothing to measure.
   const base = opts.quick ? QUICK_SIZES : FULL_SIZES;
   const s = opts.sizes;
   const sizes: Sizes = {
     pingpong: s ?? base.pingpong, stream: s ?? base.stream, allreduce: s ?? base.allreduce, bcast: s ?? base.bcast,
     collectiveNps: opts.nps ?? base.collectiveNps,
+    retryOne: s ?? base.retryOne, retryOneNps: opts.nps ?? base.retryOneNps,
   };
-  const cases = buildCases(sizes, opts.only)
-    .filter((c) => opts.variant !== "raw" || rawProgramFor(c.bench) !== undefined);
+  // Cases left without a job by --variant (e.g. bcast under --variant raw) have nothing to measure.
+  const selected = buildCases(sizes, opts.only);
+  const cases = selected.filter((c) => Object.keys(jobsFor(c, opts)).length > 0);
+  for (const b of opts.only) {
+    if (selected.some((c) => c.bench === b) && !cases.some((c) => c.bench === b)) {
+      progress(`bench: skipping ${b}: it has no job to measure under --variant ${opts.variant}`);
+    }
+  }
+  if (cases.some((c) => Object.values(jobsFor(c, opts)).some((k) => lifelineModeOf(k) !== undefined))) {
+    const missing = LifelineJob.available(ROOT);
+    if (missing !== undefined) usage(`the Lifeline jobs need the built package: ${missing}`);
+  }
   const sessions = sessionsOf(cases);
   progress(
     `bench: ${cases.length} cases, ${opts.reps} reps, ~${opts.targetMs} ms per timing, transport ${opts.transport}, variant ${opts.variant}` +
@@ -436,12 +476,14 @@ async function main(): Promise<void> {
           const r = await runCase(c, pool, opts, peers);
           results.push(r);
           const u = r.unit;
+          const col = columnsOf(c.bench);
           progress(
-            `    lifeline ${fmt(r.lifeline?.value)} ${u} (${r.lifeline?.iters ?? "-"} ops/timing)` +
-              `, raw ${fmt(r.raw?.value)} ${u} (${r.raw?.iters ?? "-"} ops/timing)` +
-              `, CPU/op ${fmt(r.lifeline?.medianCpuUs)} / ${fmt(r.raw?.medianCpuUs)} us` +
-              ` (main loop ${fmt(r.lifeline?.medianLoopUs)} / ${fmt(r.raw?.medianLoopUs)} us; page faults ${fmt(r.lifeline?.medianMinorFaults)} / ${fmt(r.raw?.medianMinorFaults)})` +
-              `, L/raw ${fmtRatio(r.ratio)}, L/MPI-TCP ${fmtRatio(r.ratioMpiTcp)}` +
+            `    ${col.subject} ${fmt(r.subject?.value)} ${u} (${r.subject?.iters ?? "-"} ops/timing)` +
+              `, ${col.baseline} ${fmt(r.baseline?.value)} ${u} (${r.baseline?.iters ?? "-"} ops/timing)` +
+              `, CPU/op ${fmt(r.subject?.medianCpuUs)} / ${fmt(r.baseline?.medianCpuUs)} us` +
+              ` (main loop ${fmt(r.subject?.medianLoopUs)} / ${fmt(r.baseline?.medianLoopUs)} us; page faults ${fmt(r.subject?.medianMinorFaults)} / ${fmt(r.baseline?.medianMinorFaults)})` +
+              `, ${col.subjectShort}/${col.baselineShort} ${fmtRatio(r.ratio)}` +
+              (col.peers ? `, ${col.subjectShort}/MPI-TCP ${fmtRatio(r.ratioMpiTcp)}` : "") +
               (r.target ? `, target ${r.target.text}: ${r.target.met === null ? "n/a" : r.target.met ? "met" : "NOT met"}` : "") +
               ` [${((performance.now() - t0) / 1000).toFixed(1)} s]`,
           );
@@ -460,7 +502,7 @@ async function main(): Promise<void> {
   const tables = renderTables(results, opts.transport);
   process.stdout.write(`\n${tables}\n`);
   const report = {
-    schema: "lifeline-bench/1",
+    schema: "lifeline-bench/2",
     startedAt: startedAt.toISOString(),
     finishedAt: finishedAt.toISOString(),
     durationS: (finishedAt.getTime() - startedAt.getTime()) / 1000,
@@ -478,9 +520,12 @@ async function main(): Promise<void> {
       cpu: "CPU seconds per op summed over the job's processes (process.cpuUsage, all threads)",
       minorFaults: "minor page faults per op summed over the job's processes (process.resourceUsage)",
       loop: "event-loop-active seconds per op summed over the job's processes (performance.eventLoopUtilization: main thread not waiting in epoll)",
-      timing: `calibrated to ~${opts.targetMs} ms per timed block, 1 warm-up block, ${opts.reps} timed blocks per variant, lifeline and raw alternating (L R, R L, ...), barrier before each block`,
+      variants: "each case compares a subject job with a baseline job (results[].kinds; each figure names its job and kind): " +
+        `pingpong, stream, allreduce: lifeline --mode ${opts.mode} vs the raw zeromq.js program; bcast, barrier: lifeline --mode ${opts.mode} alone; ` +
+        "retry-one: allreduce blocks in lifeline --mode retry-one (checkpoint(null), untimed, after each block) vs lifeline --mode none",
+      timing: `calibrated to ~${opts.targetMs} ms per timed block, 1 warm-up block, ${opts.reps} timed blocks per variant, subject and baseline alternating (S B, B S, ...), barrier before each block`,
       figure: "median over the timed blocks of seconds per operation",
-      ratio: "us rows: lifeline time / raw time; MB/s rows: lifeline MB/s / raw MB/s",
+      ratio: "us rows: subject time / baseline time; MB/s rows: subject MB/s / baseline MB/s",
     },
     peers: { source: peers.source, date: peers.date },
     results,

@@ -1,8 +1,9 @@
 /**
  * The measuring jobs the harness keeps running while it alternates between them:
  *
- * - {@link LifelineJob}: `node dist/cli.js run -n N --mode none ... bench/programs/mpi-bench.ts`,
- *   i.e. the real launcher starting N ranks of an ordinary Lifeline program;
+ * - {@link LifelineJob}: `node dist/cli.js run -n N --mode M ... bench/programs/mpi-bench.ts`,
+ *   i.e. the real launcher starting N ranks of an ordinary Lifeline program; jobs of different
+ *   modes can run side by side (own name, control ids, results file and store dir);
  * - {@link RawJob}: N processes of a raw zeromq.js program, spawned directly, rendezvous
  *   through the harness (each reports the endpoint it bound, the harness hands out the table).
  *
@@ -11,7 +12,7 @@
 import { existsSync, readFileSync } from "node:fs";
 import path from "node:path";
 import type { CtrlServer, ProcMessage } from "./ctrl.ts";
-import type { BenchName } from "./plan.ts";
+import type { BenchName, LifelineMode } from "./plan.ts";
 import { spawnChild, type Child } from "./procs.ts";
 
 export interface JobEnv {
@@ -21,8 +22,8 @@ export interface JobEnv {
   /** Private temp dir of this run (ipc endpoints, results files). */
   tmpDir: string;
   transport: "ipc" | "tcp";
-  /** Recovery mode of the Lifeline job (the raw baseline has none). */
-  mode: "none" | "cpr" | "retry-one";
+  /** Recovery mode of a Lifeline job constructed without one (raw jobs have none). */
+  mode: LifelineMode;
   payload: "f64" | "u8";
   /** Echo children's output (--verbose). */
   echo: boolean;
@@ -89,15 +90,22 @@ export abstract class Job {
   }
 }
 
-/** N ranks of bench/programs/mpi-bench.ts under the real launcher. */
+/**
+ * N ranks of bench/programs/mpi-bench.ts under the real launcher, in one recovery mode.
+ * Named `lifeline<N>` (mode none), `lifeline<N>-cpr` or `lifeline<N>-retry-one`, then
+ * `-<incarnation>` for a restarted job; the name is the prefix of its control ids, results
+ * file and store dir, so jobs of different modes or incarnations do not collide.
+ */
 export class LifelineJob extends Job {
   private child: Child | undefined;
   private readonly resultsFile: string;
   /** What the ranks reported in their hello (transport, pid, mode). */
   readonly hellos: ProcMessage[] = [];
+  readonly mode: LifelineMode;
 
-  constructor(np: number, env: JobEnv, incarnation = 0) {
-    super(`lifeline${np}${incarnation > 0 ? `-${incarnation}` : ""}`, np, env);
+  constructor(np: number, env: JobEnv, incarnation = 0, mode: LifelineMode = env.mode) {
+    super(`lifeline${np}${mode === "none" ? "" : `-${mode}`}${incarnation > 0 ? `-${incarnation}` : ""}`, np, env);
+    this.mode = mode;
     this.resultsFile = path.join(env.tmpDir, `${this.name}-results.json`);
   }
 
@@ -110,7 +118,7 @@ export class LifelineJob extends Job {
 
   command(): string[] {
     return [
-      "dist/cli.js", "run", "-n", String(this.np), "--mode", this.env.mode, "--transport", this.env.transport,
+      "dist/cli.js", "run", "-n", String(this.np), "--mode", this.mode, "--transport", this.env.transport,
       "--results", this.resultsFile,
       "--store", path.join(this.env.tmpDir, `${this.name}-store`),
       "bench/programs/mpi-bench.ts",
@@ -147,7 +155,7 @@ export class LifelineJob extends Job {
       await Promise.all(this.ids.map((id) => this.env.ctrl.send(id, { t: "quit" }).catch(() => undefined)));
     }
     const status = await child.waitOrKill(this.broken === undefined ? 30_000 : 0);
-    const summary: Record<string, unknown> = { exitCode: status.code, signal: status.signal, killed: status.killed };
+    const summary: Record<string, unknown> = { mode: this.mode, exitCode: status.code, signal: status.signal, killed: status.killed };
     if (existsSync(this.resultsFile)) {
       const res = JSON.parse(readFileSync(this.resultsFile, "utf8")) as { ranks?: unknown[]; restarts?: number };
       const ranks = res.ranks ?? [];

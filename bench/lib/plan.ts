@@ -1,19 +1,71 @@
 /**
- * What the benchmark measures: the cases (benchmark × ranks × size), how each timed block
- * turns into one figure, the targets from the issue, and where the peer figures come from.
+ * What the benchmark measures: the cases (benchmark × ranks × size), which jobs measure each
+ * case, how each timed block turns into one figure, the targets from the issues, and where the
+ * peer figures come from.
  *
  * Every figure is stored as seconds per operation; `display` converts it to the unit of the
  * table (µs per one-way message or per collective, MB/s = 1e6 B/s for streaming).
  */
 
+/**
+ * The kinds of timed block the measuring programs run (the control channel's `run` command,
+ * bench/lib/ctrl.ts; the standalone sweep of bench/programs/mpi-bench.ts).
+ */
 export type BenchName = "pingpong" | "stream" | "allreduce" | "bcast" | "barrier";
 export const BENCH_NAMES: readonly BenchName[] = ["pingpong", "stream", "allreduce", "bcast", "barrier"];
+
+/**
+ * The benchmarks of `npm run bench` (one table each; `--only`): every kind of block above,
+ * Lifeline next to raw zeromq.js, plus `retry-one`: allreduce in a Lifeline job under
+ * `--mode retry-one` next to one under `--mode none` (issue 4). It is kept out of
+ * {@link BENCH_NAMES} because no program runs a "retry-one" block: it runs `allreduce` blocks
+ * (see {@link opOf}) in two differently started jobs.
+ */
+export type Benchmark = BenchName | "retry-one";
+export const BENCHMARKS: readonly Benchmark[] = [...BENCH_NAMES, "retry-one"];
+
+/** The block a benchmark's programs run. */
+export function opOf(bench: Benchmark): BenchName {
+  return bench === "retry-one" ? "allreduce" : bench;
+}
+
+export type LifelineMode = "none" | "cpr" | "retry-one";
+
+/**
+ * A measuring job, as the harness's job pool keys it: a Lifeline job (mpi-bench.ts under the
+ * launcher) in one recovery mode, or one of the raw zeromq.js programs.
+ */
+export type JobKind = `lifeline:${LifelineMode}` | "raw-pingpong" | "raw-pushpull";
+
+/** The recovery mode of a Lifeline job kind; undefined for a raw program. */
+export function lifelineModeOf(kind: JobKind): LifelineMode | undefined {
+  return kind.startsWith("lifeline:") ? (kind.slice("lifeline:".length) as LifelineMode) : undefined;
+}
+
+/** E.g. "lifeline --mode retry-one", "raw-pushpull": for tables, messages and the JSON. */
+export function describeKind(kind: JobKind): string {
+  const mode = lifelineModeOf(kind);
+  return mode === undefined ? kind : `lifeline --mode ${mode}`;
+}
+
+/**
+ * The two jobs a case compares: the subject (the numerator of the time ratio) and the
+ * baseline (the denominator), if the case has one.
+ * - pingpong, stream, allreduce: Lifeline under `--mode <mode>` vs the raw zeromq.js program;
+ * - bcast, barrier: Lifeline under `--mode <mode>`, no baseline;
+ * - retry-one: Lifeline under `--mode retry-one` vs Lifeline under `--mode none`, whatever
+ *   `mode` is.
+ */
+export function jobsOf(bench: Benchmark, mode: LifelineMode): { subject: JobKind; baseline: JobKind | undefined } {
+  if (bench === "retry-one") return { subject: "lifeline:retry-one", baseline: "lifeline:none" };
+  return { subject: `lifeline:${mode}`, baseline: rawProgramFor(bench) };
+}
 
 export const KiB = 1024;
 export const MiB = 1024 * 1024;
 
 export interface Case {
-  bench: BenchName;
+  bench: Benchmark;
   np: number;
   bytes: number;
   /** Row label inside its table, e.g. "np 4, 1 MiB". */
@@ -27,6 +79,9 @@ export interface Sizes {
   bcast: number[];
   /** Rank counts of the collectives. */
   collectiveNps: number[];
+  /** retry-one (allreduce, retry-one vs none): payload sizes and rank counts. */
+  retryOne: number[];
+  retryOneNps: number[];
 }
 
 export const FULL_SIZES: Sizes = {
@@ -35,6 +90,8 @@ export const FULL_SIZES: Sizes = {
   allreduce: [8, 64 * KiB, MiB, 16 * MiB, 64 * MiB],
   bcast: [MiB, 16 * MiB],
   collectiveNps: [2, 4],
+  retryOne: [8, 64 * KiB, MiB, 16 * MiB],
+  retryOneNps: [4],
 };
 
 /** `--quick`: small payloads only, for the smoke test. */
@@ -44,6 +101,8 @@ export const QUICK_SIZES: Sizes = {
   allreduce: [8, 64 * KiB],
   bcast: [64 * KiB],
   collectiveNps: [2, 4],
+  retryOne: [8, 64 * KiB],
+  retryOneNps: [4],
 };
 
 export function sizeLabel(bytes: number): string {
@@ -56,7 +115,8 @@ export function caseKey(c: Case): string {
   return `${c.bench} np${c.np} ${sizeLabel(c.bytes)}`;
 }
 
-export function buildCases(sizes: Sizes, only: ReadonlySet<BenchName>): Case[] {
+/** The cases of the selected benchmarks (the harness runs them grouped by rank count, in this order within a group). */
+export function buildCases(sizes: Sizes, only: ReadonlySet<Benchmark>): Case[] {
   const out: Case[] = [];
   const p2p = (bench: BenchName, list: number[]): void => {
     if (!only.has(bench)) return;
@@ -68,6 +128,11 @@ export function buildCases(sizes: Sizes, only: ReadonlySet<BenchName>): Case[] {
     if (only.has("allreduce")) for (const bytes of sizes.allreduce) out.push({ bench: "allreduce", np, bytes, label: `np ${np}, ${sizeLabel(bytes)}` });
     if (only.has("bcast")) for (const bytes of sizes.bcast) out.push({ bench: "bcast", np, bytes, label: `np ${np}, ${sizeLabel(bytes)}` });
     if (only.has("barrier")) out.push({ bench: "barrier", np, bytes: 0, label: `np ${np}` });
+  }
+  if (only.has("retry-one")) {
+    for (const np of sizes.retryOneNps) {
+      for (const bytes of sizes.retryOne) out.push({ bench: "retry-one", np, bytes, label: `np ${np}, ${sizeLabel(bytes)}` });
+    }
   }
   return out;
 }
@@ -84,8 +149,8 @@ export function rawProgramFor(bench: BenchName): "raw-pingpong" | "raw-pushpull"
 }
 
 /**
- * One timed block → seconds per operation. `seconds[r]` is rank r's wall time for `iters`
- * operations after a barrier.
+ * One timed block of `op` (see {@link opOf}) → seconds per operation. `seconds[r]` is rank
+ * r's wall time for `iters` operations after a barrier.
  * - pingpong: rank 0 times `iters` round trips; one way = round trip / 2;
  * - stream: rank 0 (the sender) times `iters` messages plus the receiver's final ack;
  * - collectives: the slowest rank's time per operation.
@@ -112,7 +177,7 @@ export function cpuPerOpSeconds(bench: BenchName, iters: number, cpuS: readonly 
 
 export type Unit = "us" | "MB/s";
 
-export function unitOf(bench: BenchName): Unit {
+export function unitOf(bench: Benchmark): Unit {
   return bench === "stream" ? "MB/s" : "us";
 }
 
@@ -122,20 +187,28 @@ export function display(c: Case, perOpS: number): number {
 }
 
 /**
- * Lifeline relative to a reference, in the direction of the table: time ratio (lower is
- * better) for latencies and collectives, bandwidth ratio (higher is better) for streaming.
+ * The subject (Lifeline; for retry-one the retry-one job) relative to a reference, in the
+ * direction of the table: time ratio (lower is better) for latencies and collectives,
+ * bandwidth ratio (higher is better) for streaming.
  */
-export function ratioOf(c: Case, lifelinePerOpS: number, referencePerOpS: number): number {
-  return unitOf(c.bench) === "MB/s" ? referencePerOpS / lifelinePerOpS : lifelinePerOpS / referencePerOpS;
+export function ratioOf(c: Case, subjectPerOpS: number, referencePerOpS: number): number {
+  return unitOf(c.bench) === "MB/s" ? referencePerOpS / subjectPerOpS : subjectPerOpS / referencePerOpS;
 }
 
 export interface Target {
   text: string;
-  met: (ratioToRaw: number) => boolean;
+  /** Judges the ratio to the case's baseline (see {@link jobsOf}). */
+  met: (ratioToBaseline: number) => boolean;
 }
 
-/** The issue's targets (item 8), all relative to the raw baseline measured in the same run. */
+/**
+ * The issues' targets, all relative to the case's baseline measured in the same run: issue 3
+ * item 8 against the raw zeromq.js programs; issue 4 for retry-one against the Lifeline job
+ * under `--mode none`.
+ */
 export function targetFor(c: Case): Target | undefined {
+  if (c.bench === "retry-one" && c.bytes === 8) return { text: "<= 1.5x none", met: (r) => r <= 1.5 };
+  if (c.bench === "retry-one" && c.bytes === 16 * MiB) return { text: "<= 1.05x none", met: (r) => r <= 1.05 };
   if (c.bench === "pingpong" && c.bytes === 8) return { text: "<= 1.15x raw", met: (r) => r <= 1.15 };
   if (c.bench === "stream" && c.bytes === 16 * MiB) return { text: ">= 0.9x raw MB/s", met: (r) => r >= 0.9 };
   if (c.bench === "allreduce" && c.bytes === 8 && c.np === 4) return { text: "<= 0.4x raw ring", met: (r) => r <= 0.4 };
@@ -150,10 +223,10 @@ export interface PeersFile {
   date: string;
   note: string;
   /** Open MPI 4.1.4, ob1 + tcp BTL on loopback: `table → np → size label → value` (µs or MB/s). */
-  mpiTcp: Record<BenchName, Record<string, Record<string, number>>>;
+  mpiTcp: Partial<Record<Benchmark, Record<string, Record<string, number>>>>;
 }
 
-/** The Open MPI TCP figure for a case, in the case's display unit, if the peers file has it. */
+/** The Open MPI TCP figure for a case, in the case's display unit, if the peers file has it (never for retry-one). */
 export function peerFigure(peers: PeersFile, c: Case): number | undefined {
   const byNp = peers.mpiTcp[c.bench]?.[String(c.np)];
   if (byNp === undefined) return undefined;

@@ -2,12 +2,14 @@
  * Result records and the tables printed at the end of a run (Markdown, so they can be pasted
  * into an issue as they are).
  */
-import { BENCH_NAMES, type BenchName, type Unit } from "./plan.ts";
+import { BENCHMARKS, describeKind, type BenchName, type Benchmark, type JobKind, type Unit } from "./plan.ts";
 import { fmt, fmtRatio } from "./stats.ts";
 
 export interface VariantResult {
-  /** Job that measured it, e.g. "lifeline4" or "rawpush4". */
+  /** Job that measured it, e.g. "lifeline4", "lifeline4-retry-one" or "rawpush4". */
   job: string;
+  /** What that job is: "lifeline:<mode>" (mpi-bench.ts under `lifeline run --mode <mode>`) or a raw program. */
+  kind: JobKind;
   /** Operations per timed block, from calibration. */
   iters: number;
   /** Calibration probes: [iters, block wall seconds]. */
@@ -33,19 +35,28 @@ export interface VariantResult {
 
 export interface CaseResult {
   key: string;
-  bench: BenchName;
+  bench: Benchmark;
+  /** The block the programs ran (retry-one runs allreduce). */
+  op: BenchName;
   np: number;
   bytes: number;
   label: string;
   unit: Unit;
-  lifeline: VariantResult | null;
-  raw: VariantResult | null;
-  /** Lifeline vs raw: time ratio (us rows) or bandwidth ratio (MB/s rows), of the medians. */
+  /**
+   * The jobs compared, by kind, whether or not they measured: `subject` is the numerator of
+   * the ratio (Lifeline under `--mode`; for retry-one the retry-one job), `baseline` the
+   * denominator (a raw zeromq.js program; for retry-one the mode-none Lifeline job), null when
+   * the case has none or `--variant` left it out.
+   */
+  kinds: { subject: JobKind | null; baseline: JobKind | null };
+  subject: VariantResult | null;
+  baseline: VariantResult | null;
+  /** Subject vs baseline: time ratio (us rows) or bandwidth ratio (MB/s rows), of the medians. */
   ratio: number | null;
-  /** Quartiles of the per-repetition ratios (repetition k of Lifeline with repetition k of raw). */
+  /** Quartiles of the per-repetition ratios (repetition k of the subject with repetition k of the baseline). */
   ratioQ1: number | null;
   ratioQ3: number | null;
-  /** Open MPI over TCP from bench/peers.json, in `unit`, and Lifeline's ratio to it. */
+  /** Open MPI over TCP from bench/peers.json, in `unit`, and the subject's ratio to it (null for retry-one). */
   mpiTcp: number | null;
   ratioMpiTcp: number | null;
   /**
@@ -53,15 +64,36 @@ export interface CaseResult {
    * of the paired ratios reaches across the threshold, i.e. this run cannot tell.
    */
   target: { text: string; met: boolean | null; withinNoise: boolean | null } | null;
+  /** Each prefixed with the variant it concerns: "subject (...)" or "baseline (...)". */
   errors: string[];
 }
 
-const TITLES: Record<BenchName, string> = {
+/** How a benchmark's table names its two variants. */
+export interface Columns {
+  /** Column headers of the two medians. */
+  subject: string;
+  baseline: string;
+  /** Short names, for the ratio and the paired columns. */
+  subjectShort: string;
+  baselineShort: string;
+  /** Show the Open MPI TCP reference columns. */
+  peers: boolean;
+}
+
+const LIFELINE_VS_RAW: Columns = { subject: "Lifeline", baseline: "raw", subjectShort: "L", baselineShort: "raw", peers: true };
+const RETRY_ONE_VS_NONE: Columns = { subject: "retry-one", baseline: "none", subjectShort: "r1", baselineShort: "none", peers: false };
+
+export function columnsOf(bench: Benchmark): Columns {
+  return bench === "retry-one" ? RETRY_ONE_VS_NONE : LIFELINE_VS_RAW;
+}
+
+const TITLES: Record<Benchmark, string> = {
   pingpong: "Ping-pong latency, one way = round trip / 2, 2 processes (us)",
   stream: "Unidirectional streaming bandwidth, 2 processes (MB/s, 1 MB = 1e6 B)",
   allreduce: "Allreduce, Float64Array sum, per op, slowest rank (us); raw = hand-written ring",
   bcast: "Bcast from rank 0, per op, slowest rank (us); no raw baseline",
   barrier: "Barrier, per op, slowest rank (us); no raw baseline",
+  "retry-one": "Allreduce, Float64Array sum, per op, slowest rank (us): Lifeline job under --mode retry-one vs Lifeline job under --mode none, both in this run",
 };
 
 function row(cells: string[]): string {
@@ -74,29 +106,39 @@ function pct(x: number | undefined): string {
 
 export function renderTables(results: readonly CaseResult[], transport: string): string {
   const out: string[] = [];
-  for (const bench of BENCH_NAMES) {
+  for (const bench of BENCHMARKS) {
     const rows = results.filter((r) => r.bench === bench);
     if (rows.length === 0) continue;
     const u = rows[0]!.unit;
-    const ratioHead = u === "MB/s" ? "L/raw (MB/s) [IQR]" : "L/raw (time) [IQR]";
-    out.push(`### ${TITLES[bench]} — transport ${transport}`, "");
-    out.push(row(["case", `Lifeline ${u}`, `raw ${u}`, ratioHead, `Open MPI TCP ${u}`, "L/MPI-TCP", "spread L / raw", "CPU us/op L / raw", "target", "met"]));
-    out.push(row(["---", "---:", "---:", "---:", "---:", "---:", "---:", "---:", "---", "---"]));
+    const col = columnsOf(bench);
+    const vs = `${col.subjectShort} / ${col.baselineShort}`;
+    const ratioHead = `${col.subjectShort}/${col.baselineShort} (${u === "MB/s" ? "MB/s" : "time"}) [IQR]`;
+    // A Lifeline job under another mode than none (--mode) says so in the title.
+    const modes = [...new Set(rows.map((r) => r.kinds.subject).filter((k): k is JobKind => k !== null && k !== "lifeline:none"))];
+    const modeNote = bench === "retry-one" || modes.length === 0 ? "" : `, Lifeline = ${modes.map(describeKind).join(", ")}`;
+    out.push(`### ${TITLES[bench]} — transport ${transport}${modeNote}`, "");
+    const head = ["case", `${col.subject} ${u}`, `${col.baseline} ${u}`, ratioHead];
+    if (col.peers) head.push(`Open MPI TCP ${u}`, `${col.subjectShort}/MPI-TCP`);
+    head.push(`spread ${vs}`, `CPU us/op ${vs}`, "target", "met");
+    out.push(row(head));
+    out.push(row(head.map((h, i) => (i === 0 || h === "target" || h === "met" ? "---" : "---:"))));
     for (const r of rows) {
       const iqr = r.ratioQ1 !== null && r.ratioQ3 !== null ? ` [${fmtRatio(r.ratioQ1)}–${fmtRatio(r.ratioQ3)}]` : "";
       const met = r.target === null ? "" : r.target.met === null ? "n/a" : `${r.target.met ? "met" : "NOT met"}${r.target.withinNoise ? "*" : ""}`;
-      out.push(row([
+      const cells = [
         r.label,
-        r.lifeline ? fmt(r.lifeline.value) : r.errors.some((e) => e.startsWith("lifeline")) ? "error" : "—",
-        r.raw ? fmt(r.raw.value) : r.errors.some((e) => e.startsWith("raw")) ? "error" : "—",
+        r.subject ? fmt(r.subject.value) : r.errors.some((e) => e.startsWith("subject")) ? "error" : "—",
+        r.baseline ? fmt(r.baseline.value) : r.errors.some((e) => e.startsWith("baseline")) ? "error" : "—",
         r.ratio === null ? "—" : `${fmtRatio(r.ratio)}${iqr}`,
-        fmt(r.mpiTcp),
-        fmtRatio(r.ratioMpiTcp),
-        `${pct(r.lifeline?.spread)} / ${pct(r.raw?.spread)}`,
-        `${fmt(r.lifeline?.medianCpuUs)} / ${fmt(r.raw?.medianCpuUs)}`,
+      ];
+      if (col.peers) cells.push(fmt(r.mpiTcp), fmtRatio(r.ratioMpiTcp));
+      cells.push(
+        `${pct(r.subject?.spread)} / ${pct(r.baseline?.spread)}`,
+        `${fmt(r.subject?.medianCpuUs)} / ${fmt(r.baseline?.medianCpuUs)}`,
         r.target?.text ?? "",
         met,
-      ]));
+      );
+      out.push(row(cells));
     }
     out.push("");
   }
@@ -110,7 +152,7 @@ export function renderTables(results: readonly CaseResult[], transport: string):
   if (targets.length > 0) {
     const met = targets.filter((r) => r.target!.met === true).length;
     const noisy = targets.filter((r) => r.target!.withinNoise === true).length;
-    out.push(`Targets met: ${met} of ${targets.length}.${noisy > 0 ? ` * = ${noisy} verdict(s) within noise: the interquartile range of the paired L/raw ratios reaches across the threshold.` : ""}`, "");
+    out.push(`Targets met: ${met} of ${targets.length}.${noisy > 0 ? ` * = ${noisy} verdict(s) within noise: the interquartile range of the paired ratios reaches across the threshold.` : ""}`, "");
   }
   return out.join("\n");
 }

@@ -4,8 +4,10 @@
  *
  * Method: run bench/run.ts with `--quick` (tiny sizes, 3 reps of ~5 ms) once with the raw
  * zeromq.js baselines only, and once with the Lifeline side too when the package is built
- * (`npm test` builds first). Check the report's shape and that every figure is a positive
- * number. No timing assertions: this machine is shared and noisy.
+ * (`npm test` builds first) — which includes the retry-one benchmark (a Lifeline job under
+ * --mode retry-one next to one under --mode none). Check the report's shape, which job each
+ * figure came from, and that every figure is a positive number. No timing assertions: this
+ * machine is shared and noisy. Case building and table rendering: bench-plan.test.ts.
  */
 import { execFile } from "node:child_process";
 import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
@@ -18,10 +20,11 @@ const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..")
 const tmp = mkdtempSync(path.join(os.tmpdir(), "lfbench-smoke-"));
 afterAll(() => rmSync(tmp, { recursive: true, force: true }));
 
-interface Variant { job: string; iters: number; perOpS: number[]; medianPerOpS: number; value: number; spread: number; calibration: [number, number][] }
+interface Variant { job: string; kind: string; iters: number; perOpS: number[]; medianPerOpS: number; value: number; spread: number; calibration: [number, number][] }
 interface Result {
-  key: string; bench: string; np: number; bytes: number; unit: string;
-  lifeline: Variant | null; raw: Variant | null;
+  key: string; bench: string; op: string; np: number; bytes: number; unit: string;
+  kinds: { subject: string | null; baseline: string | null };
+  subject: Variant | null; baseline: Variant | null;
   ratio: number | null; mpiTcp: number | null; ratioMpiTcp: number | null;
   target: { text: string; met: boolean | null } | null; errors: string[];
 }
@@ -58,38 +61,56 @@ async function quickReport(variant: "raw" | "both", timeoutMs: number): Promise<
 describe("bench --quick", () => {
   it("raw zeromq.js baselines: every case measured, report well formed", async () => {
     const report = await quickReport("raw", 50_000);
-    expect(report.schema).toBe("lifeline-bench/1");
+    expect(report.schema).toBe("lifeline-bench/2");
     expect(report.options.quick).toBe(true);
     const benches = new Set(report.results.map((r) => r.bench));
     expect([...benches].sort()).toEqual(["allreduce", "pingpong", "stream"]);
     expect(report.results.some((r) => r.bench === "allreduce" && r.np === 4)).toBe(true);
     for (const r of report.results) {
       expect(r.errors, r.key).toEqual([]);
-      expect(r.lifeline).toBeNull();
-      expectVariant(r.raw, report.options.reps, r.key);
+      expect(r.subject).toBeNull();
+      expect(r.kinds).toEqual({ subject: null, baseline: r.bench === "pingpong" ? "raw-pingpong" : "raw-pushpull" });
+      expectVariant(r.baseline, report.options.reps, r.key);
+      expect(r.baseline!.kind).toBe(r.kinds.baseline);
       expect(r.unit).toBe(r.bench === "stream" ? "MB/s" : "us");
       expect(r.mpiTcp === null || r.mpiTcp > 0).toBe(true);
     }
   }, 60_000);
 
   const built = existsSync(path.join(ROOT, "dist/cli.js")) && existsSync(path.join(ROOT, "dist/index.js"));
-  it.skipIf(!built)("Lifeline next to raw: ratios, peers and targets filled in", async () => {
+  it.skipIf(!built)("Lifeline next to raw, and retry-one next to none: ratios, jobs, peers and targets filled in", async () => {
     const report = await quickReport("both", 55_000);
     const benches = new Set(report.results.map((r) => r.bench));
-    expect([...benches].sort()).toEqual(["allreduce", "barrier", "bcast", "pingpong", "stream"]);
+    expect([...benches].sort()).toEqual(["allreduce", "barrier", "bcast", "pingpong", "retry-one", "stream"]);
     for (const r of report.results) {
       expect(r.errors, r.key).toEqual([]);
-      expectVariant(r.lifeline, report.options.reps, `${r.key} lifeline`);
+      expectVariant(r.subject, report.options.reps, `${r.key} subject`);
+      expect(r.subject!.kind).toBe(r.kinds.subject);
       if (r.bench === "bcast" || r.bench === "barrier") {
-        expect(r.raw).toBeNull();
+        expect(r.baseline).toBeNull();
       } else {
-        expectVariant(r.raw, report.options.reps, `${r.key} raw`);
+        expectVariant(r.baseline, report.options.reps, `${r.key} baseline`);
+        expect(r.baseline!.kind).toBe(r.kinds.baseline);
         expect(r.ratio).toBeGreaterThan(0);
+      }
+      if (r.bench === "retry-one") {
+        // Both sides are Lifeline jobs, told apart by mode; allreduce blocks in each.
+        expect(r.op).toBe("allreduce");
+        expect(r.kinds).toEqual({ subject: "lifeline:retry-one", baseline: "lifeline:none" });
+        expect(r.subject!.job).toBe(`lifeline${r.np}-retry-one`);
+        expect(r.baseline!.job).toBe(`lifeline${r.np}`);
+        expect(r.mpiTcp).toBeNull();
+      } else {
+        expect(r.subject!.kind).toBe("lifeline:none");
       }
       if (r.mpiTcp !== null) expect(r.ratioMpiTcp).toBeGreaterThan(0);
       if (r.target !== null) expect(typeof r.target.met).toBe("boolean");
     }
-    for (const j of report.jobs.filter((x) => String(x.job).startsWith("lifeline"))) {
+    expect(report.results.filter((r) => r.bench === "retry-one").map((r) => r.key)).toEqual(["retry-one np4 8 B", "retry-one np4 64 KiB"]);
+    expect(report.tables).toContain("| case | retry-one us | none us | r1/none (time) [IQR] |");
+    const lifelineJobs = report.jobs.filter((x) => String(x.job).startsWith("lifeline"));
+    expect(lifelineJobs.map((j) => `${String(j.job)} ${String(j.mode)}`)).toContain("lifeline4-retry-one retry-one");
+    for (const j of lifelineJobs) {
       expect(j.exitCode, JSON.stringify(j)).toBe(0);
       expect(j.restarts ?? 0).toBe(0);
     }
