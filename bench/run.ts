@@ -30,6 +30,7 @@ import {
 } from "./lib/plan.ts";
 import { installCleanup, killAllSync } from "./lib/procs.ts";
 import { columnsOf, renderTables, type CaseResult, type VariantResult } from "./lib/report.ts";
+import { recoveryRun, renderRecoveryTable, type RecoveryConfig, type RecoveryParts } from "./lib/recovery.ts";
 import { calibrate, fmt, fmtRatio, median, quantile, spread } from "./lib/stats.ts";
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
@@ -38,8 +39,11 @@ const HELP = `Usage: npm run bench -- [options]
        node --import tsx bench/run.ts [options]      (after npm run build)
 
   --quick               tiny sizes, 3 reps, 5 ms per timing (< 60 s; the smoke test uses it)
-  --only <names>        comma list of: ${BENCHMARKS.join(", ")}
-                        (retry-one: allreduce under --mode retry-one vs --mode none, np 4)
+  --only <names>        comma list of: ${[...BENCHMARKS, "recovery"].join(", ")}
+                        (retry-one: allreduce under --mode retry-one vs --mode none, np 4;
+                        recovery: rank 1 killed, retry-one next to cpr, 4 ranks, 64 MiB global
+                        + 1 MiB local state: kill → caught up)
+  --recovery-runs <n>   runs per mode of the recovery benchmark (default 3; quick 1)
   --transport <t>       ipc (default; endpoints in a temp dir) or tcp (127.0.0.1, port 0)
   --mode <m>            the Lifeline job's recovery mode: none (default), cpr or retry-one
                         (retry-one allows collectives only: use --only allreduce,bcast,barrier);
@@ -65,6 +69,9 @@ interface Options {
   quick: boolean;
   mode: LifelineMode;
   only: Set<Benchmark>;
+  /** The recovery benchmark (bench/lib/recovery.ts), and its runs per mode. */
+  recovery: boolean;
+  recoveryRuns: number;
   transport: "ipc" | "tcp";
   reps: number;
   targetMs: number;
@@ -95,6 +102,7 @@ function parseOptions(argv: string[]): Options {
         mode: { type: "string", default: "none" },
         reps: { type: "string" },
         "target-ms": { type: "string" },
+        "recovery-runs": { type: "string" },
         variant: { type: "string", default: "both" },
         payload: { type: "string", default: "f64" },
         out: { type: "string" },
@@ -116,8 +124,13 @@ function parseOptions(argv: string[]): Options {
     process.exit(0);
   }
   const only = new Set<Benchmark>();
-  for (const name of (v.only ?? BENCHMARKS.join(",")).split(",").map((s) => s.trim()).filter(Boolean)) {
-    if (!BENCHMARKS.includes(name as Benchmark)) usage(`--only ${name}: expected one of ${BENCHMARKS.join(", ")}`);
+  let recovery = false;
+  for (const name of (v.only ?? [...BENCHMARKS, "recovery"].join(",")).split(",").map((s) => s.trim()).filter(Boolean)) {
+    if (name === "recovery") {
+      recovery = true;
+      continue;
+    }
+    if (!BENCHMARKS.includes(name as Benchmark)) usage(`--only ${name}: expected one of ${[...BENCHMARKS, "recovery"].join(", ")}`);
     only.add(name as Benchmark);
   }
   if (v.transport !== "ipc" && v.transport !== "tcp") usage(`--transport ${v.transport}: expected ipc or tcp`);
@@ -142,6 +155,8 @@ function parseOptions(argv: string[]): Options {
     quick,
     mode: v.mode as Options["mode"],
     only,
+    recovery: recovery && v.variant !== "raw",
+    recoveryRuns: posInt("recovery-runs", v["recovery-runs"], quick ? 1 : 3),
     transport: v.transport,
     reps: posInt("reps", v.reps, quick ? 3 : 15),
     targetMs: posInt("target-ms", v["target-ms"], quick ? 5 : 50),
@@ -436,7 +451,7 @@ async function main(): Promise<void> {
       progress(`bench: skipping ${b}: it has no job to measure under --variant ${opts.variant}`);
     }
   }
-  if (cases.some((c) => Object.values(jobsFor(c, opts)).some((k) => lifelineModeOf(k) !== undefined))) {
+  if (opts.recovery || cases.some((c) => Object.values(jobsFor(c, opts)).some((k) => lifelineModeOf(k) !== undefined))) {
     const missing = LifelineJob.available(ROOT);
     if (missing !== undefined) usage(`the Lifeline jobs need the built package: ${missing}`);
   }
@@ -448,6 +463,7 @@ async function main(): Promise<void> {
 
   const results: CaseResult[] = [];
   const jobSummaries: Record<string, unknown>[] = [];
+  const recovery = opts.recovery ? recoveryPlan(opts) : undefined;
   try {
     ctrl = await CtrlServer.open(`ipc://${tmpDir}/ctrl`);
     const env: JobEnv = {
@@ -493,13 +509,14 @@ async function main(): Promise<void> {
         jobSummaries.push(...pool.summaries);
       }
     }
+    if (recovery !== undefined) await runRecovery(recovery, tmpDir);
   } finally {
     ctrl?.close();
     rmSync(tmpDir, { recursive: true, force: true });
   }
 
   const finishedAt = new Date();
-  const tables = renderTables(results, opts.transport);
+  const tables = renderTables(results, opts.transport) + (recovery === undefined ? "" : `\n${recoveryText(recovery)}`);
   process.stdout.write(`\n${tables}\n`);
   const report = {
     schema: "lifeline-bench/2",
@@ -529,6 +546,7 @@ async function main(): Promise<void> {
     },
     peers: { source: peers.source, date: peers.date },
     results,
+    recovery: recovery === undefined ? undefined : { config: recovery.config, targetS: RECOVERY_TARGET_S, runs: recovery.runs, errors: recovery.errors },
     jobs: jobSummaries,
     tables,
   };
@@ -536,8 +554,63 @@ async function main(): Promise<void> {
   writeFileSync(opts.out, `${JSON.stringify(report, null, 2)}\n`);
   progress(`bench: ${results.length} cases in ${report.durationS.toFixed(0)} s; JSON written to ${path.relative(process.cwd(), opts.out) || opts.out}`);
   clearTimeout(watchdog);
-  const failed = results.filter((r) => r.errors.length > 0).length;
+  const failed = results.filter((r) => r.errors.length > 0).length + (recovery?.errors.length ?? 0);
   process.exitCode = failed > 0 ? 1 : 0;
+}
+
+// ---- recovery: retry-one next to cpr on the same program ------------------------------------
+
+/** Issue 4: a killed rank caught up within this long (retry-one, 4 ranks, 64 MiB + 1 MiB). */
+const RECOVERY_TARGET_S = 1;
+
+interface RecoveryPlan {
+  config: Omit<RecoveryConfig, "root" | "dir" | "name" | "mode">;
+  runsPerMode: number;
+  runs: RecoveryParts[];
+  errors: string[];
+}
+
+function recoveryPlan(opts: Options): RecoveryPlan {
+  const size = opts.quick ? { globalMib: 8, steps: 30, failStep: 20 } : { globalMib: 64, steps: 60, failStep: 40 };
+  return { config: { np: 4, localMib: 1, stepMs: 20, checkpointEvery: "5steps", ...size }, runsPerMode: opts.recoveryRuns, runs: [], errors: [] };
+}
+
+/** Runs each mode `runsPerMode` times, alternating which goes first. */
+async function runRecovery(plan: RecoveryPlan, tmpDir: string): Promise<void> {
+  const c = plan.config;
+  progress(`\n== recovery: ${c.np} ranks, ${c.globalMib} MiB global + ${c.localMib} MiB local state, rank 1 killed at step ${c.failStep}; ${plan.runsPerMode} run(s) per mode`);
+  for (let k = 0; k < plan.runsPerMode; k++) {
+    const modes: ("retry-one" | "cpr")[] = k % 2 === 0 ? ["retry-one", "cpr"] : ["cpr", "retry-one"];
+    for (const mode of modes) {
+      try {
+        const r = await recoveryRun({ ...c, root: ROOT, dir: tmpDir, name: `recovery-${mode}-${k}`, mode });
+        plan.runs.push(r);
+        progress(
+          `  ${mode} run ${k + 1}: detect ${fmtS(r.detectMs)}, restart ${fmtS(r.restartMs)}, load ${fmtS(r.loadMs)}, catch up ${fmtS(r.catchUpMs)}` +
+            ` → total ${fmtS(r.totalMs)} (${r.restarted} process${r.restarted === 1 ? "" : "es"} restarted from step ${r.restoredStep})`,
+        );
+      } catch (err) {
+        plan.errors.push(`${mode} run ${k + 1}: ${(err as Error).message}`);
+        progress(`  ${mode} run ${k + 1} FAILED: ${(err as Error).message.split("\n")[0]}`);
+      }
+    }
+  }
+}
+
+function fmtS(ms: number): string {
+  return `${(ms / 1000).toFixed(2)} s`;
+}
+
+function recoveryText(plan: RecoveryPlan): string {
+  const c = plan.config;
+  const out = [renderRecoveryTable(plan.runs, `### Recovery, ${c.np} ranks, ${c.globalMib} MiB global + ${c.localMib} MiB local state per rank, rank 1 killed at step ${c.failStep} (median; seconds)`)];
+  const r1 = plan.runs.filter((r) => r.mode === "retry-one");
+  if (r1.length > 0) {
+    const total = median(r1.map((r) => r.totalMs)) / 1000;
+    out.push(`Target (retry-one, kill → restarted rank caught up) <= ${RECOVERY_TARGET_S} s: ${total <= RECOVERY_TARGET_S ? "met" : "NOT met"} (${total.toFixed(2)} s).`, "");
+  }
+  for (const e of plan.errors) out.push(`- recovery ${e.split("\n")[0]}`);
+  return out.join("\n");
 }
 
 await main().catch((err: unknown) => {

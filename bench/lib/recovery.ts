@@ -176,7 +176,7 @@ export function renderRecoveryTable(runs: readonly RecoveryParts[], title: strin
   const lines = [
     title,
     "",
-    "| mode | runs | restarted | detect | restart (spawn … hello) | load (restore() returned) | catch up | total: kill → caught up | restored step (failure step) |",
+    "| mode | runs | restarted | detect | restart (back-off, start, hello) | load (restore() returned) | catch up | total: kill → caught up | restored step (failure step) |",
     "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
   ];
   for (const mode of modes) {

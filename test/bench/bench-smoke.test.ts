@@ -28,7 +28,11 @@ interface Result {
   ratio: number | null; mpiTcp: number | null; ratioMpiTcp: number | null;
   target: { text: string; met: boolean | null } | null; errors: string[];
 }
-interface Report { schema: string; durationS: number; options: { quick: boolean; reps: number }; results: Result[]; jobs: Record<string, unknown>[]; tables: string }
+interface RecoveryRun { mode: string; detectMs: number; restartMs: number; loadMs: number; catchUpMs: number; totalMs: number; restarted: number; restoredStep: number; failStep: number; replayed?: number }
+interface Report {
+  schema: string; durationS: number; options: { quick: boolean; reps: number }; results: Result[]; jobs: Record<string, unknown>[]; tables: string;
+  recovery?: { runs: RecoveryRun[]; errors: string[]; targetS: number };
+}
 
 function runBench(args: string[], timeoutMs: number): Promise<{ code: number | null; stdout: string; stderr: string }> {
   return new Promise((resolve) => {
@@ -78,8 +82,8 @@ describe("bench --quick", () => {
   }, 60_000);
 
   const built = existsSync(path.join(ROOT, "dist/cli.js")) && existsSync(path.join(ROOT, "dist/index.js"));
-  it.skipIf(!built)("Lifeline next to raw, and retry-one next to none: ratios, jobs, peers and targets filled in", async () => {
-    const report = await quickReport("both", 55_000);
+  it.skipIf(!built)("Lifeline next to raw, retry-one next to none, and recovery in both modes: ratios, jobs, peers, parts and targets filled in", async () => {
+    const report = await quickReport("both", 75_000);
     const benches = new Set(report.results.map((r) => r.bench));
     expect([...benches].sort()).toEqual(["allreduce", "barrier", "bcast", "pingpong", "retry-one", "stream"]);
     for (const r of report.results) {
@@ -114,5 +118,16 @@ describe("bench --quick", () => {
       expect(j.exitCode, JSON.stringify(j)).toBe(0);
       expect(j.restarts ?? 0).toBe(0);
     }
-  }, 60_000);
+    // Recovery: one run per mode; the parts are finite, add up, and only retry-one keeps the survivors.
+    expect(report.recovery?.errors).toEqual([]);
+    expect(report.recovery!.runs.map((r) => r.mode).sort()).toEqual(["cpr", "retry-one"]);
+    for (const r of report.recovery!.runs) {
+      for (const k of ["detectMs", "restartMs", "loadMs", "catchUpMs", "totalMs"] as const) expect(Number.isFinite(r[k]) && r[k] >= 0, `${r.mode} ${k} = ${r[k]}`).toBe(true);
+      expect(r.detectMs + r.restartMs + r.loadMs + r.catchUpMs).toBeCloseTo(r.totalMs, 0);
+      expect(r.restarted).toBe(r.mode === "cpr" ? 4 : 1);
+      expect(r.restoredStep).toBeLessThan(r.failStep);
+    }
+    expect(report.tables).toMatch(/### Recovery, 4 ranks, \d+ MiB global \+ 1 MiB local state per rank/);
+    expect(report.tables).toMatch(/Target \(retry-one, kill → restarted rank caught up\) <= 1 s: (met|NOT met)/);
+  }, 80_000);
 });
