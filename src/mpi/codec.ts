@@ -247,16 +247,31 @@ export function encodeValue(data: unknown, alloc?: (bytes: number) => Buffer): B
   const headBytes = 6 + 4 * body.frames.length;
   const total = headBytes + body.frames.reduce((n, f) => n + f.byteLength, 0);
   const out = alloc === undefined ? Buffer.allocUnsafe(total) : alloc(total);
-  out[0] = body.encoding;
-  out[1] = body.arrayType;
-  out.writeUInt32LE(body.frames.length, 2);
+  writeValueHead(out, body.encoding, body.arrayType, body.frames.map((f) => f.byteLength));
   let off = headBytes;
-  body.frames.forEach((f, i) => {
-    out.writeUInt32LE(f.byteLength, 6 + 4 * i);
+  for (const f of body.frames) {
     out.set(f, off);
     off += f.byteLength;
-  });
+  }
   return out;
+}
+
+/**
+ * The head of {@link encodeValue}'s layout for a body whose frames have these lengths: the
+ * head followed by the frames' bytes is that value's encoding (e.g. a typed array kept as the
+ * chunks it arrived in, concatenated only if it is ever decoded).
+ */
+export function encodedValueHead(encoding: Encoding, arrayType: number, frameBytes: readonly number[]): Buffer {
+  const head = Buffer.allocUnsafe(6 + 4 * frameBytes.length);
+  writeValueHead(head, encoding, arrayType, frameBytes);
+  return head;
+}
+
+function writeValueHead(out: Buffer, encoding: Encoding, arrayType: number, frameBytes: readonly number[]): void {
+  out[0] = encoding;
+  out[1] = arrayType;
+  out.writeUInt32LE(frameBytes.length, 2);
+  frameBytes.forEach((n, i) => out.writeUInt32LE(n, 6 + 4 * i));
 }
 
 /** Inverse of {@link encodeValue}. Typed arrays in the result may view `buf`. */

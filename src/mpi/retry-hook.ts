@@ -70,8 +70,11 @@ export interface RetryOneHook {
    * abandon and the decision may arrive in either order); World then asks resumeCollective().
    */
   isAbandoned(wireSeq: number): boolean;
-  /** The collective of the last `run` decision finished on the wire with this encoded result. */
-  afterCollective(result: Buffer): void;
+  /**
+   * The collective of the last `run` decision finished on the wire with this encoded result
+   * (one buffer, or buffers whose concatenation is the encoding; none is written again).
+   */
+  afterCollective(result: Buffer | readonly Buffer[]): void;
   /** An arriving collective frame from a peer: deliver it (true) or not (dropped or held). */
   arrive(header: Header, frame: RawFrame): boolean;
   /** A protocol frame with a retry-one tag ({@link PROTO_RETRY_BASE}..). */

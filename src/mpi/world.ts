@@ -17,7 +17,7 @@
 import { LifelineError } from "../errors.ts";
 import { type ActiveCollective, CollectiveRegistry } from "./coll-registry.ts";
 import * as coll from "./collectives.ts";
-import { type EncodedBody, decodeBody, decodeValue, encodeBody, encodeValue, isTypedArray } from "./codec.ts";
+import { type EncodedBody, decodeBody, decodeValue, encodeBody, encodedValueHead, encodeValue, isTypedArray } from "./codec.ts";
 import type { CoordinatorToRank } from "./control.ts";
 import type { Mode, RankPlace } from "./env.ts";
 import { FaultPlan, parseFaults } from "./faults.ts";
@@ -806,10 +806,11 @@ export class World implements WorldApi {
       const mine = { seq: wireSeq, abandoned: hook.isAbandoned(wireSeq), abandon };
       this.retryRun = mine;
       let result: { value: R } | undefined;
+      const retained: { arrayType: number; parts: readonly Buffer[] } = { arrayType: 0, parts: [] };
       // Abandoned before it started (the abandon overtook the decision): not run at all.
       if (!mine.abandoned) {
         try {
-          const running = this.runCollective(kind, identity, run);
+          const running = this.runCollective(kind, identity, run, (arrayType, parts) => Object.assign(retained, { arrayType, parts }));
           running.catch(() => undefined); // an abandoned run may end later; nobody waits for it
           result = { value: await Promise.race([running, abandoned]) };
         } catch (err) {
@@ -818,7 +819,11 @@ export class World implements WorldApi {
       }
       if (this.retryRun === mine) this.retryRun = undefined;
       if (result !== undefined && !mine.abandoned) {
-        hook.afterCollective(encodeValue(result.value, (n) => this.resultBuffer(n)));
+        // The algorithm's own immutable chunks when it offered them (no copy), else a copy.
+        const bytes = retained.parts.reduce((n, p) => n + p.byteLength, 0);
+        hook.afterCollective(retained.parts.length > 0
+          ? [encodedValueHead(Encoding.typedArray, retained.arrayType, [bytes]), ...retained.parts]
+          : encodeValue(result.value, (n) => this.resultBuffer(n)));
         return result.value;
       }
       d = await hook.resumeCollective();
@@ -833,7 +838,12 @@ export class World implements WorldApi {
     return buf;
   }
 
-  private runCollective<R>(kind: CollKind, identity: readonly (string | number)[], run: (io: coll.CollectiveIo) => Promise<R>): Promise<R> {
+  private runCollective<R>(
+    kind: CollKind,
+    identity: readonly (string | number)[],
+    run: (io: coll.CollectiveIo) => Promise<R>,
+    retainResult?: (arrayType: number, parts: readonly Buffer[]) => void,
+  ): Promise<R> {
     const kindIndex = COLL_KINDS.indexOf(kind);
     const c = this.colls.begin(fnv1a([kind, ...identity]), `${kind}(${identity.join(", ")})`, this.host.now());
     const io: coll.CollectiveIo = {
@@ -845,6 +855,7 @@ export class World implements WorldApi {
         return this.transmit(dest, this.header(Kind.collective, dest, tag, body, c.seq, c.signature), body);
       },
       recv: (source, step) => (this.failure !== undefined ? Promise.reject(this.failure) : this.colls.recv(c, source, step)),
+      ...(retainResult === undefined ? {} : { retainResult }),
     };
     // retry-one: a run the protocol abandoned (no longer active) may still end later; ignore it.
     const gone = (): boolean => this.retry !== undefined && this.colls.activeCollective(c.seq) !== c;

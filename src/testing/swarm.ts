@@ -61,10 +61,10 @@ export async function runCprSeed(seed: number): Promise<{ spec: ProgramSpec; ref
  * also while a rank is being restored or serving a restore — each restarting that rank alone.
  * A quarter of the seeds run without `peer-down` (only `peer` tells survivors of a restart).
  */
-export async function runRetryOneSeed(seed: number): Promise<{ spec: ProgramSpec; ref: SimOutcome; out: SimOutcome }> {
+export async function runRetryOneSeed(seed: number, opts: { bigChance?: number } = {}): Promise<{ spec: ProgramSpec; ref: SimOutcome; out: SimOutcome }> {
   const prng = new Prng(seed);
   const size = prng.rangeInclusive(2, 4);
-  const spec = generateProgram(prng.fork(1), { size, opsMax: 12, checkpointChance: 0.3, collectivesOnly: true });
+  const spec = generateProgram(prng.fork(1), { size, opsMax: 12, checkpointChance: 0.3, collectivesOnly: true, ...(opts.bigChance === undefined ? {} : { bigChance: opts.bigChance }) });
   const program = programOf(spec);
   const knobs = prng.fork(2);
   const ref = await new SimCluster({ seed, size, mode: "none", program, policy: "fifo", stepsMax: 20_000 }).run();

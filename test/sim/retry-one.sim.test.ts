@@ -51,6 +51,19 @@ describe("simulation, mode retry-one", () => {
     }
   }, 600_000);
 
+  it("large results (ring allreduce kept as its received chunks, others in pooled copies) replay exactly (200 seeds, half the collectives large)", async () => {
+    let replayed = 0;
+    for (const seed of swarmSeeds(200)) {
+      const { spec, ref, out } = await runRetryOneSeed(seed, { bigChance: 0.5 });
+      const where = `program: ${describeProgram(spec)}\nreproduce with SEED=${seed}`;
+      if (out.status === "failed" && out.aborts.length > 0 && out.aborts.every((a) => a.code === "CPR_RESTORE" && /lost/.test(a.message))) continue;
+      expect(out.status, `${where}\n${out.report}`).toBe("ok");
+      expect(out.results, `${where}\n${out.report}`).toEqual(ref.results);
+      replayed += out.caughtUp.reduce((n, c) => n + c.replayed, 0);
+    }
+    expect(replayed, "restarted ranks should be served results from the buffers").toBeGreaterThan(0);
+  }, 300_000);
+
   it("seeds that found bugs, as regression tests", async () => {
     // 780239487002: two checkpoints with no collective between, a peer's replica of the second
     // arrived before our commit of the first and was dropped (a hang; fixed in rank.ts).

@@ -59,10 +59,14 @@ function deferred<T>(): Deferred<T> {
   return { promise, resolve, reject };
 }
 
-/** msgpack may hand back a Uint8Array where a Buffer went in. */
+/**
+ * An encoded value as one buffer: msgpack may hand back a Uint8Array where a Buffer went in,
+ * and a kept result may be the list of buffers whose concatenation is its encoding.
+ */
 function asBuffer(v: unknown): Buffer {
   if (Buffer.isBuffer(v)) return v;
   if (v instanceof Uint8Array) return Buffer.from(v.buffer, v.byteOffset, v.byteLength);
+  if (Array.isArray(v) && v.every((p) => p instanceof Uint8Array)) return Buffer.concat(v as Uint8Array[]);
   throw new LifelineError("CPR_PROTOCOL", `retry-one: expected an encoded value, got ${typeof v}`);
 }
 
@@ -139,8 +143,9 @@ export class RetryOneDriver implements RetryOneHook {
     return wireSeq < this.abandonedBelow;
   }
 
-  afterCollective(result: Buffer): void {
-    this.input({ kind: "executed", result, bytes: result.byteLength });
+  afterCollective(result: Buffer | readonly Buffer[]): void {
+    const bytes = Buffer.isBuffer(result) ? result.byteLength : (result as readonly Buffer[]).reduce((n, b) => n + b.byteLength, 0);
+    this.input({ kind: "executed", result, bytes });
   }
 
   arrive(header: Header, frame: RawFrame): boolean {
