@@ -47,6 +47,12 @@ export interface CollectiveIo {
    * are, they spare the keeper a copy of the whole result.
    */
   retainResult?(arrayType: number, parts: readonly Buffer[]): void;
+  /**
+   * Every message is delivered live (mode none: no log replays it, no abandoned execution
+   * shares its buffers), so the ring may send views of its accumulator: its causal chain
+   * delivers a chunk before that chunk is written again. Otherwise chunks are sent as copies.
+   */
+  readonly liveOnly?: boolean;
 }
 
 /** Typed arrays at or above this size use the ring algorithms (when the op allows). */
@@ -61,18 +67,14 @@ const decode = (a: Arrival): unknown => decodeBody(a.header.encoding, a.header.a
 const decodeCopy = (a: Arrival): unknown => decodeBody(a.header.encoding, a.header.arrayType, a.frames.map((f) => Buffer.from(f)));
 
 /**
- * A chunk of `arr` as a message body, copied: the algorithms go on writing into `arr` (and
- * hand it to the program), while ZeroMQ reads a sent buffer later, on its I/O thread. The
- * ring's causal chain would make a view safe in a plain run, but not after a recovery, when
- * messages re-delivered from a late log arrive without the causality the chain relies on.
+ * A chunk of `arr` as a message body: a view of `arr`, or a copy. ZeroMQ reads a sent buffer
+ * later, on its I/O thread, while the algorithms go on writing into `arr` and hand it to the
+ * program; so a view only where nothing writes that chunk before the receiver has it.
  */
-function rawBody(arr: TA, from: number, to: number): EncodedBody {
+function rawBody(arr: TA, from: number, to: number, copy: boolean): EncodedBody {
   const bpe = arr.BYTES_PER_ELEMENT;
-  return {
-    encoding: Encoding.typedArray,
-    arrayType: typedArrayCode(arr),
-    frames: [Buffer.from(Buffer.from(arr.buffer, arr.byteOffset + from * bpe, (to - from) * bpe))],
-  };
+  const view = Buffer.from(arr.buffer, arr.byteOffset + from * bpe, (to - from) * bpe);
+  return { encoding: Encoding.typedArray, arrayType: typedArrayCode(arr), frames: [copy ? Buffer.from(view) : view] };
 }
 
 function viewOf(a: Arrival, like: TA, expectLength: number): TA {
@@ -249,7 +251,12 @@ async function ringReduceScatter(io: CollectiveIo, acc: TA, op: ReduceOp): Promi
   for (let s = 0; s < size - 1; s++) {
     const sendChunk = (rank - s + size) % size;
     const recvChunk = (rank - s - 1 + size) % size;
-    const sent = io.send(next, s, rawBody(acc, chunkStart(n, size, sendChunk), chunkStart(n, size, sendChunk + 1)));
+    // A view in a plain run (io.liveOnly): this chunk is next written in the allgather, after
+    // a message that causally follows the successor's receipt of this one (each rank sends
+    // step s + 1 only after it received step s). After a cpr recovery, messages re-delivered
+    // from a late log lack that causality, and in retry-one an abandoned execution may still
+    // be sending: a copy.
+    const sent = io.send(next, s, rawBody(acc, chunkStart(n, size, sendChunk), chunkStart(n, size, sendChunk + 1), io.liveOnly !== true));
     const from = chunkStart(n, size, recvChunk), to = chunkStart(n, size, recvChunk + 1);
     const theirs = viewOf(await io.recv(prev, s), acc, to - from);
     // Built-in ops are commutative bit for bit; the partial sum from upstream goes first.
@@ -266,7 +273,8 @@ async function ringAllreduce(io: CollectiveIo, data: TA, op: ReduceOp): Promise<
   const next = (rank + 1) % size, prev = (rank - 1 + size) % size;
   // Allgather: forward what we receive (buffers the program never sees), copy it into acc.
   const mine = (rank + 1) % size;
-  let outgoing: EncodedBody = rawBody(acc, chunkStart(n, size, mine), chunkStart(n, size, mine + 1));
+  // Always a copy: acc goes to the program, which may change it before the successor has this.
+  let outgoing: EncodedBody = rawBody(acc, chunkStart(n, size, mine), chunkStart(n, size, mine + 1), true);
   // The finished chunks as immutable buffers (ours copied once to send, the others as received).
   const parts: Buffer[] = [];
   parts[mine] = outgoing.frames[0] as Buffer;
@@ -298,7 +306,8 @@ export async function reduce<T>(io: CollectiveIo, data: T, op: ReduceOp, root: n
     const mine = (rank + 1) % size;
     const step = size;
     if (rank !== root) {
-      await io.send(root, step, rawBody(acc, chunkStart(n, size, mine), chunkStart(n, size, mine + 1)));
+      // A view: acc is this call's own and never written again (a non-root returns nothing).
+      await io.send(root, step, rawBody(acc, chunkStart(n, size, mine), chunkStart(n, size, mine + 1), false));
       return undefined;
     }
     for (let r = 0; r < size; r++) {

@@ -30,6 +30,12 @@ describe("collectives over real processes", () => {
     digests.set(np, r.json!.ranks[0].digest);
   });
 
+  it.each([2, 3, 4])("ring allreduce/reduce while the program trashes results and inputs at once, two calls at a time too, %i ranks", async (np) => {
+    const r = await run(np, "ring-reuse.ts", [], 120_000);
+    expect(r.code, r.stderr).toBe(0);
+    for (const rank of r.json!.ranks) expect(rank.fails).toEqual([]);
+  });
+
   it("gives bit-identical reductions on a re-run with the same size", async () => {
     const r = await run(3, "collectives.ts", [], 120_000);
     expect(r.code, r.stderr).toBe(0);
