@@ -48,9 +48,10 @@ export interface CollectiveIo {
    */
   retainResult?(arrayType: number, parts: readonly Buffer[]): void;
   /**
-   * Every message is delivered live (mode none: no log replays it, no abandoned execution
-   * shares its buffers), so the ring may send views of its accumulator: its causal chain
-   * delivers a chunk before that chunk is written again. Otherwise chunks are sent as copies.
+   * Every message is delivered live, never again from a log (modes none and retry-one; cpr
+   * re-delivers late messages after a recovery), so the ring may send views of its
+   * accumulator: its causal chain delivers a chunk before that chunk is written again.
+   * Otherwise chunks are sent as copies.
    */
   readonly liveOnly?: boolean;
 }
@@ -251,11 +252,13 @@ async function ringReduceScatter(io: CollectiveIo, acc: TA, op: ReduceOp): Promi
   for (let s = 0; s < size - 1; s++) {
     const sendChunk = (rank - s + size) % size;
     const recvChunk = (rank - s - 1 + size) % size;
-    // A view in a plain run (io.liveOnly): this chunk is next written in the allgather, after
-    // a message that causally follows the successor's receipt of this one (each rank sends
-    // step s + 1 only after it received step s). After a cpr recovery, messages re-delivered
-    // from a late log lack that causality, and in retry-one an abandoned execution may still
-    // be sending: a copy.
+    // A view when messages are delivered live only (io.liveOnly): this chunk is next written in
+    // the allgather at step s, by a message from the predecessor that causally follows the
+    // successor's receipt of this one (the allgather chunk left rank r-1-s after it finished
+    // the reduce-scatter, which needed the successor's step s: each rank sends step t + 1 only
+    // after it received step t). After a cpr recovery, messages re-delivered from a late log
+    // lack that causality: a copy. (A retry-one execution that is abandoned stops writing: its
+    // receives fail.)
     const sent = io.send(next, s, rawBody(acc, chunkStart(n, size, sendChunk), chunkStart(n, size, sendChunk + 1), io.liveOnly !== true));
     const from = chunkStart(n, size, recvChunk), to = chunkStart(n, size, recvChunk + 1);
     const theirs = viewOf(await io.recv(prev, s), acc, to - from);

@@ -856,7 +856,7 @@ export class World implements WorldApi {
       },
       recv: (source, step) => (this.failure !== undefined ? Promise.reject(this.failure) : this.colls.recv(c, source, step)),
       ...(retainResult === undefined ? {} : { retainResult }),
-      liveOnly: this.cpr === undefined && this.retry === undefined,
+      liveOnly: this.cpr === undefined,
     };
     // retry-one: a run the protocol abandoned (no longer active) may still end later; ignore it.
     const gone = (): boolean => this.retry !== undefined && this.colls.activeCollective(c.seq) !== c;

@@ -13,9 +13,9 @@ const tmp = tempDir("lifeline-world-");
 afterAll(() => tmp.cleanup());
 
 let runs = 0;
-async function run(np: number, fixture: string, args: string[] = [], timeoutMs = 60_000) {
+async function run(np: number, fixture: string, args: string[] = [], timeoutMs = 60_000, mode = "none") {
   const results = join(tmp.dir, `r${runs++}.json`);
-  const res = await runCli(["run", "-n", String(np), "--mode", "none", "--results", results, join(FIX, fixture), ...args], { timeoutMs });
+  const res = await runCli(["run", "-n", String(np), "--mode", mode, "--results", results, join(FIX, fixture), ...args], { timeoutMs });
   let json: { ranks: any[] } | undefined;
   try { json = JSON.parse(readFileSync(results, "utf8")); } catch { json = undefined; }
   return { ...res, json };
@@ -30,8 +30,8 @@ describe("collectives over real processes", () => {
     digests.set(np, r.json!.ranks[0].digest);
   });
 
-  it.each([2, 3, 4])("ring allreduce/reduce while the program trashes results and inputs at once, two calls at a time too, %i ranks", async (np) => {
-    const r = await run(np, "ring-reuse.ts", [], 120_000);
+  it.each([[2, "none"], [3, "none"], [4, "none"], [4, "retry-one"]])("ring allreduce/reduce while the program trashes results and inputs at once, two calls at a time too (none), %i ranks, mode %s", async (np, mode) => {
+    const r = await run(np as number, "ring-reuse.ts", mode === "retry-one" ? ["--sequential"] : [], 120_000, mode as string);
     expect(r.code, r.stderr).toBe(0);
     for (const rank of r.json!.ranks) expect(rank.fails).toEqual([]);
   });
