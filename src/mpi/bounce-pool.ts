@@ -15,13 +15,25 @@ export class BouncePool {
   private readonly free = new Map<number, ArrayBuffer[]>();
   private pooledBytes = 0;
 
-  /** @param maxPooledBytes idle memory the pool may keep; beyond it, released buffers are dropped. */
-  constructor(private readonly maxPooledBytes: number) {}
+  /**
+   * @param maxPooledBytes idle memory the pool may keep; beyond it, released buffers are dropped.
+   * @param classesPerOctave block sizes per power of two: 1 = powers of two (up to 2x the
+   *   bytes asked for); 8 = at most 1/8 more than asked for (for large, repeating sizes).
+   */
+  constructor(private readonly maxPooledBytes: number, private readonly classesPerOctave = 1) {}
 
-  /** A buffer of exactly `bytes` bytes, backed by a power-of-two block that may be reused. */
+  /** The block size that serves `bytes`. */
+  private blockSize(bytes: number): number {
+    let pow = 1;
+    while (pow < bytes) pow *= 2;
+    if (this.classesPerOctave <= 1 || pow <= 4096) return pow;
+    const step = Math.max(4096, pow / 2 / this.classesPerOctave);
+    return Math.ceil(bytes / step) * step;
+  }
+
+  /** A buffer of exactly `bytes` bytes, backed by a block of a fixed size class that may be reused. */
   acquire(bytes: number): Buffer {
-    let size = 1;
-    while (size < bytes) size *= 2;
+    const size = this.blockSize(bytes);
     const block = this.free.get(size)?.pop();
     if (block !== undefined) {
       this.pooledBytes -= size;

@@ -88,8 +88,8 @@ const BOUNCE_POOL_BYTES_MAX = 256 * 1024 * 1024;
  * every page: several times the copy itself).
  */
 const RESULT_POOL_BYTES_MIN = 64 * 1024;
-/** retry-one: idle result-buffer memory kept for reuse. */
-const RESULT_POOL_BYTES_MAX = 256 * 1024 * 1024;
+/** retry-one: idle memory of results and checkpoint copies kept for reuse. */
+const RESULT_POOL_BYTES_MAX = 512 * 1024 * 1024;
 /** Bodies up to this size travel in the header's frame: one ZeroMQ frame instead of two. */
 const INLINE_BODY_BYTES_MAX = 4096;
 /** How often blocked collectives are looked at (see coll-registry.ts). */
@@ -529,7 +529,7 @@ export class World implements WorldApi {
   private readonly lent = new Map<string, Buffer[]>();
   private readonly bounce = new BouncePool(BOUNCE_POOL_BYTES_MAX);
   /** retry-one: memory of kept collective results, and the buffers it lent out (see recycle). */
-  private readonly resultPool = new BouncePool(RESULT_POOL_BYTES_MAX);
+  private readonly resultPool = new BouncePool(RESULT_POOL_BYTES_MAX, 8);
   private readonly pooledResults = new WeakSet<Buffer>();
 
   /**
@@ -830,7 +830,7 @@ export class World implements WorldApi {
     }
   }
 
-  /** retry-one: memory for a kept result (pooled when large; see recycle in retryAccess). */
+  /** retry-one: memory for a kept result or checkpoint copy (pooled when large; see recycle in retryAccess). */
   private resultBuffer(bytes: number): Buffer {
     if (bytes < RESULT_POOL_BYTES_MIN) return Buffer.allocUnsafe(bytes);
     const buf = this.resultPool.acquire(bytes);
@@ -1150,8 +1150,9 @@ export class World implements WorldApi {
       // Encoded now (a copy: later changes must not reach the checkpoint), or, for the
       // function form, when the protocol really needs a copy (Rabit's lazy checkpoint).
       const lazy = typeof state === "function";
-      const s = lazy ? () => encodeValue((state as () => S)()) : encodeValue(state);
-      const g = lazy ? () => encodeValue(global) : encodeValue(global);
+      const alloc = (n: number): Buffer => this.resultBuffer(n);
+      const s = lazy ? () => encodeValue((state as () => S)(), alloc) : encodeValue(state, alloc);
+      const g = lazy ? () => encodeValue(global, alloc) : encodeValue(global, alloc);
       await this.retry.checkpoint(s, g);
       this.versions = this.retry.progress.version;
       this.reportStep(true);

@@ -388,7 +388,7 @@ export class RetryOneSim {
         case "recycle":
           // World reuses this memory for later results: poison it, so a result that is still
           // served or in flight after this shows up as a different result (the invariant above).
-          for (const r of e.results) (r as number[]).fill(Number.NaN);
+          for (const r of e.results) if (Array.isArray(r)) r.fill(Number.NaN);
           this.recycled += e.results.length;
           break;
         case "restored":

@@ -72,6 +72,8 @@ import {
 export class LazyCell {
   private done = false;
   private value: unknown;
+  /** Handed out (sent to a peer): other code may still read it. */
+  private lent = false;
   constructor(private readonly lazy: Lazy) {}
 
   get(): unknown {
@@ -80,6 +82,19 @@ export class LazyCell {
       this.done = true;
     }
     return this.value;
+  }
+
+  /** The value, to send: it is never recycled. */
+  lend(): unknown {
+    this.lent = true;
+    return this.get();
+  }
+
+  /** The value if it exists (given, or made) and was never handed out (its memory may be reused once dropped). */
+  get unlent(): unknown[] {
+    if (this.lent) return [];
+    if (this.lazy.kind === "value") return [this.lazy.value];
+    return this.done ? [this.value] : [];
   }
 }
 
@@ -429,7 +444,7 @@ export class RetryOneRank {
     this.ckptProto = { version, storedFrom: this.earlyStored.get(version) ?? new Set(), storedSent: false };
     this.earlyStored.delete(version);
     if (this.replicas > 0) {
-      const state = own.state.get();
+      const state = own.state.lend();
       for (const to of successors(this.rank, this.opts())) {
         this.send(to, { t: "replica", view: this.viewNow(), version, state });
       }
@@ -459,7 +474,9 @@ export class RetryOneRank {
     this.committed = version;
     this.version = version;
     this.seqno = 0;
-    const dropped = this.buffer.reset(version);
+    // The results and the previous checkpoint's own copies are dropped: what was never handed
+    // out may be reused.
+    const dropped = [...this.buffer.reset(version), ...(this.own === null ? [] : [...this.own.state.unlent, ...this.own.global.unlent])];
     if (dropped.length > 0) this.out.push({ kind: "recycle", results: dropped });
     this.own = this.ownPending;
     this.ownPending = null;
@@ -677,7 +694,7 @@ export class RetryOneRank {
         if (t.version === 0) return { kind: "restore", version: 0, state: undefined, global: undefined };
         const state = this.stateOf(t.to, t.version);
         const own = this.ownAt(t.version);
-        return { kind: "restore", version: t.version, state, global: own.global.get() };
+        return { kind: "restore", version: t.version, state, global: own.global.lend() };
       }
       case "replica":
         return { kind: "replica", owner: t.owner, version: t.version, state: this.stateOf(t.owner, t.version) };
@@ -691,7 +708,7 @@ export class RetryOneRank {
   }
 
   private stateOf(owner: number, version: number): unknown {
-    if (owner === this.rank) return this.ownAt(version).state.get();
+    if (owner === this.rank) return this.ownAt(version).state.lend();
     const h = this.held.get(owner)?.version === version ? this.held.get(owner) : this.heldPending.get(owner);
     if (h === undefined || h.version !== version) {
       throw new ProtocolError("CPR_PROTOCOL", `rank ${this.rank} was asked for rank ${owner}'s state of version ${version}, which it does not hold`);
@@ -742,6 +759,9 @@ export class RetryOneRank {
               state: new LazyCell({ kind: "value", value: part.state }),
               global: new LazyCell({ kind: "value", value: part.global }),
             };
+            // Handed to the program by `restored` (it may view them): never recycled.
+            this.own.state.lend();
+            this.own.global.lend();
           }
           this.pos = null;
           const value = part.version > 0 ? { state: part.state, global: part.global, version: part.version } : undefined;

@@ -191,9 +191,10 @@ export type RankEffect =
   /** checkpoint() returns: `version` is committed (every rank's state is at its replicas). */
   | { readonly kind: "checkpointed"; readonly version: number }
   /**
-   * Results of an older version that the machine dropped and never handed out (never sent in
-   * a transfer, never served to the program): nothing refers to them any more, so their
-   * memory may be reused for later results. Results that were handed out are not listed.
+   * Values the machine dropped at a commit and never handed out — results of the older version
+   * (never sent in a transfer, never served to the program) and its own encoded state and
+   * global of the previous checkpoint (never sent to a peer): nothing refers to them any more,
+   * so their memory may be reused. Values that were handed out are not listed.
    */
   | { readonly kind: "recycle"; readonly results: readonly unknown[] }
   /** Fail the pending call and every later one with this error; the job cannot go on. */
