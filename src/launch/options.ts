@@ -70,6 +70,8 @@ export interface RunConfig {
   faults: string[];
   /** retry-one: ring successors that keep a copy of each rank's state (`--replicas`, default 2). */
   replicas?: number | undefined;
+  /** retry-one: keep a warm spare process for the next restart (`--no-spare` turns it off; default on). */
+  spare?: boolean | undefined;
 }
 
 /** The raw strings the CLI collected; `undefined` = flag not given. */
@@ -92,6 +94,8 @@ export interface RunFlags {
   transport?: string | undefined;
   inject?: string[] | undefined;
   replicas?: string | undefined;
+  /** false for `--no-spare`. */
+  spare?: boolean | undefined;
   app?: string | undefined;
   appArgs?: string[] | undefined;
 }
@@ -313,6 +317,7 @@ export function resolveRunConfig(flags: RunFlags, ctx: { cwd: string }): RunConf
     transport: transport!,
     faults,
     replicas: replicas!,
+    spare: flags.spare !== false,
   };
 }
 

@@ -35,7 +35,10 @@ import { inspect } from "node:util";
 /** Events of a job, in the order they happen. `t` (ms since launch) is added by the reporter. */
 export type JobEvent =
   | { kind: "job-starting"; job: string; size: number; mode: string; app: string; coordinator: string; transport: string }
-  | { kind: "rank-spawned"; rank: number; attempt: number; pid: number }
+  /** `warm`: a spare process, started earlier, took the rank's place (retry-one). */
+  | { kind: "rank-spawned"; rank: number; attempt: number; pid: number; warm?: boolean }
+  /** retry-one: a warm spare process is ready for the next restart (see --no-spare). */
+  | { kind: "spare-ready"; pid: number }
   | { kind: "rank-up"; rank: number; pid: number }
   | { kind: "job-started"; rendezvousMs: number }
   | { kind: "rank-step"; rank: number; steps: number; epoch: number }
@@ -269,6 +272,7 @@ class HumanReporter implements Reporter {
         this.info(`job ${ev.job}: starting ${ev.size} rank${plural(ev.size)} of ${ev.app} (mode ${ev.mode})`);
         break;
       case "rank-spawned":
+      case "spare-ready":
         break;
       case "rank-up":
         this.up[ev.rank] = true;

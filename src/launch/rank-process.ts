@@ -22,7 +22,7 @@ import { spawn, type ChildProcess } from "node:child_process";
 import { createRequire } from "node:module";
 import { constants as osConstants } from "node:os";
 import { extname } from "node:path";
-import { pathToFileURL } from "node:url";
+import { fileURLToPath, pathToFileURL } from "node:url";
 import { LifelineError, errorMessage } from "../errors.ts";
 import { TS_EXTENSIONS } from "./options.ts";
 
@@ -173,6 +173,78 @@ export class RankProcess {
   kill(): void {
     this.signal("SIGKILL");
   }
+}
+
+/**
+ * A warm spare (retry-one; src/launch/spare-entry.ts): a process started like a rank — same
+ * stdio, process group and environment (without the rank's own LIFELINE_ variables) — that has
+ * loaded Node, tsx and lifeline and waits on stdin for the place of a failed rank.
+ */
+export class SpareProcess {
+  private ended = false;
+  private readonly onReady: () => void;
+  /** Resolves when the spare is warm (it wrote its byte on the watch pipe). */
+  readonly ready: Promise<void>;
+
+  constructor(private readonly child: ChildProcess, readonly pid: number) {
+    child.once("exit", () => {
+      this.ended = true;
+    });
+    let resolve!: () => void;
+    this.ready = new Promise((r) => { resolve = r; });
+    this.onReady = () => resolve();
+    const watch = child.stdio[3] as NodeJS.ReadableStream | null;
+    watch?.on("error", () => undefined);
+    watch?.once("data", this.onReady);
+  }
+
+  /** Still waiting for an assignment (not exited, not assigned). */
+  get usable(): boolean {
+    return !this.ended && this.child.stdin?.writable === true;
+  }
+
+  /** Turns the spare into the rank of `spec` (same app and cwd as it was started with). */
+  assign(spec: RankSpawnSpec, sink: RankOutputSink): RankProcess {
+    (this.child.stdio[3] as NodeJS.ReadableStream | null)?.off("data", this.onReady);
+    const proc = new RankProcess(spec.rank, spec.attempt, this.pid, this.child, sink);
+    this.child.stdin!.end(`${JSON.stringify({ env: spec.env, app: spec.app, appArgs: spec.appArgs })}\n`);
+    return proc;
+  }
+
+  /** Ends an unused spare (its process group). */
+  kill(): void {
+    this.child.stdin?.destroy();
+    try {
+      process.kill(-this.pid, "SIGKILL");
+    } catch {
+      // already gone
+    }
+  }
+}
+
+/** Starts a spare for `app`; rejects with `LAUNCH_SPAWN` if the process could not be started. */
+export function spawnSpare(app: string, env: NodeJS.ProcessEnv, cwd: string): Promise<SpareProcess> {
+  const fromSource = import.meta.url.endsWith(".ts");
+  const entry = fileURLToPath(new URL(fromSource ? "./spare-entry.ts" : "./spare-entry.js", import.meta.url));
+  const ts = fromSource || (TS_EXTENSIONS as readonly string[]).includes(extname(app));
+  const args = ts ? ["--import", resolveTsxLoader(), entry] : [entry];
+  return new Promise((resolve, reject) => {
+    let child: ChildProcess;
+    try {
+      child = spawn(process.execPath, args, { cwd, env, stdio: ["pipe", "pipe", "pipe", "pipe"], detached: true, windowsHide: true });
+    } catch (err) {
+      reject(new LifelineError("LAUNCH_SPAWN", `cannot start a spare process: ${errorMessage(err)}`, { cause: err }));
+      return;
+    }
+    const onError = (err: Error): void => reject(new LifelineError("LAUNCH_SPAWN", `cannot start a spare process: ${err.message}`, { cause: err }));
+    child.once("error", onError);
+    child.once("spawn", () => {
+      child.off("error", onError);
+      child.on("error", () => undefined);
+      child.stdin!.on("error", () => undefined); // EPIPE if it died; `usable` tells
+      resolve(new SpareProcess(child, child.pid!));
+    });
+  });
 }
 
 /**

@@ -28,7 +28,7 @@ import { FailureDetector, type Suspicion } from "./detector.ts";
 import { RetryOnePolicy } from "./retry-one-policy.ts";
 import { SUPPORTED_MODES, type RunConfig } from "./options.ts";
 import type { JobEvent, Reporter } from "./progress.ts";
-import { spawnRank, type RankExit, type RankOutputSink, type RankProcess } from "./rank-process.ts";
+import { spawnRank, spawnSpare, type RankExit, type RankOutputSink, type RankProcess, type SpareProcess } from "./rank-process.ts";
 
 /** Grace between SIGTERM and SIGKILL when a failure stops the job (fail fast: all gone within 1 s). */
 export const FAIL_FAST_GRACE_MS = 500;
@@ -36,6 +36,8 @@ export const FAIL_FAST_GRACE_MS = 500;
 export const INTERRUPT_GRACE_MS = 2_000;
 /** How long ranks may take to exit after `release` before they are killed. */
 export const RELEASE_EXIT_TIMEOUT_MS = 10_000;
+/** retry-one: a new spare starts this long after a restarted rank said hello (off its catching up). */
+const SPARE_REFILL_DELAY_MS = 1_000;
 /** A second stop signal within this window of the first is the same signal delivered twice. */
 const REPEAT_SIGNAL_WINDOW_MS = 500;
 /** How long to wait for a dead rank's last output before writing its failure message. */
@@ -211,6 +213,11 @@ export class Supervisor {
   private restarting = false;
   /** retry-one: ranks being restarted alone (the others keep running). */
   private readonly replacing = new Set<number>();
+  /** retry-one: a warm process waiting to take a failed rank's place (see spare-entry.ts). */
+  private spare: SpareProcess | undefined;
+  private spareStarting = false;
+  private spareTimer: NodeJS.Timeout | undefined;
+  private spareWarned = false;
   private readonly budget: RestartBudget;
   private readonly errorFile: string;
   private readonly failureRecords: FailureRecord[] = [];
@@ -282,6 +289,7 @@ export class Supervisor {
     // Let the last forwarded lines through before the summary is printed.
     await withTimeout(Promise.all(this.procs.map((p) => p?.closed)), FINAL_DRAIN_WAIT_MS);
     this.stopTimers();
+    this.dropSpare();
     await this.policy.close?.().catch((err: unknown) => this.deps.reporter.event({ kind: "warning", message: errorMessage(err) }));
     await coordinator.close();
     return this.outcome();
@@ -308,6 +316,64 @@ export class Supervisor {
   /** SIGKILLs every rank's process group, synchronously: for a launcher that is going down. */
   killAllNow(): void {
     for (const p of this.procs) p?.kill();
+    this.dropSpare();
+  }
+
+  // ---- the warm spare (retry-one) -----------------------------------------------------------
+
+  private get sparesWanted(): boolean {
+    return this.config.mode === "retry-one" && this.config.spare !== false && this.config.maxRestarts > 0 && !this.stopping;
+  }
+
+  /** Starts a spare after `delayMs` (off a recovery's path) unless one is there or starting. */
+  private refillSpare(delayMs: number): void {
+    if (!this.sparesWanted || this.spare?.usable === true || this.spareStarting || this.spareTimer !== undefined) return;
+    this.spareTimer = setTimeout(() => {
+      this.spareTimer = undefined;
+      if (!this.sparesWanted || this.spare?.usable === true || this.spareStarting) return;
+      this.spareStarting = true;
+      spawnSpare(this.config.app, this.spareEnv(), this.config.cwd).then(
+        (s) => {
+          this.spareStarting = false;
+          if (!this.sparesWanted) {
+            s.kill();
+            return;
+          }
+          // Usable at once (a start-up under way beats a fresh one); announced once warm.
+          this.spare = s;
+          void s.ready.then(() => {
+            if (this.spare === s) this.deps.reporter.event({ kind: "spare-ready", pid: s.pid });
+          });
+        },
+        (err: unknown) => {
+          this.spareStarting = false;
+          if (!this.spareWarned) this.deps.reporter.event({ kind: "warning", message: `${errorMessage(err)}; restarted ranks start cold` });
+          this.spareWarned = true;
+        },
+      );
+    }, delayMs);
+    this.spareTimer.unref();
+  }
+
+  /** The spare, if one is ready: it is handed out once. */
+  private takeSpare(): SpareProcess | undefined {
+    const s = this.spare;
+    this.spare = undefined;
+    return s?.usable === true ? s : undefined;
+  }
+
+  private dropSpare(): void {
+    if (this.spareTimer !== undefined) clearTimeout(this.spareTimer);
+    this.spareTimer = undefined;
+    this.spare?.kill();
+    this.spare = undefined;
+  }
+
+  /** A spare's environment: the ranks' without their own LIFELINE_ variables (the assignment brings those). */
+  private spareEnv(): NodeJS.ProcessEnv {
+    const env: NodeJS.ProcessEnv = {};
+    for (const [k, v] of Object.entries(this.deps.baseEnv)) if (!k.startsWith("LIFELINE_")) env[k] = v;
+    return env;
   }
 
   // ---- starting -------------------------------------------------------------------------
@@ -332,11 +398,11 @@ export class Supervisor {
     }
   }
 
-  /** Takes a freshly started rank under supervision. */
-  private adopt(proc: RankProcess): void {
+  /** Takes a freshly started rank (or a spare that took its place: `warm`) under supervision. */
+  private adopt(proc: RankProcess, warm = false): void {
     this.procs[proc.rank] = proc;
     this.pids.push(proc.pid);
-    this.deps.reporter.event({ kind: "rank-spawned", rank: proc.rank, attempt: proc.attempt, pid: proc.pid });
+    this.deps.reporter.event({ kind: "rank-spawned", rank: proc.rank, attempt: proc.attempt, pid: proc.pid, ...(warm ? { warm } : {}) });
     void proc.exited.then((exit) => this.onExit(proc, exit));
     // A failure or interrupt while this rank was starting already swept the others.
     if (this.stopping) proc.terminate(FAIL_FAST_GRACE_MS);
@@ -385,10 +451,13 @@ export class Supervisor {
         // first beat reaches us must not escape the detector (and hang the job for ever).
         this.detector.heard(ev.rank, now, { heartbeat: this.config.heartbeatMs > 0 });
         this.deps.reporter.event({ kind: "rank-up", rank: ev.rank, pid: ev.pid });
+        // A restarted rank is back: a new spare once its catching up has had the machine.
+        if (ev.attempt > 0) this.refillSpare(SPARE_REFILL_DELAY_MS);
         return;
       case "ready":
         for (let r = 0; r < this.config.size; r++) this.detector.armSteps(r, now);
         this.deps.reporter.event({ kind: "job-started", rendezvousMs: Math.round(now) });
+        this.refillSpare(0);
         this.budget.healthy(now);
         this.policy.onReady?.();
         return;
@@ -639,14 +708,15 @@ export class Supervisor {
       await Promise.all(ranks.map((r, i) => {
         const attempt = (old[i]?.attempt ?? 0) + 1;
         this.coordinator!.restartRank(r, attempt);
-        return spawnRank(
-          { rank: r, attempt, app: this.config.app, appArgs: this.config.appArgs, env: this.rankEnv(r, attempt, this.coordinator!.endpoint), cwd: this.config.cwd },
-          this.outputSink(),
-        ).then((proc) => {
+        const spec = { rank: r, attempt, app: this.config.app, appArgs: this.config.appArgs, env: this.rankEnv(r, attempt, this.coordinator!.endpoint), cwd: this.config.cwd };
+        // The warm spare if one is ready (start-up already done), else a fresh process.
+        const spare = this.takeSpare();
+        return (spare !== undefined ? Promise.resolve(spare.assign(spec, this.outputSink())) : spawnRank(spec, this.outputSink())).then((proc) => {
+          const warm = spare !== undefined;
           this.finalized[r] = false;
           this.results[r] = undefined;
           this.replacing.delete(r);
-          this.adopt(proc);
+          this.adopt(proc, warm);
         });
       }));
     } catch (err) {

@@ -33,12 +33,15 @@ export interface RunSpec {
   readonly onEvent?: (ev: Record<string, unknown>) => void;
   /** Without --json (human progress output on stderr). */
   readonly human?: boolean;
+  /** The launcher process's pid, once it is started. */
+  readonly onSpawn?: (pid: number) => void;
 }
 
 export async function runLauncher(spec: RunSpec): Promise<RunOutcome> {
   const results = join(spec.dir, `${spec.name}.json`);
   const argv = [CLI, "run", "-n", String(spec.np), ...(spec.human === true ? [] : ["--json"]), "--store", join(spec.dir, `${spec.name}.store`), "--results", results, ...spec.flags, spec.program, ...(spec.args ?? [])];
   const child = spawn(process.execPath, argv, { cwd: ROOT, stdio: ["ignore", "pipe", "pipe"] });
+  if (child.pid !== undefined) spec.onSpawn?.(child.pid);
   let stdout = "";
   let stderr = "";
   let partial = "";

@@ -16,6 +16,7 @@ import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { waitGone } from "../launch/helpers.ts";
 import { CLI, context, type RunOutcome, runLauncher } from "./cpr-run.ts";
 
 const RUN_TIMEOUT_MS = 60_000;
@@ -117,4 +118,71 @@ describe("retry-one with real processes", () => {
     expect(r.doc?.error?.message, context(r)).toMatch(/--max-restarts 0.*cannot go on without rank 2/s);
     expect(performance.now() - started).toBeLessThan(30_000);
   }, RUN_TIMEOUT_MS);
+
+  describe("warm spare process (the next restarted rank's start-up done in advance)", () => {
+    const PROGRAM = "examples/logreg.ts";
+    // About 3 s in mode none: the spare is warm well before the end.
+    const ARGS = ["--steps", "600", "--batch", "16384", "--features", "64"];
+
+    it("a rank killed once the spare is up is taken over by the spare (warm, its pid), results bit-identical; no spare left after the job", async () => {
+      const ref = await run(PROGRAM, ["--mode", "none"], ARGS);
+      expect(ref.code, context(ref)).toBe(0);
+      const spares: number[] = [];
+      const spawned: { rank: number; attempt: number; pid: number; warm: boolean }[] = [];
+      const o = await runLauncher({
+        np: NP, program: PROGRAM, flags: ["--mode", "retry-one"], args: ARGS, dir, name: `run${runs++}`, timeoutMs: RUN_TIMEOUT_MS,
+        onEvent: (ev) => {
+          if (ev.event === "rank-spawned") spawned.push({ rank: ev.rank as number, attempt: ev.attempt as number, pid: ev.pid as number, warm: ev.warm === true });
+          if (ev.event === "spare-ready") {
+            spares.push(ev.pid as number);
+            // The first spare is ready: kill rank 1 now, so its restart can use it.
+            if (spares.length === 1) process.kill(spawned.find((s) => s.rank === 1)!.pid, "SIGKILL");
+          }
+        },
+      });
+      expect(o.code, context(o)).toBe(0);
+      expect(o.doc?.ranks, context(o)).toEqual(ref.doc?.ranks);
+      const again = spawned.filter((s) => s.rank === 1 && s.attempt === 1);
+      expect(again, JSON.stringify(spawned)).toHaveLength(1);
+      expect(again[0]).toMatchObject({ warm: true, pid: spares[0] });
+      expect(await waitGone([...spares, ...spawned.map((s) => s.pid)], 5_000)).toEqual([]);
+    }, 3 * RUN_TIMEOUT_MS);
+
+    it("a launcher SIGKILLed while a spare waits leaves no process behind", async () => {
+      let launcher = 0;
+      const pids: number[] = [];
+      const o = await runLauncher({
+        np: NP, program: PROGRAM, flags: ["--mode", "retry-one"], args: ARGS, dir, name: `run${runs++}`, timeoutMs: RUN_TIMEOUT_MS,
+        onSpawn: (pid) => { launcher = pid; },
+        onEvent: (ev) => {
+          if (ev.event === "rank-spawned") pids.push(ev.pid as number);
+          if (ev.event === "spare-ready") {
+            pids.push(ev.pid as number);
+            process.kill(launcher, "SIGKILL");
+          }
+        },
+      });
+      expect(o.code).toBeNull(); // killed
+      expect(pids.length).toBe(NP + 1);
+      expect(await waitGone(pids, 10_000)).toEqual([]);
+    }, 2 * RUN_TIMEOUT_MS);
+
+    it("--no-spare: no spare process; a killed rank restarts cold, results still bit-identical", async () => {
+      const args = ["--steps", "60"];
+      const ref = await run(PROGRAM, ["--mode", "none"], args);
+      const events: string[] = [];
+      const warm: boolean[] = [];
+      const o = await runLauncher({
+        np: NP, program: PROGRAM, flags: ["--mode", "retry-one", "--no-spare", "--inject", "2@step:20"], args, dir, name: `run${runs++}`, timeoutMs: RUN_TIMEOUT_MS,
+        onEvent: (ev) => {
+          events.push(ev.event as string);
+          if (ev.event === "rank-spawned" && ev.attempt === 1) warm.push(ev.warm === true);
+        },
+      });
+      expect(o.code, context(o)).toBe(0);
+      expect(o.doc?.ranks, context(o)).toEqual(ref.doc?.ranks);
+      expect(events).not.toContain("spare-ready");
+      expect(warm).toEqual([false]);
+    }, 2 * RUN_TIMEOUT_MS);
+  });
 });
