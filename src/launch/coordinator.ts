@@ -45,7 +45,7 @@ export type CoordinatorEvent =
   /** A rank asked for the job to stop (a job-fatal error on its side). */
   | { kind: "rank-abort"; rank: number; code: string; message: string }
   /** retry-one: a restarted rank caught up with the others (see control.ts `retry-caught-up`). */
-  | { kind: "caught-up"; rank: number; attempt: number; version: number; seqno: number; replayed: number }
+  | { kind: "caught-up"; rank: number; attempt: number; restored: number; version: number; seqno: number; replayed: number }
   /** Not every rank said hello within the rendezvous timeout. */
   | { kind: "rendezvous-timeout"; missing: number[]; timeoutMs: number }
   | { kind: "warning"; message: string };
@@ -359,7 +359,7 @@ export class Coordinator {
         return;
       case "retry-caught-up":
         if (msg.attempt !== link.attempt) return; // an older incarnation's late word
-        this.opts.onEvent({ kind: "caught-up", rank, attempt: msg.attempt, version: msg.version, seqno: msg.seqno, replayed: msg.replayed });
+        this.opts.onEvent({ kind: "caught-up", rank, attempt: msg.attempt, restored: msg.restored, version: msg.version, seqno: msg.seqno, replayed: msg.replayed });
         return;
       default: {
         const never: never = msg;
@@ -544,7 +544,7 @@ function malformed(msg: RankToCoordinator, size: number): string | undefined {
       // The initiator checks the rest of the message; an epoch is what every one of them needs.
       return isCount(m.epoch) ? undefined : `${msg.t} needs an epoch count`;
     case "retry-caught-up":
-      return isCount(m.attempt) && isCount(m.version) && isCount(m.seqno) && isCount(m.replayed) ? undefined : "retry-caught-up needs attempt, version, seqno and replayed counts";
+      return isCount(m.attempt) && isCount(m.restored) && isCount(m.version) && isCount(m.seqno) && isCount(m.replayed) ? undefined : "retry-caught-up needs attempt, restored, version, seqno and replayed counts";
     default:
       return `unknown message type ${JSON.stringify((msg as { t: unknown }).t)}`;
   }

@@ -49,6 +49,8 @@ export interface FaultReport {
   recoveredMs: number | undefined;
   /** When a later fault was detected before this one had recovered (its recovery restarts with that one). */
   interruptedMs: number | undefined;
+  /** retry-one: the failed rank alone restored checkpoint `restoreEpoch` from its peers' memory. */
+  restoredFromPeers?: boolean;
   /** The recovery line (epoch) the job rolled back to, when the protocol reported it. */
   restoreEpoch: number | undefined;
   /** Steps redone: steps at the hit minus the steps the restored state already held. */
@@ -217,6 +219,18 @@ export function analyzeFaults(events: readonly RecordedEvent[], faults: readonly
         for (const r of open) if (r.fault.rank === ev.rank && r.restartedMs !== undefined && r.upMs === undefined) r.upMs = t;
         break;
       }
+      case "rank-caught-up": {
+        // retry-one: the restarted rank restored checkpoint `restored` (a rank reports its
+        // version as its epoch) and now runs with the others again: recovered.
+        base[ev.rank] = restoredStepsOf(stepsAtEpoch[ev.rank]!, ev.restored);
+        for (const r of open) {
+          if (r.fault.rank !== ev.rank || r.upMs === undefined || !recovering(r)) continue;
+          r.restoreEpoch = ev.restored;
+          r.restoredFromPeers = true;
+          r.recoveredMs = t;
+        }
+        break;
+      }
       case "rank-finalized": {
         for (const r of open) if (r.fault.rank === ev.rank && r.upMs !== undefined && recovering(r)) r.recoveredMs = t;
         break;
@@ -308,7 +322,11 @@ export function describeFault(r: FaultReport): string {
   if (restart !== undefined) parts.push(`back up ${restart} ms later`);
   const recovery = span(r.detectedMs, r.recoveredMs);
   if (recovery !== undefined) parts.push(`recovered ${recovery} ms after detection`);
-  if (r.restoreEpoch !== undefined) parts.push(r.restoreEpoch === 0 ? "restarted from the beginning (no line yet)" : `rolled back to line ${r.restoreEpoch}`);
+  if (r.restoreEpoch !== undefined) {
+    const none = r.restoredFromPeers === true ? "restarted from the beginning (no checkpoint yet)" : "restarted from the beginning (no line yet)";
+    const back = r.restoredFromPeers === true ? `restored checkpoint ${r.restoreEpoch} from its peers` : `rolled back to line ${r.restoreEpoch}`;
+    parts.push(r.restoreEpoch === 0 ? none : back);
+  }
   if (r.workLostSteps !== undefined) parts.push(`${r.workLostSteps} step${r.workLostSteps === 1 ? "" : "s"} redone`);
   if (r.note !== undefined) parts.push(r.note);
   return `${head}: ${parts.join(", ")}`;

@@ -67,11 +67,11 @@ export type JobEvent =
    */
   | { kind: "rank-restarting"; rank: number; attempt: number; delayMs: number; restarts: number; maxRestarts: number; after: string }
   /**
-   * retry-one: restarted `rank` restored checkpoint `version` from its peers (0: none yet),
-   * got `replayed` collective results from their buffers and runs collective `seqno` of that
-   * version on the wire with the others again.
+   * retry-one: restarted `rank` restored checkpoint `restored` from its peers (0: none yet),
+   * got `replayed` collective results from their buffers and runs collective `seqno` of
+   * version `version` on the wire with the others again.
    */
-  | { kind: "rank-caught-up"; rank: number; attempt: number; version: number; seqno: number; replayed: number }
+  | { kind: "rank-caught-up"; rank: number; attempt: number; restored: number; version: number; seqno: number; replayed: number }
   | {
       kind: "job-finished";
       ok: boolean;
@@ -361,7 +361,7 @@ class HumanReporter implements Reporter {
       case "rank-caught-up": {
         const r = this.restartingRanks.get(ev.rank);
         this.restartingRanks.delete(ev.rank);
-        const from = ev.version === 0 ? "restarted from the beginning (no checkpoint yet)" : `restored checkpoint version ${ev.version} from its peers`;
+        const from = ev.restored === 0 ? "restarted from the beginning (no checkpoint yet)" : `restored checkpoint version ${ev.restored} from its peers`;
         const replayed = `${ev.replayed} collective result${plural(ev.replayed)} replayed from the others' buffers`;
         const since = r === undefined ? "" : `, caught up ${secs(this.elapsedMs() - r.sinceMs)} after the failure was detected`;
         this.info(`recovered from rank ${ev.rank}'s failure${r?.cause === undefined ? "" : ` (${r.cause})`}: ${from}, ${replayed}${since}`);

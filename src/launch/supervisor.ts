@@ -483,7 +483,7 @@ export class Supervisor {
         this.releaseTimer.unref();
         return;
       case "caught-up":
-        this.deps.reporter.event({ kind: "rank-caught-up", rank: ev.rank, attempt: ev.attempt, version: ev.version, seqno: ev.seqno, replayed: ev.replayed });
+        this.deps.reporter.event({ kind: "rank-caught-up", rank: ev.rank, attempt: ev.attempt, restored: ev.restored, version: ev.version, seqno: ev.seqno, replayed: ev.replayed });
         return;
       case "rank-abort": {
         const proc = this.procs[ev.rank];

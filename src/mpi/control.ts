@@ -36,11 +36,11 @@ export type RankToCoordinator =
   | { t: "cpr-part-failed"; rank: number; epoch: number; message: string }
   // ---- retry-one, see src/cpr/retry-one ----
   /**
-   * A restarted rank caught up: it restored checkpoint `version` from its peers, was answered
-   * `replayed` collectives from their buffers, and now runs collective `seqno` of that version
-   * on the wire with the others.
+   * A restarted rank caught up: it restored checkpoint `restored` from its peers (0: none),
+   * was answered `replayed` collectives from their buffers, and now runs collective `seqno` of
+   * version `version` on the wire with the others.
    */
-  | { t: "retry-caught-up"; rank: number; attempt: number; version: number; seqno: number; replayed: number };
+  | { t: "retry-caught-up"; rank: number; attempt: number; restored: number; version: number; seqno: number; replayed: number };
 
 /** Coordinator → rank. */
 export type CoordinatorToRank =

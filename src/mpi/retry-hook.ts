@@ -45,7 +45,7 @@ export interface RetryWorldAccess {
    */
   recycle(result: Buffer): void;
   /** A restarted rank caught up with the others (tells the launcher; see control.ts `retry-caught-up`). */
-  caughtUp(info: { readonly version: number; readonly seqno: number; readonly replayed: number }): void;
+  caughtUp(info: { readonly restored: number; readonly version: number; readonly seqno: number; readonly replayed: number }): void;
   /**
    * Gives up the collective running as wire sequence `wireSeq`: its pending receives end with
    * an internal retry signal and World asks {@link RetryOneHook.resumeCollective} again.

@@ -123,7 +123,7 @@ export interface SimOutcome {
   /** cpr: epochs of the lines committed, in order. */
   readonly linesCommitted: readonly number[];
   /** retry-one: restarted ranks' reports that they caught up, in order. */
-  readonly caughtUp: readonly { readonly rank: number; readonly attempt: number; readonly version: number; readonly seqno: number; readonly replayed: number }[];
+  readonly caughtUp: readonly { readonly rank: number; readonly attempt: number; readonly restored: number; readonly version: number; readonly seqno: number; readonly replayed: number }[];
   /** Each rank's attempt at the end. */
   readonly attempts: readonly number[];
   /** The last events and the ranks' ends, for a failure message. */
@@ -153,7 +153,7 @@ export class SimCoordinator {
   readonly links: Link[];
   phase: "rendezvous" | "running" | "released" | "aborted" | "restarting" = "rendezvous";
   readonly aborts: { rank: number; code: string; message: string }[] = [];
-  readonly caughtUp: { rank: number; attempt: number; version: number; seqno: number; replayed: number }[] = [];
+  readonly caughtUp: { rank: number; attempt: number; restored: number; version: number; seqno: number; replayed: number }[] = [];
   readonly warnings: string[] = [];
   /** cpr: the manifest (held by the coordinator for the job's lifetime) and the initiator of the current attempt. */
   manifest: LineManifest | undefined;
@@ -223,7 +223,7 @@ export class SimCoordinator {
         return;
       case "retry-caught-up":
         if (msg.attempt === 0) this.net.violation(`rank ${rank} reported catching up in its first attempt`);
-        this.caughtUp.push({ rank, attempt: msg.attempt, version: msg.version, seqno: msg.seqno, replayed: msg.replayed });
+        this.caughtUp.push({ rank, attempt: msg.attempt, restored: msg.restored, version: msg.version, seqno: msg.seqno, replayed: msg.replayed });
         return;
       case "cpr-checkpointed":
       case "cpr-ready":

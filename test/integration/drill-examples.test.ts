@@ -1,5 +1,6 @@
 /**
- * Goal: `lifeline drill --mode cpr` passes on every shipped example with a step kill each,
+ * Goal: `lifeline drill --mode cpr` passes on every shipped example with a step kill each
+ * (and `--mode retry-one` on the collective ones: logreg, boosting),
  * and on real runs with the other kill forms — `send:N` (token ring, two faults in a row) and
  * Rabit's `mock=rank,version,seqno,ndeath` (logistic regression, after recovery lines were
  * committed, so the job rolls back to a line) — and every fault really fires, is detected
@@ -80,5 +81,24 @@ describe("drills on every example, mode cpr", () => {
   it("heat: rank 0 killed at its 40th step", async () => {
     const o = await drill({ checkpointEvery: "2steps", kill: ["0@step:40"] }, ["examples/heat.ts", "--rows", "64", "--cols", "64", "--iters", "300"]);
     expectRecovered(o, 1);
+  }, DRILL_TEST_MS);
+});
+
+describe("drills in mode retry-one (only the failed rank restarts, from its peers' memory)", () => {
+  it("logreg: rank 1 killed at its 10th step restores checkpoint 9 from its peers and catches up", async () => {
+    const o = await drill({ mode: "retry-one", kill: ["1@step:10"] }, ["examples/logreg.ts", "--steps", "200"]);
+    expectRecovered(o, 1);
+    const [fault] = o.report.runs[1]!.faultReports;
+    expect(fault!.restoredFromPeers, o.stderr).toBe(true);
+    expect(fault!.restoreEpoch, o.stderr).toBe(9);
+    expect(fault!.recoveredMs, o.stderr).toBeDefined();
+    expect(fault!.workLostSteps!).toBeLessThanOrEqual(9);
+    expect(o.stderr).toMatch(/restored checkpoint 9 from its peers/);
+  }, DRILL_TEST_MS);
+
+  it("boosting: a kill inside a bootstrap collective (mock=1,0,0,0) is recovered from the peers' bootstrap cache", async () => {
+    const o = await drill({ mode: "retry-one", kill: ["mock=1,0,0,0"] }, ["examples/boosting.ts", "--rows", "1000", "--trees", "3", "--depth", "3"]);
+    expectRecovered(o, 1);
+    expect(o.report.runs[1]!.faultReports[0]!.restoreEpoch, o.stderr).toBe(0);
   }, DRILL_TEST_MS);
 });

@@ -39,7 +39,7 @@ interface Run extends RunOutcome {
   /** Pids each rank was started with, in order. */
   pids: number[][];
   /** The launcher's `rank-caught-up` events: restarted ranks back with the others. */
-  caughtUp: { rank: number; attempt: number; version: number; replayed: number }[];
+  caughtUp: { rank: number; attempt: number; restored: number; replayed: number }[];
 }
 
 async function run(program: string, flags: readonly string[], args: readonly string[] = []): Promise<Run> {
@@ -49,7 +49,7 @@ async function run(program: string, flags: readonly string[], args: readonly str
     np: NP, program, flags, args, dir, name: `run${runs++}`, timeoutMs: RUN_TIMEOUT_MS,
     onEvent: (ev) => {
       if (ev.event === "rank-spawned") pids[ev.rank as number]!.push(ev.pid as number);
-      if (ev.event === "rank-caught-up") caughtUp.push({ rank: ev.rank as number, attempt: ev.attempt as number, version: ev.version as number, replayed: ev.replayed as number });
+      if (ev.event === "rank-caught-up") caughtUp.push({ rank: ev.rank as number, attempt: ev.attempt as number, restored: ev.restored as number, replayed: ev.replayed as number });
     },
   });
   return { ...o, pids, caughtUp };
@@ -79,7 +79,7 @@ describe("retry-one with real processes", () => {
     // The launcher heard that the new process caught up, from a checkpoint near the kill.
     expect(r1.caughtUp).toHaveLength(1);
     expect(r1.caughtUp[0]).toMatchObject({ rank: 1, attempt: 1 });
-    expect(r1.caughtUp[0]!.version).toBeGreaterThanOrEqual(23);
+    expect(r1.caughtUp[0]!.restored).toBeGreaterThanOrEqual(23);
   }, 2 * RUN_TIMEOUT_MS);
 
   it("boosting: a kill inside a bootstrap collective (mock 1,0,0,0) and one after checkpoint 2 (mock 3,2,0,0) → bit-identical model", async () => {

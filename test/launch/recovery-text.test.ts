@@ -114,7 +114,7 @@ describe("progress output of a retry-one failure and its recovery", () => {
   const restarting = (rank: number, attempt: number, restarts: number): JobEvent => ({
     kind: "rank-restarting", rank, attempt, delayMs: 90, restarts, maxRestarts: 3, after: `rank ${rank} was killed by SIGKILL before finalizing`,
   });
-  const caughtUp = (rank: number, attempt: number, version: number, replayed: number): JobEvent => ({ kind: "rank-caught-up", rank, attempt, version, seqno: 2, replayed });
+  const caughtUp = (rank: number, attempt: number, restored: number, replayed: number): JobEvent => ({ kind: "rank-caught-up", rank, attempt, restored, version: restored + 1, seqno: 0, replayed });
 
   it("restart announced before the failure's output drained: failure detected, restarting alone, recovered; no error", () => {
     const lines = play("retry-one", [

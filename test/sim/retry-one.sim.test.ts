@@ -38,6 +38,7 @@ describe("simulation, mode retry-one", () => {
         out.attempts.forEach((a, r) => {
           if (a > 0) expect(reports, `rank ${r} attempt ${a} finished without reporting that it caught up\n${out.report}`).toContain(`${r}.${a}`);
         });
+        for (const c of out.caughtUp) expect(c.restored, `rank ${c.rank} caught up in version ${c.version} before the one it restored`).toBeLessThanOrEqual(c.version);
         caughtUp += out.caughtUp.length;
         restarts += out.restarts;
       } catch (err) {

@@ -93,6 +93,8 @@ export class RetryOneDriver implements RetryOneHook {
   private abandonedBelow = 0;
   /** A restarted rank: collectives answered from buffers so far; undefined once it caught up. */
   private replaying: number | undefined;
+  /** The checkpoint version restore() got from the peers (0: none). */
+  private restoredVersion = 0;
 
   constructor(private readonly access: RetryWorldAccess, private readonly host: Host, private readonly opts: RetryOneDriverOptions = {}) {
     this.failureTimeoutMs = opts.failureTimeoutMs ?? 60_000;
@@ -258,6 +260,7 @@ export class RetryOneDriver implements RetryOneHook {
         const d = this.restoring;
         this.restoring = undefined;
         const v = e.value;
+        this.restoredVersion = v?.version ?? 0;
         d?.resolve(v === undefined ? undefined : { state: asBuffer(v.state), global: asBuffer(v.global), version: v.version });
         return;
       }
@@ -279,7 +282,7 @@ export class RetryOneDriver implements RetryOneHook {
   private reportCaughtUp(): void {
     if (this.replaying === undefined || this.failure !== undefined) return;
     const p = this.progress;
-    this.access.caughtUp({ version: p.version, seqno: p.seqno, replayed: this.replaying });
+    this.access.caughtUp({ restored: this.restoredVersion, version: p.version, seqno: p.seqno, replayed: this.replaying });
     this.replaying = undefined;
   }
 
