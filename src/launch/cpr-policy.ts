@@ -24,7 +24,8 @@
  */
 import { LifelineError } from "../errors.ts";
 import type { CoordinatorToRank, RankToCoordinator } from "../mpi/control.ts";
-import { CprInitiator, type InitiatorEffect, type InitiatorInput, initiatorInputOf } from "../cpr/coordinated/initiator.ts";
+import { CprInitiator, initiatorInputOf } from "../cpr/coordinated/initiator.ts";
+import { InitiatorDriver } from "../cpr/coordinated/initiator-driver.ts";
 import { LevelRecoveryStore } from "../store/level-store.ts";
 import { recoverLocal } from "../store/recovery.ts";
 import type { LineManifest, LineRecord, RankPartStore } from "../store/types.ts";
@@ -43,15 +44,28 @@ export class CprRestartPolicy implements RestartPolicy {
   readonly mode = "cpr" as const;
   private ctx: PolicyContext | undefined;
   private manifest: LineManifest | undefined;
-  private initiator: CprInitiator | undefined;
   private timer: NodeJS.Timeout | undefined;
-  private chain: Promise<void> = Promise.resolve();
   private restoreLine: LineRecord | undefined;
   private readonly startMs = performance.now();
   private readonly committed: number[] = [];
   private readonly rollbacks: { attempt: number; epoch: number }[] = [];
 
-  constructor(private readonly config: RunConfig) {}
+  /** The initiator of the current attempt and the manifest writes it asks for. */
+  private readonly driver: InitiatorDriver;
+
+  constructor(private readonly config: RunConfig) {
+    this.driver = new InitiatorDriver(() => this.mustManifest(), {
+      keepLines: config.keepLines,
+      now: () => this.now(),
+      broadcast: (msg) => this.ctx?.broadcast(msg),
+      onLineCommitted: (eff) => {
+        this.committed.push(eff.epoch);
+        this.ctx?.report({ kind: "line-committed", epoch: eff.epoch, durationMs: Math.round(eff.durationMs), bytes: eff.bytes });
+      },
+      onAborted: (epoch, reason) => this.ctx?.report({ kind: "warning", message: `recovery line ${epoch} aborted: ${reason}; the last committed line stays in force` }),
+      onAbortNotRecorded: (epoch, err) => this.ctx?.report({ kind: "warning", message: `could not record the abort of line ${epoch}: ${err.message}` }),
+    });
+  }
 
   async attach(ctx: PolicyContext): Promise<void> {
     this.ctx = ctx;
@@ -63,28 +77,28 @@ export class CprRestartPolicy implements RestartPolicy {
       for (const line of old) await this.manifest.abortLine(line.epoch);
     }
     await this.withRankStores((stores) => Promise.all(stores.map((s) => s.retain([], { dropNewer: true }))));
-    this.timer = setInterval(() => this.input({ kind: "tick", nowMs: this.now() }), TICK_MS);
+    this.timer = setInterval(() => this.driver.input({ kind: "tick", nowMs: this.now() }), TICK_MS);
     this.timer.unref();
   }
 
   onReady(): void {
     const every = this.config.checkpointEvery.kind === "time" ? { ms: this.config.checkpointEvery.ms } : { steps: this.config.checkpointEvery.steps };
-    this.initiator = new CprInitiator({
+    this.driver.start(new CprInitiator({
       size: this.config.size,
       every,
       committedEpoch: this.restoreLine?.epoch ?? 0,
       keepLines: this.config.keepLines,
       phaseTimeoutMs: PHASE_TIMEOUT_MS,
       nowMs: this.now(),
-    });
+    }));
   }
 
   onStep(rank: number, steps: number): void {
-    this.input({ kind: "step", rank, steps, nowMs: this.now() });
+    this.driver.input({ kind: "step", rank, steps, nowMs: this.now() });
   }
 
   onCprMessage(rank: number, msg: Extract<RankToCoordinator, { t: `cpr-${string}` }>): void {
-    this.input(initiatorInputOf(rank, msg, this.now()));
+    this.driver.input(initiatorInputOf(rank, msg, this.now()));
   }
 
   decide(failure: RankFailure, job: JobView): PolicyDecision {
@@ -97,13 +111,13 @@ export class CprRestartPolicy implements RestartPolicy {
       };
     }
     // Stop the initiator now: messages of the dying attempt must not start or commit a line.
-    this.initiator = undefined;
+    this.driver.stop();
     return { kind: "restart", ranks: Array.from({ length: job.size }, (_, r) => r), delayMs: job.backoffMs };
   }
 
   async prepareRestart(attempt: number): Promise<void> {
-    this.initiator = undefined;
-    await this.chain;
+    this.driver.stop();
+    await this.driver.settled();
     const manifest = this.mustManifest();
     const choice = await this.withRankStores((stores) => recoverLocal(manifest, stores, { keep: this.config.keepLines }));
     for (const w of choice.warnings) this.ctx?.report({ kind: "warning", message: w });
@@ -128,51 +142,9 @@ export class CprRestartPolicy implements RestartPolicy {
     if (this.timer !== undefined) clearInterval(this.timer);
     // A commit still being written finishes first, and is recorded: the results file must list
     // every line that is durable in the manifest.
-    await this.chain;
-    this.initiator = undefined;
+    await this.driver.settled();
+    this.driver.stop();
     await this.manifest?.close();
-  }
-
-  // ---- driving the initiator -------------------------------------------------------------
-
-  private input(input: InitiatorInput): void {
-    const init = this.initiator;
-    if (init === undefined) return;
-    for (const eff of init.step(input)) this.effect(init, eff);
-  }
-
-  private effect(init: CprInitiator, eff: InitiatorEffect): void {
-    switch (eff.kind) {
-      case "broadcast":
-        this.ctx?.broadcast(eff.msg);
-        return;
-      case "commit": {
-        const manifest = this.mustManifest();
-        this.chain = this.chain.then(async () => {
-          try {
-            await manifest.commitLine(eff.epoch, eff.refs);
-            await manifest.prune(this.config.keepLines);
-            const keep = (await manifest.list()).map((l) => l.epoch);
-            if (this.initiator === init) for (const e of init.step({ kind: "commit-done", epoch: eff.epoch, keep, nowMs: this.now() })) this.effect(init, e);
-          } catch (err) {
-            if (this.initiator === init) for (const e of init.step({ kind: "commit-failed", epoch: eff.epoch, message: (err as Error).message, nowMs: this.now() })) this.effect(init, e);
-          }
-        });
-        return;
-      }
-      case "abort-line": {
-        this.ctx?.report({ kind: "warning", message: `recovery line ${eff.epoch} aborted: ${eff.reason}; the last committed line stays in force` });
-        const manifest = this.mustManifest();
-        this.chain = this.chain.then(() => manifest.abortLine(eff.epoch)).catch((err: unknown) => this.ctx?.report({ kind: "warning", message: `could not record the abort of line ${eff.epoch}: ${(err as Error).message}` }));
-        return;
-      }
-      case "line-started":
-        return;
-      case "line-committed":
-        this.committed.push(eff.epoch);
-        this.ctx?.report({ kind: "line-committed", epoch: eff.epoch, durationMs: Math.round(eff.durationMs), bytes: eff.bytes });
-        return;
-    }
   }
 
   private async withRankStores<T>(fn: (stores: RankPartStore[]) => Promise<T>): Promise<T> {

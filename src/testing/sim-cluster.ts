@@ -17,7 +17,8 @@
  * const out = await new SimCluster({ seed: 7, size: 3, mode: "none", program }).run();
  * if (out.status !== "ok") console.log(out.report);
  */
-import { type CheckpointEvery, CprInitiator, type InitiatorEffect, type InitiatorInput, initiatorInputOf } from "../cpr/coordinated/initiator.ts";
+import { type CheckpointEvery, CprInitiator, initiatorInputOf } from "../cpr/coordinated/initiator.ts";
+import { InitiatorDriver } from "../cpr/coordinated/initiator-driver.ts";
 import { coordinatedHook, type PartStoreLike } from "../cpr/coordinated/driver.ts";
 import { retryOneHook } from "../cpr/retry-one/driver.ts";
 import { decodeValue } from "../mpi/codec.ts";
@@ -157,8 +158,7 @@ export class SimCoordinator {
   readonly warnings: string[] = [];
   /** cpr: the manifest (held by the coordinator for the job's lifetime) and the initiator of the current attempt. */
   manifest: LineManifest | undefined;
-  private initiator: CprInitiator | undefined;
-  private chain: Promise<void> = Promise.resolve();
+  private readonly driver: InitiatorDriver;
   private tick: { stop(): void } | undefined;
   /** cpr: the line the current attempt restores from. */
   restoreLine: LineRecord | undefined;
@@ -173,6 +173,19 @@ export class SimCoordinator {
     this.links = Array.from({ length: size }, () => ({ attempt: 0, up: false, endpoint: undefined, finalized: false, result: undefined }));
     const node = net.addNode(COORDINATOR);
     node.onControl = (from, msg) => this.onMessage(from, msg as RankToCoordinator);
+    this.driver = new InitiatorDriver(() => this.manifest!, {
+      keepLines: cpr?.keepLines ?? 2,
+      now: () => this.net.now,
+      broadcast: (msg) => {
+        for (let r = 0; r < this.size; r++) this.send(r, msg);
+      },
+      onDurable: (epoch) => {
+        this.committed.push(epoch);
+        this.onCommitted(epoch);
+      },
+      onAborted: (epoch, reason) => this.warnings.push(`line ${epoch} aborted: ${reason}`),
+      onAbortNotRecorded: (epoch, err) => this.warnings.push(`abortLine ${epoch}: ${err.message}`),
+    });
   }
 
   private send(rank: number, msg: CoordinatorToRank): void {
@@ -217,7 +230,7 @@ export class SimCoordinator {
         this.abortAll(msg.code, `rank ${rank}: ${msg.message}`);
         return;
       case "step":
-        this.input({ kind: "step", rank, steps: msg.steps, nowMs });
+        this.driver.input({ kind: "step", rank, steps: msg.steps, nowMs });
         return;
       case "heartbeat":
         return;
@@ -229,7 +242,7 @@ export class SimCoordinator {
       case "cpr-ready":
       case "cpr-part":
       case "cpr-part-failed":
-        this.input(initiatorInputOf(rank, msg, nowMs));
+        this.driver.input(initiatorInputOf(rank, msg, nowMs));
         return;
     }
   }
@@ -287,57 +300,18 @@ export class SimCoordinator {
       this.send(r, { ...table, ...restore });
     }
     if (this.cpr !== undefined) {
-      this.initiator = new CprInitiator({
+      this.driver.start(new CprInitiator({
         size: this.size, every: this.cpr.every, committedEpoch: this.restoreLine?.epoch ?? 0,
         keepLines: this.cpr.keepLines ?? 2, phaseTimeoutMs: this.cpr.phaseTimeoutMs ?? 60_000, nowMs: this.net.now,
-      });
-      this.tick ??= this.net.timer(COORDINATOR, CPR_TICK_MS, CPR_TICK_MS, () => this.input({ kind: "tick", nowMs: this.net.now }));
+      }));
+      this.tick ??= this.net.timer(COORDINATOR, CPR_TICK_MS, CPR_TICK_MS, () => this.driver.input({ kind: "tick", nowMs: this.net.now }));
     }
   }
 
   private stopInitiator(): void {
-    this.initiator = undefined;
+    this.driver.stop();
     this.tick?.stop();
     this.tick = undefined;
-  }
-
-  private input(input: InitiatorInput): void {
-    const init = this.initiator;
-    if (init === undefined) return;
-    for (const eff of init.step(input)) this.effect(init, eff);
-  }
-
-  private effect(init: CprInitiator, eff: InitiatorEffect): void {
-    switch (eff.kind) {
-      case "broadcast":
-        for (let r = 0; r < this.size; r++) this.send(r, eff.msg);
-        return;
-      case "commit": {
-        const manifest = this.manifest!;
-        this.chain = this.chain.then(async () => {
-          try {
-            await manifest.commitLine(eff.epoch, eff.refs);
-            this.committed.push(eff.epoch);
-            this.onCommitted(eff.epoch);
-            await manifest.prune(this.cpr!.keepLines ?? 2);
-            const keep = (await manifest.list()).map((l) => l.epoch);
-            if (this.initiator === init) for (const e of init.step({ kind: "commit-done", epoch: eff.epoch, keep, nowMs: this.net.now })) this.effect(init, e);
-          } catch (err) {
-            if (this.initiator === init) for (const e of init.step({ kind: "commit-failed", epoch: eff.epoch, message: (err as Error).message, nowMs: this.net.now })) this.effect(init, e);
-          }
-        });
-        return;
-      }
-      case "abort-line": {
-        const manifest = this.manifest!;
-        this.warnings.push(`line ${eff.epoch} aborted: ${eff.reason}`);
-        this.chain = this.chain.then(() => manifest.abortLine(eff.epoch)).catch((err: unknown) => { this.warnings.push(`abortLine ${eff.epoch}: ${(err as Error).message}`); });
-        return;
-      }
-      case "line-started":
-      case "line-committed":
-        return;
-    }
   }
 
   /** Stops the job: every rank that said hello and is alive is told to abort. */
@@ -355,7 +329,7 @@ export class SimCoordinator {
   async beginRestart(): Promise<void> {
     this.phase = "restarting";
     this.stopInitiator();
-    await this.chain;
+    await this.driver.settled();
   }
 
   /** cpr: a new rendezvous for `attempts`, restoring from `line` (undefined: from the beginning). */
