@@ -14,6 +14,7 @@
  */
 import { isLifelineError } from "../errors.ts";
 import type { KvDb, KvOp } from "./backend.ts";
+import { KvHandle } from "./kv-handle.ts";
 import {
   ABORT_PREFIX, FORMAT_VERSION, LINE_PREFIX, abortKey, bytesField, checkEpoch, checksumField, corrupt,
   decodeRecord, encodeRecord, epochOfKey, lineKey, notOpen, storeError, uintField,
@@ -43,27 +44,13 @@ export interface KvLineManifestOptions {
  * const manifest = new KvLineManifest({ kv, nowMs: Date.now });
  * console.log(await manifest.list());
  */
-export class KvLineManifest implements LineManifest {
-  readonly location: string;
-  private readonly kv: KvDb;
+export class KvLineManifest extends KvHandle implements LineManifest {
   private readonly nowMs: () => number;
-  private readonly readOnly: boolean;
-  private readonly onClose: (() => void) | undefined;
-  private closed = false;
-  /** Writes run one at a time, so the "newer than every committed line" check holds. */
-  private queue: Promise<unknown> = Promise.resolve();
 
+  // Writes run one at a time (KvHandle.serial), so the "newer than every committed line" check holds.
   constructor(opts: KvLineManifestOptions) {
-    this.kv = opts.kv;
+    super(opts.kv, { what: "the line manifest", readOnly: opts.readOnly, onClose: opts.onClose });
     this.nowMs = opts.nowMs;
-    this.readOnly = opts.readOnly ?? false;
-    this.onClose = opts.onClose;
-    this.location = opts.kv.location;
-  }
-
-  /** Marks the handle dead without touching the database (the memory store's crash()). */
-  invalidate(): void {
-    this.closed = true;
   }
 
   async commitLine(epoch: number, parts: readonly PartRef[], opts?: { meta?: Uint8Array }): Promise<LineRecord> {
@@ -172,32 +159,6 @@ export class KvLineManifest implements LineManifest {
     });
   }
 
-  async close(): Promise<void> {
-    if (this.closed) return;
-    this.closed = true;
-    await this.queue.catch(() => undefined); // its errors went to their callers already
-    try {
-      await this.kv.close();
-    } finally {
-      this.onClose?.();
-    }
-  }
-
-  // ---- internals --------------------------------------------------------------------------
-
-  private serial<T>(fn: () => Promise<T>): Promise<T> {
-    const run = this.queue.then(fn, fn);
-    this.queue = run.catch(() => undefined);
-    return run;
-  }
-
-  private ensureOpen(): void {
-    if (this.closed) throw notOpen(`the line manifest (${this.location})`);
-  }
-
-  private checkWritable(op: string): void {
-    if (this.readOnly) throw new TypeError(`${op}: the line manifest was opened read-only`);
-  }
 
   private async scan(prefix: string, opts: { reverse?: boolean; limit?: number }): Promise<[string, Buffer][]> {
     try {

@@ -20,6 +20,7 @@
 import { randomBytes } from "node:crypto";
 import { isLifelineError } from "../errors.ts";
 import type { BlobDir, KvDb, KvOp } from "./backend.ts";
+import { KvHandle } from "./kv-handle.ts";
 import { crc32, formatChecksum } from "./checksum.ts";
 import {
   BLOB_HEADER_BYTES, BLOB_NAME_RE, FORMAT_VERSION, PART_PREFIX, blobHeader, blobName, bytesField,
@@ -68,26 +69,17 @@ export interface KvRankPartStoreOptions {
  * const parts = await KvRankPartStore.open({ rank, kv, blobs, nowMs: Date.now, gc: true });
  * await parts.close();
  */
-export class KvRankPartStore implements RankPartStore {
+export class KvRankPartStore extends KvHandle implements RankPartStore {
   readonly rank: number;
-  readonly location: string;
-  private readonly kv: KvDb;
   private readonly blobs: BlobDir;
   private readonly nowMs: () => number;
-  private readonly readOnly: boolean;
-  private readonly onClose: (() => void) | undefined;
-  private closed = false;
-  /** Writes run one at a time, in call order: simpler to reason about than interleaved ones. */
-  private queue: Promise<unknown> = Promise.resolve();
 
+  // Writes run one at a time, in call order (KvHandle.serial): simpler to reason about than interleaved ones.
   private constructor(opts: KvRankPartStoreOptions) {
+    super(opts.kv, { what: `rank ${opts.rank}'s part store`, readOnly: opts.readOnly, onClose: opts.onClose });
     this.rank = opts.rank;
-    this.kv = opts.kv;
     this.blobs = opts.blobs;
     this.nowMs = opts.nowMs;
-    this.readOnly = opts.readOnly ?? false;
-    this.onClose = opts.onClose;
-    this.location = opts.kv.location;
   }
 
   /**
@@ -110,11 +102,6 @@ export class KvRankPartStore implements RankPartStore {
       }
     }
     return store;
-  }
-
-  /** Marks the handle dead without touching the backends (the memory store's crash()). */
-  invalidate(): void {
-    this.closed = true;
   }
 
   async putPart(epoch: number, bytes: Uint8Array): Promise<PartRef> {
@@ -233,32 +220,6 @@ export class KvRankPartStore implements RankPartStore {
     });
   }
 
-  async close(): Promise<void> {
-    if (this.closed) return;
-    this.closed = true;
-    await this.queue.catch(() => undefined); // its errors went to their callers already
-    try {
-      await this.kv.close();
-    } finally {
-      this.onClose?.();
-    }
-  }
-
-  // ---- internals --------------------------------------------------------------------------
-
-  private serial<T>(fn: () => Promise<T>): Promise<T> {
-    const run = this.queue.then(fn, fn);
-    this.queue = run.catch(() => undefined);
-    return run;
-  }
-
-  private ensureOpen(): void {
-    if (this.closed) throw notOpen(`rank ${this.rank}'s part store (${this.location})`);
-  }
-
-  private checkWritable(op: string): void {
-    if (this.readOnly) throw new TypeError(`${op}: rank ${this.rank}'s part store was opened read-only`);
-  }
 
   private checkRef(ref: PartRef): void {
     if (ref === null || typeof ref !== "object") throw new TypeError("expected a PartRef");
