@@ -565,6 +565,8 @@ const RECOVERY_TARGET_S = 1;
 
 interface RecoveryPlan {
   config: Omit<RecoveryConfig, "root" | "dir" | "name" | "mode">;
+  /** What runs, in turn: retry-one, retry-one without its warm spare (full runs), cpr. */
+  variants: { mode: "retry-one" | "cpr"; spare: boolean }[];
   runsPerMode: number;
   runs: RecoveryParts[];
   errors: string[];
@@ -572,26 +574,29 @@ interface RecoveryPlan {
 
 function recoveryPlan(opts: Options): RecoveryPlan {
   const size = opts.quick ? { globalMib: 8, steps: 30, failStep: 20 } : { globalMib: 64, steps: 60, failStep: 40 };
-  return { config: { np: 4, localMib: 1, stepMs: 20, checkpointEvery: "5steps", ...size }, runsPerMode: opts.recoveryRuns, runs: [], errors: [] };
+  const variants: RecoveryPlan["variants"] = [{ mode: "retry-one", spare: true }, ...(opts.quick ? [] : [{ mode: "retry-one" as const, spare: false }]), { mode: "cpr", spare: true }];
+  return { config: { np: 4, localMib: 1, stepMs: 20, checkpointEvery: "5steps", ...size }, variants, runsPerMode: opts.recoveryRuns, runs: [], errors: [] };
 }
 
-/** Runs each mode `runsPerMode` times, alternating which goes first. */
+/** Runs each variant `runsPerMode` times, rotating which goes first. */
 async function runRecovery(plan: RecoveryPlan, tmpDir: string): Promise<void> {
   const c = plan.config;
   progress(`\n== recovery: ${c.np} ranks, ${c.globalMib} MiB global + ${c.localMib} MiB local state, rank 1 killed at step ${c.failStep}; ${plan.runsPerMode} run(s) per mode`);
   for (let k = 0; k < plan.runsPerMode; k++) {
-    const modes: ("retry-one" | "cpr")[] = k % 2 === 0 ? ["retry-one", "cpr"] : ["cpr", "retry-one"];
-    for (const mode of modes) {
+    const n = plan.variants.length;
+    const turn = plan.variants.map((_, i) => plan.variants[(i + k) % n]!);
+    for (const { mode, spare } of turn) {
+      const label = spare ? mode : `${mode} --no-spare`;
       try {
-        const r = await recoveryRun({ ...c, root: ROOT, dir: tmpDir, name: `recovery-${mode}-${k}`, mode });
+        const r = await recoveryRun({ ...c, root: ROOT, dir: tmpDir, name: `recovery-${mode}${spare ? "" : "-cold"}-${k}`, mode, spare });
         plan.runs.push(r);
         progress(
-          `  ${mode} run ${k + 1}: detect ${fmtS(r.detectMs)}, restart ${fmtS(r.restartMs)}, load ${fmtS(r.loadMs)}, catch up ${fmtS(r.catchUpMs)}` +
+          `  ${label} run ${k + 1}: detect ${fmtS(r.detectMs)}, restart ${fmtS(r.restartMs)}, load ${fmtS(r.loadMs)}, catch up ${fmtS(r.catchUpMs)}` +
             ` → total ${fmtS(r.totalMs)} (${r.restarted} process${r.restarted === 1 ? "" : "es"} restarted from step ${r.restoredStep})`,
         );
       } catch (err) {
-        plan.errors.push(`${mode} run ${k + 1}: ${(err as Error).message}`);
-        progress(`  ${mode} run ${k + 1} FAILED: ${(err as Error).message.split("\n")[0]}`);
+        plan.errors.push(`${label} run ${k + 1}: ${(err as Error).message}`);
+        progress(`  ${label} run ${k + 1} FAILED: ${(err as Error).message.split("\n")[0]}`);
       }
     }
   }
@@ -604,7 +609,7 @@ function fmtS(ms: number): string {
 function recoveryText(plan: RecoveryPlan): string {
   const c = plan.config;
   const out = [renderRecoveryTable(plan.runs, `### Recovery, ${c.np} ranks, ${c.globalMib} MiB global + ${c.localMib} MiB local state per rank, rank 1 killed at step ${c.failStep} (median; seconds)`)];
-  const r1 = plan.runs.filter((r) => r.mode === "retry-one");
+  const r1 = plan.runs.filter((r) => r.variant === "retry-one");
   if (r1.length > 0) {
     const total = median(r1.map((r) => r.totalMs)) / 1000;
     out.push(`Target (retry-one, kill → restarted rank caught up) <= ${RECOVERY_TARGET_S} s: ${total <= RECOVERY_TARGET_S ? "met" : "NOT met"} (${total.toFixed(2)} s).`, "");

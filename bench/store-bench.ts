@@ -20,7 +20,7 @@
  * const result = await runStoreBench({ reps: 5, mib: 64 });
  * console.log(renderStoreTable(result));
  */
-import { randomBytes } from "node:crypto";
+import { createHash, randomBytes } from "node:crypto";
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { open, readFile, unlink } from "node:fs/promises";
 import os from "node:os";
@@ -88,6 +88,8 @@ export interface StoreBenchResult {
   readonly bytes: number;
   readonly reps: number;
   readonly crc32Ms: number;
+  /** SHA-256 of the same bytes, for comparison (the checksum the store does not use). */
+  readonly sha256Ms: number;
   /** Median CPU time per write (user + system, all threads), store and fs. */
   readonly writeCpuMs: { readonly store: number; readonly fs: number };
   /** os.loadavg()[0] before and after: a loaded machine stretches CPU-bound steps. */
@@ -139,6 +141,9 @@ export async function runStoreBench(opts: StoreBenchOptions = {}): Promise<Store
 
   const crcTimes: number[] = [];
   for (let i = 0; i < 5; i++) crcTimes.push(await timed(async () => crc32(bytes)));
+  // The checksum's alternative (src/store/checksum.ts says why CRC-32): SHA-256 of the same bytes.
+  const shaTimes: number[] = [];
+  for (let i = 0; i < 5; i++) shaTimes.push(await timed(async () => createHash("sha256").update(bytes).digest()));
 
   const store = new LevelRecoveryStore(storeDir);
   const manifest = await store.openManifest();
@@ -269,7 +274,7 @@ export async function runStoreBench(opts: StoreBenchOptions = {}): Promise<Store
     if (withLevel) cases.push(mk(`(reference) plain LevelDB put ${label}, synced`, levelWrite.level, levelWrite.fs, "fs.writeFile + fsync", null));
     return {
       date: new Date().toISOString(), node: process.version, cpus: `${os.cpus().length} x ${os.cpus()[0]?.model ?? "?"}`,
-      dir: base, bytes: bytesCount, reps, crc32Ms: median(crcTimes),
+      dir: base, bytes: bytesCount, reps, crc32Ms: median(crcTimes), sha256Ms: median(shaTimes),
       writeCpuMs: { store: median(writeCpu.store), fs: median(writeCpu.fs) },
       loadAvg: [loadBefore, os.loadavg()[0]!], cases,
     };
@@ -301,7 +306,7 @@ export function renderStoreTable(r: StoreBenchResult): string {
       return `| ${c.name} | ${f(c.storeMedianMs)} | ${f(c.baselineMedianMs)} | ${c.baseline} | ${c.ratio.toFixed(2)}x (paired ${c.pairedRatio.toFixed(2)}x) | ${verdict} |`;
     }),
     "",
-    `CRC-32 of ${(r.bytes / (1 << 20)).toFixed(0)} MiB alone: ${f(r.crc32Ms)} ms (overlapped with the write and fsync in putPart). ` +
+    `CRC-32 of ${(r.bytes / (1 << 20)).toFixed(0)} MiB alone: ${f(r.crc32Ms)} ms (overlapped with the write and fsync in putPart; SHA-256 would take ${f(r.sha256Ms)} ms). ` +
       `CPU per write, all threads: store ${f(r.writeCpuMs.store)} ms, fs ${f(r.writeCpuMs.fs)} ms. ` +
       `Load average ${r.loadAvg[0].toFixed(1)} -> ${r.loadAvg[1].toFixed(1)} on ${os.cpus().length} CPUs (a loaded machine stretches the CPU-bound steps). ` +
       `Reads hit the page cache. The LevelDB reference is timed in a separate phase (its background compaction would slow whatever runs next). ${r.node}, ${r.cpus}, in ${r.dir}.`,

@@ -88,11 +88,15 @@ export interface RecoveryConfig {
   readonly stepMs: number;
   /** cpr: `--checkpoint-every` (default 5steps). */
   readonly checkpointEvery?: string;
+  /** retry-one: false runs with `--no-spare` (the restarted rank starts cold). */
+  readonly spare?: boolean;
   readonly timeoutMs?: number;
 }
 
 export interface RecoveryParts {
   readonly mode: "cpr" | "retry-one";
+  /** The mode and its variant flags, e.g. "retry-one --no-spare" (a row of the table). */
+  readonly variant: string;
   readonly detectMs: number;
   readonly restartMs: number;
   readonly loadMs: number;
@@ -112,7 +116,8 @@ const VICTIM = 1;
 
 /** One run of the recovery program with rank 1 killed; its recovery in parts. */
 export async function recoveryRun(c: RecoveryConfig): Promise<RecoveryParts> {
-  const modeFlags = c.mode === "cpr" ? ["--mode", "cpr", "--checkpoint-every", c.checkpointEvery ?? "5steps", "--store", path.join(c.dir, c.name)] : ["--mode", "retry-one"];
+  const cold = c.mode === "retry-one" && c.spare === false;
+  const modeFlags = c.mode === "cpr" ? ["--mode", "cpr", "--checkpoint-every", c.checkpointEvery ?? "5steps", "--store", path.join(c.dir, c.name)] : ["--mode", "retry-one", ...(cold ? ["--no-spare"] : [])];
   const r = await launchJson(c.root, c.name, [
     "-n", String(c.np), ...modeFlags, "--inject", `${VICTIM}@step:${c.failStep}`,
     "bench/programs/recovery.ts", "--global-mib", String(c.globalMib), "--local-mib", String(c.localMib),
@@ -157,6 +162,7 @@ export async function recoveryRun(c: RecoveryConfig): Promise<RecoveryParts> {
   const restoredStep = Number(/step (\d+)/.exec(marks.find((x) => x.m![1] === "restored")!.line)?.[1] ?? NaN);
   return {
     mode: c.mode,
+    variant: cold ? "retry-one --no-spare" : c.mode,
     detectMs: exited.t - killAt,
     restartMs: upAt - exited.t,
     loadMs: restoredAt - upAt,
@@ -170,20 +176,20 @@ export async function recoveryRun(c: RecoveryConfig): Promise<RecoveryParts> {
   };
 }
 
-/** Markdown: one row per mode, medians over its runs, in seconds. */
+/** Markdown: one row per variant (mode and flags), medians over its runs, in seconds. */
 export function renderRecoveryTable(runs: readonly RecoveryParts[], title: string): string {
-  const modes = [...new Set(runs.map((r) => r.mode))];
+  const variants = [...new Set(runs.map((r) => r.variant))];
   const lines = [
     title,
     "",
     "| mode | runs | restarted | detect | restart (back-off, start, hello) | load (restore() returned) | catch up | total: kill → caught up | restored step (failure step) |",
     "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
   ];
-  for (const mode of modes) {
-    const rs = runs.filter((r) => r.mode === mode);
+  for (const variant of variants) {
+    const rs = runs.filter((r) => r.variant === variant);
     const m = (k: "detectMs" | "restartMs" | "loadMs" | "catchUpMs" | "totalMs"): string => (median(rs.map((x) => x[k])) / 1000).toFixed(2);
-    const what = mode === "retry-one" ? "1 rank" : `all ${rs[0]!.restarted}`;
-    lines.push(`| ${mode} | ${rs.length} | ${what} | ${m("detectMs")} | ${m("restartMs")} | ${m("loadMs")} | ${m("catchUpMs")} | ${m("totalMs")} | ${rs.map((r) => `${r.restoredStep} (${r.failStep})`).join(", ")} |`);
+    const what = rs[0]!.mode === "retry-one" ? "1 rank" : `all ${rs[0]!.restarted}`;
+    lines.push(`| ${variant} | ${rs.length} | ${what} | ${m("detectMs")} | ${m("restartMs")} | ${m("loadMs")} | ${m("catchUpMs")} | ${m("totalMs")} | ${rs.map((r) => `${r.restoredStep} (${r.failStep})`).join(", ")} |`);
   }
   return `${lines.join("\n")}\n`;
 }

@@ -58,8 +58,10 @@ export class CprRestartPolicy implements RestartPolicy {
       keepLines: config.keepLines,
       now: () => this.now(),
       broadcast: (msg) => this.ctx?.broadcast(msg),
+      // Recorded when durable: a commit that finishes after a failure stopped the initiator is
+      // still a line the restart may roll back to, and the results must list it.
+      onDurable: (epoch) => this.committed.push(epoch),
       onLineCommitted: (eff) => {
-        this.committed.push(eff.epoch);
         this.ctx?.report({ kind: "line-committed", epoch: eff.epoch, durationMs: Math.round(eff.durationMs), bytes: eff.bytes });
       },
       onAborted: (epoch, reason) => this.ctx?.report({ kind: "warning", message: `recovery line ${epoch} aborted: ${reason}; the last committed line stays in force` }),

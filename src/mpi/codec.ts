@@ -4,9 +4,8 @@
  * - A top-level typed array (the common case for collectives and halos) is one raw frame; its
  *   type code goes in the header, so it arrives as the same type with no msgpack work at all.
  * - Structured data goes through msgpackr. Typed arrays nested inside it are lifted out into
- *   frames of their own (msgpack encodes bulk arrays slower than the transport carries them: see the
- *   msgpackr rows of bench/peers.json),
- *   and `Map`, `Set` and `-0`, which plain msgpack flattens, are boxed so they come back as sent.
+ *   frames of their own (a raw frame needs no encoding at all; msgpack would copy every byte
+ *   through its encoder), and `Map`, `Set` and `-0`, which plain msgpack flattens, are boxed so they come back as sent.
  * - Data msgpack cannot carry (functions, symbols, cycles) is rejected with `MPI_ENCODE`
  *   naming the path to the bad value, before anything is sent.
  *

@@ -136,7 +136,14 @@ export class RetryOneRank {
   private readonly failureTimeoutMs: number;
   private readonly heldFramesMax: number;
 
-  private readonly attempts: number[];
+  /**
+   * Every rank's incarnation: replaced, never changed in place, so an outgoing frame can carry
+   * it as its view (a frame must keep the view it was sent in: read after our next view change,
+   * an old view must not pass for a current one — the swarm found this in-process, where frames
+   * are not serialized). `viewIdNow` is its sum.
+   */
+  private attempts: readonly number[];
+  private viewIdNow: number;
   private readonly down = new Map<number, number>();
   private failure: (RankEffect & { kind: "fail" }) | null = null;
   private restoring: boolean;
@@ -192,8 +199,10 @@ export class RetryOneRank {
     this.replicas = Math.min(replicas, opts.size - 1);
     this.failureTimeoutMs = opts.failureTimeoutMs ?? FAILURE_TIMEOUT_MS_DEFAULT;
     this.heldFramesMax = opts.heldFramesMax ?? HELD_FRAMES_MAX_DEFAULT;
-    this.attempts = [...opts.attempts];
-    this.attempts[this.rank] = opts.attempt;
+    const attempts = [...opts.attempts];
+    attempts[this.rank] = opts.attempt;
+    this.attempts = attempts;
+    this.viewIdNow = attempts.reduce((s, a) => s + a, 0);
     this.buffer = new ResultBuffer({
       entriesMax: opts.resultEntriesMax ?? RESULT_ENTRIES_MAX_DEFAULT,
       bytesMax: opts.resultBytesMax ?? RESULT_BYTES_MAX_DEFAULT,
@@ -226,9 +235,7 @@ export class RetryOneRank {
 
   /** The view id stamped in wire collective frames (sum of incarnations: grows with each restart). */
   get viewId(): number {
-    let s = 0;
-    for (const a of this.attempts) s += a;
-    return s;
+    return this.viewIdNow;
   }
 
   get view(): readonly number[] {
@@ -503,7 +510,10 @@ export class RetryOneRank {
 
   private onPeerUp(rank: number, attempt: number): void {
     if (rank === this.rank || attempt <= this.attempts[rank]!) return;
-    this.attempts[rank] = attempt;
+    const attempts = [...this.attempts];
+    attempts[rank] = attempt;
+    this.attempts = attempts;
+    this.viewIdNow = attempts.reduce((s, a) => s + a, 0);
     this.down.delete(rank);
     this.enterRecovery(true);
     const held = this.heldFrames;
@@ -788,13 +798,9 @@ export class RetryOneRank {
     this.out.push({ kind: "send", to, frame });
   }
 
-  /**
-   * A snapshot of the view for an outgoing frame. Never the live array: a frame must keep the
-   * view it was sent in, or a frame of an old view read after our next view change would pass
-   * for a current one (the swarm found this in-process, where frames are not serialized).
-   */
+  /** The view for an outgoing frame (a snapshot: `attempts` is replaced, not changed). */
   private viewNow(): readonly number[] {
-    return [...this.attempts];
+    return this.attempts;
   }
 
   private opts(): { size: number; replicas: number } {
