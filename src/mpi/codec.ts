@@ -133,25 +133,59 @@ function scan(v: unknown, depth: number): boolean {
   if (depth > DEPTH_MAX) throw new EncodePathError([], `data is cyclic or nested deeper than ${DEPTH_MAX} levels`);
   if (ArrayBuffer.isView(v)) return typedArrayCode(v) !== 0;
   if (v instanceof Date || v instanceof RegExp) return false;
+  // Every message's data goes through here: no closure per container, and a path element is
+  // only built when an error unwinds through it.
   let needs = false;
-  const visit = (key: string, x: unknown): void => {
-    try { if (scan(x, depth + 1)) needs = true; } catch (err) {
-      if (err instanceof EncodePathError) { err.path.unshift(key); }
-      throw err;
-    }
-  };
   if (Array.isArray(v)) {
-    for (let i = 0; i < v.length; i++) visit(`[${i}]`, v[i]);
+    let i = 0;
+    try {
+      for (; i < v.length; i++) if (scan(v[i], depth + 1)) needs = true;
+    } catch (err) {
+      throw onPath(err, `[${i}]`);
+    }
     return needs;
   }
   if (v instanceof Map) {
-    for (const [k, x] of v) { visit(`<key ${String(k)}>`, k); visit(`.get(${String(k)})`, x); }
+    let key: unknown, inKey = true;
+    try {
+      for (const [k, x] of v) {
+        key = k;
+        inKey = true;
+        scan(k, depth + 1);
+        inKey = false;
+        scan(x, depth + 1);
+      }
+    } catch (err) {
+      throw onPath(err, inKey ? `<key ${String(key)}>` : `.get(${String(key)})`);
+    }
     return true;
   }
-  if (v instanceof Set) { let i = 0; for (const x of v) visit(`<set item ${i++}>`, x); return true; }
+  if (v instanceof Set) {
+    let i = 0;
+    try {
+      for (const x of v) {
+        scan(x, depth + 1);
+        i++;
+      }
+    } catch (err) {
+      throw onPath(err, `<set item ${i}>`);
+    }
+    return true;
+  }
   if (v instanceof ArrayBuffer) throw new EncodePathError([], "an ArrayBuffer cannot be sent; wrap it in a Uint8Array");
-  for (const k of Object.keys(v as object)) visit(`.${k}`, (v as Record<string, unknown>)[k]);
+  let key = "";
+  try {
+    for (key of Object.keys(v as object)) if (scan((v as Record<string, unknown>)[key], depth + 1)) needs = true;
+  } catch (err) {
+    throw onPath(err, `.${key}`);
+  }
   return needs;
+}
+
+/** Adds `element` in front of an encoding error's path as it unwinds; other errors pass. */
+function onPath(err: unknown, element: string): unknown {
+  if (err instanceof EncodePathError) err.path.unshift(element);
+  return err;
 }
 
 /** Builds the boxed copy of `v`; typed arrays are appended to `frames`. */

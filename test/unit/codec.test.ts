@@ -62,7 +62,13 @@ describe("codec", () => {
   it("rejects functions, symbols and cycles with MPI_ENCODE naming the path", () => {
     const cyclic: Record<string, unknown> = {};
     cyclic.self = cyclic;
-    for (const [v, where] of [[{ a: [1, () => 1] }, "data.a[1]"], [{ s: Symbol("x") }, "data.s"], [cyclic, "cyclic"]] as const) {
+    const cases: [unknown, string][] = [
+      [{ a: [1, () => 1] }, "data.a[1]"], [{ s: Symbol("x") }, "data.s"], [cyclic, "cyclic"],
+      [{ m: new Map<unknown, unknown>([["k", 1], ["j", () => 1]]) }, "data.m.get(j)"],
+      [{ m: new Map<unknown, unknown>([[Symbol("y"), 1]]) }, "data.m<key Symbol(y)>"],
+      [[{ s: new Set<unknown>([1, 2, () => 1]) }], "data[0].s<set item 2>"],
+    ];
+    for (const [v, where] of cases) {
       let caught: unknown;
       try { encodeBody(v, { copy: true }); } catch (err) { caught = err; }
       expect(isLifelineError(caught, "MPI_ENCODE")).toBe(true);
