@@ -158,11 +158,14 @@ export const DIRECT_BYTES_MAX = 8 * 1024;
 export async function allreduce<T>(io: CollectiveIo, data: T, op: ReduceOp): Promise<T> {
   if (io.size === 1) return copyValue(data);
   if (useRing(data, op, io.size)) return (await ringAllreduce(io, data, op)) as T;
-  if (io.size <= DIRECT_RANKS_MAX) {
-    const body = encodeBody(data, { copy: true });
+  let body: EncodedBody | undefined;
+  // A typed array's size is known without encoding it; other data is encoded once, and that
+  // encoding is the first message of whichever algorithm runs.
+  if (io.size <= DIRECT_RANKS_MAX && !(isTypedArray(data) && data.byteLength > DIRECT_BYTES_MAX)) {
+    body = encodeBody(data, { copy: true });
     if (bodyBytes(body) <= DIRECT_BYTES_MAX) return (await directAllreduce(io, data, body, op)) as T;
   }
-  return (await recursiveDoubling(io, data, op)) as T;
+  return (await recursiveDoubling(io, data, op, body)) as T;
 }
 
 const bodyBytes = (b: EncodedBody): number => b.frames.reduce((n, f) => n + f.byteLength, 0);
@@ -202,8 +205,10 @@ function copyValue<T>(data: T): T {
  * ranks and each exchange combines lower-range ⊕ higher-range: the same expression on both
  * sides of every exchange, hence the same bits on every rank.
  */
-async function recursiveDoubling(io: CollectiveIo, data: unknown, op: ReduceOp): Promise<unknown> {
+/** `first`: `data` already encoded (copied), used for the first message that sends `data` itself. */
+async function recursiveDoubling(io: CollectiveIo, data: unknown, op: ReduceOp, first?: EncodedBody): Promise<unknown> {
   const { rank, size } = io;
+  const encodeAcc = (acc: unknown): EncodedBody => (acc === data && first !== undefined ? first : encodeBody(acc, { copy: true }));
   const pof2 = highestPowerOfTwoBelow(size + 1);
   const rem = size - pof2;
   let acc: unknown = data;
@@ -211,7 +216,7 @@ async function recursiveDoubling(io: CollectiveIo, data: unknown, op: ReduceOp):
   let vrank: number;
   if (rank < 2 * rem) {
     if (rank % 2 === 0) {
-      await io.send(rank + 1, step, encodeBody(acc, { copy: true }));
+      await io.send(rank + 1, step, encodeAcc(acc));
       vrank = -1;
     } else {
       acc = combine(decode(await io.recv(rank - 1, step)), acc, op);
@@ -225,7 +230,7 @@ async function recursiveDoubling(io: CollectiveIo, data: unknown, op: ReduceOp):
     const real = (v: number): number => (v < rem ? 2 * v + 1 : v + rem);
     for (let mask = 1; mask < pof2; mask <<= 1, step++) {
       const partner = real(vrank ^ mask);
-      const sent = io.send(partner, step, encodeBody(acc, { copy: true }));
+      const sent = io.send(partner, step, encodeAcc(acc));
       const theirs = decode(await io.recv(partner, step));
       await sent;
       acc = partner < rank ? combine(theirs, acc, op) : combine(acc, theirs, op);
