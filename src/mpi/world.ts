@@ -290,14 +290,8 @@ export class World implements WorldApi {
       attempt: this.attempt,
       captureLibState: () => this.captureLibState(),
       restoreLibState: (lib) => this.restoreLibState(lib),
-      inject: (frame) => {
-        const h = decodeHeader(frame.header, { jobKey: this.jobKey, size: this.size });
-        this.arrive(h, frame.body, frame.header, false);
-      },
-      sendProtocol: (dest, tag, body) => {
-        const enc = encodeBody(body, { copy: false });
-        void this.transmit(dest, this.header(Kind.protocol, dest, tag, enc), enc).catch(() => undefined);
-      },
+      inject: (frame) => this.injectFrame(frame),
+      sendProtocol: (dest, tag, body) => this.sendProtocol(dest, tag, body),
       sendControl: (msg) => void this.control.send(msg).catch(() => undefined),
       fatal: (code, message) => this.fatal(new LifelineError(code, message)),
     };
@@ -309,10 +303,7 @@ export class World implements WorldApi {
       rank: this.rank,
       size: this.size,
       attempt: this.attempt,
-      sendProtocol: (dest, tag, body) => {
-        const enc = encodeBody(body, { copy: false });
-        void this.transmit(dest, this.header(Kind.protocol, dest, tag, enc), enc).catch(() => undefined);
-      },
+      sendProtocol: (dest, tag, body) => this.sendProtocol(dest, tag, body),
       caughtUp: (info) => void this.control.send({ t: "retry-caught-up", rank: this.rank, attempt: this.attempt, ...info }).catch(() => undefined),
       recycle: (buf) => {
         if (!this.pooledResults.delete(buf)) return; // not ours (e.g. a transfer's), or given back twice
@@ -325,10 +316,7 @@ export class World implements WorldApi {
         }
         this.colls.abandon(seq, new Abandoned(`collective #${seq} abandoned`));
       },
-      inject: (frame) => {
-        const h = decodeHeader(frame.header, { jobKey: this.jobKey, size: this.size });
-        this.arrive(h, frame.body, frame.header, false);
-      },
+      inject: (frame) => this.injectFrame(frame),
       fatal: (code, message) => {
         const err = new LifelineError(code, message);
         this.fatal(err);
@@ -358,8 +346,20 @@ export class World implements WorldApi {
     lib.appSeqOut?.forEach((n, d) => { this.appSeqOut[d] = n; });
     this.colls.restoreNextSeq(lib.collNextSeq);
     for (const [k, v] of lib.bootstrap) this.bootstrapResults.set(k, v);
-    for (const f of lib.collInbox) this.cprAccess().inject(f);
-    for (const f of lib.unexpected) this.cprAccess().inject(f);
+    for (const f of lib.collInbox) this.injectFrame(f);
+    for (const f of lib.unexpected) this.injectFrame(f);
+  }
+
+  /** Delivers a frame held or logged elsewhere as if it arrived now (not classified again). */
+  private injectFrame(frame: RawFrame): void {
+    const h = decodeHeader(frame.header, { jobKey: this.jobKey, size: this.size });
+    this.arrive(h, frame.body, frame.header, false);
+  }
+
+  /** One protocol frame (kind protocol, not counted on any channel); a failed send is dropped. */
+  private sendProtocol(dest: number, tag: number, body: unknown): void {
+    const enc = encodeBody(body, { copy: false });
+    void this.transmit(dest, this.header(Kind.protocol, dest, tag, enc), enc).catch(() => undefined);
   }
 
   // ---- receive path ------------------------------------------------------------------------
@@ -384,8 +384,7 @@ export class World implements WorldApi {
     }
     if ((header.flags & Flag.receipt) !== 0 && header.kind === Kind.app) {
       // The sender waits for this before it reuses its buffer; the bytes are all here now.
-      const reply = encodeBody({ seq: header.channelSeq }, { copy: false });
-      void this.transmit(header.source, this.header(Kind.protocol, header.source, PROTO_RECEIPT, reply), reply).catch(() => undefined);
+      this.sendProtocol(header.source, PROTO_RECEIPT, { seq: header.channelSeq });
     }
     this.arrive(header, body, rawHeader!, true);
   }
@@ -908,23 +907,20 @@ export class World implements WorldApi {
     const protocol = header.tag >= PROTO_RETRY_BASE && this.retry !== undefined ? this.retry
       : header.tag >= PROTO_CPR_BASE && this.cpr !== undefined ? this.cpr
       : undefined;
+    let decoded: unknown;
+    try {
+      decoded = decodeBody(header.encoding, header.arrayType, body);
+    } catch (err) {
+      this.warnGarbage(err);
+      return;
+    }
     if (protocol !== undefined) {
-      let decoded: unknown;
-      try {
-        decoded = decodeBody(header.encoding, header.arrayType, body);
-      } catch (err) {
-        this.warnGarbage(err);
-        return;
-      }
       protocol.onProtocol(header, decoded);
       return;
     }
-    let msg: { seq?: unknown; signature?: unknown; call?: unknown; view?: unknown };
-    try {
-      msg = decodeBody(header.encoding, header.arrayType, body) as typeof msg;
-      if (typeof msg !== "object" || msg === null || typeof msg.seq !== "number") throw new Error("protocol body has no sequence number");
-    } catch (err) {
-      this.warnGarbage(err);
+    const msg = decoded as { seq?: unknown; signature?: unknown; call?: unknown; view?: unknown } | null;
+    if (typeof msg !== "object" || msg === null || typeof msg.seq !== "number") {
+      this.warnGarbage(new Error("protocol body has no sequence number"));
       return;
     }
     const seq = msg.seq as number;
@@ -939,13 +935,13 @@ export class World implements WorldApi {
       case PROTO_COLL_QUERY: {
         // retry-one: a query of another view is about another execution (answer "not reached").
         const mine = this.retry !== undefined && msg.view !== this.retry.viewId ? undefined : this.colls.signatureOf(seq);
-        const reply = encodeBody(
+        this.sendProtocol(
+          header.source,
+          PROTO_COLL_ANSWER,
           this.retry === undefined
             ? { seq, signature: mine?.signature ?? null, call: mine?.call ?? null }
             : { seq, signature: mine?.signature ?? null, call: mine?.call ?? null, view: this.retry.viewId },
-          { copy: false },
         );
-        void this.transmit(header.source, this.header(Kind.protocol, header.source, PROTO_COLL_ANSWER, reply), reply).catch(() => undefined);
         return;
       }
       case PROTO_COLL_ANSWER: {
