@@ -108,6 +108,8 @@ describe("examples under --mode cpr with a killed rank", () => {
       setTimeout(() => { try { process.kill(pid, "SIGKILL"); } catch { /* already gone: the job finished first */ } }, delayMs);
     });
     expect(cpr.code, `seed ${seed}\n${context(cpr)}`).toBe(0);
+    // The kill really landed (the job runs for seconds, the kill comes within one), and was recovered.
+    expect(cpr.doc!.restarts, `seed ${seed}\n${context(cpr)}`).toBe(1);
     expect(cpr.doc!.ranks).toEqual(base.doc!.ranks);
   }, 2 * RUN_TIMEOUT_MS);
 
