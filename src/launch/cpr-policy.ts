@@ -30,15 +30,13 @@ import { LevelRecoveryStore } from "../store/level-store.ts";
 import { recoverLocal } from "../store/recovery.ts";
 import type { LineManifest, LineRecord, RankPartStore } from "../store/types.ts";
 import type { RunConfig } from "./options.ts";
-import type { JobView, PolicyContext, PolicyDecision, RankFailure, RestartPolicy } from "./supervisor.ts";
+import { FATAL_KINDS, type JobView, type PolicyContext, type PolicyDecision, type RankFailure, type RestartPolicy } from "./supervisor.ts";
 
 /** Initiator clock period. */
 const TICK_MS = 50;
 /** A round that takes longer than this is aborted (the last committed line stays). */
 export const PHASE_TIMEOUT_MS = 60_000;
 
-/** Failures that a restart cannot fix: the program or the launch itself is wrong. */
-const FATAL_KINDS: readonly RankFailure["kind"][] = ["abort", "bad-result", "release-hang", "rendezvous", "spawn", "interrupted"];
 
 export class CprRestartPolicy implements RestartPolicy {
   readonly mode = "cpr" as const;

@@ -12,10 +12,7 @@
  * @example
  * const sup = new Supervisor(config, { ...deps, policy: new RetryOnePolicy() });
  */
-import type { JobView, PolicyDecision, RankFailure, RestartPolicy } from "./supervisor.ts";
-
-/** Failures that a restart cannot fix: the program or the launch itself is wrong. */
-const FATAL_KINDS: readonly RankFailure["kind"][] = ["abort", "bad-result", "release-hang", "rendezvous", "spawn", "interrupted"];
+import { FATAL_KINDS, type JobView, type PolicyDecision, type RankFailure, type RestartPolicy } from "./supervisor.ts";
 
 export class RetryOnePolicy implements RestartPolicy {
   readonly mode = "retry-one" as const;

@@ -57,6 +57,9 @@ export interface RankFailure {
   exitStatus: number | undefined;
 }
 
+/** Failures that a restart cannot fix, in any mode: the program or the launch itself is wrong. */
+export const FATAL_KINDS: readonly RankFailure["kind"][] = ["abort", "bad-result", "release-hang", "rendezvous", "spawn", "interrupted"];
+
 /** What a policy may look at. */
 export interface JobView {
   readonly size: number;

@@ -46,11 +46,7 @@ export async function runCprSeed(seed: number): Promise<{ spec: ProgramSpec; ref
       slowDisk: knobs.chance(0.5),
       maxRestarts: 10,
     },
-    delayMaxMs: knobs.pick([0, 5, 20, 100]),
-    advanceChance: knobs.pick([0.05, 0.2, 0.4]),
-    stickyChance: knobs.pick([0, 0.5]),
-    crashChance: knobs.pick([0, 0.005, 0.02, 0.05]),
-    crashesMax: knobs.rangeInclusive(1, 3),
+    ...recoveryKnobs(knobs),
   }).run();
   return { spec, ref, out };
 }
@@ -71,12 +67,22 @@ export async function runRetryOneSeed(seed: number, opts: { bigChance?: number }
   const out = await new SimCluster({
     seed, size, mode: "retry-one", program, stepsMax: 60_000,
     retryOne: { replicas: knobs.pick([1, 2, 3]), maxRestarts: 10, failureTimeoutMs: 60_000, peerDown: !knobs.chance(0.25) },
+    // One crash at a time is always covered (replicas ≥ 1); crashes may still overlap a recovery.
+    ...recoveryKnobs(knobs),
+  }).run();
+  return { spec, ref, out };
+}
+
+/**
+ * The network and crash knobs of the recovery swarms (cpr, retry-one), drawn after the mode's
+ * own knobs, in this order, so that a seed keeps its schedule.
+ */
+function recoveryKnobs(knobs: Prng): { delayMaxMs: number; advanceChance: number; stickyChance: number; crashChance: number; crashesMax: number } {
+  return {
     delayMaxMs: knobs.pick([0, 5, 20, 100]),
     advanceChance: knobs.pick([0.05, 0.2, 0.4]),
     stickyChance: knobs.pick([0, 0.5]),
     crashChance: knobs.pick([0, 0.005, 0.02, 0.05]),
-    // One at a time is always covered (replicas ≥ 1); crashes may still overlap a recovery.
     crashesMax: knobs.rangeInclusive(1, 3),
-  }).run();
-  return { spec, ref, out };
+  };
 }

@@ -61,12 +61,6 @@ interface Part {
   nondet: [number, NondetEntry][];
 }
 
-/** What the table carries for a restoring rank. */
-export interface RestoreSpec {
-  readonly epoch: number;
-  readonly ref: { rank: number; epoch: number; checksum: number; bytes: number };
-}
-
 /** The factory World.join takes in mode cpr. */
 export function coordinatedHook(openParts: () => Promise<PartStoreLike>, opts: CoordinatedDriverOptions = {}): CprHookFactory {
   return (access, host) => new CoordinatedDriver(access, host, openParts, opts);

@@ -88,8 +88,6 @@ export class InitiatorDriver {
         this.chain = this.chain.then(() => manifest.abortLine(eff.epoch)).catch((err: unknown) => this.hooks.onAbortNotRecorded(eff.epoch, err as Error));
         return;
       }
-      case "line-started":
-        return;
       case "line-committed":
         this.hooks.onLineCommitted?.(eff);
         return;

@@ -46,7 +46,6 @@ export type InitiatorEffect =
   | { readonly kind: "commit"; readonly epoch: number; readonly refs: readonly PartRefLike[] }
   /** Record that `epoch` will not be committed. */
   | { readonly kind: "abort-line"; readonly epoch: number; readonly reason: string }
-  | { readonly kind: "line-started"; readonly epoch: number }
   | { readonly kind: "line-committed"; readonly epoch: number; readonly durationMs: number; readonly bytes: number };
 
 export interface InitiatorOptions {
@@ -64,8 +63,6 @@ type Phase = "idle" | "checkpointing" | "stopping" | "committing";
 export class CprInitiator {
   private phase: Phase = "idle";
   private epoch: number;
-  private committed: number;
-  private readonly committedHistory: number[] = [];
   private startedMs = 0;
   private lastLineMs: number;
   private aborted = false;
@@ -79,15 +76,8 @@ export class CprInitiator {
     if (opts.size < 1) throw new RangeError("size must be at least 1");
     if (opts.keepLines < 1) throw new RangeError("keepLines must be at least 1");
     this.epoch = opts.committedEpoch;
-    this.committed = opts.committedEpoch;
-    if (opts.committedEpoch > 0) this.committedHistory.push(opts.committedEpoch);
     this.lastLineMs = opts.nowMs;
     this.steps = new Array<number>(opts.size).fill(0);
-  }
-
-  /** The epoch of the round in progress (or of the last round), and its phase. */
-  get status(): { epoch: number; committed: number; phase: Phase; aborted: boolean } {
-    return { epoch: this.epoch, committed: this.committed, phase: this.phase, aborted: this.aborted };
   }
 
   step(input: InitiatorInput): InitiatorEffect[] {
@@ -125,8 +115,6 @@ export class CprInitiator {
         break;
       case "commit-done":
         if (input.epoch !== this.epoch || this.phase !== "committing") break;
-        this.committed = input.epoch;
-        this.committedHistory.push(input.epoch);
         this.phase = "idle";
         this.lastLineMs = input.nowMs;
         out.push({ kind: "line-committed", epoch: input.epoch, durationMs: input.nowMs - this.startedMs, bytes: [...this.parts.values()].reduce((n, p) => n + p.bytes, 0) });
@@ -155,7 +143,6 @@ export class CprInitiator {
     this.checkpointed.clear();
     this.ready.clear();
     this.parts.clear();
-    out.push({ kind: "line-started", epoch: this.epoch });
     out.push({ kind: "broadcast", msg: { t: "cpr-checkpoint", epoch: this.epoch } });
   }
 
