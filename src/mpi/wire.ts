@@ -57,7 +57,11 @@ export interface Header {
 }
 
 export function encodeHeader(h: Header): Buffer {
-  const b = Buffer.allocUnsafe(HEADER_BYTES);
+  return encodeHeaderInto(h, Buffer.allocUnsafe(HEADER_BYTES));
+}
+
+/** Writes `h` into the first {@link HEADER_BYTES} bytes of `b` (a frame with its body inline); returns `b`. */
+export function encodeHeaderInto(h: Header, b: Buffer): Buffer {
   b.writeUInt32LE(WIRE_MAGIC, 0);
   b[4] = WIRE_VERSION;
   b[5] = h.kind;

@@ -28,7 +28,7 @@ import {
   ANY_SOURCE, ANY_TAG, type CollectiveOptions, type Message, type ReduceOp, type Request, type Restored, type Status,
   TAG_MAX, type WorldApi,
 } from "./types.ts";
-import { decodeHeader, Encoding, encodeHeader, Flag, frameId, type Header, HEADER_BYTES, Kind } from "./wire.ts";
+import { decodeHeader, Encoding, encodeHeader, encodeHeaderInto, Flag, frameId, type Header, HEADER_BYTES, Kind } from "./wire.ts";
 import { type CprHook, type CprHookFactory, type CprWorldAccess, type LibState, type NondetEntry, PROTO_CPR_BASE, type RawFrame } from "./cpr-hook.ts";
 import { type ControlChannel, type Host, type Timer, type Transport, zmqHost } from "./host.ts";
 import { BouncePool } from "./bounce-pool.ts";
@@ -461,20 +461,21 @@ export class World implements WorldApi {
     );
   }
 
-  private header(kind: Header["kind"], dest: number, tag: number, body: EncodedBody, collSeq = 0, signature = 0): Buffer {
+  /** The header of the next frame to `dest` (its channel and app counters move on); `transmit` encodes it. */
+  private header(kind: Header["kind"], dest: number, tag: number, body: EncodedBody, collSeq = 0, signature = 0): Header {
     // Protocol frames are the layer's own talk: not part of any channel's message sequence,
     // not stamped with an epoch.
     const stamp = kind === Kind.protocol || this.cpr === undefined ? { epoch: kind === Kind.collective ? this.collEpoch : 0, flags: 0 } : this.cpr.stamp(dest);
-    return encodeHeader({
+    return {
       kind, flags: stamp.flags, encoding: body.encoding, jobKey: this.jobKey, source: this.rank, tag,
       channelSeq: kind === Kind.protocol ? 0 : this.channelSeqOut[dest]!++, epoch: stamp.epoch,
       collSeq: kind === Kind.app ? this.appSeqOut[dest]!++ : collSeq, signature, arrayType: body.arrayType, attempt: this.attempt,
-    });
+    };
   }
 
-  private transmit(dest: number, header: Buffer, body: EncodedBody, onSuppressed?: () => void): Promise<void> {
-    if (this.cpr !== undefined && header[5] !== Kind.protocol
-      && this.cpr.suppress(dest, frameId({ kind: header[5] as Header["kind"], collSeq: header.readUInt32LE(28), tag: header.readInt32LE(16) }))) {
+  /** Encodes `h` once and sends it with `body` (to self: queued without a socket). */
+  private transmit(dest: number, h: Header, body: EncodedBody, onSuppressed?: () => void): Promise<void> {
+    if (this.cpr !== undefined && h.kind !== Kind.protocol && this.cpr.suppress(dest, frameId(h))) {
       // An early message the receiver already holds (it told us on recovery): not re-sent.
       onSuppressed?.();
       return Promise.resolve();
@@ -485,16 +486,17 @@ export class World implements WorldApi {
       // checkpoint can deliver what is pending at once (nothing to self is ever in flight
       // across a checkpoint).
       const frames = body.frames.map((f) => Buffer.from(f.buffer, f.byteOffset, f.byteLength));
-      const h = decodeHeader(header, { jobKey: this.jobKey, size: this.size });
-      this.selfQueue.push({ header: h, raw: { header, body: frames } });
+      this.selfQueue.push({ header: h, raw: { header: encodeHeader(h), body: frames } });
       this.host.defer(() => this.deliverSelf(1));
       return Promise.resolve();
     }
     const [only] = body.frames;
     if (body.frames.length === 1 && only!.byteLength <= INLINE_BODY_BYTES_MAX) {
-      return this.transport.send(dest, [Buffer.concat([header, only!], HEADER_BYTES + only!.byteLength)]);
+      const frame = encodeHeaderInto(h, Buffer.allocUnsafe(HEADER_BYTES + only!.byteLength));
+      frame.set(only!, HEADER_BYTES);
+      return this.transport.send(dest, [frame]);
     }
-    return this.transport.send(dest, [header, ...body.frames]);
+    return this.transport.send(dest, [encodeHeader(h), ...body.frames]);
   }
 
   /** Delivers up to `n` pending sends to self, in order. */
@@ -562,8 +564,8 @@ export class World implements WorldApi {
       await this.transmit(dest, header, body);
       return;
     }
-    header[6]! |= Flag.receipt;
-    const key = `${dest}:${header.readUInt32LE(20)}`;
+    header.flags |= Flag.receipt;
+    const key = `${dest}:${header.channelSeq}`;
     this.lent.set(key, lent);
     await this.transmit(dest, header, body, () => {
       // Not sent after all (a suppressed re-send): no receipt will come.
