@@ -4,7 +4,7 @@
  * fails.
  *
  * - The initiator (src/cpr/coordinated/initiator.ts, pure) gets a tick every
- *   {@link TICK_MS}, every rank's step reports and its cpr-* messages; its broadcasts go out
+ *   INITIATOR_TICK_MS, every rank's step reports and its cpr-* messages; its broadcasts go out
  *   through the coordinator; its commits are written to the line manifest (`<store>/manifest`,
  *   held by this process for the job's lifetime), then the manifest is pruned to
  *   `--keep-lines` and the ranks are told which lines to keep (cpr-committed).
@@ -24,7 +24,7 @@
  */
 import { LifelineError } from "../errors.ts";
 import type { CoordinatorToRank, RankToCoordinator } from "../mpi/control.ts";
-import { CprInitiator, initiatorInputOf } from "../cpr/coordinated/initiator.ts";
+import { CprInitiator, INITIATOR_TICK_MS as TICK_MS, initiatorInputOf, PHASE_TIMEOUT_MS } from "../cpr/coordinated/initiator.ts";
 import { InitiatorDriver } from "../cpr/coordinated/initiator-driver.ts";
 import { LevelRecoveryStore } from "../store/level-store.ts";
 import { recoverLocal } from "../store/recovery.ts";
@@ -32,10 +32,6 @@ import type { LineManifest, LineRecord, RankPartStore } from "../store/types.ts"
 import type { RunConfig } from "./options.ts";
 import { FATAL_KINDS, type JobView, type PolicyContext, type PolicyDecision, type RankFailure, type RestartPolicy } from "./supervisor.ts";
 
-/** Initiator clock period. */
-const TICK_MS = 50;
-/** A round that takes longer than this is aborted (the last committed line stays). */
-export const PHASE_TIMEOUT_MS = 60_000;
 
 
 export class CprRestartPolicy implements RestartPolicy {

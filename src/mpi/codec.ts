@@ -55,6 +55,13 @@ export function isTypedArray(v: unknown): v is TypedArray {
 }
 
 /** The bytes of a typed array, as a Buffer view (no copy) or a fresh copy. */
+/** Total length of some byte chunks (a body's frames, a result kept as chunks). */
+export function byteLengthOf(chunks: readonly ArrayBufferView[]): number {
+  let n = 0;
+  for (const c of chunks) n += c.byteLength;
+  return n;
+}
+
 export function bytesOf(v: ArrayBufferView, copy: boolean): Buffer {
   const view = Buffer.from(v.buffer, v.byteOffset, v.byteLength);
   return copy ? Buffer.from(view) : view;
@@ -278,7 +285,7 @@ export function decodeBody(encoding: Encoding, arrayType: number, frames: Buffer
 export function encodeValue(data: unknown, alloc?: (bytes: number) => Buffer): Buffer {
   const body = encodeBody(data, { copy: false });
   const headBytes = 6 + 4 * body.frames.length;
-  const total = headBytes + body.frames.reduce((n, f) => n + f.byteLength, 0);
+  const total = headBytes + byteLengthOf(body.frames);
   const out = alloc === undefined ? Buffer.allocUnsafe(total) : alloc(total);
   writeValueHead(out, body.encoding, body.arrayType, body.frames.map((f) => f.byteLength));
   let off = headBytes;

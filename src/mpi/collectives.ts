@@ -24,7 +24,7 @@
  * received buffers that are forwarded are copied before the program sees them.
  */
 import { LifelineError } from "../errors.ts";
-import { decodeBody, type EncodedBody, encodeBody, isTypedArray, typedArrayCode, typedArrayFrom } from "./codec.ts";
+import { byteLengthOf, bytesOf, decodeBody, type EncodedBody, encodeBody, isTypedArray, typedArrayCode, typedArrayFrom } from "./codec.ts";
 import { combine, combineInto, isBuiltinOp } from "./reduce-ops.ts";
 import type { ReduceOp } from "./types.ts";
 import { Encoding, type Header } from "./wire.ts";
@@ -73,9 +73,7 @@ const decodeCopy = (a: Arrival): unknown => decodeBody(a.header.encoding, a.head
  * program; so a view only where nothing writes that chunk before the receiver has it.
  */
 function rawBody(arr: TA, from: number, to: number, copy: boolean): EncodedBody {
-  const bpe = arr.BYTES_PER_ELEMENT;
-  const view = Buffer.from(arr.buffer, arr.byteOffset + from * bpe, (to - from) * bpe);
-  return { encoding: Encoding.typedArray, arrayType: typedArrayCode(arr), frames: [copy ? Buffer.from(view) : view] };
+  return { encoding: Encoding.typedArray, arrayType: typedArrayCode(arr), frames: [bytesOf(arr.subarray(from, to), copy)] };
 }
 
 function viewOf(a: Arrival, like: TA, expectLength: number): TA {
@@ -168,7 +166,7 @@ export async function allreduce<T>(io: CollectiveIo, data: T, op: ReduceOp): Pro
   return (await recursiveDoubling(io, data, op, body)) as T;
 }
 
-const bodyBytes = (b: EncodedBody): number => b.frames.reduce((n, f) => n + f.byteLength, 0);
+const bodyBytes = (b: EncodedBody): number => byteLengthOf(b.frames);
 
 /**
  * One round: every rank sends its operand to every other rank, then each combines all of them
@@ -297,7 +295,7 @@ async function ringAllreduce(io: CollectiveIo, data: TA, op: ReduceOp): Promise<
     outgoing = asBody(arrival);
     await sent;
   }
-  if (io.retainResult !== undefined && parts.reduce((bytes, p) => bytes + p.byteLength, 0) === acc.byteLength) {
+  if (io.retainResult !== undefined && byteLengthOf(parts) === acc.byteLength) {
     io.retainResult(typedArrayCode(acc), parts);
   }
   return acc;

@@ -17,7 +17,7 @@
 import { LifelineError } from "../errors.ts";
 import { type ActiveCollective, CollectiveRegistry } from "./coll-registry.ts";
 import * as coll from "./collectives.ts";
-import { type EncodedBody, decodeBody, decodeValue, encodeBody, encodedValueHead, encodeValue, isTypedArray } from "./codec.ts";
+import { byteLengthOf, type EncodedBody, decodeBody, decodeValue, encodeBody, encodedValueHead, encodeValue, isTypedArray } from "./codec.ts";
 import type { CoordinatorToRank } from "./control.ts";
 import type { Mode, RankPlace } from "./env.ts";
 import { FaultPlan, parseFaults } from "./faults.ts";
@@ -821,7 +821,7 @@ export class World implements WorldApi {
       if (this.retryRun === mine) this.retryRun = undefined;
       if (result !== undefined && !mine.abandoned) {
         // The algorithm's own immutable chunks when it offered them (no copy), else a copy.
-        const bytes = retained.parts.reduce((n, p) => n + p.byteLength, 0);
+        const bytes = byteLengthOf(retained.parts);
         hook.afterCollective(retained.parts.length > 0
           ? [encodedValueHead(Encoding.typedArray, retained.arrayType, [bytes]), ...retained.parts]
           : encodeValue(result.value, (n) => this.resultBuffer(n)));

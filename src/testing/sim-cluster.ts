@@ -17,7 +17,7 @@
  * const out = await new SimCluster({ seed: 7, size: 3, mode: "none", program }).run();
  * if (out.status !== "ok") console.log(out.report);
  */
-import { type CheckpointEvery, CprInitiator, initiatorInputOf } from "../cpr/coordinated/initiator.ts";
+import { type CheckpointEvery, CprInitiator, INITIATOR_TICK_MS as CPR_TICK_MS, initiatorInputOf, PHASE_TIMEOUT_MS } from "../cpr/coordinated/initiator.ts";
 import { InitiatorDriver } from "../cpr/coordinated/initiator-driver.ts";
 import { coordinatedHook, type PartStoreLike } from "../cpr/coordinated/driver.ts";
 import { retryOneHook } from "../cpr/retry-one/driver.ts";
@@ -27,7 +27,8 @@ import type { Mode, RankPlace } from "../mpi/env.ts";
 import { World } from "../mpi/world.ts";
 import { MemoryRecoveryStore } from "../store/memory-store.ts";
 import { recoverLocal } from "../store/recovery.ts";
-import type { LineManifest, LineRecord, RankPartStore } from "../store/types.ts";
+import { KEEP_LINES_DEFAULT, type LineManifest, type LineRecord, type RankPartStore } from "../store/types.ts";
+import { BACKOFF_BASE_MS, BACKOFF_MAX_MS } from "../launch/backoff.ts";
 import { type ClusterInvariants, clusterInvariants } from "./invariants.ts";
 import { Prng } from "./prng.ts";
 import { simHost } from "./sim-host.ts";
@@ -132,10 +133,6 @@ export interface SimOutcome {
 }
 
 const JOB_KEY_SALT = 0x5eed;
-/** The cpr initiator's clock period (as src/launch/cpr-policy.ts). */
-const CPR_TICK_MS = 50;
-const BACKOFF_BASE_MS = 100;
-const BACKOFF_MAX_MS = 5_000;
 
 interface Link {
   attempt: number;
@@ -174,7 +171,7 @@ export class SimCoordinator {
     const node = net.addNode(COORDINATOR);
     node.onControl = (from, msg) => this.onMessage(from, msg as RankToCoordinator);
     this.driver = new InitiatorDriver(() => this.manifest!, {
-      keepLines: cpr?.keepLines ?? 2,
+      keepLines: cpr?.keepLines ?? KEEP_LINES_DEFAULT,
       now: () => this.net.now,
       broadcast: (msg) => {
         for (let r = 0; r < this.size; r++) this.send(r, msg);
@@ -302,7 +299,7 @@ export class SimCoordinator {
     if (this.cpr !== undefined) {
       this.driver.start(new CprInitiator({
         size: this.size, every: this.cpr.every, committedEpoch: this.restoreLine?.epoch ?? 0,
-        keepLines: this.cpr.keepLines ?? 2, phaseTimeoutMs: this.cpr.phaseTimeoutMs ?? 60_000, nowMs: this.net.now,
+        keepLines: this.cpr.keepLines ?? KEEP_LINES_DEFAULT, phaseTimeoutMs: this.cpr.phaseTimeoutMs ?? PHASE_TIMEOUT_MS, nowMs: this.net.now,
       }));
       this.tick ??= this.net.timer(COORDINATOR, CPR_TICK_MS, CPR_TICK_MS, () => this.driver.input({ kind: "tick", nowMs: this.net.now }));
     }
@@ -558,7 +555,7 @@ export class SimCluster {
     let line: LineRecord | undefined;
     try {
       for (let r = 0; r < this.opts.size; r++) stores.push(await store.openRank(r));
-      const choice = await recoverLocal(this.coordinator.manifest, stores, { keep: this.cpr!.keepLines ?? 2 });
+      const choice = await recoverLocal(this.coordinator.manifest, stores, { keep: this.cpr!.keepLines ?? KEEP_LINES_DEFAULT });
       for (const w of choice.warnings) this.coordinator.warnings.push(w);
       line = choice.line;
     } finally {

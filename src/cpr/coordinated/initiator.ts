@@ -40,6 +40,11 @@ export type InitiatorInput =
   | { readonly kind: "commit-done"; readonly epoch: number; readonly keep: readonly number[]; readonly nowMs: number }
   | { readonly kind: "commit-failed"; readonly epoch: number; readonly message: string; readonly nowMs: number };
 
+/** How often the initiator gets a tick (launcher and simulator alike). */
+export const INITIATOR_TICK_MS = 50;
+/** A round that takes longer than this is aborted (the last committed line stays). */
+export const PHASE_TIMEOUT_MS = 60_000;
+
 export type InitiatorEffect =
   | { readonly kind: "broadcast"; readonly msg: CoordinatorToRank }
   /** Write the commit record of `epoch` with these parts (sorted by rank), then input commit-done. */

@@ -14,6 +14,7 @@
  * const world = await World.join(place, { retryOne: retryOneHook({ replicas: 2, failureTimeoutMs: 5000 }) });
  */
 import { LifelineError, type LifelineErrorCode } from "../../errors.ts";
+import { byteLengthOf } from "../../mpi/codec.ts";
 import type { CoordinatorToRank } from "../../mpi/control.ts";
 import type { RawFrame } from "../../mpi/cpr-hook.ts";
 import type { Host, Timer } from "../../mpi/host.ts";
@@ -146,7 +147,7 @@ export class RetryOneDriver implements RetryOneHook {
   }
 
   afterCollective(result: Buffer | readonly Buffer[]): void {
-    const bytes = Buffer.isBuffer(result) ? result.byteLength : (result as readonly Buffer[]).reduce((n, b) => n + b.byteLength, 0);
+    const bytes = Buffer.isBuffer(result) ? result.byteLength : byteLengthOf(result as readonly Buffer[]);
     this.input({ kind: "executed", result, bytes });
   }
 
