@@ -7,7 +7,7 @@
  * import { LevelRecoveryStore, latestLine, localVerifier } from "./store/index.ts";
  * const choice = await latestLine(await store.openManifest(), localVerifier(parts));
  */
-export type { LineManifest, LineRecord, PartCheck, PartInfo, PartRef, RankPartStore, RecoveryStore, StoreFaults } from "./types.ts";
+export type { JobRecord, LineJob, LineManifest, LineRecord, PartCheck, PartInfo, PartRef, RankPartStore, RecoveryStore, StoreFaults } from "./types.ts";
 export { INLINE_BYTES_MAX, KEEP_LINES_DEFAULT, META_BYTES_MAX } from "./types.ts";
 export { LevelRecoveryStore, STORE_MARKER, type LevelRecoveryStoreOptions } from "./level-store.ts";
 export { MemoryRecoveryStore, type MemoryRecoveryStoreOptions } from "./memory-store.ts";

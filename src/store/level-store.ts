@@ -15,7 +15,14 @@
  * Durability: blob files are written, fsynced, and their directory fsynced before the record
  * naming them is written with `sync: true`; databases are created under a temporary name and
  * renamed into place, so a directory named `manifest` or `parts` always holds a whole
- * database and opening never silently creates an empty one over a damaged one.
+ * database and opening never silently creates an empty one over a damaged one. A LevelDB
+ * write that fails (a full disk) makes the handle reopen its database before the next
+ * operation, so that LevelDB never appends acknowledged records behind a partial one (see
+ * `LevelKv`).
+ *
+ * Inspection while a job runs (`snapshot: true`): each database is copied consistently into a
+ * private temporary directory and the copy is opened, so the job's locks are never touched
+ * (see `snapshot.ts`).
  *
  * @example
  * const store = new LevelRecoveryStore(".lifeline");
@@ -31,7 +38,8 @@ import type { BlobDir, KvDb, KvOp } from "./backend.ts";
 import { crc32Yielding } from "./checksum.ts";
 import { KvLineManifest } from "./manifest.ts";
 import { KvRankPartStore } from "./part-store.ts";
-import { checkRank, corrupt, deepestMessage, storeError } from "./records.ts";
+import { checkRank, corrupt, deepestMessage, notOpen, storeError } from "./records.ts";
+import { snapshotLevelDb, type LevelSnapshot } from "./snapshot.ts";
 import type { LineManifest, RankPartStore, RecoveryStore } from "./types.ts";
 
 /**
@@ -52,6 +60,7 @@ const RANK_DIR_RE = /^rank-(\d+)$/;
  *
  * @example
  * new LevelRecoveryStore(dir, { readOnly: true });          // for inspection
+ * new LevelRecoveryStore(dir, { readOnly: true, snapshot: true }); // while a job holds the store
  * new LevelRecoveryStore(dir, { nowMs: () => 1_700_000_000_000 }); // a fixed clock in tests
  */
 export interface LevelRecoveryStoreOptions {
@@ -62,6 +71,17 @@ export interface LevelRecoveryStoreOptions {
    * `TypeError`; a location that is not a store yet is `STORE_NOT_FOUND`.
    */
   readonly readOnly?: boolean;
+  /**
+   * Inspection of a store that a running job holds (implies `readOnly`): each database is
+   * copied into a private temporary directory and the copy is opened, so the job's locks are
+   * neither taken nor waited for, and the job can open its databases at any moment (see
+   * `snapshot.ts`). Each `openManifest()` / `openRank()` takes its own snapshot, so the
+   * manifest and the ranks are copied at slightly different moments: a line committed after
+   * the manifest was copied is not listed, and a line pruned after it may miss its parts.
+   * Blob files are read in place; one deleted by the job meanwhile reads as missing. `close()`
+   * deletes the copy.
+   */
+  readonly snapshot?: boolean;
 }
 
 /**
@@ -71,23 +91,29 @@ export interface LevelRecoveryStoreOptions {
  * @example
  * const store = new LevelRecoveryStore("/var/tmp/job1");
  * const parts = await store.openRank(0); // STORE_LOCKED if another process holds rank 0
+ *
+ * const view = new LevelRecoveryStore("/var/tmp/job1", { readOnly: true, snapshot: true });
+ * const lines = await (await view.openManifest()).list(); // even while the job runs
  */
 export class LevelRecoveryStore implements RecoveryStore {
   readonly location: string;
   private readonly nowMs: () => number;
   private readonly readOnly: boolean;
+  private readonly snapshot: boolean;
 
   constructor(dir: string, opts?: LevelRecoveryStoreOptions) {
     if (typeof dir !== "string" || dir === "") throw new TypeError("LevelRecoveryStore: dir must be a non-empty path");
     this.location = resolve(dir);
     this.nowMs = opts?.nowMs ?? Date.now;
-    this.readOnly = opts?.readOnly ?? false;
+    this.snapshot = opts?.snapshot ?? false;
+    if (this.snapshot && opts?.readOnly === false) throw new TypeError("LevelRecoveryStore: a snapshot is read-only; do not pass readOnly: false with snapshot: true");
+    this.readOnly = this.snapshot || (opts?.readOnly ?? false);
   }
 
   async openManifest(): Promise<LineManifest> {
     await this.ensureStore();
     const path = join(this.location, "manifest");
-    const kv = await LevelKv.open(path, { create: !this.readOnly, what: "the line manifest" });
+    const kv = await LevelKv.open(path, { create: !this.readOnly, what: "the line manifest", snapshot: this.snapshot });
     if (!this.readOnly) await removeTempSiblings(this.location, "manifest", kv);
     return new KvLineManifest({ kv, nowMs: this.nowMs, readOnly: this.readOnly });
   }
@@ -104,7 +130,7 @@ export class LevelRecoveryStore implements RecoveryStore {
         throw storeError(err, `opening rank ${rank}'s part store`, rankDir);
       }
     }
-    const kv = await LevelKv.open(join(rankDir, "parts"), { create: !this.readOnly, what: `rank ${rank}'s part database` });
+    const kv = await LevelKv.open(join(rankDir, "parts"), { create: !this.readOnly, what: `rank ${rank}'s part database`, snapshot: this.snapshot });
     if (!this.readOnly) await removeTempSiblings(rankDir, "parts", kv);
     return KvRankPartStore.open({ rank, kv, blobs: new FileBlobDir(blobsDir), nowMs: this.nowMs, gc: !this.readOnly, readOnly: this.readOnly });
   }
@@ -180,17 +206,57 @@ export class LevelRecoveryStore implements RecoveryStore {
 
 // ---- LevelDB -------------------------------------------------------------------------------
 
-/** {@link KvDb} on classic-level. */
+/**
+ * {@link KvDb} on classic-level.
+ *
+ * A failed write breaks the database until it is reopened. When a write fails (ENOSPC on a
+ * full disk, EIO), LevelDB may have left part of its record in the log. If the append itself
+ * failed, LevelDB goes on accepting writes and appends them after that partial record, where
+ * the next open's log reader drops them together with it: writes that were acknowledged as
+ * durable are lost (test/store/disk-full.test.ts sees exactly that without the reopen). If
+ * the sync failed, LevelDB refuses every further write instead (its "background error" is
+ * sticky for the life of the handle). So after any failed write the handle is marked broken, and the next operation (get, write,
+ * scan) first closes the database and opens it again: the open replays the log's valid
+ * records — everything acknowledged — into a table and starts a fresh log, so nothing is
+ * appended after the partial record. The failed write itself was never acknowledged, so it
+ * may be there or not, as after a crash. If the reopen fails (the disk is still full: the
+ * replay writes a table), that operation rejects with the mapped store error and the next one
+ * tries again. Close and reopen are by this process, one right after the other, so the
+ * database stays this handle's as before (a process that grabbed the free lock in between
+ * would make the reopen fail with `STORE_LOCKED`, like any open of a held database).
+ *
+ * In snapshot mode the database opened is a private copy (see `snapshot.ts`), deleted by
+ * {@link close} (and when opening it fails).
+ */
 class LevelKv implements KvDb {
-  private constructor(readonly location: string, private readonly db: Level<string, Buffer>) {}
+  /** The open database; `undefined` while a reopen is under way or after one failed. */
+  private db: Level<string, Buffer> | undefined;
+  /** A write failed: reopen before the next operation. */
+  private broken = false;
+  private reopening: Promise<void> | undefined;
+  private closed = false;
+  /** Operations issued on {@link db}; a reopen waits for them before it closes it. */
+  private readonly inflight = new Set<Promise<unknown>>();
+
+  private constructor(
+    /** The live database's path (what messages name). */
+    readonly location: string,
+    /** Where the opened database is: `location`, or the snapshot copy. */
+    private readonly dbPath: string,
+    private readonly what: string,
+    db: Level<string, Buffer>,
+    private readonly snapshot: LevelSnapshot | undefined,
+  ) {
+    this.db = db;
+  }
 
   /**
    * Opens the database at `path`. A missing database is created (if `create`) under a
    * temporary name and renamed into place; an existing one is opened with
    * `createIfMissing: false`, so that a damaged one (no CURRENT file) is reported instead of
-   * replaced by an empty one.
+   * replaced by an empty one. With `snapshot`, a copy of it is opened instead (never created).
    */
-  static async open(path: string, opts: { create: boolean; what: string }): Promise<LevelKv> {
+  static async open(path: string, opts: { create: boolean; what: string; snapshot?: boolean }): Promise<LevelKv> {
     let exists = true;
     try {
       await stat(path);
@@ -199,39 +265,115 @@ class LevelKv implements KvDb {
       exists = false;
     }
     if (!exists) {
-      if (!opts.create) throw new LifelineError("STORE_NOT_FOUND", `opening ${opts.what}: no database at ${path}`);
+      if (!opts.create || opts.snapshot === true) throw new LifelineError("STORE_NOT_FOUND", `opening ${opts.what}: no database at ${path}`);
       await createDatabase(path, opts.what);
     }
-    const db = new Level<string, Buffer>(path, { keyEncoding: "utf8", valueEncoding: "buffer", createIfMissing: false });
+    const snapshot = opts.snapshot === true ? await snapshotLevelDb(path, opts.what) : undefined;
+    const dbPath = snapshot?.dbPath ?? path;
+    const db = newLevel(dbPath);
     try {
       await db.open();
     } catch (err) {
+      await snapshot?.remove();
       throw openError(err, path, opts.what);
     }
-    return new LevelKv(path, db);
+    return new LevelKv(path, dbPath, opts.what, db, snapshot);
   }
 
-  async get(key: string): Promise<Buffer | undefined> {
-    return this.db.get(key);
+  get(key: string): Promise<Buffer | undefined> {
+    return this.run((db) => db.get(key));
   }
 
-  async write(ops: readonly KvOp[], opts: { sync: boolean }): Promise<void> {
-    await this.db.batch(ops.map((op) => (op.type === "put" ? { type: "put" as const, key: op.key, value: op.value } : { type: "del" as const, key: op.key })), { sync: opts.sync });
+  write(ops: readonly KvOp[], opts: { sync: boolean }): Promise<void> {
+    const batch = ops.map((op) => (op.type === "put" ? { type: "put" as const, key: op.key, value: op.value } : { type: "del" as const, key: op.key }));
+    return this.run(async (db) => {
+      try {
+        await db.batch(batch, { sync: opts.sync });
+      } catch (err) {
+        this.broken = true;
+        throw err;
+      }
+    });
   }
 
-  async scan(prefix: string, opts: { reverse?: boolean; limit?: number }): Promise<[string, Buffer][]> {
+  scan(prefix: string, opts: { reverse?: boolean; limit?: number }): Promise<[string, Buffer][]> {
     // Keys are ASCII, so every key with the prefix sorts below prefix + U+FFFF (UTF-8 EF BF BF).
-    return this.db.iterator({ gte: prefix, lt: prefix + "\uffff", reverse: opts.reverse ?? false, limit: opts.limit ?? -1 }).all();
+    return this.run((db) => db.iterator({ gte: prefix, lt: prefix + "\uffff", reverse: opts.reverse ?? false, limit: opts.limit ?? -1 }).all());
   }
 
   async close(): Promise<void> {
-    await this.db.close();
+    this.closed = true;
+    try {
+      await this.reopening?.catch(() => undefined);
+      await Promise.allSettled([...this.inflight]);
+      const db = this.db;
+      this.db = undefined;
+      await db?.close();
+    } finally {
+      await this.snapshot?.remove();
+    }
   }
+
+  /**
+   * Runs `op` on the open database, reopening it first if a write failed. `op` is called
+   * synchronously once the database is ready, so a reopen never closes it under an
+   * operation that has not been counted in {@link inflight} yet.
+   */
+  private run<T>(op: (db: Level<string, Buffer>) => Promise<T>): Promise<T> {
+    if (this.closed) return Promise.reject(notOpen(`${this.what} (${this.location})`));
+    const db = this.db;
+    if (!this.broken && db !== undefined && this.reopening === undefined) return this.track(op(db));
+    return this.reopenThen(op);
+  }
+
+  private async reopenThen<T>(op: (db: Level<string, Buffer>) => Promise<T>): Promise<T> {
+    this.reopening ??= this.reopen().finally(() => { this.reopening = undefined; });
+    await this.reopening;
+    const db = this.db;
+    if (this.closed || db === undefined) throw notOpen(`${this.what} (${this.location})`);
+    return this.track(op(db));
+  }
+
+  private track<T>(p: Promise<T>): Promise<T> {
+    const settled = p.then(() => undefined, () => undefined);
+    this.inflight.add(settled);
+    void settled.then(() => this.inflight.delete(settled));
+    return p;
+  }
+
+  /** Closes the broken database (once operations on it settled) and opens it again. */
+  private async reopen(): Promise<void> {
+    const old = this.db;
+    if (old !== undefined) {
+      this.db = undefined;
+      await Promise.allSettled([...this.inflight]);
+      // Closing may report the same failure again; the reopen is what matters.
+      await old.close().catch(() => undefined);
+    }
+    if (this.closed) return;
+    const db = newLevel(this.dbPath);
+    try {
+      await db.open();
+    } catch (err) {
+      throw openError(err, this.location, `${this.what} again after a failed write`);
+    }
+    if (this.closed) {
+      await db.close();
+      return;
+    }
+    this.db = db;
+    this.broken = false;
+  }
+}
+
+function newLevel(path: string, opts?: { create?: boolean }): Level<string, Buffer> {
+  const create = opts?.create ?? false;
+  return new Level<string, Buffer>(path, { keyEncoding: "utf8", valueEncoding: "buffer", createIfMissing: create, errorIfExists: create });
 }
 
 async function createDatabase(path: string, what: string): Promise<void> {
   const tmp = `${path}.tmp-${randomBytes(4).toString("hex")}`;
-  const db = new Level<string, Buffer>(tmp, { keyEncoding: "utf8", valueEncoding: "buffer", createIfMissing: true, errorIfExists: true });
+  const db = newLevel(tmp, { create: true });
   try {
     await db.open();
     await db.close();

@@ -1,10 +1,14 @@
 /**
- * `lifeline lines [--store dir]`: what recovery lines a store holds, and in what state.
+ * `lifeline lines [--store dir]`: what recovery lines a store holds, which job they belong
+ * to, and in what state.
  *
- * Opens the store in inspection mode (creates nothing, deletes nothing), reads the manifest
- * and every rank's part records, verifies the parts of committed lines (reading them: a few
- * hundred ms per GiB from the page cache), and closes everything again before returning. A
- * running job holds the store's locks, so while one runs this is `STORE_LOCKED`.
+ * Reads a snapshot of the store (each LevelDB database is copied and the copy opened, see
+ * `snapshot.ts`), so it works while a job runs without taking the job's locks or disturbing
+ * it, and it creates and deletes nothing in the store. It reads the manifest (lines and the
+ * job record) and every rank's part records, verifies the parts of committed lines (reading
+ * them: a few hundred ms per GiB from the page cache), and closes everything again before
+ * returning. A running job may prune a line while it is being verified: such a line is left
+ * out (it is no longer committed), not reported as damaged.
  *
  * States: `committed` (commit record present, every part verifies), `corrupt` (committed,
  * but a part is missing or damaged: recovery would fall back past it), `partial` (parts
@@ -15,8 +19,9 @@
  * process.stdout.write(formatLines(report));
  */
 import { isLifelineError } from "../errors.ts";
+import { describeIdentity, launcherAlive } from "./job.ts";
 import { LevelRecoveryStore } from "./level-store.ts";
-import type { LineRecord, PartInfo, RankPartStore, RecoveryStore } from "./types.ts";
+import type { JobRecord, LineJob, LineRecord, PartInfo, RankPartStore, RecoveryStore } from "./types.ts";
 
 /**
  * One line of the listing.
@@ -36,6 +41,8 @@ export interface LineRow {
   /** Total bytes of the parts present. */
   readonly bytes: number;
   readonly state: "committed" | "partial" | "corrupt";
+  /** The job and run that committed the line (committed lines of stores that record it). */
+  readonly job?: LineJob | undefined;
   /** What is wrong (corrupt parts) or known (aborted), one sentence each. */
   readonly notes: readonly string[];
 }
@@ -50,22 +57,26 @@ export interface LineRow {
  */
 export interface LinesReport {
   readonly location: string;
+  /** The job whose lines the store holds, if a launcher recorded it. */
+  readonly job?: JobRecord | undefined;
+  /** For a `running` job: whether its launcher is alive (on this host; elsewhere: unknown, false). */
+  readonly launcherAlive?: boolean | undefined;
   readonly rows: readonly LineRow[];
   readonly warnings: readonly string[];
 }
 
 /**
- * Lists the recovery lines in the store directory `storeDir`.
+ * Lists the recovery lines in the store directory `storeDir`, also while a job uses it.
  * `verify: false` skips reading the parts (committed lines are then shown as committed).
- * Rejects with `STORE_NOT_FOUND` (no store there), `STORE_LOCKED` (a job is using it: the
- * message names the path), `STORE_CORRUPT` (the manifest is damaged), `STORE_IO`.
+ * Rejects with `STORE_NOT_FOUND` (no store there), `STORE_CORRUPT` (the manifest is
+ * damaged), `STORE_IO`.
  *
  * @example
  * const report = await listLines("./.lifeline");
  * console.log(formatLines(report));
  */
 export async function listLines(storeDir: string, opts?: { verify?: boolean }): Promise<LinesReport> {
-  return listLinesIn(new LevelRecoveryStore(storeDir, { readOnly: true }), opts);
+  return listLinesIn(new LevelRecoveryStore(storeDir, { readOnly: true, snapshot: true }), opts);
 }
 
 /**
@@ -82,6 +93,7 @@ export async function listLinesIn(store: RecoveryStore, opts?: { verify?: boolea
   const rankNumbers = await store.ranks();
   let committed: LineRecord[] = [];
   let aborted: number[] = [];
+  let job: JobRecord | undefined;
   const opened: RankPartStore[] = [];
   try {
     let manifest;
@@ -95,6 +107,12 @@ export async function listLinesIn(store: RecoveryStore, opts?: { verify?: boolea
       try {
         committed = await manifest.list();
         aborted = await manifest.aborted();
+        try {
+          job = await manifest.job();
+        } catch (err) {
+          if (!isLifelineError(err, "STORE_CORRUPT")) throw err;
+          warnings.push(`the job record cannot be read: ${err.message}`);
+        }
       } finally {
         await manifest.close();
       }
@@ -136,8 +154,16 @@ export async function listLinesIn(store: RecoveryStore, opts?: { verify?: boolea
       rows.push({
         epoch: line.epoch, timeMs: line.timeMs, ranks: line.parts.length, ranksTotal: line.parts.length,
         bytes: line.parts.reduce((sum, p) => sum + p.bytes, 0),
-        state: notes.length === 0 ? "committed" : "corrupt", notes,
+        state: notes.length === 0 ? "committed" : "corrupt", job: line.job, notes,
       });
+    }
+    if (rows.some((r) => r.state === "corrupt")) {
+      // A running job may have pruned a line (and deleted its parts) while it was verified:
+      // a line no longer committed now is not damaged, it is gone.
+      const still = await stillCommitted(store);
+      if (still !== undefined) {
+        for (let i = rows.length - 1; i >= 0; i--) if (rows[i]!.state === "corrupt" && !still.has(rows[i]!.epoch)) rows.splice(i, 1);
+      }
     }
     const partial = new Map<number, PartInfo[]>();
     for (const parts of partsByRank.values()) {
@@ -155,29 +181,49 @@ export async function listLinesIn(store: RecoveryStore, opts?: { verify?: boolea
       });
     }
     rows.sort((a, b) => a.epoch - b.epoch);
-    return { location: store.location, rows, warnings };
+    return { location: store.location, job, launcherAlive: job?.state === "running" ? launcherAlive(job) : undefined, rows, warnings };
   } finally {
     await Promise.all(opened.map((p) => p.close()));
   }
 }
 
+/** The committed epochs of the store now, or undefined if the manifest cannot be read again. */
+async function stillCommitted(store: RecoveryStore): Promise<Set<number> | undefined> {
+  try {
+    const manifest = await store.openManifest();
+    try {
+      return new Set((await manifest.list()).map((l) => l.epoch));
+    } finally {
+      await manifest.close();
+    }
+  } catch {
+    return undefined;
+  }
+}
+
 /**
- * The listing as a table for people, with notes and warnings below it.
+ * The listing as a table for people — the job first, then a row per line (RUN: which run of
+ * the job committed it) — with notes and warnings below it.
  *
  * @example
  * console.log(formatLines(await listLines(".lifeline")));
- * //  EPOCH  TIME                 RANKS  BYTES      STATE ...
+ * // job heat-3f9a1c2e: /w/heat.ts --iters 3000 on 4 ranks (mode cpr); run 2 ended without finishing ...
+ * //  EPOCH  TIME                 RANKS  BYTES      RUN  STATE ...
  */
 export function formatLines(report: LinesReport): string {
-  const header = ["EPOCH", "TIME", "RANKS", "BYTES", "STATE"];
+  const header = ["EPOCH", "TIME", "RANKS", "BYTES", "RUN", "STATE"];
+  const jobId = report.job?.id;
+  const runOf = (r: LineRow): string => (r.job === undefined ? "-" : r.job.id === jobId ? String(r.job.run) : `${r.job.id}/${r.job.run}`);
   const table = report.rows.map((r) => [
     String(r.epoch), formatTime(r.timeMs), r.ranks === r.ranksTotal ? String(r.ranks) : `${r.ranks}/${r.ranksTotal}`,
-    formatBytes(r.bytes), r.state + (r.notes.includes("aborted") ? " (aborted)" : ""),
+    formatBytes(r.bytes), runOf(r), r.state + (r.notes.includes("aborted") ? " (aborted)" : ""),
   ]);
   const widths = header.map((h, i) => Math.max(h.length, ...table.map((row) => row[i]!.length)));
-  const right = [true, false, true, true, false];
+  const right = [true, false, true, true, true, false];
   const fmt = (row: string[]): string => row.map((cell, i) => (right[i] ? cell.padStart(widths[i]!) : cell.padEnd(widths[i]!))).join("  ").trimEnd();
-  const out = [`recovery lines in ${report.location}:`];
+  const out: string[] = [];
+  if (report.job !== undefined) out.push(jobLine(report.job, report.launcherAlive === true));
+  out.push(`recovery lines in ${report.location}:`);
   if (report.rows.length === 0) out.push("  (none)");
   else out.push(...[header, ...table].map((row) => "  " + fmt(row)));
   for (const r of report.rows) for (const n of r.notes) if (n !== "aborted") out.push(`line ${r.epoch}: ${n}`);
@@ -185,7 +231,30 @@ export function formatLines(report: LinesReport): string {
   return out.join("\n") + "\n";
 }
 
-function formatTime(ms: number): string {
+/** The job a store holds, in one line: what it runs, and where its newest run stands. */
+function jobLine(job: JobRecord, alive: boolean): string {
+  const what = `job ${job.id}: ${describeIdentity(job)} (mode ${job.mode})`;
+  const run = `run ${job.run}`;
+  switch (job.state) {
+    case "running":
+      return alive
+        ? `${what}; ${run} is running (launcher pid ${job.launcher.pid}, started ${formatTime(job.runStartedMs)})`
+        : `${what}; ${run} (launcher pid ${job.launcher.pid} on ${job.launcher.host}, started ${formatTime(job.runStartedMs)}) ended without finishing: the same \`lifeline run\` command resumes it`;
+    case "finished":
+      return `${what}; ${run} finished at ${formatTime(job.endedMs ?? job.runStartedMs)}`;
+    case "failed":
+    case "stopped":
+      return `${what}; ${run} ${job.state === "failed" ? "failed" : "was stopped"} at ${formatTime(job.endedMs ?? job.runStartedMs)} (exit ${job.exitCode ?? "?"}): the same \`lifeline run\` command resumes it`;
+  }
+}
+
+/**
+ * Local wall-clock time to the second, as the listing prints it. Never throws.
+ *
+ * @example
+ * formatTime(Date.now()); // "2026-11-23 19:40:12"
+ */
+export function formatTime(ms: number): string {
   const d = new Date(ms);
   const p = (n: number): string => String(n).padStart(2, "0");
   return `${d.getFullYear()}-${p(d.getMonth() + 1)}-${p(d.getDate())} ${p(d.getHours())}:${p(d.getMinutes())}:${p(d.getSeconds())}`;

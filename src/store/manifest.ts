@@ -3,7 +3,9 @@
  * store and the in-memory store follow the same rules.
  *
  * Keys: `line/<epoch>` holds a commit record (epoch, commit time, each rank's part checksum
- * and size, optional meta), `abort/<epoch>` marks an aborted line. A line exists exactly when
+ * and size, optional meta, the job and run that committed it), `abort/<epoch>` marks an
+ * aborted line, `job` holds the job record (which job the lines belong to, see
+ * {@link JobRecord}). A line exists exactly when
  * its commit record does, and every change is a single synced batch, so a crash at any moment
  * leaves either the old or the new set of lines. `prune` keeps at least one line, so the
  * newest committed line is never deleted by it.
@@ -16,10 +18,10 @@ import { isLifelineError } from "../errors.ts";
 import type { KvDb, KvOp } from "./backend.ts";
 import { KvHandle } from "./kv-handle.ts";
 import {
-  ABORT_PREFIX, FORMAT_VERSION, LINE_PREFIX, abortKey, bytesField, checkEpoch, checksumField, corrupt,
-  decodeRecord, encodeRecord, epochOfKey, lineKey, notOpen, storeError, uintField,
+  ABORT_PREFIX, FORMAT_VERSION, JOB_KEY, LINE_PREFIX, abortKey, bytesField, checkEpoch, checksumField, corrupt,
+  decodeRecord, encodeRecord, epochOfKey, lineKey, storeError, uintField,
 } from "./records.ts";
-import { META_BYTES_MAX, type LineManifest, type LineRecord, type PartRef } from "./types.ts";
+import { META_BYTES_MAX, type JobRecord, type LineJob, type LineManifest, type LineRecord, type PartRef } from "./types.ts";
 
 /**
  * Options of {@link KvLineManifest}.
@@ -53,10 +55,14 @@ export class KvLineManifest extends KvHandle implements LineManifest {
     this.nowMs = opts.nowMs;
   }
 
-  async commitLine(epoch: number, parts: readonly PartRef[], opts?: { meta?: Uint8Array }): Promise<LineRecord> {
+  async commitLine(epoch: number, parts: readonly PartRef[], opts?: { meta?: Uint8Array; job?: LineJob }): Promise<LineRecord> {
     checkEpoch(epoch);
     const sorted = checkParts(epoch, parts);
     const meta = opts?.meta;
+    const job = opts?.job;
+    if (job !== undefined && (typeof job.id !== "string" || job.id === "" || !Number.isSafeInteger(job.run) || job.run < 1)) {
+      throw new TypeError("commitLine: job must be { id: a non-empty string, run: an integer >= 1 }");
+    }
     if (meta !== undefined && !(meta instanceof Uint8Array)) throw new TypeError("commitLine: meta must be a Uint8Array");
     if (meta !== undefined && meta.byteLength > META_BYTES_MAX) {
       throw new RangeError(`commitLine: meta is ${meta.byteLength} bytes, more than ${META_BYTES_MAX}; store large data in a part`);
@@ -81,6 +87,7 @@ export class KvLineManifest extends KvHandle implements LineManifest {
         v: FORMAT_VERSION, epoch, timeMs,
         parts: sorted.map((p) => [p.rank, p.checksum, p.bytes]),
         meta: meta ?? null,
+        job: job === undefined ? null : [job.id, job.run],
       });
       try {
         // The commit point of the whole line: one synced batch.
@@ -92,6 +99,7 @@ export class KvLineManifest extends KvHandle implements LineManifest {
         epoch, timeMs,
         parts: sorted.map((p) => ({ rank: p.rank, epoch, checksum: p.checksum, bytes: p.bytes })),
         meta: meta === undefined ? undefined : Buffer.from(meta),
+        job: job === undefined ? undefined : { id: job.id, run: job.run },
       };
     });
   }
@@ -159,6 +167,29 @@ export class KvLineManifest extends KvHandle implements LineManifest {
     });
   }
 
+  async job(): Promise<JobRecord | undefined> {
+    this.ensureOpen();
+    let value: Buffer | undefined;
+    try {
+      value = await this.kv.get(JOB_KEY);
+    } catch (err) {
+      throw storeError(err, "reading the job record", this.location);
+    }
+    return value === undefined ? undefined : decodeJob(value, `the job record in the manifest ${this.location}`);
+  }
+
+  async putJob(job: JobRecord): Promise<void> {
+    const record = encodeRecord({ v: FORMAT_VERSION, ...checkJob(job) });
+    this.checkWritable("putJob");
+    this.ensureOpen(); // at call time: writes queued before close() still run
+    return this.serial(async () => {
+      try {
+        await this.kv.write([{ type: "put", key: JOB_KEY, value: record }], { sync: true });
+      } catch (err) {
+        throw storeError(err, "writing the job record", this.location);
+      }
+    });
+  }
 
   private async scan(prefix: string, opts: { reverse?: boolean; limit?: number }): Promise<[string, Buffer][]> {
     try {
@@ -195,12 +226,61 @@ export class KvLineManifest extends KvHandle implements LineManifest {
         if (r !== i) throw corrupt(`${what}: part ${i} names rank ${r}`);
         return { rank: r, epoch, checksum: checksumField(fields, "checksum", what), bytes: uintField(fields, "bytes", what) };
       });
-      return { epoch, timeMs, parts, meta: bytesField(rec, "meta", what) };
+      return { epoch, timeMs, parts, meta: bytesField(rec, "meta", what), job: lineJobField(rec, what) };
     } catch (err) {
       if (isLifelineError(err, "STORE_CORRUPT")) throw corrupt(`${err.message}; ${advice}`);
       throw err;
     }
   }
+}
+
+/** The `job` field of a commit record: `[id, run]`, or absent in records of older stores. */
+function lineJobField(rec: Record<string, unknown>, what: string): LineJob | undefined {
+  const raw = rec["job"];
+  if (raw === undefined || raw === null) return undefined;
+  if (!Array.isArray(raw) || raw.length !== 2 || typeof raw[0] !== "string") throw corrupt(`${what}: field job is malformed`);
+  return { id: raw[0], run: uintField({ run: raw[1] }, "run", what) };
+}
+
+const JOB_STATES: readonly JobRecord["state"][] = ["running", "finished", "failed", "stopped"];
+
+/** The fields of a job record as stored, checked (TypeError for a caller's bad record). */
+function checkJob(job: JobRecord): Record<string, unknown> {
+  const bad = (field: string): never => { throw new TypeError(`putJob: job.${field} is malformed`); };
+  const str = (v: unknown, field: string): string => (typeof v === "string" ? v : bad(field));
+  const uint = (v: unknown, field: string): number => (typeof v === "number" && Number.isSafeInteger(v) && v >= 0 ? v : bad(field));
+  if (job === null || typeof job !== "object") throw new TypeError("putJob: job must be a JobRecord");
+  if (!Array.isArray(job.args) || !job.args.every((a) => typeof a === "string")) bad("args");
+  if (!JOB_STATES.includes(job.state)) bad("state");
+  if (job.launcher === null || typeof job.launcher !== "object") bad("launcher");
+  if (job.id === "") bad("id");
+  return {
+    id: str(job.id, "id"), app: str(job.app, "app"), args: [...job.args], size: uint(job.size, "size"), mode: str(job.mode, "mode"),
+    programSha256: str(job.programSha256, "programSha256"), createdMs: uint(job.createdMs, "createdMs"), run: uint(job.run, "run"),
+    runStartedMs: uint(job.runStartedMs, "runStartedMs"), launcherPid: uint(job.launcher.pid, "launcher.pid"), launcherHost: str(job.launcher.host, "launcher.host"),
+    state: job.state, endedMs: job.endedMs === undefined ? null : uint(job.endedMs, "endedMs"), exitCode: job.exitCode === undefined ? null : uint(job.exitCode, "exitCode"),
+  };
+}
+
+/** A stored job record; `STORE_CORRUPT` naming `what` when it is damaged or malformed. */
+function decodeJob(value: Buffer, what: string): JobRecord {
+  const rec = decodeRecord(value, what);
+  const str = (name: string): string => {
+    const v = rec[name];
+    if (typeof v !== "string") throw corrupt(`${what}: field ${name} is ${JSON.stringify(v)}, not a string`);
+    return v;
+  };
+  const optUint = (name: string): number | undefined => (rec[name] === null || rec[name] === undefined ? undefined : uintField(rec, name, what));
+  const args = rec["args"];
+  if (!Array.isArray(args) || !args.every((a) => typeof a === "string")) throw corrupt(`${what}: field args is not a list of strings`);
+  const state = rec["state"];
+  if (!JOB_STATES.includes(state as JobRecord["state"])) throw corrupt(`${what}: field state is ${JSON.stringify(state)}`);
+  return {
+    id: str("id"), app: str("app"), args: args as string[], size: uintField(rec, "size", what), mode: str("mode"),
+    programSha256: str("programSha256"), createdMs: uintField(rec, "createdMs", what), run: uintField(rec, "run", what),
+    runStartedMs: uintField(rec, "runStartedMs", what), launcher: { pid: uintField(rec, "launcherPid", what), host: str("launcherHost") },
+    state: state as JobRecord["state"], endedMs: optUint("endedMs"), exitCode: optUint("exitCode"),
+  };
 }
 
 /** Checks a line's parts: ranks 0..n-1 once each, all of `epoch`. Returns them sorted by rank. */

@@ -195,31 +195,48 @@ export class KvRankPartStore extends KvHandle implements RankPartStore {
     this.ensureOpen(); // at call time: writes queued before close() still run
     return this.serial(async () => {
       try {
-        const rows = await this.kv.scan(PART_PREFIX, {});
-        const ops: KvOp[] = [];
-        const blobs: string[] = [];
-        const deleted: number[] = [];
-        for (const [key, value] of rows) {
+        const rows = (await this.kv.scan(PART_PREFIX, {})).filter(([key]) => {
           const epoch = epochOfKey(key, PART_PREFIX);
-          if (epoch === undefined || keepSet.has(epoch)) continue;
-          if (!dropNewer && epoch >= newestKept) continue;
-          ops.push({ type: "del", key });
-          deleted.push(epoch);
-          // A damaged record is deleted all the same; its blob (unknown now) becomes an
-          // orphan that the next open collects.
-          const blob = this.blobOfRecord(key, value);
-          if (blob !== undefined) blobs.push(blob);
-        }
-        if (ops.length === 0) return [];
-        await this.kv.write(ops, { sync: true });
-        await this.blobs.remove(blobs);
-        return deleted;
+          return epoch !== undefined && !keepSet.has(epoch) && (dropNewer || epoch < newestKept);
+        });
+        return await this.deleteRecords(rows);
       } catch (err) {
         throw storeError(err, `rank ${this.rank}: deleting old parts`, this.location);
       }
     });
   }
 
+  async dropParts(epochs: readonly number[]): Promise<number[]> {
+    if (!Array.isArray(epochs)) throw new TypeError("dropParts: epochs must be an array");
+    for (const e of epochs) checkEpoch(e, "dropParts: every epoch");
+    this.checkWritable("dropParts");
+    const wanted = new Set(epochs);
+    this.ensureOpen(); // at call time: writes queued before close() still run
+    return this.serial(async () => {
+      try {
+        const rows = (await this.kv.scan(PART_PREFIX, {})).filter(([key]) => wanted.has(epochOfKey(key, PART_PREFIX) ?? -1));
+        return await this.deleteRecords(rows);
+      } catch (err) {
+        throw storeError(err, `rank ${this.rank}: deleting the parts of line(s) ${epochs.join(", ")}`, this.location);
+      }
+    });
+  }
+
+  /**
+   * Deletes part records (one synced batch), then their blob files: a crash in between leaves
+   * unreferenced blobs, which the next open deletes. A damaged record is deleted all the same;
+   * its blob (unknown now) becomes such an orphan. Resolves to the deleted epochs.
+   */
+  private async deleteRecords(rows: readonly [string, Buffer][]): Promise<number[]> {
+    if (rows.length === 0) return [];
+    const blobs = rows.flatMap(([key, value]) => {
+      const blob = this.blobOfRecord(key, value);
+      return blob === undefined ? [] : [blob];
+    });
+    await this.kv.write(rows.map(([key]): KvOp => ({ type: "del", key })), { sync: true });
+    await this.blobs.remove(blobs);
+    return rows.map(([key]) => epochOfKey(key, PART_PREFIX)!);
+  }
 
   private checkRef(ref: PartRef): void {
     if (ref === null || typeof ref !== "object") throw new TypeError("expected a PartRef");

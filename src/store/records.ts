@@ -39,6 +39,8 @@ export const PART_PREFIX = "part/";
 export const LINE_PREFIX = "line/";
 /** Key prefix of abort markers in the manifest. */
 export const ABORT_PREFIX = "abort/";
+/** Key of the job record in the manifest (no epoch; sorts apart from the prefixed keys). */
+export const JOB_KEY = "job";
 
 /** Key of rank's part record of `epoch` (see {@link epochKeyPart}). */
 export function partKey(epoch: number): string { return PART_PREFIX + epochKeyPart(epoch); }

@@ -60,6 +60,59 @@ export interface LineRecord {
   readonly timeMs: number;
   readonly parts: readonly PartRef[];
   readonly meta: Buffer | undefined;
+  /** The job and the run of it that committed the line (absent in lines of older stores). */
+  readonly job: LineJob | undefined;
+}
+
+/**
+ * Which job, and which run of it (1 = its first start, 2 = its first resume, ...), a line
+ * belongs to; kept in the line's commit record.
+ *
+ * @example
+ * const job: LineJob = { id: "heat-3f9a1c2e", run: 2 };
+ * await manifest.commitLine(7, refs, { job });
+ */
+export interface LineJob {
+  readonly id: string;
+  readonly run: number;
+}
+
+/**
+ * What a store says about the job whose lines it holds, written by the launcher that holds
+ * the manifest: at the start of every run (`state: "running"`) and at its end. A store holds
+ * the lines of one job at a time; a new job may take the store over only when it holds no
+ * line, or when the user says so (`lifeline run --fresh`).
+ *
+ * `app`, `args` and `size` are the job's identity: a run with the same three continues the
+ * job from its newest line. `programSha256` is the app file's hash when the run started,
+ * for a warning when it changed between runs.
+ *
+ * @example
+ * const job = await manifest.job();
+ * if (job?.state === "running") console.log(`run ${job.run} of ${job.id} by pid ${job.launcher.pid}`);
+ */
+export interface JobRecord {
+  readonly id: string;
+  readonly app: string;
+  readonly args: readonly string[];
+  readonly size: number;
+  readonly mode: string;
+  readonly programSha256: string;
+  /** When run 1 started (ms since the epoch). */
+  readonly createdMs: number;
+  /** 1 for the first start, +1 per resume or restart from the beginning of the same job. */
+  readonly run: number;
+  readonly runStartedMs: number;
+  /** The launcher process of this run. */
+  readonly launcher: { readonly pid: number; readonly host: string };
+  /**
+   * `running` until the run ends (and forever when its launcher was killed); then `finished`
+   * (every rank finalized), `failed` or `stopped` (interrupted by a signal).
+   */
+  readonly state: "running" | "finished" | "failed" | "stopped";
+  /** When the run ended, and the launcher's exit code; absent while running. */
+  readonly endedMs?: number | undefined;
+  readonly exitCode?: number | undefined;
 }
 
 /**
@@ -165,6 +218,17 @@ export interface RankPartStore {
   retain(keep: readonly number[], opts?: { dropNewer?: boolean }): Promise<number[]>;
 
   /**
+   * Deletes this rank's parts of the given epochs, if it has them (records first, then their
+   * blob files): what a rank does with its part of a line that was aborted, so the line
+   * leaves nothing behind. Resolves to the epochs that had a part.
+   * Rejects with `STORE_NOT_OPEN`, `STORE_IO`.
+   *
+   * @example
+   * await parts.dropParts([8]); // line 8 was aborted: its part goes
+   */
+  dropParts(epochs: readonly number[]): Promise<number[]>;
+
+  /**
    * Waits for queued writes, then releases the rank's lock. Idempotent.
    *
    * @example
@@ -195,7 +259,8 @@ export interface LineManifest {
    * line survives any crash; if it does not, the line does not exist. Call it only after
    * every rank's {@link RankPartStore.putPart} resolved. `parts` must name ranks
    * `0..n-1` once each, all with this epoch, and `epoch` must be newer than every committed
-   * line (`RangeError` otherwise); `opts.meta` is at most {@link META_BYTES_MAX} bytes.
+   * line (`RangeError` otherwise); `opts.meta` is at most {@link META_BYTES_MAX} bytes;
+   * `opts.job` records which job and run committed the line.
    * Clears an abort marker of the same epoch. Rejects with `STORE_NOT_OPEN`, `STORE_IO`,
    * `STORE_CORRUPT` (the newest existing record is damaged).
    *
@@ -203,7 +268,7 @@ export interface LineManifest {
    * const line = await manifest.commitLine(7, refs, { meta: encodeValue({ job: "heat" }) });
    * line.parts.length; // the job size
    */
-  commitLine(epoch: number, parts: readonly PartRef[], opts?: { meta?: Uint8Array }): Promise<LineRecord>;
+  commitLine(epoch: number, parts: readonly PartRef[], opts?: { meta?: Uint8Array; job?: LineJob }): Promise<LineRecord>;
 
   /**
    * Marks line `epoch` aborted, so that its parts may be deleted. If `epoch` had been
@@ -259,6 +324,26 @@ export interface LineManifest {
    * await parts.retain((await manifest.list()).map((l) => l.epoch));
    */
   prune(keep: number): Promise<number[]>;
+
+  /**
+   * The job record (see {@link JobRecord}), or `undefined` in a store no launcher has
+   * claimed yet. Rejects with `STORE_CORRUPT` (naming the manifest), `STORE_NOT_OPEN`,
+   * `STORE_IO`.
+   *
+   * @example
+   * const job = await manifest.job();
+   * console.log(job === undefined ? "no job yet" : `${job.id}, run ${job.run}, ${job.state}`);
+   */
+  job(): Promise<JobRecord | undefined>;
+
+  /**
+   * Replaces the job record, in one synced write. Rejects with `STORE_NOT_OPEN`, `STORE_IO`;
+   * malformed fields throw `TypeError`.
+   *
+   * @example
+   * await manifest.putJob({ ...job, state: "finished", endedMs: Date.now(), exitCode: 0 });
+   */
+  putJob(job: JobRecord): Promise<void>;
 
   /**
    * Releases the manifest's lock. Idempotent.

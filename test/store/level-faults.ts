@@ -13,6 +13,8 @@ import { join } from "node:path";
 import { Level } from "level";
 import { BLOB_HEADER_BYTES, decodeRecord, lineKey, partKey } from "../../src/store/records.ts";
 import type { StoreFaults } from "../../src/store/types.ts";
+import { LevelRecoveryStore } from "../../src/store/level-store.ts";
+import { bytesOf } from "./suite.ts";
 
 export class LevelStoreFaults implements StoreFaults {
   constructor(private readonly dir: string) {}
@@ -81,4 +83,21 @@ async function flipByteInFile(fh: Awaited<ReturnType<typeof open>>, at: number):
   b[0] = b[0]! ^ 0xff;
   await fh.write(b, 0, 1, at);
   await fh.sync();
+}
+
+/**
+ * Makes `dir` a store with lines 1..3 of two ranks (rank 1's parts are blobs), all handles
+ * closed; resolves to `dir`.
+ */
+export async function populateStore(dir: string): Promise<string> {
+  const store = new LevelRecoveryStore(dir);
+  const m = await store.openManifest();
+  const ranks = [await store.openRank(0), await store.openRank(1)];
+  for (const e of [1, 2, 3]) {
+    const refs = await Promise.all(ranks.map((r) => r.putPart(e, bytesOf(r.rank === 0 ? 100 : 100_000, e))));
+    await m.commitLine(e, refs);
+  }
+  await m.close();
+  for (const r of ranks) await r.close();
+  return dir;
 }

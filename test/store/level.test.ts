@@ -18,7 +18,7 @@ import { crc32, crc32Portable } from "../../src/store/checksum.ts";
 import { LevelRecoveryStore, STORE_MARKER } from "../../src/store/level-store.ts";
 import { formatLines, listLines } from "../../src/store/lines.ts";
 import { latestLine, localVerifier, pruneLines } from "../../src/store/recovery.ts";
-import { LevelStoreFaults } from "./level-faults.ts";
+import { LevelStoreFaults, populateStore } from "./level-faults.ts";
 import { bytesOf, expectCode, recoveryStoreSuite } from "./suite.ts";
 
 let root: string;
@@ -43,18 +43,8 @@ recoveryStoreSuite("level", async ({ nowMs }) => {
 });
 
 /** A store with lines 1..3 of two ranks (rank 1's parts are blobs), all handles closed. */
-async function populated(): Promise<string> {
-  const dir = freshDir();
-  const store = new LevelRecoveryStore(dir);
-  const m = await store.openManifest();
-  const ranks = [await store.openRank(0), await store.openRank(1)];
-  for (const e of [1, 2, 3]) {
-    const refs = await Promise.all(ranks.map((r) => r.putPart(e, bytesOf(r.rank === 0 ? 100 : 100_000, e))));
-    await m.commitLine(e, refs);
-  }
-  await m.close();
-  for (const r of ranks) await r.close();
-  return dir;
+function populated(): Promise<string> {
+  return populateStore(freshDir());
 }
 
 async function overwriteMiddle(path: string, bytes: number): Promise<void> {
@@ -226,8 +216,8 @@ describe("LevelRecoveryStore on disk", () => {
     expect(report.rows.map((r) => [r.epoch, r.state])).toEqual([[2, "committed"], [3, "corrupt"], [4, "partial"]]);
     const text = formatLines(report);
     expect(text).toContain(`recovery lines in ${dir}:`);
-    expect(text).toMatch(/EPOCH\s+TIME\s+RANKS\s+BYTES\s+STATE/);
-    expect(text).toMatch(/\n\s+4\s+\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\s+1\/2\s+3\.0 MiB\s+partial\n/);
+    expect(text).toMatch(/EPOCH\s+TIME\s+RANKS\s+BYTES\s+RUN\s+STATE/);
+    expect(text).toMatch(/\n\s+4\s+\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\s+1\/2\s+3\.0 MiB\s+-\s+partial\n/);
     expect(text).toMatch(/line 3: rank 1's part of line 3 is missing: blob file .* does not exist/);
     // The listing held no lock afterwards and created nothing.
     await (await store.openManifest()).close();

@@ -180,6 +180,19 @@ export function recoveryStoreSuite(name: string, factory: StoreFactory): void {
         expect(await p.listParts()).toEqual([]);
       });
 
+      it("dropParts() deletes the named epochs' parts, blob files included, and nothing else", async () => {
+        const p = await rank(1);
+        for (const e of [1, 2, 3]) await p.putPart(e, bytesOf(e === 2 ? LARGE : SMALL, e));
+        expect(await p.dropParts([2, 9])).toEqual([2]); // 9 has no part: nothing to drop
+        expect((await p.listParts()).map((i) => i.epoch)).toEqual([1, 3]);
+        expect(await p.getPart(2)).toBeUndefined();
+        expect(await p.dropParts([])).toEqual([]);
+        await closeAll();
+        const again = await rank(1);
+        expect((await again.listParts()).map((i) => i.epoch)).toEqual([1, 3]);
+        await expect(again.dropParts([-1])).rejects.toThrow(RangeError);
+      });
+
       it("close() lets writes issued before it finish", async () => {
         const p = await store.openRank(0);
         const writes = [p.putPart(1, bytesOf(LARGE, 1)), p.putPart(2, bytesOf(SMALL, 2)), p.retain([2])];
@@ -228,6 +241,37 @@ export function recoveryStoreSuite(name: string, factory: StoreFactory): void {
         await closeAll();
         const again = await manifest();
         expect(await again.latestCommitted()).toEqual(line);
+      });
+
+      it("records which job and run committed each line", async () => {
+        const m = await manifest();
+        const ranks = [await rank(0), await rank(1)];
+        await commit(m, ranks, 1);
+        const refs = await Promise.all(ranks.map((r) => r.putPart(2, bytesOf(SMALL, r.rank))));
+        const line = await m.commitLine(2, refs, { job: { id: "heat-3f9a1c2e", run: 2 } });
+        expect(line.job).toEqual({ id: "heat-3f9a1c2e", run: 2 });
+        await closeAll();
+        const again = await manifest();
+        expect((await again.list()).map((l) => l.job)).toEqual([undefined, { id: "heat-3f9a1c2e", run: 2 }]);
+        await expect(again.commitLine(3, refs.map((r) => ({ ...r, epoch: 3 })), { job: { id: "", run: 1 } })).rejects.toThrow(TypeError);
+      });
+
+      it("keeps the job record: absent at first, replaced by putJob, durable across reopen", async () => {
+        const m = await manifest();
+        expect(await m.job()).toBeUndefined();
+        const job = {
+          id: "heat-3f9a1c2e", app: "/work/heat.ts", args: ["--iters", "400"], size: 4, mode: "cpr", programSha256: "ab".repeat(32),
+          createdMs: 1_700_000_000_000, run: 1, runStartedMs: 1_700_000_000_000, launcher: { pid: 1234, host: "node7" }, state: "running" as const,
+        };
+        await m.putJob(job);
+        expect(await m.job()).toEqual({ ...job, endedMs: undefined, exitCode: undefined });
+        await m.putJob({ ...job, state: "finished", endedMs: 1_700_000_100_000, exitCode: 0 });
+        await closeAll();
+        const again = await manifest();
+        expect(await again.job()).toEqual({ ...job, state: "finished", endedMs: 1_700_000_100_000, exitCode: 0 });
+        expect(await again.list()).toEqual([]); // the job record is not a line
+        await expect(again.putJob({ ...job, state: "gone" as "running" })).rejects.toThrow(TypeError);
+        await expect(again.putJob({ ...job, args: [1] as unknown as string[] })).rejects.toThrow(TypeError);
       });
 
       it("refuses malformed lines with RangeError", async () => {
