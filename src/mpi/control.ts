@@ -69,7 +69,9 @@ export type CoordinatorToRank =
   /** stopRecording: every rank is ready; stop logging and write your part of line `epoch`. */
   | { t: "cpr-stop"; epoch: number }
   /** Line `epoch` is committed; parts of epochs not in `keep` may be deleted. */
-  | { t: "cpr-committed"; epoch: number; keep: number[] };
+  | { t: "cpr-committed"; epoch: number; keep: number[] }
+  /** Line `epoch` will never be committed: delete your part of it (or do not write it). */
+  | { t: "cpr-aborted"; epoch: number };
 
 export type ControlMessage = RankToCoordinator | CoordinatorToRank;
 

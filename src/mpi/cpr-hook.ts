@@ -54,7 +54,10 @@ export interface CprWorldAccess {
   captureLibState(): LibState;
   /** Sets the library state of a restored rank, before any frame is delivered. */
   restoreLibState(lib: LibState): void;
-  /** Delivers a frame as if it had just arrived, without classifying it again (recovery). */
+  /**
+   * Delivers a frame from the restored part as if it had just arrived, without classifying it
+   * again (recovery). Its job key is not checked: an earlier run of a resumed job wrote it.
+   */
   inject(frame: RawFrame): void;
   /** Sends one protocol frame (kind protocol, not counted on any channel) to a peer. */
   sendProtocol(dest: number, tag: number, body: unknown): void;

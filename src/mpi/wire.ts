@@ -83,8 +83,10 @@ export function encodeHeaderInto(h: Header, b: Buffer): Buffer {
 /**
  * Decodes and validates a header. Throws `MPI_DECODE` with the reason for anything that is not
  * a well-formed Lifeline header of this job; the caller drops the frame with a warning.
+ * `jobKey: "stored"` accepts any key: for frames a rank restores from its own recovery line,
+ * which an earlier run of the job (with another key) may have written.
  */
-export function decodeHeader(b: Buffer | undefined, expect: { jobKey: number; size: number }): Header {
+export function decodeHeader(b: Buffer | undefined, expect: { jobKey: number | "stored"; size: number }): Header {
   if (b === undefined || b.length !== HEADER_BYTES) {
     throw new LifelineError("MPI_DECODE", `frame header has ${b?.length ?? 0} bytes, expected ${HEADER_BYTES}`);
   }
@@ -99,7 +101,7 @@ export function decodeHeader(b: Buffer | undefined, expect: { jobKey: number; si
     throw new LifelineError("MPI_DECODE", `frame header has unknown encoding ${encoding}`);
   }
   const jobKey = b.readUInt32LE(8);
-  if (jobKey !== expect.jobKey >>> 0) throw new LifelineError("MPI_DECODE", "frame belongs to another job (job key differs)");
+  if (expect.jobKey !== "stored" && jobKey !== expect.jobKey >>> 0) throw new LifelineError("MPI_DECODE", "frame belongs to another job (job key differs)");
   const source = b.readInt32LE(12);
   if (source < 0 || source >= expect.size) {
     throw new LifelineError("MPI_DECODE", `frame names source rank ${source}, outside 0..${expect.size - 1}`);

@@ -220,6 +220,7 @@ export class World implements WorldApi {
       case "cpr-checkpoint":
       case "cpr-stop":
       case "cpr-committed":
+      case "cpr-aborted":
         this.cpr?.onControl(msg);
         break;
     }
@@ -290,7 +291,7 @@ export class World implements WorldApi {
       attempt: this.attempt,
       captureLibState: () => this.captureLibState(),
       restoreLibState: (lib) => this.restoreLibState(lib),
-      inject: (frame) => this.injectFrame(frame),
+      inject: (frame) => this.injectFrame(frame, true),
       sendProtocol: (dest, tag, body) => this.sendProtocol(dest, tag, body),
       sendControl: (msg) => void this.control.send(msg).catch(() => undefined),
       fatal: (code, message) => this.fatal(new LifelineError(code, message)),
@@ -346,13 +347,17 @@ export class World implements WorldApi {
     lib.appSeqOut?.forEach((n, d) => { this.appSeqOut[d] = n; });
     this.colls.restoreNextSeq(lib.collNextSeq);
     for (const [k, v] of lib.bootstrap) this.bootstrapResults.set(k, v);
-    for (const f of lib.collInbox) this.injectFrame(f);
-    for (const f of lib.unexpected) this.injectFrame(f);
+    for (const f of lib.collInbox) this.injectFrame(f, true);
+    for (const f of lib.unexpected) this.injectFrame(f, true);
   }
 
-  /** Delivers a frame held or logged elsewhere as if it arrived now (not classified again). */
-  private injectFrame(frame: RawFrame): void {
-    const h = decodeHeader(frame.header, { jobKey: this.jobKey, size: this.size });
+  /**
+   * Delivers a frame held or logged elsewhere as if it arrived now (not classified again).
+   * `stored`: it comes from this rank's recovery line, which a run with another job key may
+   * have written (a resumed job).
+   */
+  private injectFrame(frame: RawFrame, stored = false): void {
+    const h = decodeHeader(frame.header, { jobKey: stored ? "stored" : this.jobKey, size: this.size });
     this.arrive(h, frame.body, frame.header, false);
   }
 
@@ -647,7 +652,7 @@ export class World implements WorldApi {
         this.fatal(new LifelineError("CPR_REPLAY", `rank ${this.rank}: replay: a receive's poll #${ticket.ordinal} was logged done without its message`));
         return undefined;
       }
-      const h = decodeHeader(r.msg.header, { jobKey: this.jobKey, size: this.size });
+      const h = decodeHeader(r.msg.header, { jobKey: "stored", size: this.size });
       const env: AppEnvelope = { source: h.source, tag: h.tag, data: decodeBody(h.encoding, h.arrayType, r.msg.body), raw: r.msg };
       const w = recv.waiter!;
       this.matcher.replace(w, { ...w, source: env.source, tag: env.tag });

@@ -21,6 +21,7 @@ import { type CheckpointEvery, CprInitiator, INITIATOR_TICK_MS as CPR_TICK_MS, i
 import { InitiatorDriver } from "../cpr/coordinated/initiator-driver.ts";
 import { coordinatedHook, type PartStoreLike } from "../cpr/coordinated/driver.ts";
 import { retryOneHook } from "../cpr/retry-one/driver.ts";
+import { LifelineError } from "../errors.ts";
 import { decodeValue } from "../mpi/codec.ts";
 import type { CoordinatorToRank, RankToCoordinator } from "../mpi/control.ts";
 import type { Mode, RankPlace } from "../mpi/env.ts";
@@ -93,6 +94,8 @@ export interface SimCprOptions {
    * (a disk that takes time), so crashes can land in the middle of a part write or read.
    */
   readonly slowDisk?: boolean;
+  /** A rank's part of a line cannot be written (a full disk): `putPart` fails with STORE_IO. */
+  readonly failPartWrite?: (rank: number, epoch: number) => boolean;
 }
 
 /** Line-level facts for the invariants: each committed line as read back from the store. */
@@ -124,6 +127,12 @@ export interface SimOutcome {
   readonly restarts: number;
   /** cpr: epochs of the lines committed, in order. */
   readonly linesCommitted: readonly number[];
+  /** cpr: how many of them were committed after a restart (a restored job goes on taking lines). */
+  readonly linesAfterRestart: number;
+  /** cpr: lines the initiator aborted; `early` when no rank had finalized yet (every rank could act on it). */
+  readonly linesAborted: readonly { readonly epoch: number; readonly early: boolean }[];
+  /** cpr: the epochs of each rank's parts left in the store at the end. */
+  readonly partsLeft: readonly (readonly number[])[];
   /** retry-one: restarted ranks' reports that they caught up, in order. */
   readonly caughtUp: readonly { readonly rank: number; readonly attempt: number; readonly restored: number; readonly version: number; readonly seqno: number; readonly replayed: number }[];
   /** Each rank's attempt at the end. */
@@ -160,6 +169,7 @@ export class SimCoordinator {
   /** cpr: the line the current attempt restores from. */
   restoreLine: LineRecord | undefined;
   readonly committed: number[] = [];
+  readonly aborted: { epoch: number; early: boolean }[] = [];
   /** Called with each line the moment it is committed (invariants read it back). */
   onCommitted: (epoch: number) => void = () => undefined;
   /** retry-one: ranks down (dead or restarted and not back), and those expected back. */
@@ -180,7 +190,10 @@ export class SimCoordinator {
         this.committed.push(epoch);
         this.onCommitted(epoch);
       },
-      onAborted: (epoch, reason) => this.warnings.push(`line ${epoch} aborted: ${reason}`),
+      onAborted: (epoch, reason) => {
+        this.warnings.push(`line ${epoch} aborted: ${reason}`);
+        this.aborted.push({ epoch, early: this.links.every((l) => !l.finalized) });
+      },
       onAbortNotRecorded: (epoch, err) => this.warnings.push(`abortLine ${epoch}: ${err.message}`),
     });
   }
@@ -348,7 +361,7 @@ export class SimCoordinator {
  * written (for the line invariants) and, with `slow`, makes every operation take one
  * scheduler event before and after it (a disk that takes time).
  */
-function simParts(inner: RankPartStore, net: SimNetwork, node: string, slow: boolean, written: Map<string, Buffer>): PartStoreLike {
+function simParts(inner: RankPartStore, net: SimNetwork, node: string, slow: boolean, written: Map<string, Buffer>, fail: ((epoch: number) => boolean) | undefined): PartStoreLike {
   const hop = (): Promise<void> => (!slow ? Promise.resolve() : new Promise((resolve) => {
     // A dead process's I/O never completes.
     if (net.node(node).alive) net.defer(node, resolve);
@@ -356,6 +369,7 @@ function simParts(inner: RankPartStore, net: SimNetwork, node: string, slow: boo
   return {
     async putPart(epoch, bytes) {
       await hop();
+      if (fail?.(epoch) === true) throw new LifelineError("STORE_IO", `rank ${inner.rank}: writing its part of line ${epoch}: ENOSPC: no space left on device (simulated)`);
       const r = await inner.putPart(epoch, bytes);
       written.set(`${r.rank}/${r.epoch}/${r.checksum}`, Buffer.from(bytes));
       await hop();
@@ -363,6 +377,7 @@ function simParts(inner: RankPartStore, net: SimNetwork, node: string, slow: boo
     },
     async readPart(ref) { await hop(); const r = await inner.readPart(ref); await hop(); return r; },
     async retain(keep, opts) { await hop(); return inner.retain(keep, opts); },
+    async dropParts(epochs) { await hop(); return inner.dropParts(epochs); },
     close: () => inner.close(),
   };
 }
@@ -382,6 +397,7 @@ export class SimCluster {
   private readonly rankWarnings: string[] = [];
   private crashes = 0;
   restarts = 0;
+  private linesAfterRestart = 0;
   /** cpr: the store every rank and the coordinator use (kill -9 modelled by its crash()). */
   readonly store: MemoryRecoveryStore | undefined;
   /** cpr: each committed line as read back right after its commit. */
@@ -446,7 +462,8 @@ export class SimCluster {
     const cpr = this.cpr;
     const hook = store === undefined || cpr === undefined ? undefined : coordinatedHook(async () => {
       const parts = await store.openRank(rank);
-      return simParts(parts, this.net, node, cpr.slowDisk === true, this.written);
+      const fail = cpr.failPartWrite;
+      return simParts(parts, this.net, node, cpr.slowDisk === true, this.written, fail === undefined ? undefined : (epoch) => fail(rank, epoch));
     });
     const run = async (): Promise<unknown> => {
       const world = await World.joinWith(this.place(rank, attempt), (onControl) => simHost({
@@ -587,7 +604,10 @@ export class SimCluster {
     const simMsMax = this.opts.simMsMax ?? 600_000;
     if (this.store !== undefined) {
       this.coordinator.manifest = await this.store.openManifest();
-      this.coordinator.onCommitted = (epoch) => this.readBackLine(epoch);
+      this.coordinator.onCommitted = (epoch) => {
+        if (this.restarts > 0) this.linesAfterRestart++;
+        this.readBackLine(epoch);
+      };
     }
     for (let r = 0; r < this.opts.size; r++) this.launch(r, 0);
     let hang = false;
@@ -603,6 +623,7 @@ export class SimCluster {
     }
     await drain();
     this.invariants.atEnd();
+    const partsLeft = await this.partsLeft();
     // An abort that reaches the coordinator after the release still fails the job: a rank found
     // an error (e.g. a stray collective message) in a job that was about to be called a success.
     const allReleased = this.coordinator.phase === "released" && this.ends.every((e, r) => finishedOk(e, this.coordinator.links[r]!.finalized)) && this.coordinator.aborts.length === 0;
@@ -621,8 +642,25 @@ export class SimCluster {
       framesDelivered: this.net.framesDelivered,
       restarts: this.restarts,
       linesCommitted: [...this.coordinator.committed],
+      linesAfterRestart: this.linesAfterRestart,
+      linesAborted: [...this.coordinator.aborted],
+      partsLeft,
       report: this.report(status),
     };
+  }
+
+  /** cpr: each rank's part epochs in the store at the end (every process is gone by then). */
+  private async partsLeft(): Promise<number[][]> {
+    const store = this.store;
+    if (store === undefined) return [];
+    store.crash();
+    const out: number[][] = [];
+    for (let r = 0; r < this.opts.size; r++) {
+      const parts = await store.openRank(r);
+      out.push((await parts.listParts()).map((p) => p.epoch));
+      await parts.close();
+    }
+    return out;
   }
 
   /** Collects a just-committed line's parts (as written) for the line invariants. */

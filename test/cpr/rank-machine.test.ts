@@ -102,6 +102,18 @@ describe("RankMachine", () => {
     expect(r.nondet("value").replay).toBeUndefined();
   });
 
+  it("a rank restored from a line without non-deterministic events is not replaying: it takes the next checkpoint it is asked for", () => {
+    // Regression: an empty replay log used to count as a replay that never ended, so a job
+    // restored from such a line (the heat stencil) committed no line after a restart.
+    const r = new RankMachine({ rank: 0, size: 2 });
+    r.restore({ epoch: 3, earlyIds: [], nondet: [] });
+    expect(r.replaying).toBe(false);
+    r.onControl({ t: "cpr-checkpoint", epoch: 4 });
+    expect(r.mayCheckpoint).toBe(true);
+    r.takeCheckpoint();
+    expect(r.epoch).toBe(4);
+  });
+
   it("a replay that meets another kind of call than logged reports CPR_REPLAY", () => {
     const r = new RankMachine({ rank: 0, size: 1 });
     r.restore({ epoch: 1, earlyIds: [], nondet: [[0, { k: "value", v: 1 }]] });

@@ -12,8 +12,9 @@
  * `SEED=n` reproduces one seed; a failure prints `reproduce with SEED=n`.
  */
 import { describe, expect, it } from "vitest";
-import { describeProgram } from "../../src/testing/programs.ts";
-import { swarmSeeds } from "../../src/testing/prng.ts";
+import { SimCluster } from "../../src/testing/sim-cluster.ts";
+import { describeProgram, generateProgram, programOf } from "../../src/testing/programs.ts";
+import { Prng, swarmSeeds } from "../../src/testing/prng.ts";
 import { runCprSeed } from "../../src/testing/swarm.ts";
 
 describe("simulation, mode cpr", () => {
@@ -22,6 +23,7 @@ describe("simulation, mode cpr", () => {
   it(`random crashes, restart-all: failure-free results and consistent lines (${seeds.length} seeds from ${seeds[0]})`, async () => {
     let restarts = 0;
     let lines = 0;
+    let linesAfterRestart = 0;
     for (const seed of seeds) {
       try {
         const { spec, ref, out } = await runCprSeed(seed);
@@ -31,6 +33,7 @@ describe("simulation, mode cpr", () => {
         expect(out.results, `cpr results differ from the failure-free ones\n${where}\n${out.report}`).toEqual(ref.results);
         restarts += out.restarts;
         lines += out.linesCommitted.length;
+        linesAfterRestart += out.linesAfterRestart;
       } catch (err) {
         throw new Error(`${(err as Error).message}\nsimulation failed, reproduce with SEED=${seed}`, { cause: err });
       }
@@ -38,6 +41,9 @@ describe("simulation, mode cpr", () => {
     if (seeds.length >= 100) {
       expect(restarts, "the swarm should exercise restarts").toBeGreaterThan(0);
       expect(lines, "the swarm should commit lines").toBeGreaterThan(0);
+      // A restored job goes on taking lines (regression: ranks restored from a line without
+      // non-deterministic events never checkpointed again).
+      expect(linesAfterRestart, "restored jobs should commit lines after their restart").toBeGreaterThan(0);
     }
   }, 600_000);
 });
@@ -79,4 +85,40 @@ describe("cpr: early-frame identity survives reordered sends after a restore", (
     expect(out.status, out.report).toBe("ok");
     expect(out.results).toEqual(ref.results);
   }, 60_000);
+});
+
+/**
+ * A full disk: from line 2 on, one rank cannot write its part, so every later line aborts and
+ * the job runs on without new lines. The ranks that did write their parts of an aborted line
+ * delete them (cpr-aborted), so a full disk is not filled further by lines that will never be
+ * used: at the end no rank holds a part of a line aborted while every rank was running.
+ */
+describe("cpr: lines aborted because a part could not be written leave no parts behind", () => {
+  it("one rank's writes fail from line 2 on: the job finishes with failure-free results, and the aborted lines' parts are gone", async () => {
+    let aborted = 0;
+    for (let seed = 1; seed <= 40; seed++) {
+      const prng = new Prng(seed);
+      const size = prng.rangeInclusive(2, 4);
+      const spec = generateProgram(prng.fork(1), { size, opsMax: 30, checkpointChance: 0.5 });
+      const program = programOf(spec);
+      const victim = prng.rangeInclusive(0, size - 1);
+      const ref = await new SimCluster({ seed, size, mode: "none", program, policy: "fifo", stepsMax: 20_000 }).run();
+      const out = await new SimCluster({
+        seed, size, mode: "cpr", program, stepsMax: 60_000,
+        cpr: { every: { ms: 20 }, keepLines: 2, slowDisk: prng.chance(0.5), failPartWrite: (rank, epoch) => rank === victim && epoch >= 2 },
+        // Network delays make simulated time pass, so the initiator's rounds happen.
+        delayMaxMs: prng.pick([5, 20, 100]), advanceChance: prng.pick([0.2, 0.4]),
+      }).run();
+      const where = `SEED=${seed}, program: ${describeProgram(spec)}\n${out.report}`;
+      expect(out.status, where).toBe("ok");
+      expect(out.results, where).toEqual(ref.results);
+      expect(out.linesCommitted.every((e) => e < 2), where).toBe(true);
+      const early = new Set(out.linesAborted.filter((a) => a.early).map((a) => a.epoch));
+      aborted += early.size;
+      for (const [rank, epochs] of out.partsLeft.entries()) {
+        expect(epochs.filter((e) => early.has(e)), `rank ${rank} kept parts of aborted lines; ${where}`).toEqual([]);
+      }
+    }
+    expect(aborted, "the seeds should abort lines").toBeGreaterThan(10);
+  }, 120_000);
 });

@@ -29,6 +29,7 @@ export interface PartStoreLike {
   putPart(epoch: number, bytes: Uint8Array): Promise<{ rank: number; epoch: number; checksum: number; bytes: number }>;
   readPart(ref: { rank: number; epoch: number; checksum: number; bytes: number }): Promise<Buffer>;
   retain(keep: readonly number[], opts?: { dropNewer?: boolean }): Promise<number[]>;
+  dropParts(epochs: readonly number[]): Promise<number[]>;
   close(): Promise<void>;
 }
 
@@ -85,6 +86,8 @@ export class CoordinatedDriver implements CprHook {
   private readonly earlyLists = new Map<number, number[]>();
   private earlyWaiter: (() => void) | undefined;
   private writes: Promise<void> = Promise.resolve();
+  /** Lines the initiator aborted: their parts are deleted, or never written. */
+  private readonly abortedEpochs = new Set<number>();
   private failed = false;
   private recordingTimer: Timer | undefined;
   private readonly recordingTimeoutMs: number;
@@ -207,6 +210,17 @@ export class CoordinatedDriver implements CprHook {
       }).catch((err: unknown) => this.host.warn(`lifeline: rank ${this.access.rank}: could not delete old parts: ${(err as Error).message}`));
       return;
     }
+    if (msg.t === "cpr-aborted") {
+      // An aborted line leaves nothing behind: a part written (or being written: the chain
+      // orders it) goes now; one not yet written is never written (writePart).
+      const epoch = msg.epoch;
+      this.abortedEpochs.add(epoch);
+      this.writes = this.writes.then(async () => {
+        const parts = await this.store();
+        await parts.dropParts([epoch]);
+      }).catch((err: unknown) => this.host.warn(`lifeline: rank ${this.access.rank}: could not delete its part of aborted line ${epoch}: ${(err as Error).message}`));
+      return;
+    }
     this.apply(this.machine.onControl(msg));
   }
 
@@ -317,6 +331,10 @@ export class CoordinatedDriver implements CprHook {
     };
     const rank = this.access.rank;
     this.writes = this.writes.then(async () => {
+      if (this.abortedEpochs.has(epoch)) {
+        this.access.sendControl({ t: "cpr-part-failed", rank, epoch, message: `line ${epoch} was aborted before this rank wrote its part` });
+        return;
+      }
       try {
         const parts = await this.store();
         const ref = await parts.putPart(epoch, encodeValue(part));

@@ -15,11 +15,13 @@
  * driver.input({ kind: "tick", nowMs: now() });
  */
 import type { CoordinatorToRank } from "../../mpi/control.ts";
-import type { LineManifest } from "../../store/types.ts";
+import type { LineJob, LineManifest } from "../../store/types.ts";
 import type { CprInitiator, InitiatorEffect, InitiatorInput } from "./initiator.ts";
 
 export interface InitiatorDriverHooks {
   readonly keepLines: number;
+  /** Recorded in every line's commit record: the job and run that committed it. */
+  readonly lineJob?: LineJob | undefined;
   now(): number;
   broadcast(msg: CoordinatorToRank): void;
   /** The commit record of `epoch` is durable (before pruning). */
@@ -71,7 +73,7 @@ export class InitiatorDriver {
         };
         this.chain = this.chain.then(async () => {
           try {
-            await manifest.commitLine(eff.epoch, eff.refs);
+            await manifest.commitLine(eff.epoch, eff.refs, this.hooks.lineJob === undefined ? undefined : { job: this.hooks.lineJob });
             this.hooks.onDurable?.(eff.epoch);
             await manifest.prune(this.hooks.keepLines);
             const keep = (await manifest.list()).map((l) => l.epoch);

@@ -9,9 +9,11 @@
  *        ◀─ every rank: readyToStopRecording(e+1) ──▶ broadcast stopRecording(e+1)
  *        ◀─ every rank: part durable ──▶ commit line e+1 (driver writes the manifest)
  *        ◀─ committed ──▶ broadcast committed(e+1, keep) ── idle
- * A round that exceeds `phaseTimeoutMs` is aborted: it will not be committed and the last
- * committed line stays the recovery point; the round still runs to its end (ranks must stop
- * recording) before the next may start.
+ * A round that exceeds `phaseTimeoutMs`, or in which a rank could not write its part, is
+ * aborted: it will not be committed, the last committed line stays the recovery point, and
+ * the ranks are told (`cpr-aborted`) so that they delete their parts of it (or do not write
+ * them); the round still runs to its end (ranks must stop recording) before the next may
+ * start.
  *
  * @example
  * const init = new CprInitiator({ size: 4, every: { ms: 10_000 }, committedEpoch: 0, keepLines: 2, phaseTimeoutMs: 60_000, nowMs: 0 });
@@ -174,6 +176,7 @@ export class CprInitiator {
     if (this.aborted) return;
     this.aborted = true;
     out.push({ kind: "abort-line", epoch: this.epoch, reason });
+    out.push({ kind: "broadcast", msg: { t: "cpr-aborted", epoch: this.epoch } });
   }
 }
 

@@ -132,7 +132,9 @@ export class RankMachine {
     // marker's count matches.
     const counts = this.counts(logs.epoch);
     for (const [s] of logs.earlyIds) counts[s]!++;
-    this.replayLog = new Map(logs.nondet.map(([o, e]) => [o, e]));
+    // Nothing to replay: not replaying (a replay log, even an empty one, forbids checkpoints,
+    // and an empty one would never end since no ordinal reaches its end).
+    this.replayLog = logs.nondet.length === 0 ? undefined : new Map(logs.nondet.map(([o, e]) => [o, e]));
     this.replayUntil = logs.nondet.reduce((m, [o]) => Math.max(m, o), -1);
   }
 
