@@ -54,6 +54,15 @@ export async function main(argv: readonly string[], io: CliIo): Promise<number> 
       io.stderr.write(`lifeline: error: ${indent(err.message)}\n(see lifeline run --help)\n`);
       return EXIT_USAGE;
     }
+    if (isLifelineError(err, "LAUNCH_RESUME")) {
+      // The store holds what this command would overwrite: nothing was started.
+      io.stderr.write(`${err.message.split("\n").map((l, i) => `lifeline: ${i === 0 ? "error: " : ""}${l}`).join("\n")}\n`);
+      return EXIT_USAGE;
+    }
+    if (isLifelineError(err) && err.code.startsWith("STORE_")) {
+      io.stderr.write(`lifeline: error: ${err.message}\n`);
+      return 1;
+    }
     io.stderr.write(`lifeline: internal error: ${err instanceof Error ? (err.stack ?? err.message) : errorMessage(err)}\n`);
     return 1;
   }
@@ -119,11 +128,16 @@ function buildProgram(io: CliIo, setExit: (code: number) => void): Command {
   program
     .command("lines")
     .summary("list the recovery lines in a store")
-    .description("List the recovery lines in a store (epoch, time, ranks, bytes, state), verifying every committed line's parts.")
+    .description(
+      "List the recovery lines in a store (epoch, time, ranks, bytes, the run of the job that committed it, state) and the job they belong to, verifying every committed line's parts.\n" +
+        "Works while a job uses the store: it reads a copy of the store's databases and never takes the job's locks.",
+    )
     .option("--store <dir>", `the store (default ${DEFAULTS.store})`)
-    .action(async (opts: { store?: string }) => {
+    .option("--json", "the listing as one JSON document on stdout")
+    .action(async (opts: { store?: string; json?: boolean }) => {
       try {
-        io.stdout.write(formatLines(await listLines(resolvePath(io.cwd, opts.store ?? DEFAULTS.store))));
+        const report = await listLines(resolvePath(io.cwd, opts.store ?? DEFAULTS.store));
+        io.stdout.write(opts.json === true ? `${JSON.stringify(report, null, 2)}\n` : formatLines(report));
       } catch (err) {
         if (!isLifelineError(err)) throw err;
         io.stderr.write(`lifeline: error: ${indent(err.message)}\n`);
@@ -149,6 +163,9 @@ function addRunOptions(cmd: Command, supported: string): void {
     .option("--failure-timeout <ms>", `a rank silent this long is failed (default ${DEFAULTS.failureTimeoutMs}ms, at least 2x --heartbeat)`)
     .option("--stuck-timeout <dur>", "a rank with no checkpoint() call for this long is stuck and failed (default: not monitored)")
     .option("--rendezvous-timeout <dur>", `time for every rank to call init() (default ${DEFAULTS.rendezvousTimeoutMs / 1000}s)`)
+    .option("--start-timeout <dur>", `a rank that has not called init() this long after its process started is failed: killed, and restarted in cpr and retry-one (default ${DEFAULTS.startTimeoutMs / 1000}s, or --failure-timeout if longer)`)
+    .option("--resume", "cpr: continue the job from the newest recovery line an earlier run of it left in --store; an error if there is none (without --resume or --fresh the job resumes when it can)")
+    .option("--fresh", "cpr: discard every recovery line in --store, whoever's it is, and start the job from the beginning")
     .option("--results <file>", "write every rank's finalize() result and the job's outcome as JSON")
     .option("--json", "events as JSON lines on stderr, for machines")
     .option("-q, --quiet", "print only errors (the ranks' own output is still forwarded)")
@@ -179,6 +196,9 @@ function toFlags(app: string, args: string[], o: Record<string, unknown>): RunFl
     failureTimeout: str("failureTimeout"),
     stuckTimeout: str("stuckTimeout"),
     rendezvousTimeout: str("rendezvousTimeout"),
+    startTimeout: str("startTimeout"),
+    resume: o.resume === true,
+    fresh: o.fresh === true,
     results: str("results"),
     json: o.json === true,
     quiet: o.quiet === true,

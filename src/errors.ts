@@ -45,6 +45,9 @@ export type LifelineErrorCode =
   | "LAUNCH_STUCK"          // a rank made no progress within --stuck-timeout
   | "LAUNCH_HEARTBEAT"      // a rank missed heartbeats for --failure-timeout
   | "LAUNCH_RESTARTS"       // --max-restarts exhausted
+  | "LAUNCH_CRASH_LOOP"     // a rank failed the same way twice in a row before its first checkpoint(): a bug, not a fault
+  | "LAUNCH_RESUME"         // the store holds another job's lines, or --resume found nothing to resume
+  | "LAUNCH_START"          // a rank did not join (call init()) within --start-timeout of its start
   | "LAUNCH_INTERRUPTED"    // the launcher was told to stop (SIGINT/SIGTERM)
   | "LAUNCH_FAULT_SPEC";    // a malformed --kill / LIFELINE_FAULTS spec
 

@@ -15,11 +15,17 @@
  * - While no rank runs, the recovery line is chosen with `recoverLocal` (the newest committed
  *   line whose parts all verify; parts of aborted lines are deleted) and each rank's table
  *   names its part. No line yet: the ranks start from the beginning.
- * - A new job discards the lines an earlier job left in the same store (with a warning):
- *   a run never silently resumes someone else's state.
+ * - The store was claimed before (src/launch/job-store.ts, `claimStore`): the policy holds its
+ *   manifest. A claim to resume makes the first start a restore from the newest line that
+ *   verifies (`job-resuming`); a fresh claim discards the lines it names first (with a
+ *   warning saying why). Every line committed records the job and run.
+ * - When the job is over (every rank gone), parts that belong to no committed line — of a
+ *   round in progress at the end, or of aborted lines — are deleted, and the job record says
+ *   how the run ended: the store holds only committed lines' data, and a later run knows
+ *   whether there is anything to resume.
  *
  * @example
- * const policy = new CprRestartPolicy(config);
+ * const policy = new CprRestartPolicy(config, await claimStore(config, { jobIdBase: "heat" }));
  * const sup = new Supervisor(config, { ...deps, policy });
  */
 import { LifelineError } from "../errors.ts";
@@ -27,12 +33,12 @@ import type { CoordinatorToRank, RankToCoordinator } from "../mpi/control.ts";
 import { CprInitiator, INITIATOR_TICK_MS as TICK_MS, initiatorInputOf, PHASE_TIMEOUT_MS } from "../cpr/coordinated/initiator.ts";
 import { InitiatorDriver } from "../cpr/coordinated/initiator-driver.ts";
 import { LevelRecoveryStore } from "../store/level-store.ts";
+import { formatTime } from "../store/lines.ts";
 import { recoverLocal } from "../store/recovery.ts";
 import type { LineManifest, LineRecord, RankPartStore } from "../store/types.ts";
+import { endRun, type StoreClaim } from "./job-store.ts";
 import type { RunConfig } from "./options.ts";
-import { FATAL_KINDS, type JobView, type PolicyContext, type PolicyDecision, type RankFailure, type RestartPolicy } from "./supervisor.ts";
-
-
+import { FATAL_KINDS, type JobEnd, type JobView, type PolicyContext, type PolicyDecision, type RankFailure, type RestartPolicy } from "./supervisor.ts";
 
 export class CprRestartPolicy implements RestartPolicy {
   readonly mode = "cpr" as const;
@@ -43,13 +49,16 @@ export class CprRestartPolicy implements RestartPolicy {
   private readonly startMs = performance.now();
   private readonly committed: number[] = [];
   private readonly rollbacks: { attempt: number; epoch: number }[] = [];
+  /** The line this run resumed from (its first start restored it), if it resumed. */
+  private resumedFrom: number | undefined;
 
   /** The initiator of the current attempt and the manifest writes it asks for. */
   private readonly driver: InitiatorDriver;
 
-  constructor(private readonly config: RunConfig) {
+  constructor(private readonly config: RunConfig, private readonly claim: StoreClaim) {
     this.driver = new InitiatorDriver(() => this.mustManifest(), {
       keepLines: config.keepLines,
+      lineJob: { id: claim.job.id, run: claim.job.run },
       now: () => this.now(),
       broadcast: (msg) => this.ctx?.broadcast(msg),
       // Recorded when durable: a commit that finishes after a failure stopped the initiator is
@@ -65,14 +74,35 @@ export class CprRestartPolicy implements RestartPolicy {
 
   async attach(ctx: PolicyContext): Promise<void> {
     this.ctx = ctx;
-    const store = new LevelRecoveryStore(this.config.store);
-    this.manifest = await store.openManifest();
-    const old = await this.manifest.list();
-    if (old.length > 0) {
-      ctx.report({ kind: "warning", message: `store ${this.config.store} holds ${old.length} recovery line(s) of an earlier job (newest ${old[old.length - 1]!.epoch}); a new job starts from the beginning and discards them` });
-      for (const line of old) await this.manifest.abortLine(line.epoch);
+    const manifest = (this.manifest = this.claim.manifest);
+    const action = this.claim.action;
+    if (action.kind === "resume") {
+      if (this.claim.programChanged !== undefined) ctx.report({ kind: "warning", message: this.claim.programChanged });
+      const choice = await this.withRankStores((stores) => recoverLocal(manifest, stores, { keep: this.config.keepLines }));
+      for (const w of choice.warnings) ctx.report({ kind: "warning", message: w });
+      const line = choice.line;
+      if (line === undefined) {
+        if (this.config.resume === "resume") {
+          throw new LifelineError("LAUNCH_RESUME", `--resume: no recovery line in ${this.config.store} verifies (see the warnings above); run with --fresh to start the job from the beginning`);
+        }
+        ctx.report({ kind: "warning", message: `no recovery line of job ${this.claim.job.id} verifies; run ${this.claim.job.run} starts from the beginning` });
+      } else {
+        this.restoreLine = line;
+        this.resumedFrom = line.epoch;
+        ctx.report({
+          kind: "job-resuming", job: this.claim.job.id, run: this.claim.job.run, epoch: line.epoch,
+          lineTime: formatTime(line.timeMs), lineRun: line.job?.run, previousState: action.job.state, previousExitCode: action.job.exitCode,
+        });
+      }
+    } else {
+      const discard = action.discard;
+      if (discard.length > 0) {
+        const newest = discard[discard.length - 1]!;
+        ctx.report({ kind: "warning", message: `discarding the ${discard.length} recovery line(s) in ${this.config.store} (newest: line ${newest.epoch}, committed ${formatTime(newest.timeMs)}): ${action.why ?? "starting over"}` });
+        for (const line of discard) await manifest.abortLine(line.epoch);
+      }
+      await this.withRankStores((stores) => Promise.all(stores.map((s) => s.retain([], { dropNewer: true }))));
     }
-    await this.withRankStores((stores) => Promise.all(stores.map((s) => s.retain([], { dropNewer: true }))));
     this.timer = setInterval(() => this.driver.input({ kind: "tick", nowMs: this.now() }), TICK_MS);
     this.timer.unref();
   }
@@ -131,16 +161,32 @@ export class CprRestartPolicy implements RestartPolicy {
   }
 
   summary(): Record<string, unknown> {
-    return { linesCommitted: [...this.committed], rollbacks: [...this.rollbacks] };
+    return {
+      linesCommitted: [...this.committed], rollbacks: [...this.rollbacks],
+      ...(this.resumedFrom === undefined ? {} : { resumedFrom: this.resumedFrom }),
+    };
   }
 
-  async close(): Promise<void> {
+  async close(end: JobEnd): Promise<void> {
     if (this.timer !== undefined) clearInterval(this.timer);
     // A commit still being written finishes first, and is recorded: the results file must list
     // every line that is durable in the manifest.
     await this.driver.settled();
     this.driver.stop();
-    await this.manifest?.close();
+    const manifest = this.manifest;
+    if (manifest === undefined) return;
+    try {
+      // No rank runs any more: parts of no committed line (a round in progress at the end, an
+      // aborted line whose ranks had no time to delete their parts) go now.
+      const kept = (await manifest.list()).map((l) => l.epoch);
+      await this.withRankStores((stores) => Promise.all(stores.map((s) => s.retain(kept, { dropNewer: true }))));
+    } catch (err) {
+      this.ctx?.report({ kind: "warning", message: `could not delete the parts of unfinished lines: ${(err as Error).message} (the next run of this job deletes them)` });
+    } finally {
+      const problem = await endRun(this.claim, { state: end.ok ? "finished" : end.interrupted ? "stopped" : "failed", exitCode: end.exitCode });
+      if (problem !== undefined) this.ctx?.report({ kind: "warning", message: problem });
+      await manifest.close();
+    }
   }
 
   private async withRankStores<T>(fn: (stores: RankPartStore[]) => Promise<T>): Promise<T> {

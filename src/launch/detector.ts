@@ -11,6 +11,10 @@
  *   asked for it with `--stuck-timeout`). Armed when the job starts (the rendezvous completes),
  *   so a rank that hangs before its first step — in a collective whose peer went elsewhere —
  *   is caught too.
+ * - A start-up deadline catches ranks that never join: a process that has not said hello
+ *   `startTimeoutMs` after it was started (still loading, stuck on a slow disk, frozen before
+ *   its watchdog thread ran) is suspected like a frozen one. Armed per process by `started`,
+ *   disarmed by its hello (`joined`).
  * A rank that finalized is no longer watched: it waits for the others by design.
  *
  * Pure: time comes in as arguments, so tests drive it without timers.
@@ -23,9 +27,13 @@
 
 export type Suspicion =
   | { kind: "heartbeat"; rank: number; silentMs: number }
-  | { kind: "stuck"; rank: number; silentMs: number };
+  | { kind: "stuck"; rank: number; silentMs: number }
+  /** Not joined `silentMs` after its process started. */
+  | { kind: "start"; rank: number; silentMs: number };
 
 interface Watch {
+  /** When the process started, until it joins; undefined when not watched for joining. */
+  startedMs: number | undefined;
   heartbeatArmed: boolean;
   lastHeardMs: number;
   stepArmed: boolean;
@@ -36,8 +44,20 @@ interface Watch {
 export class FailureDetector {
   private readonly watches: Watch[];
 
-  constructor(private readonly opts: { size: number; failureTimeoutMs: number; stuckTimeoutMs: number | undefined }) {
-    this.watches = Array.from({ length: opts.size }, () => ({ heartbeatArmed: false, lastHeardMs: 0, stepArmed: false, lastStepMs: 0, done: false }));
+  constructor(private readonly opts: { size: number; failureTimeoutMs: number; stuckTimeoutMs: number | undefined; startTimeoutMs?: number | undefined }) {
+    this.watches = Array.from({ length: opts.size }, () => fresh());
+  }
+
+  /** A new process of `rank` was started at `nowMs`: watch it afresh, and for joining. */
+  started(rank: number, nowMs: number): void {
+    if (rank < 0 || rank >= this.watches.length) return;
+    this.watches[rank] = { ...fresh(), startedMs: nowMs };
+  }
+
+  /** `rank` said hello: its start-up is over. */
+  joined(rank: number): void {
+    const w = this.watches[rank];
+    if (w !== undefined) w.startedMs = undefined;
   }
 
   /** Any control message from `rank` at `nowMs`; `heartbeat` arms heartbeat monitoring. */
@@ -73,7 +93,7 @@ export class FailureDetector {
 
   /** Start watching `rank` afresh (a restarted rank); nothing is armed until it speaks. */
   reset(rank: number): void {
-    this.watches[rank] = { heartbeatArmed: false, lastHeardMs: 0, stepArmed: false, lastStepMs: 0, done: false };
+    if (rank >= 0 && rank < this.watches.length) this.watches[rank] = fresh();
   }
 
   /** Ranks suspected at `nowMs`. Each suspicion is reported once; the rank is then forgotten. */
@@ -81,6 +101,12 @@ export class FailureDetector {
     const out: Suspicion[] = [];
     this.watches.forEach((w, rank) => {
       if (w.done) return;
+      const start = this.opts.startTimeoutMs;
+      if (start !== undefined && w.startedMs !== undefined && nowMs - w.startedMs >= start) {
+        out.push({ kind: "start", rank, silentMs: nowMs - w.startedMs });
+        w.done = true;
+        return;
+      }
       if (w.heartbeatArmed && nowMs - w.lastHeardMs >= this.opts.failureTimeoutMs) {
         out.push({ kind: "heartbeat", rank, silentMs: nowMs - w.lastHeardMs });
         w.done = true;
@@ -94,4 +120,8 @@ export class FailureDetector {
     });
     return out;
   }
+}
+
+function fresh(): Watch {
+  return { startedMs: undefined, heartbeatArmed: false, lastHeardMs: 0, stepArmed: false, lastStepMs: 0, done: false };
 }

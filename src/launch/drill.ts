@@ -87,6 +87,7 @@ export function resolveDrillConfig(flags: DrillFlags, ctx: { cwd: string; comman
     problems.push(...err.message.split("\n").map((l) => l.replace(/^- /, "")));
   };
   if ((flags.inject ?? []).length > 0) problems.push("drill takes its faults from --kill (e.g. --kill 1@step:5), not --inject");
+  if (flags.resume === true || flags.fresh === true) problems.push(`drill runs every job in a fresh store of its own, so ${flags.resume === true ? "--resume" : "--fresh"} does not apply`);
   let run: RunConfig | undefined;
   try {
     run = resolveRunConfig({ ...flags, inject: [] }, ctx);

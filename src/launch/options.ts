@@ -61,6 +61,18 @@ export interface RunConfig {
   stuckTimeoutMs: number | undefined;
   /** A rank that has not said hello this long after the coordinator is up fails the job. */
   rendezvousTimeoutMs: number;
+  /**
+   * A rank process that has not joined (called init()) this long after it was started is
+   * failed like a crashed one: killed, and restarted in cpr and retry-one (`--start-timeout`).
+   */
+  startTimeoutMs: number;
+  /**
+   * What to do with recovery lines of this job left in the store by an earlier run: `auto`
+   * continues from the newest (the default, so a batch system's requeue of the same command
+   * resumes), `resume` insists (`--resume`: an error if there is nothing to resume), `fresh`
+   * discards every line in the store first (`--fresh`).
+   */
+  resume: "auto" | "resume" | "fresh";
   /** Absolute path of the results file, if any. */
   resultsPath: string | undefined;
   json: boolean;
@@ -88,6 +100,9 @@ export interface RunFlags {
   failureTimeout?: string | undefined;
   stuckTimeout?: string | undefined;
   rendezvousTimeout?: string | undefined;
+  startTimeout?: string | undefined;
+  resume?: boolean | undefined;
+  fresh?: boolean | undefined;
   results?: string | undefined;
   json?: boolean | undefined;
   quiet?: boolean | undefined;
@@ -110,6 +125,8 @@ export const DEFAULTS = {
   heartbeatMs: 500,
   failureTimeoutMs: 5_000,
   rendezvousTimeoutMs: 30_000,
+  /** At least this, or --failure-timeout if longer: a start takes 1-3 s on a loaded machine. */
+  startTimeoutMs: 10_000,
   transport: "ipc" as "ipc" | "tcp",
   replicas: 2,
 } as const;
@@ -254,6 +271,27 @@ export function resolveRunConfig(flags: RunFlags, ctx: { cwd: string }): RunConf
     ? DEFAULTS.rendezvousTimeoutMs
     : check(() => bounded(parseDuration(flags.rendezvousTimeout!, "--rendezvous-timeout"), "--rendezvous-timeout", flags.rendezvousTimeout!, 1, 86_400_000));
 
+  const startTimeoutMs = flags.startTimeout === undefined
+    ? Math.max(DEFAULTS.startTimeoutMs, failureTimeoutMs ?? 0)
+    : check(() => bounded(parseDuration(flags.startTimeout!, "--start-timeout"), "--start-timeout", flags.startTimeout!, 100, 86_400_000));
+  if (flags.startTimeout !== undefined && startTimeoutMs !== undefined && rendezvousTimeoutMs !== undefined && startTimeoutMs >= rendezvousTimeoutMs) {
+    problems.push(
+      `--start-timeout (${startTimeoutMs} ms) must be shorter than --rendezvous-timeout (${rendezvousTimeoutMs} ms): a rank slow to start is restarted within the time the whole job has to start`,
+    );
+  }
+
+  if (flags.resume === true && flags.fresh === true) {
+    problems.push("--resume and --fresh contradict each other: --resume continues the job from its newest recovery line, --fresh discards the lines and starts over");
+  }
+  if ((flags.resume === true || flags.fresh === true) && mode !== undefined && mode !== "cpr") {
+    const flag = flags.resume === true ? "--resume" : "--fresh";
+    problems.push(
+      mode === "none"
+        ? `${flag} needs recovery lines, and --mode none keeps none; run with --mode cpr to take lines a later run can resume from`
+        : `${flag}: --mode ${mode} keeps its checkpoints in the ranks' memory, so nothing outlives the launcher to resume from; run with --mode cpr to take lines a later run can resume from`,
+    );
+  }
+
   const transport = check((): "ipc" | "tcp" => {
     const t = flags.transport ?? DEFAULTS.transport;
     if (t !== "ipc" && t !== "tcp") throw usage(`--transport ${JSON.stringify(t)} must be ipc or tcp`);
@@ -311,6 +349,8 @@ export function resolveRunConfig(flags: RunFlags, ctx: { cwd: string }): RunConf
     failureTimeoutMs: failureTimeoutMs!,
     stuckTimeoutMs,
     rendezvousTimeoutMs: rendezvousTimeoutMs!,
+    startTimeoutMs: startTimeoutMs!,
+    resume: flags.fresh === true ? "fresh" : flags.resume === true ? "resume" : "auto",
     resultsPath,
     json: flags.json === true,
     quiet: flags.quiet === true,

@@ -35,6 +35,12 @@ import { inspect } from "node:util";
 /** Events of a job, in the order they happen. `t` (ms since launch) is added by the reporter. */
 export type JobEvent =
   | { kind: "job-starting"; job: string; size: number; mode: string; app: string; coordinator: string; transport: string }
+  /**
+   * cpr: this run continues job `job` (run `run` of it) from recovery line `epoch`, committed
+   * at `lineTime` by run `lineRun`; the run before ended `previousState` (`running`: its
+   * launcher was killed) with `previousExitCode`.
+   */
+  | { kind: "job-resuming"; job: string; run: number; epoch: number; lineTime: string; lineRun: number | undefined; previousState: string; previousExitCode: number | undefined }
   /** `warm`: a spare process, started earlier, took the rank's place (retry-one). */
   | { kind: "rank-spawned"; rank: number; attempt: number; pid: number; warm?: boolean }
   /** retry-one: a warm spare process is ready for the next restart (see --no-spare). */
@@ -52,10 +58,12 @@ export type JobEvent =
       code: number | null;
       signal: string | null;
       stderrTail: string[];
+      /** The line of its stderr that says why (the first error line), if it wrote one. */
+      error?: string;
     }
   | { kind: "rank-exited"; rank: number; code: number | null; signal: string | null; killedByLauncher: boolean }
   /** The job is being stopped for a reason that is not one rank's fault (or not only). */
-  | { kind: "job-stopping"; reason: string; rank?: number | undefined; stderrTail?: string[] | undefined }
+  | { kind: "job-stopping"; reason: string; rank?: number | undefined; stderrTail?: string[] | undefined; error?: string | undefined }
   | { kind: "warning"; message: string }
   /** cpr: recovery line `epoch` is committed (every rank's part durable). */
   | { kind: "line-committed"; epoch: number; durationMs: number; bytes: number }
@@ -245,6 +253,8 @@ class HumanReporter implements Reporter {
   private pendingFailures: { ev: Extract<JobEvent, { kind: "rank-failed" }>; atMs: number }[] = [];
   /** cpr: the recovery in progress (from the failure's detection until every rank is up). */
   private recovering: { failures: string[]; epoch: number; sinceMs: number } | undefined;
+  /** Errors printed so far (the summary does not repeat the one that ended the job). */
+  private readonly errorsShown: string[] = [];
   /** retry-one: ranks being restarted alone, from the restart's announcement until they catch up. */
   private readonly restartingRanks = new Map<number, { sinceMs: number; cause: string | undefined }>();
 
@@ -271,6 +281,14 @@ class HumanReporter implements Reporter {
         this.mode = ev.mode;
         this.info(`job ${ev.job}: starting ${ev.size} rank${plural(ev.size)} of ${ev.app} (mode ${ev.mode})`);
         break;
+      case "job-resuming": {
+        const before = ev.previousState === "running"
+          ? "its launcher died"
+          : ev.previousState === "stopped" ? "it was interrupted" : `it failed${ev.previousExitCode === undefined ? "" : ` with exit code ${ev.previousExitCode}`}`;
+        this.lineEpoch = ev.epoch;
+        this.info(`resuming job ${ev.job} (run ${ev.run}) from recovery line ${ev.epoch}, committed ${ev.lineTime}${ev.lineRun === undefined ? "" : ` by run ${ev.lineRun}`} (the run before ended without finishing: ${before}); --fresh would start over`);
+        break;
+      }
       case "rank-spawned":
       case "spare-ready":
         break;
@@ -298,23 +316,21 @@ class HumanReporter implements Reporter {
         if (this.mode === "retry-one" && restarting !== undefined && restarting.cause === undefined) {
           // Its restart was announced already (the failure's output drains first): not an error.
           restarting.cause = ev.reason;
-          this.info([`failure detected: rank ${ev.rank}${ev.pid === undefined ? "" : ` (pid ${ev.pid})`} ${ev.reason}`, ...stderrBlock(ev.rank, ev.stderrTail)].join("\n"));
+          this.info(`failure detected: ${failureText(ev)}`);
           break;
         }
         if (this.mode === "cpr" || this.mode === "retry-one") {
           this.pendingFailures.push({ ev, atMs: this.elapsedMs() });
           break;
         }
-        const lines = [`rank ${ev.rank}${ev.pid === undefined ? "" : ` (pid ${ev.pid})`} ${ev.reason}`];
-        lines.push(...stderrBlock(ev.rank, ev.stderrTail));
-        this.error(lines.join("\n"));
+        this.error(failureText(ev));
         break;
       }
       case "rank-exited":
         break;
       case "job-stopping":
         this.flushFailuresAsErrors();
-        if (ev.stderrTail !== undefined && ev.rank !== undefined) this.error([`stopping the job: ${ev.reason}`, ...stderrBlock(ev.rank, ev.stderrTail)].join("\n"));
+        if (ev.stderrTail !== undefined && ev.rank !== undefined) this.error(`stopping the job: ${ev.reason}${errorSuffix(ev.reason, ev.error, ev.stderrTail)}`);
         else if (ev.reason.startsWith("interrupted")) this.info(`stopping the job: ${ev.reason}`);
         else this.error(`stopping the job: ${ev.reason}`);
         break;
@@ -332,7 +348,7 @@ class HumanReporter implements Reporter {
         this.finalized.fill(false);
         const failures = this.pendingFailures.splice(0);
         for (const { ev: f } of failures) {
-          this.info([`failure detected: rank ${f.rank}${f.pid === undefined ? "" : ` (pid ${f.pid})`} ${f.reason}`, ...stderrBlock(f.rank, f.stderrTail)].join("\n"));
+          this.info(`failure detected: ${failureText(f)}`);
         }
         if (failures.length > 0) {
           this.recovering = {
@@ -353,7 +369,7 @@ class HumanReporter implements Reporter {
         this.restartingRanks.set(ev.rank, { sinceMs: pending?.atMs ?? this.elapsedMs(), cause: pending?.ev.reason });
         if (pending !== undefined) {
           const f = pending.ev;
-          this.info([`failure detected: rank ${f.rank}${f.pid === undefined ? "" : ` (pid ${f.pid})`} ${f.reason}`, ...stderrBlock(f.rank, f.stderrTail)].join("\n"));
+          this.info(`failure detected: ${failureText(f)}`);
         }
         this.info(`restarting rank ${ev.rank} alone (attempt ${ev.attempt}) in ${ev.delayMs} ms, restart ${ev.restarts} of at most ${ev.maxRestarts}; the other ranks keep running`);
         break;
@@ -407,7 +423,10 @@ class HumanReporter implements Reporter {
       this.print(lines.join("\n"));
       return;
     }
-    const what = ev.error === undefined ? "the job failed" : ev.error.message;
+    const message = ev.error?.message;
+    // The failure that ended the job was printed as an error already: say it once.
+    const shown = message !== undefined && this.errorsShown.some((e) => e.includes(message));
+    const what = message === undefined ? "the job failed" : shown ? "see the error above" : message;
     const headline = ev.error?.code === "LAUNCH_INTERRUPTED" ? "job stopped" : "job failed";
     const lines = [`${this.paint(headline, "31")} (exit ${ev.exitCode}) after ${secs(ev.wallMs)}, ${ev.finalized}/${ev.size} ranks finalized: ${what}`];
     if (ev.resultsPath !== undefined) lines.push(`partial results written to ${ev.resultsPath}`);
@@ -417,7 +436,7 @@ class HumanReporter implements Reporter {
   /** Failures that no recovery followed: the job's final failure, an error. */
   private flushFailuresAsErrors(): void {
     for (const { ev } of this.pendingFailures.splice(0)) {
-      this.error([`rank ${ev.rank}${ev.pid === undefined ? "" : ` (pid ${ev.pid})`} ${ev.reason}`, ...stderrBlock(ev.rank, ev.stderrTail)].join("\n"));
+      this.error(failureText(ev));
     }
   }
 
@@ -426,6 +445,7 @@ class HumanReporter implements Reporter {
   }
 
   private error(message: string): void {
+    this.errorsShown.push(message);
     this.print(`${this.paint("error:", "31")} ${message}`);
   }
 
@@ -480,10 +500,18 @@ class HumanReporter implements Reporter {
   }
 }
 
-/** The stderr tail of a failed rank, indented under the error line. */
-function stderrBlock(rank: number, tail: readonly string[]): string[] {
-  if (tail.length === 0) return [`  (rank ${rank} wrote nothing to stderr)`];
-  return [`  last ${tail.length} stderr line${plural(tail.length)} of rank ${rank}:`, ...tail.map((l) => `  | ${l}`)];
+/**
+ * A failed rank in one line: `rank 1 (pid 13011) exited with code 1 before finalizing: Error:
+ * bad argument`. Its stderr itself was forwarded as it came (`[1] ...`), so it is not repeated
+ * here; the error line it contains says why in the same line as the failure.
+ */
+function failureText(ev: Extract<JobEvent, { kind: "rank-failed" }>): string {
+  return `rank ${ev.rank}${ev.pid === undefined ? "" : ` (pid ${ev.pid})`} ${ev.reason}${errorSuffix(ev.reason, ev.error, ev.stderrTail)}`;
+}
+
+function errorSuffix(reason: string, error: string | undefined, tail: readonly string[]): string {
+  if (error !== undefined) return reason.includes(error) ? "" : `: ${error}`;
+  return tail.length === 0 ? " (it wrote nothing to stderr)" : "";
 }
 
 function resultPreview(results: readonly unknown[]): string[] {

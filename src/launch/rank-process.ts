@@ -56,6 +56,30 @@ export const STDERR_TAIL_LINES = 20;
 const LINE_CHARS_MAX = 64 * 1024;
 /** Lines kept in the tail are cut to this length: a failure message must stay readable. */
 const TAIL_LINE_CHARS_MAX = 1000;
+/**
+ * A line that states an error, as Node prints an uncaught one (`TypeError: x is not a
+ * function`, `LifelineError [MPI_RANK]: ...`, `Error: bad argument`) or a program reports one.
+ */
+const ERROR_LINE_RE = /^\s*(?:Uncaught\s+)?(?:[A-Za-z_$][\w$.]*)?(?:Error|Exception)\b(?:\s*\[[^\]]*\])?:\s*\S/;
+/** How a fault injected by `--inject`/`--kill` announces itself (src/mpi/faults.ts). */
+const INJECTED_FAULT_PREFIX = "lifeline: injected fault:";
+
+/**
+ * The line that best says why a rank failed, from its stderr: the first line that states an
+ * error (see ERROR_LINE_RE), else the last non-empty line other than Node's version banner.
+ * `undefined` if it wrote nothing. Never throws.
+ *
+ * @example
+ * errorLineOf(["file:///app.ts:3", "    throw new Error(x)", "", "Error: bad argument", "    at ..."]); // "Error: bad argument"
+ */
+export function errorLineOf(first: string | undefined, tail: readonly string[]): string | undefined {
+  if (first !== undefined) return first;
+  for (let i = tail.length - 1; i >= 0; i--) {
+    const line = tail[i]!.trim();
+    if (line !== "" && !/^Node\.js v\d/.test(line)) return line;
+  }
+  return undefined;
+}
 
 let tsxLoaderUrl: string | undefined;
 
@@ -97,6 +121,8 @@ export class RankProcess {
   readonly closed: Promise<void>;
   private exitInfo: RankExit | undefined;
   private readonly tail: string[] = [];
+  private firstError: string | undefined;
+  private injected = false;
 
   constructor(
     readonly rank: number,
@@ -114,7 +140,10 @@ export class RankProcess {
     const drains = [
       readLines(child.stdout!, (line) => sink.line(rank, "stdout", line)),
       readLines(child.stderr!, (line) => {
-        this.tail.push(line.length > TAIL_LINE_CHARS_MAX ? `${line.slice(0, TAIL_LINE_CHARS_MAX)}…` : line);
+        const cut = line.length > TAIL_LINE_CHARS_MAX ? `${line.slice(0, TAIL_LINE_CHARS_MAX)}…` : line;
+        if (this.firstError === undefined && ERROR_LINE_RE.test(line)) this.firstError = cut.trim();
+        if (line.startsWith(INJECTED_FAULT_PREFIX)) this.injected = true;
+        this.tail.push(cut);
         if (this.tail.length > STDERR_TAIL_LINES) this.tail.shift();
         sink.line(rank, "stderr", line);
       }),
@@ -140,6 +169,16 @@ export class RankProcess {
   /** The last {@link STDERR_TAIL_LINES} lines the rank wrote to stderr. */
   stderrTail(): string[] {
     return [...this.tail];
+  }
+
+  /** The line of its stderr that says why it failed ({@link errorLineOf}), if it wrote any. */
+  errorLine(): string | undefined {
+    return errorLineOf(this.firstError, this.tail);
+  }
+
+  /** It announced a fault injected on purpose (`--inject`, `lifeline drill --kill`). */
+  get faultInjected(): boolean {
+    return this.injected;
   }
 
   /**

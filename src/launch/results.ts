@@ -24,7 +24,12 @@ export interface ResultsDocument {
   /** Why the job failed, when it did. */
   error?: { code: string; message: string } | undefined;
   job?: string;
-  /** cpr: lines committed and the epochs rolled back to (`{ attempt, epoch }`, 0 = the beginning). */
+  /** cpr: which run of the job this was (1 = its first start; a resume adds one). */
+  run?: number;
+  /**
+   * cpr: lines committed, the epochs rolled back to (`{ attempt, epoch }`, 0 = the beginning)
+   * and `resumedFrom`, the line a resumed run restored at its start.
+   */
   recovery?: Record<string, unknown>;
 }
 

@@ -1,7 +1,9 @@
 /**
- * `lifeline run` as a function: sets up the job's private directory and identity, runs the
- * {@link Supervisor}, handles the launcher's own signals, writes `--results`, prints the
- * summary and cleans up. The CLI only parses flags and calls {@link runJob}.
+ * `lifeline run` as a function: claims the store (cpr: which job its lines belong to, and
+ * whether this run resumes it; src/launch/job-store.ts), sets up the job's private directory
+ * and identity, runs the {@link Supervisor}, handles the launcher's own signals, writes
+ * `--results`, prints the summary and cleans up. The CLI only parses flags and calls
+ * {@link runJob}.
  *
  * @example
  * const outcome = await runJob(resolveRunConfig(flags, { cwd }), { stdout: process.stdout, stderr: process.stderr, env: process.env });
@@ -14,6 +16,7 @@ import { basename, extname, join } from "node:path";
 import { errorMessage, isLifelineError, LifelineError } from "../errors.ts";
 import type { RunConfig } from "./options.ts";
 import { createReporter, pickStyle, type OutStream, type Reporter } from "./progress.ts";
+import { claimStore, type StoreClaim } from "./job-store.ts";
 import { writeResultsFile } from "./results.ts";
 import { Supervisor, type JobOutcome } from "./supervisor.ts";
 
@@ -41,11 +44,17 @@ const STOP_SIGNALS: readonly NodeJS.Signals[] = ["SIGINT", "SIGTERM", "SIGHUP"];
 
 /**
  * Runs one job to the end. Resolves with the outcome (its `exitCode` is what the launcher
- * exits with); rejects only for launcher bugs.
+ * exits with). Rejects, before anything is started, when the store cannot be claimed
+ * (`LAUNCH_RESUME`: it holds another job's lines, or `--resume` found nothing to resume;
+ * `STORE_LOCKED`: another launcher uses it; other `STORE_*` errors), and for launcher bugs.
  */
 export async function runJob(config: RunConfig, io: RunIo): Promise<JobOutcome> {
+  // Random, and unrelated to the job id that is printed and kept in the store.
   const jobKey = randomBytes(4).readUInt32LE(0);
-  const jobId = `${basename(config.app, extname(config.app)).replace(/[^A-Za-z0-9_.-]/g, "_").slice(0, 32)}-${jobKey.toString(16).padStart(8, "0")}`;
+  const name = basename(config.app, extname(config.app)).replace(/[^A-Za-z0-9_.-]/g, "_").slice(0, 32);
+  // Only cpr keeps recovery lines; the other modes leave the store's lines alone.
+  const claim: StoreClaim | undefined = config.mode === "cpr" ? await claimStore(config, { jobIdBase: name }) : undefined;
+  const jobId = claim?.job.id ?? `${name}-${randomBytes(4).toString("hex")}`;
   const runDir = makeRunDir();
   const reporter = io.reporter ?? createReporter({
     style: pickStyle({ json: config.json, quiet: config.quiet, stderr: io.stderr, env: io.env }),
@@ -53,7 +62,7 @@ export async function runJob(config: RunConfig, io: RunIo): Promise<JobOutcome> 
     stderr: io.stderr,
     size: config.size,
   });
-  const supervisor = new Supervisor(config, { reporter, runDir, jobId, jobKey, baseEnv: io.env, ...(io.random === undefined ? {} : { random: io.random }) });
+  const supervisor = new Supervisor(config, { reporter, runDir, jobId, jobKey, baseEnv: io.env, ...(io.random === undefined ? {} : { random: io.random }), ...(claim === undefined ? {} : { claim }) });
 
   const handleSignals = io.handleSignals ?? true;
   const onSignal = (signal: NodeJS.Signals): void => supervisor.interrupt(signal);
@@ -85,6 +94,7 @@ export async function runJob(config: RunConfig, io: RunIo): Promise<JobOutcome> 
         wallMs: outcome.wallMs,
         exitCode: outcome.exitCode,
         job: jobId,
+        ...(claim === undefined ? {} : { run: claim.job.run }),
         ...(outcome.recovery === undefined ? {} : { recovery: outcome.recovery }),
         error: outcome.error === undefined ? undefined : { code: outcome.error.code, message: outcome.error.message },
       });

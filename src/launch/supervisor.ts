@@ -1,8 +1,14 @@
 /**
  * The supervisor runs one job: it starts the coordinator and the rank processes, watches
  * them (process exits at once; frozen or hung ranks through {@link FailureDetector}), and
- * decides what a failure means through a {@link RestartPolicy} — today only fail-fast
- * (`--mode none`); the cpr (restart all) and retry-one (restart one) policies plug in here.
+ * decides what a failure means through a {@link RestartPolicy}: fail-fast (`--mode none`),
+ * restart all (cpr, src/launch/cpr-policy.ts) or restart one (retry-one).
+ *
+ * Before it asks the policy, the supervisor recognises a crash loop: a rank that fails the
+ * same way (same kind, exit code or signal, and first error line) in two consecutive attempts
+ * without reaching its first `checkpoint()` is a bug in the program or its arguments, not a
+ * fault; restarting it again would only repeat it, so the job stops (`LAUNCH_CRASH_LOOP`).
+ * Faults injected on purpose (`--inject`, drills) never count.
  *
  * Teardown guarantees: when the job fails or is interrupted, every live rank is sent `abort`
  * on the control channel and SIGTERM (plus SIGCONT, for frozen ones) to its process group,
@@ -25,6 +31,7 @@ import { backoffDelayMs, RestartBudget } from "./backoff.ts";
 import { Coordinator, type CoordinatorEvent } from "./coordinator.ts";
 import { CprRestartPolicy } from "./cpr-policy.ts";
 import { FailureDetector, type Suspicion } from "./detector.ts";
+import type { StoreClaim } from "./job-store.ts";
 import { RetryOnePolicy } from "./retry-one-policy.ts";
 import { SUPPORTED_MODES, type RunConfig } from "./options.ts";
 import type { JobEvent, Reporter } from "./progress.ts";
@@ -47,7 +54,7 @@ const FINAL_DRAIN_WAIT_MS = 500;
 
 /** Why a rank (or the job as a whole) failed. */
 export interface RankFailure {
-  kind: "exit" | "abort" | "heartbeat" | "stuck" | "bad-result" | "rendezvous" | "spawn" | "release-hang" | "interrupted";
+  kind: "exit" | "abort" | "heartbeat" | "stuck" | "start" | "bad-result" | "rendezvous" | "spawn" | "release-hang" | "interrupted";
   /** The rank at fault, if one is. */
   rank: number | undefined;
   code: LifelineErrorCode;
@@ -80,7 +87,7 @@ export interface FailureRecord {
   attempt: number;
   pid: number | undefined;
   /** What was seen: the process exited (code) or died of a signal, or the launcher's detectors fired. */
-  cause: "exit-code" | "signal" | "heartbeat" | "stuck" | "abort" | "bad-result" | "rendezvous" | "release-hang" | "spawn";
+  cause: "exit-code" | "signal" | "heartbeat" | "stuck" | "start" | "abort" | "bad-result" | "rendezvous" | "release-hang" | "spawn";
   exitCode: number | null;
   signal: string | null;
   /** The error code of the failure (LAUNCH_RANK_FAILED, LAUNCH_HEARTBEAT, LAUNCH_STUCK, ...). */
@@ -123,8 +130,16 @@ export interface RestartPolicy {
   tableFor?(rank: number): Partial<Extract<CoordinatorToRank, { t: "table" }>>;
   /** What the results file should say about recovery (e.g. the epochs rolled back to). */
   summary?(): Record<string, unknown>;
-  /** The job is over: release resources (timers, the manifest). */
-  close?(): Promise<void>;
+  /** The job is over and every rank process has exited: release resources (timers, the manifest). */
+  close?(end: JobEnd): Promise<void>;
+}
+
+/** How the job ended, for {@link RestartPolicy.close}. */
+export interface JobEnd {
+  readonly ok: boolean;
+  readonly exitCode: number;
+  /** Stopped by a signal to the launcher. */
+  readonly interrupted: boolean;
 }
 
 /** What a policy may do to the running job. */
@@ -190,6 +205,8 @@ export interface SupervisorDeps {
   releaseExitTimeoutMs?: number;
   /** Random source of the restart back-off's jitter, in [0, 1) (default Math.random; seeded in tests). */
   random?: () => number;
+  /** cpr: the store, claimed for this run (src/launch/job-store.ts); required in cpr unless `policy` is given. */
+  claim?: StoreClaim;
 }
 
 export class Supervisor {
@@ -227,13 +244,21 @@ export class Supervisor {
   /** Every rank failure that reached the policy, for the final error. */
   private readonly history: { rank: number | undefined; attempt: number; cause: string }[] = [];
   private errorFileWritten: Promise<void> = Promise.resolve();
+  /** Each rank's current process reached a step boundary (a checkpoint() call). */
+  private readonly progressed: boolean[];
+  /**
+   * The last failure that might start a crash loop, by restart unit: the job in cpr (every
+   * rank restarts together), the rank in retry-one.
+   */
+  private readonly loopWatch = new Map<string, { signature: string; attempt: number; text: string }>();
 
   constructor(private readonly config: RunConfig, private readonly deps: SupervisorDeps) {
-    this.policy = deps.policy ?? (config.mode === "cpr" ? new CprRestartPolicy(config) : config.mode === "retry-one" ? new RetryOnePolicy() : policyFor(config.mode));
+    this.policy = deps.policy ?? (config.mode === "cpr" ? new CprRestartPolicy(config, claimOf(deps)) : config.mode === "retry-one" ? new RetryOnePolicy() : policyFor(config.mode));
+    this.progressed = new Array<boolean>(config.size).fill(false);
     this.procs = new Array<RankProcess | undefined>(config.size).fill(undefined);
     this.finalized = new Array<boolean>(config.size).fill(false);
     this.results = new Array<unknown>(config.size).fill(undefined);
-    this.detector = new FailureDetector({ size: config.size, failureTimeoutMs: config.failureTimeoutMs, stuckTimeoutMs: config.stuckTimeoutMs });
+    this.detector = new FailureDetector({ size: config.size, failureTimeoutMs: config.failureTimeoutMs, stuckTimeoutMs: config.stuckTimeoutMs, startTimeoutMs: config.startTimeoutMs });
     this.budget = new RestartBudget({ maxRestarts: config.maxRestarts, resetAfterMs: config.restartResetMs });
     this.errorFile = config.errorFile ?? join(config.store, ERROR_FILE_NAME);
   }
@@ -268,7 +293,7 @@ export class Supervisor {
         coordinator: endpoint,
         transport: this.config.transport,
       });
-      const tickMs = Math.max(20, Math.min(250, Math.floor(Math.min(this.config.failureTimeoutMs, this.config.stuckTimeoutMs ?? Infinity) / 4)));
+      const tickMs = Math.max(20, Math.min(250, Math.floor(Math.min(this.config.failureTimeoutMs, this.config.stuckTimeoutMs ?? Infinity, this.config.startTimeoutMs) / 4)));
       this.detectorTimer = setInterval(() => this.onTick(), tickMs);
       this.detectorTimer.unref();
       await this.policy.attach?.({
@@ -293,7 +318,9 @@ export class Supervisor {
     await withTimeout(Promise.all(this.procs.map((p) => p?.closed)), FINAL_DRAIN_WAIT_MS);
     this.stopTimers();
     this.dropSpare();
-    await this.policy.close?.().catch((err: unknown) => this.deps.reporter.event({ kind: "warning", message: errorMessage(err) }));
+    const ending = this.outcome();
+    await this.policy.close?.({ ok: ending.ok, exitCode: ending.exitCode, interrupted: this.interruptedBy !== undefined })
+      .catch((err: unknown) => this.deps.reporter.event({ kind: "warning", message: errorMessage(err) }));
     await coordinator.close();
     return this.outcome();
   }
@@ -405,6 +432,9 @@ export class Supervisor {
   private adopt(proc: RankProcess, warm = false): void {
     this.procs[proc.rank] = proc;
     this.pids.push(proc.pid);
+    this.progressed[proc.rank] = false;
+    // Watched afresh from its start: it must join within --start-timeout.
+    this.detector.started(proc.rank, this.nowMs());
     this.deps.reporter.event({ kind: "rank-spawned", rank: proc.rank, attempt: proc.attempt, pid: proc.pid, ...(warm ? { warm } : {}) });
     void proc.exited.then((exit) => this.onExit(proc, exit));
     // A failure or interrupt while this rank was starting already swept the others.
@@ -452,6 +482,7 @@ export class Supervisor {
         // Ranks this launcher starts heartbeat from a watchdog thread started before their
         // hello (src/index.ts), so watch them from the hello on: a rank that freezes before its
         // first beat reaches us must not escape the detector (and hang the job for ever).
+        this.detector.joined(ev.rank);
         this.detector.heard(ev.rank, now, { heartbeat: this.config.heartbeatMs > 0 });
         this.deps.reporter.event({ kind: "rank-up", rank: ev.rank, pid: ev.pid });
         // A restarted rank is back: a new spare once its catching up has had the machine.
@@ -466,6 +497,7 @@ export class Supervisor {
         return;
       case "step":
         this.detector.stepped(ev.rank, now);
+        if (ev.steps > 0) this.progressed[ev.rank] = true;
         this.policy.onStep?.(ev.rank, ev.steps);
         this.deps.reporter.event({ kind: "rank-step", rank: ev.rank, steps: ev.steps, epoch: ev.epoch });
         return;
@@ -565,8 +597,11 @@ export class Supervisor {
     const message =
       s.kind === "heartbeat"
         ? `rank ${s.rank}${pidText(proc)} sent no heartbeat for ${silentMs} ms (--failure-timeout ${this.config.failureTimeoutMs} ms): frozen or unreachable, killed`
-        : `rank ${s.rank}${pidText(proc)} reached no step boundary (checkpoint() call) for ${silentMs} ms (--stuck-timeout ${this.config.stuckTimeoutMs} ms): stuck, killed`;
-    this.rankFailed({ kind: s.kind, rank: s.rank, code: s.kind === "heartbeat" ? "LAUNCH_HEARTBEAT" : "LAUNCH_STUCK", message, exitStatus: undefined });
+        : s.kind === "start"
+          ? `rank ${s.rank}${pidText(proc)} did not join the job within ${silentMs} ms of starting (--start-timeout ${this.config.startTimeoutMs} ms): still loading, stuck or frozen before init(), killed`
+          : `rank ${s.rank}${pidText(proc)} reached no step boundary (checkpoint() call) for ${silentMs} ms (--stuck-timeout ${this.config.stuckTimeoutMs} ms): stuck, killed`;
+    const code = s.kind === "heartbeat" ? "LAUNCH_HEARTBEAT" : s.kind === "start" ? "LAUNCH_START" : "LAUNCH_STUCK";
+    this.rankFailed({ kind: s.kind, rank: s.rank, code, message, exitStatus: undefined });
   }
 
   private onReleaseTimeout(): void {
@@ -637,6 +672,12 @@ export class Supervisor {
    */
   private async restartAll(failure: RankFailure, delayMs: number): Promise<void> {
     this.restarting = true;
+    const loop = await this.crashLoop(failure, "job");
+    if (loop !== undefined) {
+      this.restarting = false;
+      this.fail(loop);
+      return;
+    }
     this.restarts++;
     const attempt = this.restarts;
     void this.reportFailure(failure, "restart");
@@ -680,14 +721,20 @@ export class Supervisor {
    * them the table and the survivors their new endpoints (`peer`).
    */
   private async restartRanks(failure: RankFailure, ranks: readonly number[], delayMs: number): Promise<void> {
-    this.restarts++;
-    void this.reportFailure(failure, "restart");
-    const old = ranks.map((r) => this.procs[r]);
     for (const r of ranks) {
       this.replacing.add(r);
       this.detector.forget(r);
-      this.coordinator!.rankDown(r, this.procs[r]?.attempt ?? 0);
     }
+    const loop = await this.crashLoop(failure, `rank ${failure.rank}`);
+    if (loop !== undefined) {
+      for (const r of ranks) this.replacing.delete(r);
+      this.fail(loop);
+      return;
+    }
+    this.restarts++;
+    void this.reportFailure(failure, "restart");
+    const old = ranks.map((r) => this.procs[r]);
+    for (const r of ranks) this.coordinator!.rankDown(r, this.procs[r]?.attempt ?? 0);
     for (const r of ranks) {
       this.deps.reporter.event({
         kind: "rank-restarting",
@@ -727,6 +774,38 @@ export class Supervisor {
       this.fail({ kind: "spawn", rank: undefined, code: isLifelineError(err) ? err.code : "LAUNCH_SPAWN", message: `cannot restart rank(s) ${ranks.join(", ")}: ${errorMessage(err)}`, exitStatus: undefined });
     }
     this.checkAllExited();
+  }
+
+  /**
+   * The crash loop `failure` completes, if it does (see the file comment), as the failure that
+   * stops the job; `undefined` to go on restarting. `unit` is what restarts together ("job" in
+   * cpr, "rank R" in retry-one). Waits (at most {@link OUTPUT_DRAIN_WAIT_MS}) for the failed
+   * rank's stderr, since its first error line is part of how it failed.
+   */
+  private async crashLoop(failure: RankFailure, unit: string): Promise<RankFailure | undefined> {
+    const proc = failure.rank === undefined ? undefined : this.procs[failure.rank];
+    if (proc === undefined || this.progressed[proc.rank]) {
+      this.loopWatch.delete(unit);
+      return undefined;
+    }
+    await withTimeout(proc.closed, OUTPUT_DRAIN_WAIT_MS);
+    if (proc.faultInjected) {
+      this.loopWatch.delete(unit);
+      return undefined;
+    }
+    const error = proc.errorLine();
+    const signature = `${causeText(failure, proc.exit)}\n${error ?? ""}`;
+    const last = this.loopWatch.get(unit);
+    this.loopWatch.set(unit, { signature, attempt: proc.attempt, text: `rank ${proc.rank}` });
+    if (last === undefined || last.signature !== signature || last.attempt !== proc.attempt - 1) return undefined;
+    const where = last.text === `rank ${proc.rank}` ? "" : ` (by ${last.text})`;
+    return {
+      ...failure,
+      code: "LAUNCH_CRASH_LOOP",
+      message:
+        `${failure.message} — the same failure as in attempt ${last.attempt}${where}, both times before the first checkpoint() and with the same error` +
+        `${error === undefined ? "" : ` (${error})`}: a bug in the program or its arguments, not a fault a restart can fix, so the job stops instead of restarting again`,
+    };
   }
 
   /**
@@ -772,6 +851,7 @@ export class Supervisor {
     if (failure.kind !== "interrupted") this.recordFailure(failure, action, proc, tail, detectedMs);
     this.failureDetail =
       tail.length === 0 ? failure.message : `${failure.message}\nlast ${tail.length} stderr line${tail.length === 1 ? "" : "s"} of rank ${failure.rank}:\n${tail.map((l) => `  | ${l}`).join("\n")}`;
+    const error = proc?.errorLine();
     if (failure.rank !== undefined && RANK_FAULT_KINDS.includes(failure.kind)) {
       const exit = proc?.exit;
       this.deps.reporter.event({
@@ -782,9 +862,10 @@ export class Supervisor {
         code: exit?.code ?? null,
         signal: exit?.signal ?? null,
         stderrTail: tail,
+        ...(error === undefined ? {} : { error }),
       });
     } else if (failure.kind !== "interrupted") {
-      this.deps.reporter.event({ kind: "job-stopping", reason: failure.message, rank: failure.rank, stderrTail: proc === undefined ? undefined : tail });
+      this.deps.reporter.event({ kind: "job-stopping", reason: failure.message, rank: failure.rank, stderrTail: proc === undefined ? undefined : tail, ...(error === undefined ? {} : { error }) });
     }
   }
 
@@ -887,6 +968,7 @@ function recordCause(failure: RankFailure, exit: RankExit | undefined): FailureR
       return exit?.signal != null ? "signal" : "exit-code";
     case "heartbeat":
     case "stuck":
+    case "start":
     case "abort":
     case "bad-result":
     case "rendezvous":
@@ -903,11 +985,17 @@ function causeText(failure: RankFailure, exit: RankExit | undefined): string {
   if (failure.kind === "exit") return exit?.signal != null ? `killed by ${exit.signal}` : `exit code ${exit?.code ?? "?"}`;
   if (failure.kind === "heartbeat") return "no heartbeat (frozen or unreachable)";
   if (failure.kind === "stuck") return "stuck (no step boundary)";
+  if (failure.kind === "start") return "did not join within --start-timeout";
   return failure.kind;
 }
 
 /** Failures that are one rank's own doing, reported as `rank-failed`; the rest are job-level. */
-const RANK_FAULT_KINDS: readonly RankFailure["kind"][] = ["exit", "abort", "heartbeat", "stuck", "bad-result"];
+const RANK_FAULT_KINDS: readonly RankFailure["kind"][] = ["exit", "abort", "heartbeat", "stuck", "start", "bad-result"];
+
+function claimOf(deps: SupervisorDeps): StoreClaim {
+  if (deps.claim === undefined) throw new LifelineError("LAUNCH_USAGE", "mode cpr needs the store claimed for the run (claimStore) or a policy");
+  return deps.claim;
+}
 
 function pidText(proc: RankProcess | undefined): string {
   return proc === undefined ? "" : ` (pid ${proc.pid})`;

@@ -5,12 +5,36 @@
  */
 import { spawn } from "node:child_process";
 import { existsSync } from "node:fs";
-import { readFile } from "node:fs/promises";
+import { mkdtemp, readFile, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
+import { afterAll, beforeAll } from "vitest";
 
 export const ROOT = fileURLToPath(new URL("../..", import.meta.url));
 export const CLI = join(ROOT, "dist", "cli.js");
+
+/**
+ * A temporary directory for one test file's runs (stores, results): made before its tests —
+ * which need the built launcher, so that is checked first — and removed after them. Read
+ * `path` inside tests and hooks.
+ */
+export function runDirFor(prefix: string): { readonly path: string } {
+  let path: string | undefined;
+  beforeAll(async () => {
+    if (!existsSync(CLI)) throw new Error(`${CLI} is missing: run \`npm run build\` first`);
+    path = await mkdtemp(join(tmpdir(), prefix));
+  });
+  afterAll(async () => {
+    if (path !== undefined) await rm(path, { recursive: true, force: true });
+  });
+  return {
+    get path(): string {
+      if (path === undefined) throw new Error("runDirFor: the directory exists only inside tests and hooks");
+      return path;
+    },
+  };
+}
 
 export interface RunOutcome {
   code: number | null;

@@ -90,8 +90,9 @@ describe("lifeline drill, mode cpr", () => {
   }, DRILL_TEST_MS);
 
   it("heat: a kill after lines were committed rolls back to a line, not to the beginning", async () => {
-    // The default size computes long enough for a few 100 ms lines before step 250.
-    const o = await drill({ ...cpr, kill: ["1@step:250"], seed: "2" }, ["examples/heat.ts"]);
+    // A 512x512 grid computes long enough for a few 100 ms lines before step 250 (the
+    // default 256x256 took as little as 70 ms for 250 steps, before the first line).
+    const o = await drill({ ...cpr, kill: ["1@step:250"], seed: "2" }, ["examples/heat.ts", "--rows", "512", "--cols", "512"]);
     expect(o.exitCode, context(o)).toBe(0);
     const [fault] = o.report.runs[1]!.faultReports;
     expect(fault!.restoreEpoch, context(o)).toBeGreaterThan(0);

@@ -50,6 +50,22 @@ describe("FailureDetector", () => {
     expect(d.check(1900)).toEqual([{ kind: "stuck", rank: 1, silentMs: 500 }]);
   });
 
+  it("suspects a process that has not joined --start-timeout after it started; its hello disarms that", () => {
+    const d = new FailureDetector({ size: 3, failureTimeoutMs: 1000, stuckTimeoutMs: undefined, startTimeoutMs: 3000 });
+    d.started(0, 0);
+    d.started(1, 0);
+    d.started(2, 500);
+    d.joined(1);
+    d.heard(1, 2500, { heartbeat: true });
+    expect(d.check(2999)).toEqual([]);
+    expect(d.check(3000)).toEqual([{ kind: "start", rank: 0, silentMs: 3000 }]);
+    expect(d.check(3500)).toEqual([{ kind: "heartbeat", rank: 1, silentMs: 1000 }, { kind: "start", rank: 2, silentMs: 3000 }]);
+    // A new process of rank 0 is watched afresh, its start-up included.
+    d.started(0, 4000);
+    expect(d.check(6999)).toEqual([]);
+    expect(d.check(7000)).toEqual([{ kind: "start", rank: 0, silentMs: 3000 }]);
+  });
+
   it("watches a restarted rank afresh", () => {
     const d = new FailureDetector({ size: 1, failureTimeoutMs: 100, stuckTimeoutMs: undefined });
     d.heard(0, 0, { heartbeat: true });

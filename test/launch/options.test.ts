@@ -49,6 +49,8 @@ describe("resolveRunConfig", () => {
       failureTimeoutMs: 5_000,
       stuckTimeoutMs: undefined,
       rendezvousTimeoutMs: 30_000,
+      startTimeoutMs: 10_000,
+      resume: "auto",
       resultsPath: undefined,
       json: false,
       quiet: false,
@@ -88,6 +90,21 @@ describe("resolveRunConfig", () => {
       transport: "tcp",
       faults: ["hang:step:2", "step:5;time:1500", "send:3", ""],
     });
+  });
+
+  it("--start-timeout: at least 10 s or --failure-timeout by default, below --rendezvous-timeout when given", () => {
+    expect(resolveWith({ failureTimeout: "20s" }).startTimeoutMs).toBe(20_000);
+    expect(resolveWith({ startTimeout: "2s" }).startTimeoutMs).toBe(2_000);
+    expect(usageMessage(() => resolveWith({ startTimeout: "30s", rendezvousTimeout: "30s" }))).toContain("--start-timeout (30000 ms) must be shorter than --rendezvous-timeout (30000 ms)");
+    expect(usageMessage(() => resolveWith({ startTimeout: "soon" }))).toContain("--start-timeout \"soon\" is not a duration");
+  });
+
+  it("--resume / --fresh: cpr only, not both", () => {
+    expect(resolveWith({ mode: "cpr", resume: true }).resume).toBe("resume");
+    expect(resolveWith({ mode: "cpr", fresh: true }).resume).toBe("fresh");
+    expect(usageMessage(() => resolveWith({ mode: "cpr", resume: true, fresh: true }))).toContain("--resume and --fresh contradict each other");
+    expect(usageMessage(() => resolveWith({ mode: "none", resume: true }))).toContain("--resume needs recovery lines, and --mode none keeps none");
+    expect(usageMessage(() => resolveWith({ mode: "retry-one", fresh: true }))).toContain("--fresh: --mode retry-one keeps its checkpoints in the ranks' memory");
   });
 
   it("accepts .js apps and keeps app arguments that look like flags", () => {

@@ -26,7 +26,8 @@ const failed: JobEvent = {
   reason: "was killed by SIGKILL before finalizing",
   code: null,
   signal: "SIGKILL",
-  stderrTail: ["boom", "at main (app.ts:3)"],
+  stderrTail: ["Error: boom", "at main (app.ts:3)"],
+  error: "Error: boom",
 };
 
 function script(style: ReportStyle, opts: { ok: boolean }) {
@@ -81,12 +82,14 @@ describe("progress reporters", () => {
     expect(stderr).toContain("lifeline: results written to /x/out.json\n");
   });
 
-  it("plain: a failure names the rank, how it died and its last stderr lines", () => {
+  it("plain: a failure names the rank, how it died and its error line, once (its stderr was forwarded as it came)", () => {
     const { stderr } = script("plain", { ok: false });
     expect(stderr).not.toMatch(CONTROL);
-    expect(stderr).toContain("lifeline: error: rank 1 (pid 4242) was killed by SIGKILL before finalizing\n");
-    expect(stderr).toContain("lifeline:   | boom\nlifeline:   | at main (app.ts:3)\n");
-    expect(stderr).toContain("lifeline: job failed (exit 137) after 2.50s, 0/2 ranks finalized: rank 1 (pid 4242) was killed by SIGKILL");
+    expect(stderr).toContain("lifeline: error: rank 1 (pid 4242) was killed by SIGKILL before finalizing: Error: boom\n");
+    expect(stderr).not.toContain("at main (app.ts:3)");
+    // The summary does not repeat the error printed just before.
+    expect(stderr).toContain("lifeline: job failed (exit 137) after 2.50s, 0/2 ranks finalized: see the error above\n");
+    expect(stderr.match(/was killed by SIGKILL/g)).toHaveLength(1);
   });
 
   it("tty: a status line redrawn in place and cleared before rank output and at the end", () => {
@@ -111,7 +114,7 @@ describe("progress reporters", () => {
     for (const e of events) expect(typeof e.t).toBe("number");
     expect(events[2]).toEqual({ event: "rank-up", rank: 0, pid: 11, t: 0 });
     expect(events[6]).toEqual({ event: "output", rank: 1, stream: "stderr", line: "warn from 1", t: 1200 });
-    expect(events[8]).toMatchObject({ event: "rank-failed", rank: 1, signal: "SIGKILL", stderrTail: ["boom", "at main (app.ts:3)"] });
+    expect(events[8]).toMatchObject({ event: "rank-failed", rank: 1, signal: "SIGKILL", stderrTail: ["Error: boom", "at main (app.ts:3)"], error: "Error: boom" });
     expect(events[9]).toMatchObject({ event: "job-finished", ok: false, exitCode: 137, error: { code: "LAUNCH_RANK_FAILED" } });
   });
 

@@ -58,7 +58,7 @@ describe("status under cpr", () => {
     const text = play("plain").text;
     expect(text).not.toMatch(/[\r\x1b]/);
     expect(text).toContain("lifeline: recovery line 2 committed (100 bytes, 0.04s)\n");
-    expect(text).toContain("lifeline: failure detected: rank 1 (pid 12) was killed by SIGKILL before finalizing\n");
+    expect(text).toContain("lifeline: failure detected: rank 1 (pid 12) was killed by SIGKILL before finalizing (it wrote nothing to stderr)\n");
     expect(text).not.toContain("error:");
     expect(text).toContain("lifeline: recovery 1: every rank restarts (attempt 1) from recovery line 2\n");
   });
