@@ -41,7 +41,7 @@ export async function init(options: InitOptions = {}): Promise<World> {
   }
   const watchdog = startWatchdog({
     fd: place.watchFd, coordinator: place.coordinator, rank: place.rank, attempt: place.attempt, heartbeatMs: place.heartbeatMs,
-    faults: place.faults,
+    failureTimeoutMs: place.failureTimeoutMs, faults: place.faults,
   });
   try {
     await watchdog.ready;

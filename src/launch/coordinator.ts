@@ -84,6 +84,8 @@ export interface RankLink {
 
 type Phase = "new" | "rendezvous" | "running" | "released" | "aborted" | "closed";
 
+const LEASE: CoordinatorToRank = { t: "lease" };
+
 /** After this many warnings about stray traffic, further ones are counted, not printed (a spammer must not flood the terminal). */
 const WARNINGS_MAX = 10;
 /** Unix socket paths are limited to 107 bytes (sun_path) on Linux. */
@@ -343,6 +345,9 @@ export class Coordinator {
         return;
       case "heartbeat":
         this.opts.onEvent({ kind: "heartbeat", rank });
+        // The lease: a watchdog that beats over its own socket (a rank without the launcher's
+        // pipe: on another host, or started by another engine) ends its rank when these stop.
+        if (identity !== link.identity) this.sendTo(identity, LEASE, true);
         return;
       case "finalize":
         this.onFinalize(rank, link, msg.result);
@@ -473,7 +478,11 @@ export class Coordinator {
    * warning and does not break the chain.
    */
   private send(rank: number, msg: CoordinatorToRank, quiet = false): Promise<void> {
-    const identity = this.links[rank]!.identity;
+    return this.sendTo(this.links[rank]!.identity, msg, quiet, rank);
+  }
+
+  /** {@link send} to a routing id (a rank's control socket, or its watchdog's). */
+  private sendTo(identity: string, msg: CoordinatorToRank, quiet: boolean, rank?: number): Promise<void> {
     const frame = encodeControl(msg);
     const next = this.sendChain.then(async () => {
       if (this.phase === "closed") return;
@@ -483,7 +492,7 @@ export class Coordinator {
         // A rank that already exited cannot receive its abort/release; that is expected
         // during a teardown, so only other cases are worth a warning.
         if (!quiet && !this.tearingDown()) {
-          this.opts.onEvent({ kind: "warning", message: `could not send ${msg.t} to rank ${rank}: ${errorMessage(err)}` });
+          this.opts.onEvent({ kind: "warning", message: `could not send ${msg.t} to ${rank === undefined ? printable(identity) : `rank ${rank}`}: ${errorMessage(err)}` });
         }
       }
     });

@@ -8,14 +8,23 @@
  * worker terminated inside ZeroMQ's socket constructor aborts the whole process). Only under
  * another launcher, without the pipe, does it beat over a ZeroMQ socket to the coordinator.
  * It is stopped by a message, which it handles only after its start-up code has run.
+ *
+ * Over that socket the coordinator answers every beat with a `lease`. Once one has come, a
+ * silence of `failureTimeoutMs` means the coordinator is gone (its host died, the network is
+ * partitioned) or has replaced this incarnation: the thread tells the main thread, which ends
+ * the rank with EXIT_COORDINATOR_LOST; should the main thread not get to it (a long
+ * synchronous computation), the thread kills the process itself a little later. A rank never
+ * waits for a coordinator that will not come back.
  */
 import { Socket } from "node:net";
 import { parentPort, workerData } from "node:worker_threads";
-import { encodeControl, heartbeatIdentity } from "../mpi/control.ts";
+import { decodeControl, encodeControl, heartbeatIdentity } from "../mpi/control.ts";
 import { fire, parseFaults } from "../mpi/faults.ts";
 import type { WatchdogOptions } from "./watchdog.ts";
 
 const data = workerData as WatchdogOptions & { pid: number };
+/** How long the main thread has to exit by itself once the lease has lapsed. */
+const LOST_EXIT_GRACE_MS = 1_000;
 const die = (): void => void process.kill(data.pid, "SIGKILL");
 
 const timers: NodeJS.Timeout[] = [];
@@ -61,6 +70,43 @@ if (data.heartbeatMs > 0 && pipe !== undefined) {
   };
   tick();
   timers.push(setInterval(tick, data.heartbeatMs));
+  // The lease: its clock starts with the first answer (before it, init()'s own rendezvous
+  // timeout bounds the wait for a coordinator that is not up yet).
+  let leaseMs: number | undefined;
+  void (async () => {
+    try {
+      for await (const [frame] of socket) {
+        try {
+          if (decodeControl(frame).t === "lease") leaseMs = performance.now();
+        } catch {
+          // not a message of ours; the lease is all this socket listens for
+        }
+      }
+    } catch {
+      // the socket was closed: the thread is stopping
+    }
+  })();
+  const leaseTimeoutMs = data.failureTimeoutMs ?? 0;
+  if (leaseTimeoutMs > 0) {
+    timers.push(setInterval(() => {
+      if (leaseMs === undefined || performance.now() - leaseMs < leaseTimeoutMs) return;
+      const silentMs = Math.round(performance.now() - leaseMs);
+      leaseMs = undefined;
+      // This thread's socket goes first: a process that exits while a worker holds a ZeroMQ
+      // socket aborts in the addon's teardown.
+      for (const t of timers) clearTimeout(t);
+      for (const close of closers.splice(0)) close();
+      parentPort?.postMessage({ t: "coordinator-lost", silentMs, coordinator: data.coordinator });
+      // The main thread exits at once (EXIT_COORDINATOR_LOST) unless it is busy in a
+      // synchronous loop; then the process ends anyway, by a signal of its own (SIGUSR2:
+      // 128 + 12 = 140) so that the cause stays visible, and by SIGKILL if the program
+      // catches that one.
+      setTimeout(() => {
+        process.kill(data.pid, "SIGUSR2");
+        setTimeout(die, LOST_EXIT_GRACE_MS);
+      }, LOST_EXIT_GRACE_MS);
+    }, Math.max(10, Math.min(data.heartbeatMs, leaseTimeoutMs / 4))));
+  }
   parentPort?.postMessage("ready");
 } else {
   parentPort?.postMessage("ready");

@@ -13,6 +13,7 @@
  * const stop = startWatchdog({ fd: 3, coordinator, rank, attempt, heartbeatMs: 500 }); // later: stop();
  */
 import { Worker } from "node:worker_threads";
+import { EXIT_COORDINATOR_LOST } from "../mpi/control.ts";
 
 export interface WatchdogOptions {
   /** The launcher pipe's fd, if started by `lifeline run`. */
@@ -23,6 +24,8 @@ export interface WatchdogOptions {
   attempt: number;
   /** 0 disables heartbeats. */
   heartbeatMs: number;
+  /** The coordinator unheard this long (no lease) ends the rank; 0 or absent: never. */
+  failureTimeoutMs?: number;
   /** The rank's LIFELINE_FAULTS (time triggers fire from the watchdog thread). */
   faults: string;
 }
@@ -48,6 +51,15 @@ export function startWatchdog(opts: WatchdogOptions): Watchdog {
   });
   worker.unref();
   worker.on("error", (err) => process.stderr.write(`lifeline: watchdog failed: ${err.message}\n`));
+  worker.on("message", (msg: unknown) => {
+    const m = msg as { t?: unknown; silentMs?: number; coordinator?: string } | null;
+    if (m?.t !== "coordinator-lost") return;
+    process.stderr.write(
+      `lifeline: rank ${opts.rank}: the coordinator at ${m.coordinator} has not answered for ${m.silentMs} ms (--failure-timeout): ` +
+        `its host died, the network is partitioned, or this rank was replaced; ending this rank (exit ${EXIT_COORDINATOR_LOST})\n`,
+    );
+    process.exit(EXIT_COORDINATOR_LOST);
+  });
   // The launcher watches heartbeats from the rank's hello on, so the first beat must be out
   // before init() says hello (a slow thread start under load must not look like a frozen rank).
   const ready = new Promise<void>((resolve) => {

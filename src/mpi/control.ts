@@ -71,7 +71,14 @@ export type CoordinatorToRank =
   /** Line `epoch` is committed; parts of epochs not in `keep` may be deleted. */
   | { t: "cpr-committed"; epoch: number; keep: number[] }
   /** Line `epoch` will never be committed: delete your part of it (or do not write it). */
-  | { t: "cpr-aborted"; epoch: number };
+  | { t: "cpr-aborted"; epoch: number }
+  /**
+   * The answer to a heartbeat on the watchdog's socket: the coordinator is there and this
+   * incarnation is still the rank's current one. A rank that hears none for its failure
+   * timeout ends itself with {@link EXIT_COORDINATOR_LOST} (its coordinator's host died, the
+   * network is partitioned, or the rank was declared dead and replaced).
+   */
+  | { t: "lease" };
 
 export type ControlMessage = RankToCoordinator | CoordinatorToRank;
 
@@ -95,6 +102,13 @@ export function decodeControl(frame: Buffer | undefined): ControlMessage {
   }
   return msg as ControlMessage;
 }
+
+/**
+ * Exit code of a rank that lost its coordinator (no lease for its failure timeout): EX_TEMPFAIL,
+ * "try again later". An engine that restarts ranks (Kubernetes, a batch requeue) may restart
+ * it; `lifeline run` resumes the job.
+ */
+export const EXIT_COORDINATOR_LOST = 75;
 
 /** The routing id a rank's Dealer uses, so the coordinator can address it. */
 export function controlIdentity(rank: number, attempt: number): string {

@@ -6,7 +6,7 @@
  * attempts, one clear message, its error shown once.
  *
  * Method: the built launcher with `--json` (or plain output for the message checks). The test
- * SIGSTOPs rank 1's first process 100–500 ms after its `rank-spawned` event (a rank takes about
+ * SIGSTOPs rank 1's first process 100–300 ms after its `rank-spawned` event (a rank takes about
  * a second to load Node and tsx, so it has not called `init()` yet); results are compared with
  * a `--mode none` run. The crash loop uses a fixture that rejects its argument before `init()`.
  */
@@ -28,7 +28,7 @@ describe("a rank frozen before it joins", () => {
       const ref = await runLauncher({ np: 3, program: c.program, args: c.args, flags: ["--mode", "none"], dir: runs.path, name: `${c.mode}-ref`, timeoutMs: TIMEOUT_MS });
       expect(ref.code, context(ref)).toBe(0);
       let stoppedPid: number | undefined;
-      const delay = 100 + randomInt(400);
+      const delay = 100 + randomInt(200); // a rank takes 0.6-1.5 s to load Node, tsx and lifeline
       const started = Date.now();
       const o = await runLauncher({
         np: 3, program: c.program, args: c.args, flags: ["--mode", c.mode, "--start-timeout", "3s", ...c.flags], dir: runs.path, name: c.mode, timeoutMs: TIMEOUT_MS,

@@ -9,6 +9,7 @@
 import { afterEach, describe, expect, it } from "vitest";
 import { encodeValue } from "../../src/mpi/codec.ts";
 import { Coordinator, type CoordinatorEvent } from "../../src/launch/coordinator.ts";
+import { heartbeatIdentity } from "../../src/mpi/control.ts";
 import { EventLog, FakeRank, tempDir } from "./helpers.ts";
 
 let cleanups: (() => Promise<void> | void)[] = [];
@@ -163,6 +164,21 @@ describe("Coordinator after the rendezvous", () => {
     const { events, ranks } = await runningJob(1);
     await ranks[0]!.send({ t: "heartbeat", rank: 0, attempt: 0 });
     expect(await events.waitFor((e) => e.kind === "heartbeat")).toEqual({ kind: "heartbeat", rank: 0 });
+  });
+
+  it("answers a watchdog's heartbeat with a lease, for the current incarnation only", async () => {
+    const { coord, events, endpoint } = await runningJob(2);
+    const watchdog = new FakeRank(endpoint, 1, { routingId: heartbeatIdentity(1, 0) });
+    cleanups.push(() => watchdog.close());
+    await watchdog.send({ t: "heartbeat", rank: 1, attempt: 0 });
+    expect(await watchdog.inbox.waitFor((m) => m.t === "lease")).toEqual({ t: "lease" });
+    // Rank 1 is replaced (attempt 1): the old incarnation's beats get no lease any more.
+    coord.restartRound([1, 1]);
+    const before = events.all.filter((e) => e.kind === "heartbeat").length;
+    await watchdog.send({ t: "heartbeat", rank: 1, attempt: 0 });
+    await new Promise((r) => setTimeout(r, 200));
+    expect(watchdog.inbox.all.filter((m) => m.t === "lease")).toHaveLength(1);
+    expect(events.all.filter((e) => e.kind === "heartbeat")).toHaveLength(before);
   });
 });
 
