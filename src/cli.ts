@@ -169,7 +169,8 @@ function addRunOptions(cmd: Command, supported: string): void {
     .option("--results <file>", "write every rank's finalize() result and the job's outcome as JSON")
     .option("--json", "events as JSON lines on stderr, for machines")
     .option("-q, --quiet", "print only errors (the ranks' own output is still forwarded)")
-    .option("--transport <ipc|tcp>", `how ranks and coordinator connect (default ${DEFAULTS.transport})`)
+    .option("--transport <ipc|tcp>", `how ranks and coordinator connect (default ${DEFAULTS.transport}; tcp with --bind)`)
+    .option("--bind <address|interface>", "tcp: the interface or IPv4 address the coordinator and the ranks listen on and advertise (default 127.0.0.1); implies --transport tcp")
     .option("--inject <rank@trigger>", "inject a fault: 1@step:5, 2@send:3, 0@time:1500, 1@hang:step:2 (repeatable)", (v: string, prev: string[] | undefined) => [...(prev ?? []), v])
     .addHelpText(
       "after",
@@ -203,6 +204,7 @@ function toFlags(app: string, args: string[], o: Record<string, unknown>): RunFl
     json: o.json === true,
     quiet: o.quiet === true,
     transport: str("transport"),
+    bind: str("bind"),
     inject: (o.inject as string[] | undefined) ?? [],
     app,
     appArgs: args,

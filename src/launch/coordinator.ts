@@ -22,6 +22,7 @@ import assert from "node:assert/strict";
 import { join } from "node:path";
 import { Router } from "zeromq";
 import { LifelineError, errorMessage } from "../errors.ts";
+import { DEFAULT_TCP_HOST } from "../mpi/bind.ts";
 import { decodeValue } from "../mpi/codec.ts";
 import { controlIdentity, decodeControl, encodeControl, heartbeatIdentity, type CoordinatorToRank, type RankToCoordinator } from "../mpi/control.ts";
 
@@ -56,6 +57,8 @@ export interface CoordinatorOptions {
   /** Random per job; ranks use it to reject data messages from other jobs. */
   jobKey: number;
   transport: "ipc" | "tcp";
+  /** tcp: the address to bind and advertise (default the loopback address). */
+  host?: string | undefined;
   /** Private directory for the ipc endpoint. */
   runDir: string;
   /** Time allowed from {@link Coordinator.start} until every rank said hello. */
@@ -162,7 +165,7 @@ export class Coordinator {
       address = `ipc://${path}`;
     } else {
       // Port 0: the OS picks a free port, so concurrent jobs (and tests) never collide.
-      address = "tcp://127.0.0.1:0";
+      address = `tcp://${this.opts.host ?? DEFAULT_TCP_HOST}:0`;
     }
     try {
       await this.router.bind(address);

@@ -12,6 +12,7 @@
 import { existsSync, statSync } from "node:fs";
 import { dirname, extname, isAbsolute, resolve } from "node:path";
 import { LifelineError, isLifelineError } from "../errors.ts";
+import { resolveBind } from "../mpi/bind.ts";
 import { MODES, type Mode } from "../mpi/env.ts";
 import { parseFaults } from "../mpi/faults.ts";
 
@@ -78,6 +79,13 @@ export interface RunConfig {
   json: boolean;
   quiet: boolean;
   transport: "ipc" | "tcp";
+  /**
+   * tcp: `--bind`, the interface or IPv4 address the coordinator and the ranks bind and
+   * advertise (each rank resolves it on its own host); undefined: the loopback address.
+   */
+  bind: string | undefined;
+  /** `--bind` resolved on this host: the coordinator's address. */
+  bindAddress: string | undefined;
   /** `LIFELINE_FAULTS` of each rank ("" = none), from `--inject`. */
   faults: string[];
   /** retry-one: ring successors that keep a copy of each rank's state (`--replicas`, default 2). */
@@ -107,6 +115,7 @@ export interface RunFlags {
   json?: boolean | undefined;
   quiet?: boolean | undefined;
   transport?: string | undefined;
+  bind?: string | undefined;
   inject?: string[] | undefined;
   replicas?: string | undefined;
   /** false for `--no-spare`. */
@@ -293,9 +302,16 @@ export function resolveRunConfig(flags: RunFlags, ctx: { cwd: string }): RunConf
   }
 
   const transport = check((): "ipc" | "tcp" => {
-    const t = flags.transport ?? DEFAULTS.transport;
+    // --bind is for tcp: it names an address other hosts reach.
+    const t = flags.transport ?? (flags.bind !== undefined ? "tcp" : DEFAULTS.transport);
     if (t !== "ipc" && t !== "tcp") throw usage(`--transport ${JSON.stringify(t)} must be ipc or tcp`);
+    if (t === "ipc" && flags.bind !== undefined) throw usage(`--bind ${JSON.stringify(flags.bind)} is for --transport tcp (ipc endpoints are files in a private directory and bind no address)`);
     return t;
+  });
+  const bindAddress = flags.bind === undefined ? undefined : check(() => {
+    const r = resolveBind(flags.bind!);
+    if ("problem" in r) throw usage(`--bind ${JSON.stringify(flags.bind)}: ${r.problem}`);
+    return r.address;
   });
 
   if (flags.json === true && flags.quiet === true) {
@@ -355,6 +371,8 @@ export function resolveRunConfig(flags: RunFlags, ctx: { cwd: string }): RunConf
     json: flags.json === true,
     quiet: flags.quiet === true,
     transport: transport!,
+    bind: flags.bind,
+    bindAddress,
     faults,
     replicas: replicas!,
     spare: flags.spare !== false,

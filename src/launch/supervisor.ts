@@ -276,6 +276,7 @@ export class Supervisor {
       size: this.config.size,
       jobKey: this.deps.jobKey,
       transport: this.config.transport,
+      host: this.config.bindAddress,
       runDir: this.deps.runDir,
       rendezvousTimeoutMs: this.config.rendezvousTimeoutMs,
       onEvent: (ev) => this.onCoordinatorEvent(ev),
@@ -454,6 +455,7 @@ export class Supervisor {
     env[ENV.store] = this.config.store;
     env[ENV.attempt] = String(attempt);
     env[ENV.transport] = this.config.transport;
+    if (this.config.bind !== undefined) env[ENV.bind] = this.config.bind;
     env[ENV.runDir] = this.deps.runDir;
     env[ENV.watchFd] = "3";
     env[ENV.heartbeatMs] = String(this.config.heartbeatMs);

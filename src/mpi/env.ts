@@ -34,6 +34,8 @@ export const ENV = {
   failureTimeoutMs: "LIFELINE_FAILURE_TIMEOUT_MS",
   /** retry-one: ring successors that keep a copy of each rank's state (`--replicas`). */
   replicas: "LIFELINE_REPLICAS",
+  /** tcp: the interface or address the rank's data socket binds and advertises (`--bind`). */
+  bind: "LIFELINE_BIND",
 } as const;
 
 export interface InitOptions {
@@ -47,6 +49,8 @@ export interface InitOptions {
   transport?: "ipc" | "tcp";
   runDir?: string;
   faults?: string;
+  /** tcp: interface or IPv4 address to bind (default the loopback address). */
+  bind?: string;
 }
 
 export interface RankPlace {
@@ -65,6 +69,8 @@ export interface RankPlace {
   failureTimeoutMs: number;
   /** retry-one: ring successors holding each rank's state (default 2). */
   replicas?: number | undefined;
+  /** tcp: interface or IPv4 address the data socket binds and advertises; undefined: loopback. */
+  bind?: string | undefined;
 }
 
 function intFrom(name: string, raw: string | undefined): number | undefined {
@@ -119,5 +125,6 @@ export function resolveRankPlace(opts: InitOptions, env: NodeJS.ProcessEnv): Ran
     heartbeatMs: intFrom(ENV.heartbeatMs, env[ENV.heartbeatMs]) ?? 500,
     failureTimeoutMs: intFrom(ENV.failureTimeoutMs, env[ENV.failureTimeoutMs]) ?? 5000,
     replicas: intFrom(ENV.replicas, env[ENV.replicas]) ?? 2,
+    bind: opts.bind ?? (env[ENV.bind] === "" ? undefined : env[ENV.bind]),
   };
 }

@@ -12,7 +12,9 @@
 import type { CoordinatorToRank, RankToCoordinator } from "./control.ts";
 import { controlIdentity } from "./control.ts";
 import { ControlLink } from "./control-link.ts";
-import type { RankPlace } from "./env.ts";
+import { LifelineError } from "../errors.ts";
+import { resolveBind } from "./bind.ts";
+import { ENV, type RankPlace } from "./env.ts";
 import { ZmqTransport } from "./zmq/zmq-transport.ts";
 
 /** The data path: one receiving endpoint, one FIFO channel to each peer. */
@@ -57,10 +59,17 @@ export interface Host {
 
 /** The production host: ZeroMQ data and control sockets, Node timers, this process. */
 export async function zmqHost(place: RankPlace, onControl: (msg: CoordinatorToRank) => void): Promise<Host> {
+  let host: string | undefined;
+  if (place.transport === "tcp" && place.bind !== undefined) {
+    const bound = resolveBind(place.bind);
+    if ("problem" in bound) throw new LifelineError("MPI_INIT", `rank ${place.rank} cannot bind ${ENV.bind}=${place.bind}: ${bound.problem}`);
+    host = bound.address;
+  }
   const transport = await ZmqTransport.bind({
     transport: place.transport,
     runDir: place.runDir,
     name: controlIdentity(place.rank, place.attempt),
+    ...(host === undefined ? {} : { host }),
   });
   let control: ControlLink;
   try {

@@ -99,6 +99,14 @@ describe("resolveRunConfig", () => {
     expect(usageMessage(() => resolveWith({ startTimeout: "soon" }))).toContain("--start-timeout \"soon\" is not a duration");
   });
 
+  it("--bind: implies tcp, resolved here for the coordinator, refused with ipc or an address of no interface", () => {
+    expect(resolveWith({ bind: "127.0.0.1" })).toMatchObject({ transport: "tcp", bind: "127.0.0.1", bindAddress: "127.0.0.1" });
+    expect(resolveWith({})).toMatchObject({ transport: "ipc", bind: undefined, bindAddress: undefined });
+    expect(usageMessage(() => resolveWith({ transport: "ipc", bind: "127.0.0.1" }))).toContain("--bind \"127.0.0.1\" is for --transport tcp");
+    expect(usageMessage(() => resolveWith({ bind: "0.0.0.0" }))).toContain("would listen on every interface");
+    expect(usageMessage(() => resolveWith({ bind: "198.19.255.254" }))).toMatch(/198\.19\.255\.254 is not an address of this host; its IPv4 addresses are: .*127\.0\.0\.1/);
+  });
+
   it("--resume / --fresh: cpr only, not both", () => {
     expect(resolveWith({ mode: "cpr", resume: true }).resume).toBe("resume");
     expect(resolveWith({ mode: "cpr", fresh: true }).resume).toBe("fresh");

@@ -16,6 +16,7 @@
  */
 import * as zmq from "zeromq";
 import { LifelineError } from "../../errors.ts";
+import { DEFAULT_TCP_HOST } from "../bind.ts";
 import { SerialSender } from "./serial-sender.ts";
 import type { Transport } from "../host.ts";
 
@@ -50,7 +51,7 @@ export class ZmqTransport implements Transport {
       if (opts.runDir === undefined) throw new LifelineError("MPI_INIT", "ipc transport needs a run directory (LIFELINE_RUN_DIR)");
       address = `ipc://${opts.runDir}/${opts.name}.sock`;
     } else {
-      address = `tcp://${opts.host ?? "127.0.0.1"}:0`;
+      address = `tcp://${opts.host ?? DEFAULT_TCP_HOST}:0`;
     }
     try {
       await pull.bind(address);
