@@ -171,6 +171,8 @@ function addRunOptions(cmd: Command, supported: string): void {
     .option("-q, --quiet", "print only errors (the ranks' own output is still forwarded)")
     .option("--transport <ipc|tcp>", `how ranks and coordinator connect (default ${DEFAULTS.transport}; tcp with --bind)`)
     .option("--bind <address|interface>", "tcp: the interface or IPv4 address the coordinator and the ranks listen on and advertise (default 127.0.0.1); implies --transport tcp")
+    .option("--hostfile <file>", "run the ranks on these hosts (Open MPI's format: `host slots=N` per line; extra slots are spares for restarts), started through --rsh; needs --bind")
+    .option("--rsh <command>", `remote-shell agent for --hostfile, called as COMMAND HOST CMDLINE (default ${DEFAULTS.rsh})`)
     .option("--inject <rank@trigger>", "inject a fault: 1@step:5, 2@send:3, 0@time:1500, 1@hang:step:2 (repeatable)", (v: string, prev: string[] | undefined) => [...(prev ?? []), v])
     .addHelpText(
       "after",
@@ -205,6 +207,8 @@ function toFlags(app: string, args: string[], o: Record<string, unknown>): RunFl
     quiet: o.quiet === true,
     transport: str("transport"),
     bind: str("bind"),
+    hostfile: str("hostfile"),
+    rsh: str("rsh"),
     inject: (o.inject as string[] | undefined) ?? [],
     app,
     appArgs: args,

@@ -9,12 +9,13 @@
  * const config = resolveRunConfig({ np: "4", mode: "none", app: "app.ts", appArgs: [] }, { cwd: process.cwd() });
  * // throws LifelineError LAUNCH_USAGE naming every bad flag
  */
-import { existsSync, statSync } from "node:fs";
+import { existsSync, readFileSync, statSync } from "node:fs";
 import { dirname, extname, isAbsolute, resolve } from "node:path";
 import { LifelineError, isLifelineError } from "../errors.ts";
 import { resolveBind } from "../mpi/bind.ts";
 import { MODES, type Mode } from "../mpi/env.ts";
 import { parseFaults } from "../mpi/faults.ts";
+import { parseHostfile, Placement, type HostSlots } from "./hosts.ts";
 
 /**
  * Modes whose recovery is implemented (one list, in src/mpi/env.ts, shared with init()). `run`
@@ -86,6 +87,10 @@ export interface RunConfig {
   bind: string | undefined;
   /** `--bind` resolved on this host: the coordinator's address. */
   bindAddress: string | undefined;
+  /** `--hostfile`: the hosts ranks run on, with their slots; undefined: every rank on this host. */
+  hosts: HostSlots[] | undefined;
+  /** `--rsh`: the remote-shell agent's argv, called as `AGENT HOST COMMAND` (default `ssh`). */
+  rsh: string[];
   /** `LIFELINE_FAULTS` of each rank ("" = none), from `--inject`. */
   faults: string[];
   /** retry-one: ring successors that keep a copy of each rank's state (`--replicas`, default 2). */
@@ -116,6 +121,8 @@ export interface RunFlags {
   quiet?: boolean | undefined;
   transport?: string | undefined;
   bind?: string | undefined;
+  hostfile?: string | undefined;
+  rsh?: string | undefined;
   inject?: string[] | undefined;
   replicas?: string | undefined;
   /** false for `--no-spare`. */
@@ -138,6 +145,7 @@ export const DEFAULTS = {
   startTimeoutMs: 10_000,
   transport: "ipc" as "ipc" | "tcp",
   replicas: 2,
+  rsh: "ssh",
 } as const;
 
 const UNIT_MS: Record<string, number> = { ms: 1, s: 1_000, m: 60_000, h: 3_600_000 };
@@ -303,11 +311,28 @@ export function resolveRunConfig(flags: RunFlags, ctx: { cwd: string }): RunConf
 
   const transport = check((): "ipc" | "tcp" => {
     // --bind is for tcp: it names an address other hosts reach.
-    const t = flags.transport ?? (flags.bind !== undefined ? "tcp" : DEFAULTS.transport);
+    const t = flags.transport ?? (flags.bind !== undefined || flags.hostfile !== undefined ? "tcp" : DEFAULTS.transport);
     if (t !== "ipc" && t !== "tcp") throw usage(`--transport ${JSON.stringify(t)} must be ipc or tcp`);
     if (t === "ipc" && flags.bind !== undefined) throw usage(`--bind ${JSON.stringify(flags.bind)} is for --transport tcp (ipc endpoints are files in a private directory and bind no address)`);
     return t;
   });
+  const hosts = flags.hostfile === undefined ? undefined : check(() => {
+    const path = resolve(ctx.cwd, flags.hostfile!);
+    let text: string;
+    try {
+      text = readFileSync(path, "utf8");
+    } catch (err) {
+      throw usage(`--hostfile ${JSON.stringify(flags.hostfile)}: cannot read ${path} (${(err as NodeJS.ErrnoException).code ?? (err as Error).message})`);
+    }
+    const parsed = parseHostfile(text, flags.hostfile!);
+    if (size !== undefined) new Placement(parsed, size); // enough slots?
+    return parsed;
+  });
+  if (flags.hostfile !== undefined && flags.bind === undefined) {
+    problems.push("--hostfile needs --bind: the interface or address (of this host) on which ranks on the other hosts reach the coordinator");
+  }
+  const rsh = (flags.rsh ?? DEFAULTS.rsh).trim().split(/\s+/).filter((w) => w !== "");
+  if (rsh.length === 0) problems.push("--rsh needs a command (e.g. ssh, or \"ssh -p 2222\")");
   const bindAddress = flags.bind === undefined ? undefined : check(() => {
     const r = resolveBind(flags.bind!);
     if ("problem" in r) throw usage(`--bind ${JSON.stringify(flags.bind)}: ${r.problem}`);
@@ -373,6 +398,8 @@ export function resolveRunConfig(flags: RunFlags, ctx: { cwd: string }): RunConf
     transport: transport!,
     bind: flags.bind,
     bindAddress,
+    hosts,
+    rsh,
     faults,
     replicas: replicas!,
     spare: flags.spare !== false,

@@ -42,7 +42,7 @@ export type JobEvent =
    */
   | { kind: "job-resuming"; job: string; run: number; epoch: number; lineTime: string; lineRun: number | undefined; previousState: string; previousExitCode: number | undefined }
   /** `warm`: a spare process, started earlier, took the rank's place (retry-one). */
-  | { kind: "rank-spawned"; rank: number; attempt: number; pid: number; warm?: boolean }
+  | { kind: "rank-spawned"; rank: number; attempt: number; pid: number; warm?: boolean; host?: string }
   /** retry-one: a warm spare process is ready for the next restart (see --no-spare). */
   | { kind: "spare-ready"; pid: number }
   | { kind: "rank-up"; rank: number; pid: number }

@@ -12,6 +12,12 @@
  * - Each rank is its own process group (`detached`), so a terminal's Ctrl-C reaches only the
  *   launcher, which stops the job in order, and killing the group also takes any helper
  *   processes the rank started.
+ * - A rank on another host ({@link spawnRemoteRank}) is started through a remote-shell agent
+ *   (`ssh`, or `--rsh`), called as `AGENT HOST COMMAND`; its output comes back through the
+ *   agent, and so does its exit status. It has no launcher pipe: it ends itself when the
+ *   coordinator's lease lapses (src/launch/watchdog-worker.ts). Its remote pid comes back as
+ *   the first line of its output, so the launcher can signal it through the agent; killing the
+ *   agent alone would not stop it (ssh's remote command survives its client).
  *
  * @example
  * const proc = await spawnRank({ rank: 0, attempt: 0, app: "/abs/app.ts", appArgs: [], env, cwd }, sinks);
@@ -24,6 +30,7 @@ import { constants as osConstants } from "node:os";
 import { extname } from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
 import { LifelineError, errorMessage } from "../errors.ts";
+import { shellQuote } from "./hosts.ts";
 import { TS_EXTENSIONS } from "./options.ts";
 
 /** How a rank process ended. `status` is the shell's view: the code, or 128 + signal number. */
@@ -113,6 +120,17 @@ export function exitStatus(code: number | null, signal: NodeJS.Signals | null): 
   return 1;
 }
 
+/** How a rank on another host is reached: the agent's argv (`["ssh"]`) and the host. */
+export interface RemoteSite {
+  readonly agent: readonly string[];
+  readonly host: string;
+}
+
+/** The first line a remote rank's shell prints: its pid, which the node process then takes over (exec). */
+const REMOTE_PID_PREFIX = "lifeline-remote-pid ";
+/** A remote signal's agent is given up after this long (its host may be gone: ssh hangs then). */
+const REMOTE_SIGNAL_TIMEOUT_MS = 5_000;
+
 /** A running (or ended) rank process. */
 export class RankProcess {
   /** Resolves when the process has ended (exit event; output may still be draining). */
@@ -123,6 +141,8 @@ export class RankProcess {
   private readonly tail: string[] = [];
   private firstError: string | undefined;
   private injected = false;
+  /** A remote rank's pid on its host, once its shell printed it. */
+  private remotePid: number | undefined;
 
   constructor(
     readonly rank: number,
@@ -130,6 +150,8 @@ export class RankProcess {
     readonly pid: number,
     private readonly child: ChildProcess,
     sink: RankOutputSink,
+    /** Set for a rank on another host: `pid` is then the local agent's. */
+    readonly remote?: RemoteSite,
   ) {
     this.exited = new Promise((resolve) => {
       child.once("exit", (code, signal) => {
@@ -138,7 +160,13 @@ export class RankProcess {
       });
     });
     const drains = [
-      readLines(child.stdout!, (line) => sink.line(rank, "stdout", line)),
+      readLines(child.stdout!, (line) => {
+        if (remote !== undefined && this.remotePid === undefined && line.startsWith(REMOTE_PID_PREFIX)) {
+          this.remotePid = Number(line.slice(REMOTE_PID_PREFIX.length)) || undefined;
+          return;
+        }
+        sink.line(rank, "stdout", line);
+      }),
       readLines(child.stderr!, (line) => {
         const cut = line.length > TAIL_LINE_CHARS_MAX ? `${line.slice(0, TAIL_LINE_CHARS_MAX)}…` : line;
         if (this.firstError === undefined && ERROR_LINE_RE.test(line)) this.firstError = cut.trim();
@@ -186,6 +214,8 @@ export class RankProcess {
    * if nothing was there. Safe after exit: the group id cannot be reused while a member lives.
    */
   signal(sig: NodeJS.Signals): boolean {
+    // A remote rank first, through its host's agent: its local agent's end does not stop it.
+    if (this.remote !== undefined && this.remotePid !== undefined && this.alive) signalRemote(this.remote, this.remotePid, sig);
     try {
       process.kill(-this.pid, sig);
       return true;
@@ -212,6 +242,58 @@ export class RankProcess {
   kill(): void {
     this.signal("SIGKILL");
   }
+}
+
+/** Sends `sig` to a remote rank through its host's agent, without waiting (bounded). */
+function signalRemote(site: RemoteSite, pid: number, sig: NodeJS.Signals): void {
+  let helper: ChildProcess;
+  try {
+    helper = spawn(site.agent[0]!, [...site.agent.slice(1), site.host, `kill -s ${sig.replace(/^SIG/, "")} ${pid}`], { stdio: "ignore", detached: true, windowsHide: true });
+  } catch {
+    return;
+  }
+  helper.on("error", () => undefined);
+  helper.unref();
+  const timer = setTimeout(() => {
+    try {
+      process.kill(-helper.pid!, "SIGKILL");
+    } catch {
+      // done already
+    }
+  }, REMOTE_SIGNAL_TIMEOUT_MS);
+  timer.unref();
+  helper.once("exit", () => clearTimeout(timer));
+}
+
+/**
+ * Starts a rank on `site.host` through the remote-shell agent: `AGENT HOST COMMAND`, the
+ * command a shell line that prints the remote pid, changes to the launcher's working directory
+ * and runs the same `node` command as a local rank, with the rank's LIFELINE_* variables (the
+ * launcher's other variables are the local machine's; the remote login brings its own).
+ * Resolves once the agent runs; rejects with `LAUNCH_SPAWN` if it cannot be started.
+ */
+export function spawnRemoteRank(spec: RankSpawnSpec, site: RemoteSite, sink: RankOutputSink): Promise<RankProcess> {
+  const { command, args } = rankCommand(spec.app, spec.appArgs);
+  const vars = Object.entries(spec.env).flatMap(([k, v]) => (k.startsWith("LIFELINE_") && v !== undefined && k !== "LIFELINE_WATCH_FD" && k !== "LIFELINE_RUN_DIR" ? [`${k}=${v}`] : []));
+  const line = `echo ${REMOTE_PID_PREFIX}$$; cd ${shellQuote([spec.cwd])} && exec ${shellQuote(["env", ...vars, command, ...args])}`;
+  return new Promise((resolve, reject) => {
+    let child: ChildProcess;
+    try {
+      child = spawn(site.agent[0]!, [...site.agent.slice(1), site.host, line], { cwd: spec.cwd, stdio: ["ignore", "pipe", "pipe"], detached: true, windowsHide: true });
+    } catch (err) {
+      reject(new LifelineError("LAUNCH_SPAWN", `cannot start rank ${spec.rank} on ${site.host} with ${site.agent.join(" ")}: ${errorMessage(err)}`, { cause: err }));
+      return;
+    }
+    const onError = (err: Error): void => {
+      reject(new LifelineError("LAUNCH_SPAWN", `cannot start rank ${spec.rank} on ${site.host}: the remote-shell agent ${JSON.stringify(site.agent.join(" "))} failed: ${err.message} (see --rsh)`, { cause: err }));
+    };
+    child.once("error", onError);
+    child.once("spawn", () => {
+      child.off("error", onError);
+      child.on("error", () => undefined);
+      resolve(new RankProcess(spec.rank, spec.attempt, child.pid!, child, sink, site));
+    });
+  });
 }
 
 /**

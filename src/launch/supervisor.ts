@@ -35,7 +35,8 @@ import type { StoreClaim } from "./job-store.ts";
 import { RetryOnePolicy } from "./retry-one-policy.ts";
 import { SUPPORTED_MODES, type RunConfig } from "./options.ts";
 import type { JobEvent, Reporter } from "./progress.ts";
-import { spawnRank, spawnSpare, type RankExit, type RankOutputSink, type RankProcess, type SpareProcess } from "./rank-process.ts";
+import { addressOf, Placement } from "./hosts.ts";
+import { spawnRank, spawnRemoteRank, spawnSpare, type RankExit, type RankOutputSink, type RankProcess, type RankSpawnSpec, type SpareProcess } from "./rank-process.ts";
 
 /** Grace between SIGTERM and SIGKILL when a failure stops the job (fail fast: all gone within 1 s). */
 export const FAIL_FAST_GRACE_MS = 500;
@@ -251,10 +252,13 @@ export class Supervisor {
    * rank restarts together), the rank in retry-one.
    */
   private readonly loopWatch = new Map<string, { signature: string; attempt: number; text: string }>();
+  /** `--hostfile`: which rank runs on which host (undefined: every rank on this host). */
+  private readonly placement: Placement | undefined;
 
   constructor(private readonly config: RunConfig, private readonly deps: SupervisorDeps) {
     this.policy = deps.policy ?? (config.mode === "cpr" ? new CprRestartPolicy(config, claimOf(deps)) : config.mode === "retry-one" ? new RetryOnePolicy() : policyFor(config.mode));
     this.progressed = new Array<boolean>(config.size).fill(false);
+    this.placement = config.hosts === undefined ? undefined : new Placement(config.hosts, config.size);
     this.procs = new Array<RankProcess | undefined>(config.size).fill(undefined);
     this.finalized = new Array<boolean>(config.size).fill(false);
     this.results = new Array<unknown>(config.size).fill(undefined);
@@ -353,7 +357,8 @@ export class Supervisor {
   // ---- the warm spare (retry-one) -----------------------------------------------------------
 
   private get sparesWanted(): boolean {
-    return this.config.mode === "retry-one" && this.config.spare !== false && this.config.maxRestarts > 0 && !this.stopping;
+    // A spare is a process on this host: ranks on other hosts start through their agent.
+    return this.config.mode === "retry-one" && this.config.spare !== false && this.config.maxRestarts > 0 && !this.stopping && this.placement === undefined;
   }
 
   /** Starts a spare after `delayMs` (off a recovery's path) unless one is there or starting. */
@@ -416,10 +421,8 @@ export class Supervisor {
       // at the rendezvous anyway.
       const started = await Promise.allSettled(
         this.procs.map((_, rank) =>
-          spawnRank(
-            { rank, attempt, app: this.config.app, appArgs: this.config.appArgs, env: this.rankEnv(rank, attempt, coordinator), cwd: this.config.cwd },
-            this.outputSink(),
-          ).then((proc) => this.adopt(proc)),
+          this.startProcess({ rank, attempt, app: this.config.app, appArgs: this.config.appArgs, env: this.rankEnv(rank, attempt, coordinator), cwd: this.config.cwd })
+            .then((proc) => this.adopt(proc)),
         ),
       );
       const failed = started.find((s): s is PromiseRejectedResult => s.status === "rejected");
@@ -429,6 +432,12 @@ export class Supervisor {
     }
   }
 
+  /** Starts a rank's process: here, or on its host through the remote-shell agent. */
+  private startProcess(spec: RankSpawnSpec): Promise<RankProcess> {
+    if (this.placement === undefined) return spawnRank(spec, this.outputSink());
+    return spawnRemoteRank(spec, { agent: this.config.rsh, host: this.placement.hostOf(spec.rank) }, this.outputSink());
+  }
+
   /** Takes a freshly started rank (or a spare that took its place: `warm`) under supervision. */
   private adopt(proc: RankProcess, warm = false): void {
     this.procs[proc.rank] = proc;
@@ -436,7 +445,7 @@ export class Supervisor {
     this.progressed[proc.rank] = false;
     // Watched afresh from its start: it must join within --start-timeout.
     this.detector.started(proc.rank, this.nowMs());
-    this.deps.reporter.event({ kind: "rank-spawned", rank: proc.rank, attempt: proc.attempt, pid: proc.pid, ...(warm ? { warm } : {}) });
+    this.deps.reporter.event({ kind: "rank-spawned", rank: proc.rank, attempt: proc.attempt, pid: proc.pid, ...(warm ? { warm } : {}), ...(proc.remote === undefined ? {} : { host: proc.remote.host }) });
     void proc.exited.then((exit) => this.onExit(proc, exit));
     // A failure or interrupt while this rank was starting already swept the others.
     if (this.stopping) proc.terminate(FAIL_FAST_GRACE_MS);
@@ -455,7 +464,9 @@ export class Supervisor {
     env[ENV.store] = this.config.store;
     env[ENV.attempt] = String(attempt);
     env[ENV.transport] = this.config.transport;
-    if (this.config.bind !== undefined) env[ENV.bind] = this.config.bind;
+    // A rank on a host named by its address binds that address; otherwise --bind (an interface).
+    const bind = this.placement === undefined ? this.config.bind : addressOf(this.placement.hostOf(rank)) ?? this.config.bind;
+    if (bind !== undefined) env[ENV.bind] = bind;
     env[ENV.runDir] = this.deps.runDir;
     env[ENV.watchFd] = "3";
     env[ENV.heartbeatMs] = String(this.config.heartbeatMs);
@@ -707,6 +718,10 @@ export class Supervisor {
     }
     this.finalized.fill(false);
     this.results.fill(undefined);
+    if (this.placement !== undefined && failure.rank !== undefined && suspectsHost(failure)) {
+      // Its host may be gone: every rank there moves to a free slot elsewhere, if there is one.
+      for (const r of this.placement.ranksOn(this.placement.hostOf(failure.rank))) this.placement.move(r, { suspect: true });
+    }
     this.coordinator!.restartRound(new Array<number>(this.config.size).fill(attempt));
     this.restarting = false;
     try {
@@ -760,10 +775,11 @@ export class Supervisor {
       await Promise.all(ranks.map((r, i) => {
         const attempt = (old[i]?.attempt ?? 0) + 1;
         this.coordinator!.restartRank(r, attempt);
+        this.placement?.move(r, { suspect: suspectsHost(failure) });
         const spec = { rank: r, attempt, app: this.config.app, appArgs: this.config.appArgs, env: this.rankEnv(r, attempt, this.coordinator!.endpoint), cwd: this.config.cwd };
         // The warm spare if one is ready (start-up already done), else a fresh process.
         const spare = this.takeSpare();
-        return (spare !== undefined ? Promise.resolve(spare.assign(spec, this.outputSink())) : spawnRank(spec, this.outputSink())).then((proc) => {
+        return (spare !== undefined ? Promise.resolve(spare.assign(spec, this.outputSink())) : this.startProcess(spec)).then((proc) => {
           const warm = spare !== undefined;
           this.finalized[r] = false;
           this.results[r] = undefined;
@@ -993,6 +1009,11 @@ function causeText(failure: RankFailure, exit: RankExit | undefined): string {
 
 /** Failures that are one rank's own doing, reported as `rank-failed`; the rest are job-level. */
 const RANK_FAULT_KINDS: readonly RankFailure["kind"][] = ["exit", "abort", "heartbeat", "stuck", "start", "bad-result"];
+
+/** A failure that may mean the rank's host is gone: it went silent, or never started. */
+function suspectsHost(failure: RankFailure): boolean {
+  return failure.kind === "heartbeat" || failure.kind === "start";
+}
 
 function claimOf(deps: SupervisorDeps): StoreClaim {
   if (deps.claim === undefined) throw new LifelineError("LAUNCH_USAGE", "mode cpr needs the store claimed for the run (claimStore) or a policy");

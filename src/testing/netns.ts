@@ -127,7 +127,9 @@ export class TestCluster {
   /** Starts `argv` on host `i` (in its network and mount namespaces). */
   spawn(i: number, argv: readonly string[], opts: SpawnOptions = {}): ChildProcess {
     const host = this.host(i);
-    return spawn("nsenter", ["-t", String(host.initPid), "-m", "-n", "--", ...argv], opts);
+    // Entering a mount namespace starts at its root: keep the working directory asked for.
+    const wd = opts.cwd === undefined ? [] : [`--wd=${String(opts.cwd)}`];
+    return spawn("nsenter", ["-t", String(host.initPid), "-m", "-n", ...wd, "--", ...argv], opts);
   }
 
   /** Runs `argv` on host `i` to its end; resolves with its output. Rejects on a non-zero exit. */
