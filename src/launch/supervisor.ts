@@ -24,7 +24,7 @@
 import { mkdirSync, renameSync, rmSync, writeFileSync } from "node:fs";
 import { constants as osConstants } from "node:os";
 import { dirname, join } from "node:path";
-import type { CoordinatorToRank, RankToCoordinator } from "../mpi/control.ts";
+import { EXIT_COORDINATOR_LOST, type CoordinatorToRank, type RankToCoordinator } from "../mpi/control.ts";
 import { LifelineError, errorMessage, isLifelineError, type LifelineErrorCode } from "../errors.ts";
 import { ENV, type Mode } from "../mpi/env.ts";
 import { backoffDelayMs, RestartBudget } from "./backoff.ts";
@@ -1010,9 +1010,12 @@ function causeText(failure: RankFailure, exit: RankExit | undefined): string {
 /** Failures that are one rank's own doing, reported as `rank-failed`; the rest are job-level. */
 const RANK_FAULT_KINDS: readonly RankFailure["kind"][] = ["exit", "abort", "heartbeat", "stuck", "start", "bad-result"];
 
-/** A failure that may mean the rank's host is gone: it went silent, or never started. */
+/**
+ * A failure that may mean the rank's host is gone or cut off: it went silent, never started,
+ * or ended itself because it lost the coordinator (its lease lapsed: exit 75).
+ */
 function suspectsHost(failure: RankFailure): boolean {
-  return failure.kind === "heartbeat" || failure.kind === "start";
+  return failure.kind === "heartbeat" || failure.kind === "start" || (failure.kind === "exit" && failure.exitStatus === EXIT_COORDINATOR_LOST);
 }
 
 function claimOf(deps: SupervisorDeps): StoreClaim {

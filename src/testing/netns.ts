@@ -61,6 +61,8 @@ export interface TestHost {
   readonly address: string;
   /** The init process that holds the host's namespaces. */
   readonly initPid: number;
+  /** Every process of the host's init (the sleeper and the unshare that started it). */
+  readonly initPids: readonly number[];
 }
 
 export class TestCluster {
@@ -105,7 +107,7 @@ export class TestCluster {
         await ip(["-n", name, "link", "set", "eth0", "up"]);
         await ip(["-n", name, "link", "set", "lo", "up"]);
         const initPid = await startInit(name, diskPath, opts.diskMb ?? 256);
-        hosts.push({ index: i, name, address, initPid });
+        hosts.push({ index: i, name, address, initPid, initPids: await pidsInNetns(name) });
         await writeFile(join(stateDir, "hosts", `${address}.pid`), `${initPid}\n`);
       }
     } catch (err) {
@@ -172,9 +174,10 @@ export class TestCluster {
     for (const rule of rules) await run("ip", ["netns", "exec", host.name, "nft", ...rule.split(" ")]);
   }
 
-  /** Pids of the processes on host `i` (its network namespace), the init included. */
+  /** Pids of the processes on host `i` (its network namespace), its init's excluded. */
   async pids(i: number): Promise<number[]> {
-    return pidsInNetns(this.host(i).name);
+    const host = this.host(i);
+    return (await pidsInNetns(host.name)).filter((pid) => !host.initPids.includes(pid));
   }
 
   /** Kills every process on every host and removes the namespaces and files. Idempotent. */

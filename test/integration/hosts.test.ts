@@ -129,4 +129,85 @@ describe("a job across hosts", () => {
     expect(restarted.map((e) => [e.rank, e.host]).sort()).toEqual([[2, "198.18.0.3"], [3, "198.18.0.3"]]);
     expect(r.events.filter((e) => e.event === "rank-failed").every((e) => /sent no heartbeat/.test(e.reason as string))).toBe(true);
   }, TIMEOUT_MS);
+
+  it("cpr: host 2 dies; every rank restarts from the last line, the lost ones on the spare host, bit-identical", async () => {
+    const ref = await reference("ref-heat", HEAT);
+    let lines = 0;
+    let killed = false;
+    const r = await runOnHost(0, "cpr", ["-n", "4", "--mode", "cpr", "--checkpoint-every", "100ms", ...FAST], HEAT, (ev) => {
+      if (ev.event === "line-committed") lines++;
+      if (!killed && lines >= 2) {
+        killed = true;
+        void cluster.killHost(1);
+      }
+    });
+    expect(r.code, tail(r)).toBe(0);
+    expect(killed).toBe(true);
+    expect(r.doc!.ranks).toEqual(ref);
+    expect(r.doc!.restarts).toBeGreaterThanOrEqual(1);
+    const rollback = (r.doc!.recovery!.rollbacks as { epoch: number }[])[0]!;
+    expect(rollback.epoch).toBeGreaterThan(0); // from a line, not from the beginning
+    expect(spawnedOn(r, 1)).toEqual({ 0: "198.18.0.1", 1: "198.18.0.1", 2: "198.18.0.3", 3: "198.18.0.3" });
+  }, TIMEOUT_MS);
+
+  it("the coordinator's host dies: every other rank ends itself within the failure timeout + 2 s; --resume on a survivor finishes, bit-identical", async () => {
+    const ref = await reference("ref-heat2", HEAT);
+    let lines = 0;
+    let killedAt: number | undefined;
+    const first = await runOnHost(0, "coordlost", ["-n", "4", "--mode", "cpr", "--checkpoint-every", "100ms", ...FAST], HEAT, (ev) => {
+      if (ev.event === "line-committed") lines++;
+      if (killedAt === undefined && lines >= 2) {
+        killedAt = performance.now();
+        void cluster.killHost(0);
+      }
+    });
+    expect(killedAt, tail(first)).toBeDefined();
+    // Ranks 2 and 3 on host 2 hear no lease any more: gone within the bound.
+    let goneMs: number | undefined;
+    while (performance.now() - killedAt! < 10_000) {
+      if ((await cluster.pids(1)).length === 0) {
+        goneMs = performance.now() - killedAt!;
+        break;
+      }
+      await new Promise((res) => setTimeout(res, 50));
+    }
+    expect(goneMs, "ranks on host 2 outlived their coordinator").toBeDefined();
+    expect(goneMs!).toBeLessThan(1_000 + 2_000);
+    // The same command on a surviving host, with the hosts that are left.
+    const resumed = await runOnHost(1, "coordlost", ["-n", "4", "--mode", "cpr", "--checkpoint-every", "100ms", "--resume", ...FAST], HEAT, undefined, "survivors");
+    expect(resumed.code, tail(resumed)).toBe(0);
+    expect(resumed.doc!.ranks).toEqual(ref);
+    expect(resumed.events.find((e) => e.event === "job-resuming")).toMatchObject({ run: 2, previousState: "running" });
+    expect(resumed.doc).toMatchObject({ run: 2, recovery: { resumedFrom: expect.any(Number) } });
+  }, 2 * TIMEOUT_MS);
+
+  it("a partition longer than the failure timeout: the cut-off ranks restart on the spare host; the old ones end themselves", async () => {
+    const ref = await reference("ref-logreg3", LOGREG);
+    let cut = false;
+    const r = await runOnHost(0, "partition", ["-n", "4", "--mode", "retry-one", ...FAST], LOGREG, (ev) => {
+      if (cut || ev.event !== "rank-step" || ev.rank !== 2 || (ev.steps as number) < 3) return;
+      cut = true;
+      void cluster.partition(1, true).then(() => setTimeout(() => void cluster.partition(1, false), 2_500));
+    });
+    expect(r.code, tail(r)).toBe(0);
+    expect(r.doc!.ranks).toEqual(ref);
+    expect(spawnedOn(r, 1)).toEqual({ 2: "198.18.0.3", 3: "198.18.0.3" });
+    // Healed, and nothing of the old incarnations is left on host 2.
+    let left = await cluster.pids(1);
+    for (let i = 0; i < 60 && left.length > 0; i++) {
+      await new Promise((res) => setTimeout(res, 100));
+      left = await cluster.pids(1);
+    }
+    expect(left).toEqual([]);
+  }, TIMEOUT_MS);
+
+  it("20% packet loss on one host's link: correct results", async () => {
+    // TCP retransmits what is lost, at the price of retransmission timeouts: a short job.
+    const program = ["examples/logreg.ts", "--steps", "25"];
+    const ref = await reference("ref-logreg4", program);
+    await cluster.loss(1, 20);
+    const r = await runOnHost(0, "loss", ["-n", "4", "--mode", "cpr", "--checkpoint-every", "5steps"], program);
+    expect(r.code, tail(r)).toBe(0);
+    expect(r.doc!.ranks).toEqual(ref);
+  }, TIMEOUT_MS);
 });

@@ -73,7 +73,7 @@ describe("test hosts in network namespaces", () => {
     await cluster.exec(1, ["sh", "-c", `echo host1 > ${cluster.diskPath}/mark`]);
     const agent = spawn(netnsRshAgent, ["198.18.0.2", "sleep 30"], { env: { ...process.env, ...cluster.agentEnv }, stdio: "ignore" });
     await new Promise((r) => setTimeout(r, 300));
-    expect((await cluster.pids(1)).length).toBeGreaterThanOrEqual(2); // the init and the sleep
+    expect((await cluster.pids(1)).length).toBeGreaterThanOrEqual(1); // the sleep (the host's init is not counted)
     await cluster.killHost(1);
     expect(await cluster.pids(1)).toEqual([]);
     await new Promise((r) => setTimeout(r, 300));
