@@ -67,6 +67,8 @@ export interface TestHost {
 
 export class TestCluster {
   private destroyed = false;
+  /** Every namespace made so far, also of a host whose set-up failed half-way. */
+  private readonly made: string[] = [];
 
   private constructor(
     /** Directory of the cluster's state: `hosts/<address>.pid` for the agent, the disks' mount points. */
@@ -85,22 +87,26 @@ export class TestCluster {
     if (!Number.isInteger(n) || n < 1 || n > 200) throw new RangeError(`a test cluster has 1..200 hosts, not ${n}`);
     const problem = await clusterSupport();
     if (problem !== undefined) throw new Error(`cannot build test hosts: ${problem}`);
+    await removeStaleClusters();
     const id = randomBytes(3).toString("hex");
     const stateDir = join(tmpdir(), `lifeline-hosts-${id}`);
     const diskPath = join(stateDir, "disk");
     await mkdir(join(stateDir, "hosts"), { recursive: true });
+    await writeFile(join(stateDir, "owner"), `${process.pid}\n`);
     await mkdir(diskPath, { recursive: true });
     const hosts: TestHost[] = [];
     const cluster = new TestCluster(stateDir, id, hosts, diskPath);
     try {
       const bridge = cluster.bridgeNs;
       await ip(["netns", "add", bridge]);
+      cluster.made.push(bridge);
       await ip(["-n", bridge, "link", "add", "br0", "type", "bridge"]);
       await ip(["-n", bridge, "link", "set", "br0", "up"]);
       for (let i = 0; i < n; i++) {
         const name = `ll${id}h${i}`;
         const address = `198.18.0.${i + 1}`;
         await ip(["netns", "add", name]);
+        cluster.made.push(name);
         await ip(["-n", bridge, "link", "add", `p${i}`, "type", "veth", "peer", "name", "eth0", "netns", name]);
         await ip(["-n", bridge, "link", "set", `p${i}`, "master", "br0", "up"]);
         await ip(["-n", name, "addr", "add", `${address}/24`, "dev", "eth0"]);
@@ -184,10 +190,8 @@ export class TestCluster {
   async destroy(): Promise<void> {
     if (this.destroyed) return;
     this.destroyed = true;
-    for (const host of this.hosts) await killNetns(host.name).catch(() => undefined);
-    for (const name of [...this.hosts.map((h) => h.name), this.bridgeNs]) {
-      await run("ip", ["netns", "del", name]).catch(() => undefined);
-    }
+    for (const name of this.made) await killNetns(name).catch(() => undefined);
+    for (const name of this.made) await run("ip", ["netns", "del", name]).catch(() => undefined);
     await rm(this.stateDir, { recursive: true, force: true });
   }
 
@@ -198,19 +202,40 @@ export class TestCluster {
   }
 }
 
-/** Test clusters left by a killed test process (their namespaces start with `ll` + 6 hex digits): removed. */
+/**
+ * Removes the clusters that a test process left when it was killed (its `owner` pid is gone):
+ * their processes, namespaces and state directory. Clusters of live processes are left alone.
+ * Resolves to the namespaces removed. Called by {@link TestCluster.create}.
+ */
 export async function removeStaleClusters(): Promise<string[]> {
-  let names: string[] = [];
+  const removed: string[] = [];
+  let entries: string[];
   try {
-    names = (await readdir("/run/netns")).filter((n) => /^ll[0-9a-f]{6}(h\d+|br)$/.test(n));
+    entries = (await readdir(tmpdir())).filter((n) => /^lifeline-hosts-[0-9a-f]{6}$/.test(n));
   } catch {
-    return [];
+    return removed;
   }
-  for (const name of names) {
-    await killNetns(name).catch(() => undefined);
-    await run("ip", ["netns", "del", name]).catch(() => undefined);
+  for (const entry of entries) {
+    const dir = join(tmpdir(), entry);
+    const owner = Number((await readFile(join(dir, "owner"), "utf8").catch(() => "")).trim());
+    if (Number.isInteger(owner) && owner > 0 && processAlive(owner)) continue;
+    const id = entry.slice("lifeline-hosts-".length);
+    const names = (await readdir("/run/netns").catch(() => [] as string[])).filter((n) => n.startsWith(`ll${id}`));
+    for (const name of names) await killNetns(name).catch(() => undefined);
+    for (const name of names) await run("ip", ["netns", "del", name]).catch(() => undefined);
+    await rm(dir, { recursive: true, force: true });
+    removed.push(...names);
   }
-  return names;
+  return removed;
+}
+
+function processAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (err) {
+    return (err as NodeJS.ErrnoException).code === "EPERM";
+  }
 }
 
 async function ip(args: readonly string[]): Promise<void> {
@@ -241,11 +266,16 @@ async function startInit(netns: string, disk: string, diskMb: number): Promise<n
   child.stdout!.destroy();
   child.stderr!.destroy();
   if (!ready) throw new Error(`the init of test host ${netns} did not start (mount of its tmpfs disk failed?)`);
-  // The sleep is the process whose namespaces commands enter: the newest process in the netns.
-  const pids = await pidsInNetns(netns);
-  const sleeper = (await Promise.all(pids.map(async (pid) => ({ pid, comm: (await readFile(`/proc/${pid}/comm`, "utf8").catch(() => "")).trim() })))).find((p) => p.comm === "sleep");
-  if (sleeper === undefined) throw new Error(`the init of test host ${netns} is not running`);
-  return sleeper.pid;
+  // The sleep is the process whose namespaces commands enter. "ready" comes just before the
+  // shell execs it, which may take a moment on a loaded machine: look until it is there.
+  for (let i = 0; i < 200; i++) {
+    const pids = await pidsInNetns(netns);
+    const comms = await Promise.all(pids.map(async (pid) => ({ pid, comm: (await readFile(`/proc/${pid}/comm`, "utf8").catch(() => "")).trim() })));
+    const sleeper = comms.find((p) => p.comm === "sleep");
+    if (sleeper !== undefined) return sleeper.pid;
+    await new Promise((r) => setTimeout(r, 25));
+  }
+  throw new Error(`the init of test host ${netns} is not running`);
 }
 
 /** Every process whose network namespace is `netns`. */
