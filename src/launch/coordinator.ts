@@ -70,6 +70,8 @@ export interface CoordinatorOptions {
   warningsMax?: number;
   /** Extra fields of one rank's `table` (cpr: the recovery line to restore from). */
   tableFor?: (rank: number) => Partial<Extract<CoordinatorToRank, { t: "table" }>>;
+  /** A job across hosts: each rank's host index at the job's start (`table.hosts`). */
+  hosts?: readonly number[] | undefined;
 }
 
 /** Per-rank view of the control channel. */
@@ -427,6 +429,7 @@ export class Coordinator {
       // new attempt) follows once it says hello.
       attempts: this.links.map((l, r) => (this.rejoining.has(r) ? l.attempt - 1 : l.attempt)),
       down: [...this.down].sort((a, b) => a - b),
+      ...(this.opts.hosts === undefined ? {} : { hosts: [...this.opts.hosts] }),
     };
     void this.send(msg.rank, { ...table, ...this.opts.tableFor?.(msg.rank) } as CoordinatorToRank);
     const peer: CoordinatorToRank = { t: "peer", rank: msg.rank, endpoint: msg.endpoint, attempt: msg.attempt };
@@ -437,7 +440,10 @@ export class Coordinator {
     this.clearRendezvousTimer();
     this.phase = "running";
     const endpoints = this.links.map((l) => l.endpoint!);
-    const table: CoordinatorToRank = { t: "table", jobKey: this.opts.jobKey, endpoints, attempts: this.links.map((l) => l.attempt) };
+    const table: CoordinatorToRank = {
+      t: "table", jobKey: this.opts.jobKey, endpoints, attempts: this.links.map((l) => l.attempt),
+      ...(this.opts.hosts === undefined ? {} : { hosts: [...this.opts.hosts] }),
+    };
     for (let r = 0; r < this.opts.size; r++) void this.send(r, { ...table, ...this.opts.tableFor?.(r) } as CoordinatorToRank);
     this.opts.onEvent({ kind: "ready", endpoints });
   }

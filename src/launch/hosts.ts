@@ -84,6 +84,11 @@ export class Placement {
     return this.hosts[this.at[rank]!]!.host;
   }
 
+  /** Each rank's host, as an index into the hostfile. */
+  groups(): number[] {
+    return [...this.at];
+  }
+
   /** The ranks on `host`. */
   ranksOn(host: string): number[] {
     return this.at.flatMap((h, r) => (this.hosts[h]!.host === host ? [r] : []));

@@ -254,11 +254,14 @@ export class Supervisor {
   private readonly loopWatch = new Map<string, { signature: string; attempt: number; text: string }>();
   /** `--hostfile`: which rank runs on which host (undefined: every rank on this host). */
   private readonly placement: Placement | undefined;
+  /** Each rank's host at the start, for every table of the job (retry-one's replica placement). */
+  private readonly initialHosts: number[] | undefined;
 
   constructor(private readonly config: RunConfig, private readonly deps: SupervisorDeps) {
     this.policy = deps.policy ?? (config.mode === "cpr" ? new CprRestartPolicy(config, claimOf(deps)) : config.mode === "retry-one" ? new RetryOnePolicy() : policyFor(config.mode));
     this.progressed = new Array<boolean>(config.size).fill(false);
     this.placement = config.hosts === undefined ? undefined : new Placement(config.hosts, config.size);
+    this.initialHosts = this.placement?.groups();
     this.procs = new Array<RankProcess | undefined>(config.size).fill(undefined);
     this.finalized = new Array<boolean>(config.size).fill(false);
     this.results = new Array<unknown>(config.size).fill(undefined);
@@ -285,6 +288,7 @@ export class Supervisor {
       rendezvousTimeoutMs: this.config.rendezvousTimeoutMs,
       onEvent: (ev) => this.onCoordinatorEvent(ev),
       tableFor: this.policy.tableFor === undefined ? undefined : (rank) => this.policy.tableFor!(rank),
+      hosts: this.initialHosts,
     });
     this.coordinator = coordinator;
     try {

@@ -54,6 +54,11 @@ export type CoordinatorToRank =
     restore?: { epoch: number; ref: { rank: number; epoch: number; checksum: number; bytes: number } };
     /** retry-one: ranks down right now (dead, not running again yet). */
     down?: number[];
+    /**
+     * A job across hosts: each rank's host (an index) at the job's start, the same in every
+     * table of the job; retry-one places replicas on other hosts first.
+     */
+    hosts?: number[];
   }
   /** One peer's endpoint changed (it was restarted). */
   | { t: "peer"; rank: number; endpoint: string; attempt: number }

@@ -120,14 +120,20 @@ describe("a job across hosts", () => {
     expect(r.events.find((e) => e.event === "job-starting")).toMatchObject({ coordinator: expect.stringMatching(/^tcp:\/\/198\.18\.0\.1:\d+$/) });
   }, TIMEOUT_MS);
 
-  it("retry-one: host 2 dies with its ranks and disk; they restart on the spare host alone, bit-identical", async () => {
+  it("retry-one: host 2 dies with its ranks and disk; they restart on the spare host alone, restored from the other host, bit-identical", async () => {
     const ref = await reference("ref-logreg2", LOGREG);
-    const r = await runOnHost(0, "retry", ["-n", "4", "--mode", "retry-one", ...FAST], LOGREG, killAtStep(1, 2, 3));
+    // One replica each: on the plain ring rank 2's copy would sit on rank 3, on the same host,
+    // and die with it; replicas go to other hosts first, so ranks 0 and 1 hold them.
+    const r = await runOnHost(0, "retry", ["-n", "4", "--mode", "retry-one", "--replicas", "1", ...FAST], LOGREG, killAtStep(1, 2, 3));
     expect(r.code, tail(r)).toBe(0);
     expect(r.doc!.ranks).toEqual(ref);
     const restarted = r.events.filter((e) => e.event === "rank-spawned" && (e.attempt as number) > 0);
     expect(restarted.map((e) => [e.rank, e.host]).sort()).toEqual([[2, "198.18.0.3"], [3, "198.18.0.3"]]);
     expect(r.events.filter((e) => e.event === "rank-failed").every((e) => /sent no heartbeat/.test(e.reason as string))).toBe(true);
+    // Both restored a checkpoint (not the beginning) from the surviving host's replicas.
+    const caughtUp = r.events.filter((e) => e.event === "rank-caught-up");
+    expect(caughtUp.map((e) => e.rank).sort()).toEqual([2, 3]);
+    for (const e of caughtUp) expect(e.restored as number).toBeGreaterThan(0);
   }, TIMEOUT_MS);
 
   it("cpr: host 2 dies; every rank restarts from the last line, the lost ones on the spare host, bit-identical", async () => {

@@ -24,6 +24,19 @@ function restarted(rank: number, pos: Position = { kind: "restore" }, more: Part
 }
 
 describe("decide", () => {
+  it("ring helpers across hosts: replicas go to other hosts first, and predecessors follow", () => {
+    const two = { size: 4, replicas: 1, groups: [0, 0, 1, 1] };
+    expect([0, 1, 2, 3].map((r) => successors(r, two))).toEqual([[2], [2], [0], [0]]);
+    expect([0, 1, 2, 3].map((r) => predecessors(r, two))).toEqual([[3, 2], [], [1, 0], []]);
+    // Every rank's replica is on another host: one host lost loses no checkpoint.
+    for (let r = 0; r < 4; r++) expect(successors(r, two).every((h) => two.groups[h] !== two.groups[r])).toBe(true);
+    const three = { size: 6, replicas: 2, groups: [0, 0, 1, 1, 2, 2] };
+    expect(successors(1, three)).toEqual([2, 3]);
+    expect(successors(5, three)).toEqual([0, 1]);
+    // One host: the plain ring.
+    expect(successors(1, { size: 4, replicas: 2, groups: [0, 0, 0, 0] })).toEqual([2, 3]);
+  });
+
   it("ring helpers: successors hold a rank's state, predecessors are whose it holds", () => {
     expect(successors(3, opts)).toEqual([0, 1]);
     expect(predecessors(0, opts)).toEqual([3, 2]);

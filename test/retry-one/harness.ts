@@ -73,6 +73,8 @@ export interface SimConfig {
   readonly seed: number;
   readonly size: number;
   readonly replicas: number;
+  /** Each rank's host, for host-aware replica placement (default: one host). */
+  readonly groups?: readonly number[] | undefined;
   readonly program: Program;
   readonly mocks?: readonly Mock[];
   readonly triggers?: readonly Trigger[];
@@ -212,6 +214,7 @@ export class RetryOneSim {
       attempt,
       attempts: [...this.coordAttempts],
       replicas: this.cfg.replicas,
+      groups: this.cfg.groups,
       failureTimeoutMs: this.cfg.failureTimeoutMs ?? 5_000,
       resultEntriesMax: this.cfg.resultEntriesMax,
       nowMs: this.now,

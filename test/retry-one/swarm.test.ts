@@ -24,6 +24,8 @@ interface Job {
   readonly crashChance: number;
   readonly staleChance: number;
   readonly noPeerDown: boolean;
+  /** Hosts of the ranks (host-aware replica placement), or undefined for one host. */
+  readonly groups: number[] | undefined;
 }
 
 function jobFor(seed: number, label: number): Job {
@@ -38,7 +40,15 @@ function jobFor(seed: number, label: number): Job {
     staleChance: p.pick([0, 0.5, 1]),
     // Today's launcher sends only `peer` on a restart; the protocol must not need `peer-down`.
     noPeerDown: p.chance(0.25),
+    // Half the jobs span 2..size hosts, ranks in blocks as a hostfile places them: replicas
+    // then go to other hosts first.
+    groups: p.chance(0.5) ? blocks(size, p.rangeInclusive(2, size)) : undefined,
   };
+}
+
+/** `size` ranks on `hosts` hosts, in contiguous blocks. */
+function blocks(size: number, hosts: number): number[] {
+  return Array.from({ length: size }, (_, r) => Math.floor((r * hosts) / size));
 }
 
 const references = new Map<string, string>();
@@ -68,6 +78,7 @@ function runSwarm(seeds: number[], impairedBeyondReplicas: boolean, check: (o: S
         crashChance: job.crashChance,
         staleChance: job.staleChance,
         noPeerDown: job.noPeerDown,
+        groups: job.groups,
         impairedMax: impairedBeyondReplicas ? job.size : job.replicas,
       }).run();
       check(o, job);

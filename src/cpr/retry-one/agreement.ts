@@ -79,29 +79,44 @@ export interface DecideOptions {
   readonly size: number;
   /** Ring successors that hold each rank's state (already capped at size-1). */
   readonly replicas: number;
+  /**
+   * The host of each rank (an index; ranks with equal values share a host), when the job
+   * spans hosts: a rank's replicas go to ranks on other hosts first, so that losing one host
+   * loses no checkpoint. Fixed for the job's lifetime (the placement at its start), so every
+   * rank, also a restarted one, computes the same holders.
+   */
+  readonly groups?: readonly number[] | undefined;
 }
 
 /**
- * Ring successors of `rank` that hold its state.
+ * The ranks that hold `rank`'s state: the next `replicas` ranks in ring order after it — those
+ * on other hosts (by `groups`) before those on its own.
  *
  * @example
- * successors(3, { size: 4, replicas: 2 }); // → [0, 1]
+ * successors(3, { size: 4, replicas: 2 });                        // → [0, 1]
+ * successors(0, { size: 4, replicas: 1, groups: [0, 0, 1, 1] });  // → [2]: rank 1 shares host 0
  */
 export function successors(rank: number, opts: DecideOptions): number[] {
-  const out: number[] = [];
-  for (let i = 1; i <= opts.replicas; i++) out.push((rank + i) % opts.size);
-  return out;
+  const ring: number[] = [];
+  for (let i = 1; i < opts.size; i++) ring.push((rank + i) % opts.size);
+  const groups = opts.groups;
+  const ordered = groups === undefined ? ring : [...ring.filter((r) => groups[r] !== groups[rank]), ...ring.filter((r) => groups[r] === groups[rank])];
+  return ordered.slice(0, opts.replicas);
 }
 
 /**
- * Ring predecessors of `rank` whose states it holds.
+ * The ranks whose states `rank` holds (those whose {@link successors} include it), nearest
+ * first backwards around the ring. Without `groups`: its `replicas` ring predecessors.
  *
  * @example
  * predecessors(0, { size: 4, replicas: 2 }); // → [3, 2]
  */
 export function predecessors(rank: number, opts: DecideOptions): number[] {
   const out: number[] = [];
-  for (let i = 1; i <= opts.replicas; i++) out.push((rank - i + opts.size) % opts.size);
+  for (let i = 1; i < opts.size; i++) {
+    const p = (rank - i + opts.size) % opts.size;
+    if (successors(p, opts).includes(rank)) out.push(p);
+  }
   return out;
 }
 

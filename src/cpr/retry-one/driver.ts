@@ -110,6 +110,7 @@ export class RetryOneDriver implements RetryOneHook {
       attempt: this.access.attempt,
       attempts: table.attempts,
       replicas: this.opts.replicas,
+      groups: table.hosts,
       failureTimeoutMs: this.failureTimeoutMs,
       nowMs,
     });

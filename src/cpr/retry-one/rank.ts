@@ -41,7 +41,7 @@
  * m.step({ kind: "collective", ident });           // → [{ kind: "execute", wireSeq: 0, ... }]
  * m.step({ kind: "executed", result: 42 });        // → [{ kind: "complete", result: 42, ... }]
  */
-import { decide, type Decision, predecessors, successors, type Transfer } from "./agreement.ts";
+import { decide, type Decision, type DecideOptions, predecessors, successors, type Transfer } from "./agreement.ts";
 import { BootstrapCache, ProtocolError, ResultBuffer } from "./result-buffer.ts";
 import {
   CACHE_ENTRIES_MAX_DEFAULT,
@@ -133,6 +133,8 @@ export class RetryOneRank {
   readonly size: number;
   readonly attempt: number;
   readonly replicas: number;
+  /** Each rank's host at the job's start, if the job spans hosts (replica placement). */
+  private readonly groups: readonly number[] | undefined;
   private readonly failureTimeoutMs: number;
   private readonly heldFramesMax: number;
 
@@ -197,6 +199,8 @@ export class RetryOneRank {
     this.size = opts.size;
     this.attempt = opts.attempt;
     this.replicas = Math.min(replicas, opts.size - 1);
+    if (opts.groups !== undefined && opts.groups.length !== opts.size) throw new RangeError(`groups has ${opts.groups.length} entries for ${opts.size} ranks`);
+    this.groups = opts.groups === undefined ? undefined : [...opts.groups];
     this.failureTimeoutMs = opts.failureTimeoutMs ?? FAILURE_TIMEOUT_MS_DEFAULT;
     this.heldFramesMax = opts.heldFramesMax ?? HELD_FRAMES_MAX_DEFAULT;
     const attempts = [...opts.attempts];
@@ -803,8 +807,8 @@ export class RetryOneRank {
     return this.attempts;
   }
 
-  private opts(): { size: number; replicas: number } {
-    return { size: this.size, replicas: this.replicas };
+  private opts(): DecideOptions {
+    return { size: this.size, replicas: this.replicas, groups: this.groups };
   }
 }
 

@@ -209,6 +209,8 @@ export interface RetryOneOptions {
   readonly attempts: readonly number[];
   /** Ring successors that keep a copy of each rank's state (default 2, capped at size-1). */
   readonly replicas?: number;
+  /** Each rank's host (index) at the job's start: replicas go to other hosts first (see agreement.ts). */
+  readonly groups?: readonly number[] | undefined;
   /** Bounds on the result buffer (entries, bytes) between two checkpoints. */
   readonly resultEntriesMax?: number;
   readonly resultBytesMax?: number;
