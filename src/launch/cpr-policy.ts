@@ -38,7 +38,7 @@ import { recoverLocal } from "../store/recovery.ts";
 import type { LineManifest, LineRecord, RankPartStore } from "../store/types.ts";
 import { endRun, type StoreClaim } from "./job-store.ts";
 import type { RunConfig } from "./options.ts";
-import { FATAL_KINDS, type JobEnd, type JobView, type PolicyContext, type PolicyDecision, type RankFailure, type RestartPolicy } from "./supervisor.ts";
+import { FATAL_KINDS, type JobEnd, type JobView, type PolicyContext, type PolicyDecision, type RankFailure, type RestartPolicy } from "./policy.ts";
 
 export class CprRestartPolicy implements RestartPolicy {
   readonly mode = "cpr" as const;

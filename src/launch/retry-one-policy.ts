@@ -12,7 +12,7 @@
  * @example
  * const sup = new Supervisor(config, { ...deps, policy: new RetryOnePolicy() });
  */
-import { FATAL_KINDS, type JobView, type PolicyDecision, type RankFailure, type RestartPolicy } from "./supervisor.ts";
+import { FATAL_KINDS, type JobView, type PolicyDecision, type RankFailure, type RestartPolicy } from "./policy.ts";
 
 export class RetryOnePolicy implements RestartPolicy {
   readonly mode = "retry-one" as const;

@@ -1,8 +1,8 @@
 /**
  * The supervisor runs one job: it starts the coordinator and the rank processes, watches
  * them (process exits at once; frozen or hung ranks through {@link FailureDetector}), and
- * decides what a failure means through a {@link RestartPolicy}: fail-fast (`--mode none`),
- * restart all (cpr, src/launch/cpr-policy.ts) or restart one (retry-one).
+ * decides what a failure means through a {@link RestartPolicy} (the contract: policy.ts):
+ * fail-fast (`--mode none`), restart all (cpr, cpr-policy.ts) or restart one (retry-one).
  *
  * Before it asks the policy, the supervisor recognises a crash loop: a rank that fails the
  * same way (same kind, exit code or signal, and first error line) in two consecutive attempts
@@ -28,6 +28,7 @@ import { EXIT_COORDINATOR_LOST, type CoordinatorToRank, type RankToCoordinator }
 import { LifelineError, errorMessage, isLifelineError, type LifelineErrorCode } from "../errors.ts";
 import { ENV, type Mode } from "../mpi/env.ts";
 import { backoffDelayMs, RestartBudget } from "./backoff.ts";
+import { failFastPolicy, type RankFailure, type RestartPolicy } from "./policy.ts";
 import { Coordinator, type CoordinatorEvent } from "./coordinator.ts";
 import { CprRestartPolicy } from "./cpr-policy.ts";
 import { FailureDetector, type Suspicion } from "./detector.ts";
@@ -53,33 +54,6 @@ const OUTPUT_DRAIN_WAIT_MS = 300;
 /** How long to wait for all output pipes to drain once every rank has exited. */
 const FINAL_DRAIN_WAIT_MS = 500;
 
-/** Why a rank (or the job as a whole) failed. */
-export interface RankFailure {
-  kind: "exit" | "abort" | "heartbeat" | "stuck" | "start" | "bad-result" | "rendezvous" | "spawn" | "release-hang" | "interrupted";
-  /** The rank at fault, if one is. */
-  rank: number | undefined;
-  code: LifelineErrorCode;
-  /** One line, for the summary: "rank 1 (pid 123) was killed by SIGKILL before finalizing". */
-  message: string;
-  /** The rank's own exit status, when it ended by itself; becomes the launcher's exit code. */
-  exitStatus: number | undefined;
-}
-
-/** Failures that a restart cannot fix, in any mode: the program or the launch itself is wrong. */
-export const FATAL_KINDS: readonly RankFailure["kind"][] = ["abort", "bad-result", "release-hang", "rendezvous", "spawn", "interrupted"];
-
-/** What a policy may look at. */
-export interface JobView {
-  readonly size: number;
-  readonly mode: Mode;
-  /** Restarts that count against `maxRestarts`: since the start, or since the last `--restart-reset`. */
-  readonly restarts: number;
-  readonly maxRestarts: number;
-  readonly finalized: readonly boolean[];
-  /** The back-off (with jitter) to wait if this failure is restarted (src/launch/backoff.ts). */
-  readonly backoffMs: number;
-}
-
 /** One entry of the `--error-file` (docs/cli.md, "Error file"). */
 export interface FailureRecord {
   /** The failed rank; absent for job-level failures (rendezvous, spawn). */
@@ -102,59 +76,6 @@ export interface FailureRecord {
   /** The rank's last stderr lines. */
   stderrTail: string[];
 }
-
-/** A policy's answer to a failure. */
-export type PolicyDecision =
-  /** Stop the job: abort and kill every rank, report `failure` (or this code and message instead). */
-  | { kind: "fail-job"; code?: LifelineErrorCode; message?: string }
-  /** Restart these ranks (attempt + 1) after `delayMs`; the others keep running or are rolled back by the protocol. */
-  | { kind: "restart"; ranks: number[]; delayMs: number };
-
-/**
- * The hook through which recovery modes decide what a failure means. Detection and teardown
- * stay in the supervisor; a policy only decides.
- */
-export interface RestartPolicy {
-  readonly mode: Mode;
-  decide(failure: RankFailure, job: JobView): PolicyDecision;
-  /** A coordinated-checkpoint protocol message from a rank (cpr only). */
-  onCprMessage?(rank: number, msg: Extract<RankToCoordinator, { t: `cpr-${string}` }>): void;
-  /** Called once before the first spawn, with what the policy may do to the running job. */
-  attach?(ctx: PolicyContext): Promise<void>;
-  /** Every rank said hello and got the table (at the start and after each restart). */
-  onReady?(): void;
-  /** A rank's progress report. */
-  onStep?(rank: number, steps: number): void;
-  /** Every rank is down for a restart of all: choose what they restore from. */
-  prepareRestart?(attempt: number): Promise<void>;
-  /** Extra fields of one rank's table (cpr: its part of the recovery line). */
-  tableFor?(rank: number): Partial<Extract<CoordinatorToRank, { t: "table" }>>;
-  /** What the results file should say about recovery (e.g. the epochs rolled back to). */
-  summary?(): Record<string, unknown>;
-  /** The job is over and every rank process has exited: release resources (timers, the manifest). */
-  close?(end: JobEnd): Promise<void>;
-}
-
-/** How the job ended, for {@link RestartPolicy.close}. */
-export interface JobEnd {
-  readonly ok: boolean;
-  readonly exitCode: number;
-  /** Stopped by a signal to the launcher. */
-  readonly interrupted: boolean;
-}
-
-/** What a policy may do to the running job. */
-export interface PolicyContext {
-  /** Sends a message to every rank of the current attempt. */
-  broadcast(msg: CoordinatorToRank): void;
-  report(ev: JobEvent): void;
-}
-
-/** `--mode none`: any failure fails the job (the baseline). */
-export const failFastPolicy: RestartPolicy = {
-  mode: "none",
-  decide: () => ({ kind: "fail-job" }),
-};
 
 /** The policy of a mode. Throws `LAUNCH_USAGE` for modes whose recovery is not implemented. */
 export function policyFor(mode: Mode): RestartPolicy {

@@ -11,7 +11,8 @@ import { join } from "node:path";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 import { resolveRunConfig } from "../../src/launch/options.ts";
 import type { JobEvent, Reporter } from "../../src/launch/progress.ts";
-import { failFastPolicy, Supervisor, type JobView, type RankFailure, type RestartPolicy } from "../../src/launch/supervisor.ts";
+import { failFastPolicy, type JobView, type RankFailure, type RestartPolicy } from "../../src/launch/policy.ts";
+import { Supervisor } from "../../src/launch/supervisor.ts";
 import { FIXTURES, killAll, ROOT, tempDir, waitGone } from "./helpers.ts";
 
 const { dir, cleanup } = tempDir("lifeline-sup-");

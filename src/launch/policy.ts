@@ -1,0 +1,95 @@
+/**
+ * The contract between the supervisor and a recovery mode's restart policy: what a failure is
+ * ({@link RankFailure}), what a policy may look at ({@link JobView}) and answer
+ * ({@link PolicyDecision}), and the hooks through which it follows the job
+ * ({@link RestartPolicy}). Detection and teardown stay in the supervisor; a policy only
+ * decides. Kept apart from supervisor.ts so that the policies (cpr-policy.ts,
+ * retry-one-policy.ts) and the supervisor that runs them do not import each other.
+ *
+ * @example
+ * const policy: RestartPolicy = { mode: "none", decide: () => ({ kind: "fail-job" }) };
+ */
+import type { LifelineErrorCode } from "../errors.ts";
+import type { CoordinatorToRank, RankToCoordinator } from "../mpi/control.ts";
+import type { Mode } from "../mpi/env.ts";
+import type { JobEvent } from "./progress.ts";
+
+/** Why a rank (or the job as a whole) failed. */
+export interface RankFailure {
+  kind: "exit" | "abort" | "heartbeat" | "stuck" | "start" | "bad-result" | "rendezvous" | "spawn" | "release-hang" | "interrupted";
+  /** The rank at fault, if one is. */
+  rank: number | undefined;
+  code: LifelineErrorCode;
+  /** One line, for the summary: "rank 1 (pid 123) was killed by SIGKILL before finalizing". */
+  message: string;
+  /** The rank's own exit status, when it ended by itself; becomes the launcher's exit code. */
+  exitStatus: number | undefined;
+}
+
+/** Failures that a restart cannot fix, in any mode: the program or the launch itself is wrong. */
+export const FATAL_KINDS: readonly RankFailure["kind"][] = ["abort", "bad-result", "release-hang", "rendezvous", "spawn", "interrupted"];
+
+/** What a policy may look at. */
+export interface JobView {
+  readonly size: number;
+  readonly mode: Mode;
+  /** Restarts that count against `maxRestarts`: since the start, or since the last `--restart-reset`. */
+  readonly restarts: number;
+  readonly maxRestarts: number;
+  readonly finalized: readonly boolean[];
+  /** The back-off (with jitter) to wait if this failure is restarted (src/launch/backoff.ts). */
+  readonly backoffMs: number;
+}
+
+/** A policy's answer to a failure. */
+export type PolicyDecision =
+  /** Stop the job: abort and kill every rank, report `failure` (or this code and message instead). */
+  | { kind: "fail-job"; code?: LifelineErrorCode; message?: string }
+  /** Restart these ranks (attempt + 1) after `delayMs`; the others keep running or are rolled back by the protocol. */
+  | { kind: "restart"; ranks: number[]; delayMs: number };
+
+/**
+ * The hook through which recovery modes decide what a failure means. Detection and teardown
+ * stay in the supervisor; a policy only decides.
+ */
+export interface RestartPolicy {
+  readonly mode: Mode;
+  decide(failure: RankFailure, job: JobView): PolicyDecision;
+  /** A coordinated-checkpoint protocol message from a rank (cpr only). */
+  onCprMessage?(rank: number, msg: Extract<RankToCoordinator, { t: `cpr-${string}` }>): void;
+  /** Called once before the first spawn, with what the policy may do to the running job. */
+  attach?(ctx: PolicyContext): Promise<void>;
+  /** Every rank said hello and got the table (at the start and after each restart). */
+  onReady?(): void;
+  /** A rank's progress report. */
+  onStep?(rank: number, steps: number): void;
+  /** Every rank is down for a restart of all: choose what they restore from. */
+  prepareRestart?(attempt: number): Promise<void>;
+  /** Extra fields of one rank's table (cpr: its part of the recovery line). */
+  tableFor?(rank: number): Partial<Extract<CoordinatorToRank, { t: "table" }>>;
+  /** What the results file should say about recovery (e.g. the epochs rolled back to). */
+  summary?(): Record<string, unknown>;
+  /** The job is over and every rank process has exited: release resources (timers, the manifest). */
+  close?(end: JobEnd): Promise<void>;
+}
+
+/** How the job ended, for {@link RestartPolicy.close}. */
+export interface JobEnd {
+  readonly ok: boolean;
+  readonly exitCode: number;
+  /** Stopped by a signal to the launcher. */
+  readonly interrupted: boolean;
+}
+
+/** What a policy may do to the running job. */
+export interface PolicyContext {
+  /** Sends a message to every rank of the current attempt. */
+  broadcast(msg: CoordinatorToRank): void;
+  report(ev: JobEvent): void;
+}
+
+/** `--mode none`: any failure fails the job (the baseline). */
+export const failFastPolicy: RestartPolicy = {
+  mode: "none",
+  decide: () => ({ kind: "fail-job" }),
+};
