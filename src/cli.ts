@@ -16,9 +16,10 @@ import { createRequire } from "node:module";
 import { resolve as resolvePath } from "node:path";
 import { fileURLToPath } from "node:url";
 import { Command, CommanderError, Option } from "commander";
-import { errorMessage, isLifelineError } from "./errors.ts";
+import { errorMessage, isLifelineError, LifelineError } from "./errors.ts";
 import { MODES } from "./mpi/env.ts";
-import { DEFAULTS, NP_MAX, resolveRunConfig, SUPPORTED_MODES, type RunFlags } from "./launch/options.ts";
+import { DEFAULTS, NP_MAX, parseCount, resolveRunConfig, SUPPORTED_MODES, type RunConfig, type RunFlags } from "./launch/options.ts";
+import { runStandalone } from "./launch/standalone.ts";
 import type { OutStream } from "./launch/progress.ts";
 import { runJob } from "./launch/run.ts";
 import { resolveDrillConfig, runDrill, type DrillFlags } from "./launch/drill.ts";
@@ -125,6 +126,28 @@ function buildProgram(io: CliIo, setExit: (code: number) => void): Command {
       setExit(outcome.exitCode);
     });
 
+  const coordinator = program
+    .command("coordinator")
+    .summary("run a job's coordinator alone, for ranks that another engine starts")
+    .description(
+      "Run the coordinator of a job of <ranks> ranks that another engine starts (a Kubernetes Indexed Job, srun, mpirun): bind --bind:--port,\n" +
+        "wait for the ranks to join (each with its engine's rank variables and LIFELINE_COORDINATOR=tcp://ADDRESS:PORT) and supervise them.\n" +
+        "It restarts nothing: a failure stops the job (exit 1) for the engine to run it again; in cpr the next run resumes from the newest line.\n" +
+        "<app> and its arguments name the job (they are not started here). See docs/cluster.md.",
+    )
+    .argument("<app>", "the program the ranks run (not started here: with its arguments it names the job)")
+    .argument("[args...]", "the program's arguments");
+  addRunOptions(coordinator, supported);
+  coordinator
+    .option("--port <port>", "tcp port to listen on (default 0: one the OS picks, shown in the job-starting event)")
+    .passThroughOptions()
+    .action(async (app: string, args: string[], opts: Record<string, unknown>) => {
+      const flags = toFlags(app, args, opts);
+      const config = resolveRunConfig({ ...flags, transport: flags.transport ?? "tcp" }, { cwd: io.cwd });
+      const port = resolveStandalone(config, opts);
+      setExit(await runStandalone({ ...config, port }, { stdout: io.stdout, stderr: io.stderr, env: io.env, handleSignals: io.handleSignals ?? true }));
+    });
+
   program
     .command("lines")
     .summary("list the recovery lines in a store")
@@ -213,6 +236,25 @@ function toFlags(app: string, args: string[], o: Record<string, unknown>): RunFl
     app,
     appArgs: args,
   };
+}
+
+/** The checks of `lifeline coordinator` beyond run's; resolves to the port. Throws LAUNCH_USAGE. */
+function resolveStandalone(config: RunConfig, opts: Record<string, unknown>): number {
+  const problems: string[] = [];
+  if (config.transport !== "tcp") problems.push("lifeline coordinator listens on tcp (other engines' ranks connect to it): drop --transport ipc");
+  if (config.mode === "retry-one") problems.push("--mode retry-one restarts one rank into the running job, which only the launcher can do: use lifeline run, or --mode cpr / none here");
+  if (config.hosts !== undefined) problems.push("--hostfile starts ranks; lifeline coordinator leaves that to the engine: drop it (or use lifeline run)");
+  if (config.faults.some((f) => f !== "")) problems.push("--inject sets the ranks' fault variables, which the engine starts: set LIFELINE_FAULTS there");
+  let port = 0;
+  if (typeof opts.port === "string") {
+    try {
+      port = parseCount(opts.port, "--port", 0, 65535);
+    } catch (err) {
+      problems.push((err as Error).message);
+    }
+  }
+  if (problems.length > 0) throw new LifelineError("LAUNCH_USAGE", problems.length === 1 ? problems[0]! : problems.map((p) => `- ${p}`).join("\n"));
+  return port;
 }
 
 function indent(message: string): string {

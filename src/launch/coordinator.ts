@@ -59,6 +59,10 @@ export interface CoordinatorOptions {
   transport: "ipc" | "tcp";
   /** tcp: the address to bind and advertise (default the loopback address). */
   host?: string | undefined;
+  /** tcp: the port (default 0: one the OS picks). */
+  port?: number | undefined;
+  /** The job's recovery mode, sent in the table: a rank started for another mode refuses to run. */
+  mode?: string | undefined;
   /** Private directory for the ipc endpoint. */
   runDir: string;
   /** Time allowed from {@link Coordinator.start} until every rank said hello. */
@@ -167,7 +171,7 @@ export class Coordinator {
       address = `ipc://${path}`;
     } else {
       // Port 0: the OS picks a free port, so concurrent jobs (and tests) never collide.
-      address = `tcp://${this.opts.host ?? DEFAULT_TCP_HOST}:0`;
+      address = `tcp://${this.opts.host ?? DEFAULT_TCP_HOST}:${this.opts.port ?? 0}`;
     }
     try {
       await this.router.bind(address);
@@ -429,7 +433,7 @@ export class Coordinator {
       // new attempt) follows once it says hello.
       attempts: this.links.map((l, r) => (this.rejoining.has(r) ? l.attempt - 1 : l.attempt)),
       down: [...this.down].sort((a, b) => a - b),
-      ...(this.opts.hosts === undefined ? {} : { hosts: [...this.opts.hosts] }),
+      ...this.tableExtras(),
     };
     void this.send(msg.rank, { ...table, ...this.opts.tableFor?.(msg.rank) } as CoordinatorToRank);
     const peer: CoordinatorToRank = { t: "peer", rank: msg.rank, endpoint: msg.endpoint, attempt: msg.attempt };
@@ -442,10 +446,15 @@ export class Coordinator {
     const endpoints = this.links.map((l) => l.endpoint!);
     const table: CoordinatorToRank = {
       t: "table", jobKey: this.opts.jobKey, endpoints, attempts: this.links.map((l) => l.attempt),
-      ...(this.opts.hosts === undefined ? {} : { hosts: [...this.opts.hosts] }),
+      ...this.tableExtras(),
     };
     for (let r = 0; r < this.opts.size; r++) void this.send(r, { ...table, ...this.opts.tableFor?.(r) } as CoordinatorToRank);
     this.opts.onEvent({ kind: "ready", endpoints });
+  }
+
+  /** What every table of the job carries besides endpoints and attempts. */
+  private tableExtras(): { hosts?: number[]; mode?: string } {
+    return { ...(this.opts.hosts === undefined ? {} : { hosts: [...this.opts.hosts] }), ...(this.opts.mode === undefined ? {} : { mode: this.opts.mode }) };
   }
 
   private onFinalize(rank: number, link: RankLink, bytes: Uint8Array): void {

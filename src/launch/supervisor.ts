@@ -205,6 +205,7 @@ export class Supervisor {
       jobKey: this.deps.jobKey,
       transport: this.config.transport,
       host: this.config.bindAddress,
+      mode: this.config.mode,
       runDir: this.deps.runDir,
       rendezvousTimeoutMs: this.config.rendezvousTimeoutMs,
       onEvent: (ev) => this.onCoordinatorEvent(ev),

@@ -59,6 +59,8 @@ export type CoordinatorToRank =
      * table of the job; retry-one places replicas on other hosts first.
      */
     hosts?: number[];
+    /** The job's recovery mode; a rank started for another one refuses to run (MPI_INIT). */
+    mode?: string;
   }
   /** One peer's endpoint changed (it was restarted). */
   | { t: "peer"; rank: number; endpoint: string; attempt: number }

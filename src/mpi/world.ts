@@ -256,6 +256,10 @@ export class World implements WorldApi {
       await this.closeSockets();
       throw new LifelineError("MPI_INIT", `the coordinator's table has ${t.endpoints.length} ranks, but this rank was started for ${this.size}`);
     }
+    if (t.mode !== undefined && t.mode !== this.mode) {
+      await this.closeSockets();
+      throw new LifelineError("MPI_INIT", `the coordinator runs the job in mode ${t.mode}, but this rank was started for mode ${this.mode}: set LIFELINE_MODE=${t.mode}`);
+    }
     this.jobKey = t.jobKey;
     // retry-one: a rank that is down has no endpoint yet; a `peer` message brings it.
     t.endpoints.forEach((ep, r) => { if (r !== rank && ep !== "") this.transport.connect(r, ep); });
