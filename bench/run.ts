@@ -22,7 +22,8 @@ import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
 import { CtrlServer } from "./lib/ctrl.ts";
-import { LifelineJob, RawJob, type Job, type JobEnv } from "./lib/jobs.ts";
+import { LifelineJob, RawJob, type HostsEnv, type Job, type JobEnv } from "./lib/jobs.ts";
+import { clusterSupport, netnsRshAgent, TestCluster } from "../src/testing/netns.ts";
 import {
   BENCHMARKS, FULL_SIZES, QUICK_SIZES, buildCases, caseKey, cpuPerOpSeconds, describeKind, display, jobsOf, lifelineModeOf, opOf,
   peerFigure, peerPerOpSeconds, perOpSeconds, ratioOf, targetFor, unitOf,
@@ -45,6 +46,10 @@ const HELP = `Usage: npm run bench -- [options]
                         + 1 MiB local state: kill → caught up)
   --recovery-runs <n>   runs per mode of the recovery benchmark (default 3; quick 1)
   --transport <t>       ipc (default; endpoints in a temp dir) or tcp (127.0.0.1, port 0)
+  --hosts               across hosts: rank r of every job (Lifeline and raw) on test host r, a
+                        network namespace with its own address (src/testing/netns.ts; needs
+                        root), over tcp; the Lifeline launcher on host 0 starts its ranks
+                        through the ssh-like agent (implies --transport tcp; not with recovery)
   --mode <m>            the Lifeline job's recovery mode: none (default), cpr or retry-one
                         (retry-one allows collectives only: use --only allreduce,bcast,barrier);
                         not used by the retry-one benchmark, which always runs both modes
@@ -73,6 +78,8 @@ interface Options {
   recovery: boolean;
   recoveryRuns: number;
   transport: "ipc" | "tcp";
+  /** `--hosts`: every rank on a test host of its own. */
+  hosts: boolean;
   reps: number;
   targetMs: number;
   variant: "both" | "lifeline" | "raw";
@@ -110,6 +117,7 @@ function parseOptions(argv: string[]): Options {
         sizes: { type: "string" },
         np: { type: "string" },
         "cpu-prof": { type: "string" },
+        hosts: { type: "boolean", default: false },
         verbose: { type: "boolean", default: false },
         help: { type: "boolean", short: "h", default: false },
       },
@@ -134,6 +142,8 @@ function parseOptions(argv: string[]): Options {
     only.add(name as Benchmark);
   }
   if (v.transport !== "ipc" && v.transport !== "tcp") usage(`--transport ${v.transport}: expected ipc or tcp`);
+  if (v.hosts && v.transport === "ipc" && argv.includes("--transport")) usage("--hosts runs over tcp (the hosts have their own addresses): drop --transport ipc");
+  if (v.hosts && recovery && v.only !== undefined) usage("--hosts measures the message layer; the recovery benchmark runs on one host (leave recovery out of --only)");
   if (v.mode !== "none" && v.mode !== "cpr" && v.mode !== "retry-one") usage(`--mode ${v.mode}: expected none, cpr or retry-one`);
   if (v.variant !== "both" && v.variant !== "lifeline" && v.variant !== "raw") usage(`--variant ${v.variant}: expected both, lifeline or raw`);
   if (v.payload !== "f64" && v.payload !== "u8") usage(`--payload ${v.payload}: expected f64 or u8`);
@@ -155,9 +165,10 @@ function parseOptions(argv: string[]): Options {
     quick,
     mode: v.mode as Options["mode"],
     only,
-    recovery: recovery && v.variant !== "raw",
+    recovery: recovery && v.variant !== "raw" && !v.hosts,
+    hosts: v.hosts,
     recoveryRuns: posInt("recovery-runs", v["recovery-runs"], quick ? 1 : 3),
-    transport: v.transport,
+    transport: v.hosts ? "tcp" : v.transport,
     reps: posInt("reps", v.reps, quick ? 3 : 15),
     targetMs: posInt("target-ms", v["target-ms"], quick ? 5 : 50),
     variant: v.variant,
@@ -464,8 +475,21 @@ async function main(): Promise<void> {
   const results: CaseResult[] = [];
   const jobSummaries: Record<string, unknown>[] = [];
   const recovery = opts.recovery ? recoveryPlan(opts) : undefined;
+  let cluster: TestCluster | undefined;
+  let hostsEnv: HostsEnv | undefined;
   try {
     ctrl = await CtrlServer.open(`ipc://${tmpDir}/ctrl`);
+    if (opts.hosts) {
+      const problem = await clusterSupport();
+      if (problem !== undefined) usage(`--hosts needs test hosts, and here ${problem}`);
+      const n = Math.max(2, ...sessions.map((s) => s.np));
+      cluster = await TestCluster.create(n, { diskMb: 16 });
+      const hostfile = path.join(tmpDir, "hostfile");
+      writeFileSync(hostfile, cluster.hosts.map((h) => `${h.address} slots=1\n`).join(""));
+      const c = cluster;
+      progress(`bench: ${n} test hosts, ${c.hosts.map((h) => h.address).join(", ")}`);
+      hostsEnv = { wrap: (i, argv, cwd) => c.wrap(i, argv, cwd), addresses: c.hosts.map((h) => h.address), hostfile, agent: netnsRshAgent, agentEnv: c.agentEnv };
+    }
     const env: JobEnv = {
       ctrl,
       root: ROOT,
@@ -478,6 +502,7 @@ async function main(): Promise<void> {
       commandTimeoutMs: opts.quick ? 30_000 : 60_000,
       idleMs: 60_000,
       cpuProf: opts.cpuProf,
+      hosts: hostsEnv,
     };
     let done = 0;
     for (const session of sessions) {
@@ -512,6 +537,7 @@ async function main(): Promise<void> {
     if (recovery !== undefined) await runRecovery(recovery, tmpDir);
   } finally {
     ctrl?.close();
+    await cluster?.destroy();
     rmSync(tmpDir, { recursive: true, force: true });
   }
 

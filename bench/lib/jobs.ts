@@ -35,6 +35,21 @@ export interface JobEnv {
   idleMs: number;
   /** Directory for CPU profiles of every measuring process (--cpu-prof), or undefined. */
   cpuProf: string | undefined;
+  /**
+   * `--hosts`: rank r of every job runs on test host r (src/testing/netns.ts), over tcp on the
+   * hosts' own addresses; the Lifeline launcher on host 0 starts its ranks through the rsh agent.
+   */
+  hosts?: HostsEnv | undefined;
+}
+
+/** The test hosts of a `--hosts` run. */
+export interface HostsEnv {
+  /** The command that runs `argv` on host `i`. */
+  wrap(i: number, argv: string[], cwd: string): { command: string; args: string[] };
+  readonly addresses: readonly string[];
+  readonly hostfile: string;
+  readonly agent: string;
+  readonly agentEnv: Record<string, string>;
 }
 
 export abstract class Job {
@@ -117,8 +132,12 @@ export class LifelineJob extends Job {
   }
 
   command(): string[] {
+    const hosts = this.env.hosts;
+    const where = hosts === undefined
+      ? ["--transport", this.env.transport]
+      : ["--bind", hosts.addresses[0]!, "--hostfile", hosts.hostfile, "--rsh", hosts.agent];
     return [
-      "dist/cli.js", "run", "-n", String(this.np), "--mode", this.mode, "--transport", this.env.transport,
+      "dist/cli.js", "run", "-n", String(this.np), "--mode", this.mode, ...where,
       "--results", this.resultsFile,
       "--store", path.join(this.env.tmpDir, `${this.name}-store`),
       "bench/programs/mpi-bench.ts",
@@ -129,7 +148,9 @@ export class LifelineJob extends Job {
   }
 
   async start(): Promise<void> {
-    const child = spawnChild(this.name, process.execPath, this.command(), { cwd: this.env.root, echo: this.env.echo });
+    const hosts = this.env.hosts;
+    const { command, args } = hosts === undefined ? { command: process.execPath, args: this.command() } : hosts.wrap(0, [process.execPath, ...this.command()], this.env.root);
+    const child = spawnChild(this.name, command, args, { cwd: this.env.root, echo: this.env.echo, ...(hosts === undefined ? {} : { env: { ...process.env, ...hosts.agentEnv } }) });
     this.child = child;
     void child.exited.then((s) => {
       this.failAll(new Error(`${this.name}: launcher exited (code ${s.code}, signal ${s.signal})\n${child.tail()}`));
@@ -193,8 +214,11 @@ export class RawJob extends Job {
         "--transport", this.env.transport, "--dir", this.env.tmpDir, "--payload", this.env.payload,
         "--idle-ms", String(this.env.idleMs),
         ...(this.env.cpuProf !== undefined ? ["--cpu-prof", this.env.cpuProf] : []),
+        ...(this.env.hosts !== undefined ? ["--host", this.env.hosts.addresses[r]!] : []),
       ];
-      const child = spawnChild(`${this.name}.${r}`, process.execPath, args, { cwd: this.env.root, echo: this.env.echo });
+      const hosts = this.env.hosts;
+      const run = hosts === undefined ? { command: process.execPath, args } : hosts.wrap(r, [process.execPath, ...args], this.env.root);
+      const child = spawnChild(`${this.name}.${r}`, run.command, run.args, { cwd: this.env.root, echo: this.env.echo });
       this.children.push(child);
       void child.exited.then((s) => {
         if (s.code !== 0) this.failAll(new Error(`${this.name} rank ${r} exited (code ${s.code}, signal ${s.signal})\n${child.tail()}`));

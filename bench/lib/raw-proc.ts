@@ -19,6 +19,8 @@ export interface RawArgs {
   idleMs: number;
   /** Directory for a CPU profile of this process (`--cpu-prof`), or undefined. */
   cpuProf: string | undefined;
+  /** tcp: the address to bind (a test host's, `--host`), default the loopback address. */
+  host: string | undefined;
 }
 
 export type PayloadKind = "f64" | "u8";
@@ -44,12 +46,13 @@ export function rawArgs(argv: readonly string[]): RawArgs {
     payload,
     idleMs: Number(m.get("idle-ms") ?? 120_000),
     cpuProf: m.get("cpu-prof"),
+    host: m.get("host"),
   };
 }
 
 /** Where a raw process binds: an ipc path in the run's temp dir, or an ephemeral tcp port. */
 export function bindAddress(a: RawArgs, name: string): string {
-  return a.transport === "ipc" ? `ipc://${a.dir}/${name}-${a.rank}` : "tcp://127.0.0.1:0";
+  return a.transport === "ipc" ? `ipc://${a.dir}/${name}-${a.rank}` : `tcp://${a.host ?? "127.0.0.1"}:0`;
 }
 
 /**

@@ -134,10 +134,18 @@ export class TestCluster {
 
   /** Starts `argv` on host `i` (in its network and mount namespaces). */
   spawn(i: number, argv: readonly string[], opts: SpawnOptions = {}): ChildProcess {
+    const { command, args } = this.wrap(i, argv, opts.cwd === undefined ? undefined : String(opts.cwd));
+    return spawn(command, args, opts);
+  }
+
+  /**
+   * The command line that runs `argv` on host `i` (nsenter into its namespaces, in `cwd`:
+   * entering a mount namespace otherwise starts at its root), for callers that spawn it
+   * themselves. The process keeps `argv[0]`'s pid: nsenter execs it.
+   */
+  wrap(i: number, argv: readonly string[], cwd?: string): { command: string; args: string[] } {
     const host = this.host(i);
-    // Entering a mount namespace starts at its root: keep the working directory asked for.
-    const wd = opts.cwd === undefined ? [] : [`--wd=${String(opts.cwd)}`];
-    return spawn("nsenter", ["-t", String(host.initPid), "-m", "-n", ...wd, "--", ...argv], opts);
+    return { command: "nsenter", args: ["-t", String(host.initPid), "-m", "-n", ...(cwd === undefined ? [] : [`--wd=${cwd}`]), "--", ...argv] };
   }
 
   /** Runs `argv` on host `i` to its end; resolves with its output. Rejects on a non-zero exit. */

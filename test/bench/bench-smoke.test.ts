@@ -130,4 +130,20 @@ describe("bench --quick", () => {
     expect(report.tables).toMatch(/### Recovery, 4 ranks, \d+ MiB global \+ 1 MiB local state per rank/);
     expect(report.tables).toMatch(/Target \(retry-one, kill → restarted rank caught up\) <= 1 s: (met|NOT met)/);
   }, 80_000);
+
+  it("--hosts: ping-pong and allreduce across test hosts (network namespaces), Lifeline next to raw zeromq.js", async () => {
+    const out = path.join(tmp, "hosts.json");
+    const r = await runBench(["--hosts", "--quick", "--only", "pingpong,allreduce", "--sizes", "8", "--np", "2", "--out", out, "--timeout-s", "100"], 110_000);
+    if (r.code !== 0) throw new Error(`bench exited with ${r.code}\n${r.stderr.slice(-4000)}`);
+    expect(r.stderr).toMatch(/bench: 2 test hosts, 198\.18\.0\.1, 198\.18\.0\.2/);
+    const report = JSON.parse(readFileSync(out, "utf8")) as Report;
+    expect(report.results.map((x) => x.key)).toEqual(["pingpong np2 8 B", "allreduce np2 8 B"]);
+    for (const x of report.results) {
+      expectVariant(x.subject, 3, `${x.key} Lifeline`);
+      expectVariant(x.baseline, 3, `${x.key} raw`);
+      expect(x.ratio).toBeGreaterThan(0);
+    }
+    expect(report.tables).toContain("transport tcp");
+    for (const j of report.jobs.filter((x) => String(x.job).startsWith("lifeline"))) expect(j.exitCode, JSON.stringify(j)).toBe(0);
+  }, 120_000);
 });
