@@ -17,6 +17,7 @@
  * const code = await runStandalone(config, { stdout, stderr, env: process.env });
  */
 import { randomBytes } from "node:crypto";
+import { constants as osConstants } from "node:os";
 import { basename, extname } from "node:path";
 import { errorMessage, LifelineError, type LifelineErrorCode } from "../errors.ts";
 import { Coordinator, type CoordinatorEvent } from "./coordinator.ts";
@@ -143,7 +144,6 @@ export async function runStandalone(config: RunConfig & { port: number }, io: { 
   }, Math.max(20, Math.min(250, Math.floor(config.failureTimeoutMs / 4))));
   tick.unref();
 
-  let exitCode = 0;
   try {
     const endpoint = await coordinator.start();
     reporter.event({ kind: "job-starting", job: jobId, size: config.size, mode: config.mode, app: config.app, coordinator: endpoint, transport: "tcp" });
@@ -156,7 +156,7 @@ export async function runStandalone(config: RunConfig & { port: number }, io: { 
     if (handleSignals) for (const s of STOP_SIGNALS) process.off(s, onSignal);
   }
   const ok = stop === undefined && finalized.every(Boolean);
-  exitCode = ok ? 0 : interruptedBy !== undefined ? 128 + (interruptedBy === "SIGINT" ? 2 : interruptedBy === "SIGTERM" ? 15 : 1) : 1;
+  const exitCode = ok ? 0 : interruptedBy !== undefined ? 128 + (osConstants.signals[interruptedBy] ?? 0) : 1;
   await policy?.close({ ok, exitCode, interrupted: interruptedBy !== undefined }).catch((err: unknown) => reporter.event({ kind: "warning", message: errorMessage(err) }));
   await coordinator.close();
   const wallMs = Math.round(now());
