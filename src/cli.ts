@@ -1,6 +1,6 @@
 #!/usr/bin/env node
 /**
- * The `lifeline` command (API §4): argv parsing only; the work happens in src/launch/.
+ * The `lifeline` command (docs/cli.md): argv parsing only; the work happens in src/launch/.
  *
  * Exit codes: 0 when every rank finalized and exited 0; 2 for usage errors; 130/143/129 when
  * the launcher was stopped by SIGINT/SIGTERM/SIGHUP; otherwise the failed rank's exit status

@@ -1,6 +1,6 @@
 /**
  * Lifeline's public API: `init()` joins the job started by `lifeline run` and returns the
- * communicator (API §2–§3).
+ * communicator (README, "Writing a program").
  *
  * @example
  * import { init } from "lifeline";

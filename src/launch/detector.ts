@@ -1,7 +1,6 @@
 /**
- * Failure suspicion for ranks that are alive as processes but not working (DESIGN.md,
- * "Failure detection and supervision", after KungFu's monitor). Process exits need no
- * detector: the supervisor sees them at once.
+ * Failure suspicion for ranks that are alive as processes but not working (docs/detection.md;
+ * after KungFu's monitor). Process exits need no detector: the supervisor sees them at once.
  *
  * - Heartbeats catch frozen or unreachable ranks: no control message for `failureTimeoutMs`.
  *   Armed per rank by `heard(..., { heartbeat: true })`: the supervisor arms its own ranks at

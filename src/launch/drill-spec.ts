@@ -1,5 +1,5 @@
 /**
- * The `--kill` specs of `lifeline drill` (API §4) and how they become per-rank fault triggers
+ * The `--kill` specs of `lifeline drill` (docs/cli.md) and how they become per-rank fault triggers
  * (`LIFELINE_FAULTS`, src/mpi/faults.ts).
  *
  * Forms:

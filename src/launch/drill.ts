@@ -1,5 +1,5 @@
 /**
- * `lifeline drill` (API §4): run the program once cleanly (mode none, no faults) as the
+ * `lifeline drill` (docs/cli.md): run the program once cleanly (mode none, no faults) as the
  * reference, then `--repeat` times in the requested mode with the `--kill` faults injected,
  * and compare each faulty run's results with the reference bit for bit.
  *

@@ -1,5 +1,5 @@
 /**
- * The run configuration of `lifeline run` (API §4) and the validation of its flags.
+ * The run configuration of `lifeline run` (docs/cli.md) and the validation of its flags.
  *
  * The CLI hands raw strings to {@link resolveRunConfig}; every check lives here so that the
  * launcher can also be driven from code with the same errors. All problems with one command
@@ -25,7 +25,7 @@ import { parseHostfile, Placement, type HostSlots } from "./hosts.ts";
 import { SUPPORTED_MODES } from "../mpi/env.ts";
 export { SUPPORTED_MODES };
 
-/** API §4: `cpr` is the default mode. */
+/** `cpr` is the default mode (docs/cli.md). */
 export const DEFAULT_MODE: Mode = "cpr";
 
 /** Largest job `-n` accepts; far beyond what one host runs, it guards against typos like `-n 40000`. */

@@ -377,7 +377,7 @@ export class Supervisor {
     if (this.stopping) proc.terminate(FAIL_FAST_GRACE_MS);
   }
 
-  /** The environment of one rank (API §5 and src/mpi/env.ts). */
+  /** The environment of one rank (docs/cli.md, "What each rank gets"; src/mpi/env.ts). */
   private rankEnv(rank: number, attempt: number, coordinator: string): NodeJS.ProcessEnv {
     const env: NodeJS.ProcessEnv = {};
     // Variables of an enclosing job (a launcher started from inside a rank) must not leak in.

@@ -1,5 +1,5 @@
 /**
- * Where a rank finds its place in the job (API §5): `LIFELINE_*` variables set by
+ * Where a rank finds its place in the job (docs/cli.md, "What each rank gets"): `LIFELINE_*` variables set by
  * `lifeline run`, or the rank variables of another launcher (Open MPI, PMI, Slurm, Kubernetes
  * indexed jobs) plus `LIFELINE_COORDINATOR`. `init(options)` accepts the same fields.
  *

@@ -1,5 +1,5 @@
 /**
- * Public vocabulary of the communicator (API §2, §3), shared by every mode.
+ * Public vocabulary of the communicator (README, "Writing a program"), shared by every mode.
  */
 import type { Mode } from "./env.ts";
 

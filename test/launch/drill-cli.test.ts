@@ -1,5 +1,5 @@
 /**
- * Goal: `lifeline drill` is wired into the CLI as API §4 describes: its options are in
+ * Goal: `lifeline drill` is wired into the CLI as docs/cli.md describes: its options are in
  * --help, bad command lines exit 2 naming every problem before anything starts, and a real
  * drill run as a process speaks `--json` (every stderr line parses) and writes `--results`.
  *

@@ -1,5 +1,5 @@
 /**
- * Goal: every `--kill` form of API §4 parses to the per-rank fault trigger the rank side
+ * Goal: every `--kill` form of docs/cli.md parses to the per-rank fault trigger the rank side
  * understands, bad specs are refused with a message naming them, and random kills are
  * reproducible from the seed and land inside what the reference run did.
  *

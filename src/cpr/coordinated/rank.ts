@@ -11,7 +11,7 @@
  *   (source, channelSeq) goes into our checkpoint and the sender drops it on recovery; a
  *   newer epoch also means a checkpoint is due;
  * - same epoch → intra-epoch, nothing to do.
- * Classification happens at *arrival*, not at consumption (DESIGN.md): unconsumed messages
+ * Classification happens at *arrival*, not at consumption: unconsumed messages
  * that arrived before our checkpoint are channel state saved with it.
  *
  * At its checkpoint a rank sends every peer a marker carrying how many frames it sent that
@@ -33,7 +33,7 @@
  * or its logs outgrow `nondetEntriesMax` (or the driver's byte bound) — is *abandoned*, not
  * fatal: the rank stops recording, drops its logs (memory back at once), and reports its
  * part as failed, so the initiator aborts the line and the last committed line stays the
- * recovery point (DESIGN.md: "a line that cannot complete is aborted"). A fatal error would
+ * recovery point (a line that cannot complete is aborted). A fatal error would
  * instead cost a restart of the whole job, every time a long phase outlasts the timeout.
  * Abandoning is safe because a line is committed only with every rank's part: the rank's
  * later messages (flagged not recording) may stop its peers' recordings early and their parts
