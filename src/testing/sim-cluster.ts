@@ -72,6 +72,13 @@ export interface SimClusterOptions {
   readonly traceMax?: number;
   /** Mode retry-one: replicas, restarts of the failed rank alone (src/launch/retry-one-policy.ts). */
   readonly retryOne?: SimRetryOneOptions;
+  /**
+   * The job spans hosts: each rank's host (index), sent in every table as the launcher does
+   * with a hostfile (retry-one places replicas on other hosts first). With `hostCrashes`, the
+   * random crashes take a whole host — every rank on it at once — instead of one rank.
+   */
+  readonly hosts?: readonly number[];
+  readonly hostCrashes?: boolean;
 }
 
 export interface SimRetryOneOptions {
@@ -125,6 +132,8 @@ export interface SimOutcome {
   readonly simMs: number;
   readonly framesDelivered: number;
   readonly restarts: number;
+  /** Hosts crashed (`hostCrashes`), each taking every rank on it. */
+  readonly hostsCrashed: number;
   /** cpr: epochs of the lines committed, in order. */
   readonly linesCommitted: readonly number[];
   /** cpr: how many of them were committed after a restart (a restored job goes on taking lines). */
@@ -176,7 +185,7 @@ export class SimCoordinator {
   private readonly down = new Set<number>();
   private readonly rejoining = new Set<number>();
 
-  constructor(private readonly net: SimNetwork, private readonly size: number, readonly jobKey: number, private readonly cpr: SimCprOptions | undefined) {
+  constructor(private readonly net: SimNetwork, private readonly size: number, readonly jobKey: number, private readonly cpr: SimCprOptions | undefined, private readonly hosts?: readonly number[]) {
     this.links = Array.from({ length: size }, () => ({ attempt: 0, up: false, endpoint: undefined, finalized: false, result: undefined }));
     const node = net.addNode(COORDINATOR);
     node.onControl = (from, msg) => this.onMessage(from, msg as RankToCoordinator);
@@ -292,6 +301,7 @@ export class SimCoordinator {
       t: "table", jobKey: this.jobKey, endpoints: this.links.map((l) => l.endpoint ?? ""),
       attempts: this.links.map((l, r) => (this.rejoining.has(r) ? l.attempt - 1 : l.attempt)),
       down: [...this.down].sort((a, b) => a - b),
+      ...(this.hosts === undefined ? {} : { hosts: [...this.hosts] }),
     });
     for (let r = 0; r < this.size; r++) {
       const l = this.links[r]!;
@@ -301,7 +311,10 @@ export class SimCoordinator {
 
   private onAllUp(): void {
     this.phase = "running";
-    const table = { t: "table" as const, jobKey: this.jobKey, endpoints: this.links.map((l) => l.endpoint!), attempts: this.links.map((l) => l.attempt) };
+    const table = {
+      t: "table" as const, jobKey: this.jobKey, endpoints: this.links.map((l) => l.endpoint!), attempts: this.links.map((l) => l.attempt),
+      ...(this.hosts === undefined ? {} : { hosts: [...this.hosts] }),
+    };
     for (let r = 0; r < this.size; r++) {
       const line = this.restoreLine;
       const ref = line?.parts[r];
@@ -398,6 +411,7 @@ export class SimCluster {
   private crashes = 0;
   restarts = 0;
   private linesAfterRestart = 0;
+  private hostsCrashed = 0;
   /** cpr: the store every rank and the coordinator use (kill -9 modelled by its crash()). */
   readonly store: MemoryRecoveryStore | undefined;
   /** cpr: each committed line as read back right after its commit. */
@@ -422,7 +436,7 @@ export class SimCluster {
     });
     const jobKey = (this.prng.fork(JOB_KEY_SALT).next() | 1) >>> 0;
     const cpr = opts.mode === "cpr" ? opts.cpr ?? { every: { ms: 100 } } : undefined;
-    this.coordinator = new SimCoordinator(this.net, opts.size, jobKey, cpr);
+    this.coordinator = new SimCoordinator(this.net, opts.size, jobKey, cpr, opts.hosts);
     if (cpr !== undefined) this.store = new MemoryRecoveryStore({ name: `sim-${opts.seed}`, nowMs: () => this.net.now });
     this.ends = Array.from({ length: opts.size }, () => ({ kind: "running" }) as RankEnd);
     this.worlds = new Array(opts.size).fill(undefined);
@@ -594,6 +608,16 @@ export class SimCluster {
     if (this.opts.mode === "retry-one" && this.coordinator.phase !== "running") return;
     const victim = this.faultPrng.pick(live);
     this.crashes++;
+    const hosts = this.opts.hosts;
+    if (this.opts.hostCrashes === true && hosts !== undefined) {
+      // The victim's whole host goes down: every live rank on it, at once.
+      const ranks = live.filter((r) => hosts[r] === hosts[victim]);
+      this.hostsCrashed++;
+      this.net.note(`crash host ${hosts[victim]} (ranks ${ranks.join(", ")})`);
+      for (const r of ranks) this.net.kill(rankNode(r, this.coordinator.links[r]!.attempt));
+      for (const r of ranks) this.onRankDied(r, this.coordinator.links[r]!.attempt, { kind: "crashed" });
+      return;
+    }
     this.net.note(`crash rank ${victim}`);
     this.crash(victim);
   }
@@ -641,6 +665,7 @@ export class SimCluster {
       simMs: this.net.now,
       framesDelivered: this.net.framesDelivered,
       restarts: this.restarts,
+      hostsCrashed: this.hostsCrashed,
       linesCommitted: [...this.coordinator.committed],
       linesAfterRestart: this.linesAfterRestart,
       linesAborted: [...this.coordinator.aborted],

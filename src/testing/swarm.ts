@@ -57,7 +57,7 @@ export async function runCprSeed(seed: number): Promise<{ spec: ProgramSpec; ref
  * also while a rank is being restored or serving a restore — each restarting that rank alone.
  * A quarter of the seeds run without `peer-down` (only `peer` tells survivors of a restart).
  */
-export async function runRetryOneSeed(seed: number, opts: { bigChance?: number } = {}): Promise<{ spec: ProgramSpec; ref: SimOutcome; out: SimOutcome }> {
+export async function runRetryOneSeed(seed: number, opts: { bigChance?: number; hostCrash?: boolean } = {}): Promise<{ spec: ProgramSpec; ref: SimOutcome; out: SimOutcome }> {
   const prng = new Prng(seed);
   const size = prng.rangeInclusive(2, 4);
   const spec = generateProgram(prng.fork(1), { size, opsMax: 12, checkpointChance: 0.3, collectivesOnly: true, ...(opts.bigChance === undefined ? {} : { bigChance: opts.bigChance }) });
@@ -69,6 +69,9 @@ export async function runRetryOneSeed(seed: number, opts: { bigChance?: number }
     retryOne: { replicas: knobs.pick([1, 2, 3]), maxRestarts: 10, failureTimeoutMs: 60_000, peerDown: !knobs.chance(0.25) },
     // One crash at a time is always covered (replicas ≥ 1); crashes may still overlap a recovery.
     ...recoveryKnobs(knobs),
+    // One whole host (2..size hosts, ranks in blocks as a hostfile places them) lost at once:
+    // covered too, since replicas go to other hosts first.
+    ...(opts.hostCrash === true ? { hosts: hostBlocks(size, prng.fork(3).rangeInclusive(2, size)), hostCrashes: true, crashesMax: 1, crashChance: 0.02 } : {}),
   }).run();
   return { spec, ref, out };
 }
@@ -77,6 +80,11 @@ export async function runRetryOneSeed(seed: number, opts: { bigChance?: number }
  * The network and crash knobs of the recovery swarms (cpr, retry-one), drawn after the mode's
  * own knobs, in this order, so that a seed keeps its schedule.
  */
+/** `size` ranks on `hosts` hosts, in contiguous blocks (as a hostfile fills slots). */
+function hostBlocks(size: number, hosts: number): number[] {
+  return Array.from({ length: size }, (_, r) => Math.floor((r * hosts) / size));
+}
+
 function recoveryKnobs(knobs: Prng): { delayMaxMs: number; advanceChance: number; stickyChance: number; crashChance: number; crashesMax: number } {
   return {
     delayMaxMs: knobs.pick([0, 5, 20, 100]),

@@ -52,6 +52,19 @@ describe("simulation, mode retry-one", () => {
     }
   }, 600_000);
 
+  it("a whole host lost at once (every rank on it): covered by replicas on the other hosts, failure-free results (500 seeds)", async () => {
+    let hostCrashes = 0;
+    for (const seed of swarmSeeds(500)) {
+      const { spec, ref, out } = await runRetryOneSeed(seed, { hostCrash: true });
+      const where = `program: ${describeProgram(spec)}\nreproduce with SEED=${seed} (host crash)\n${out.report}`;
+      expect(ref.status, where).toBe("ok");
+      expect(out.status, where).toBe("ok");
+      expect(out.results, where).toEqual(ref.results);
+      hostCrashes += out.hostsCrashed;
+    }
+    expect(hostCrashes, "the seeds should crash hosts").toBeGreaterThan(100);
+  }, 600_000);
+
   it("large results (ring allreduce kept as its received chunks, others in pooled copies) replay exactly (200 seeds, half the collectives large)", async () => {
     let replayed = 0;
     for (const seed of swarmSeeds(200)) {
