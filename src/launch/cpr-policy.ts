@@ -35,7 +35,7 @@ import { InitiatorDriver } from "../cpr/coordinated/initiator-driver.ts";
 import { LevelRecoveryStore } from "../store/level-store.ts";
 import { formatTime } from "../store/lines.ts";
 import { recoverLocal } from "../store/recovery.ts";
-import type { LineManifest, LineRecord, RankPartStore } from "../store/types.ts";
+import type { LineRecord, RankPartStore } from "../store/types.ts";
 import { endRun, type StoreClaim } from "./job-store.ts";
 import type { RunConfig } from "./options.ts";
 import { FATAL_KINDS, type JobEnd, type JobView, type PolicyContext, type PolicyDecision, type RankFailure, type RestartPolicy } from "./policy.ts";
@@ -43,7 +43,6 @@ import { FATAL_KINDS, type JobEnd, type JobView, type PolicyContext, type Policy
 export class CprRestartPolicy implements RestartPolicy {
   readonly mode = "cpr" as const;
   private ctx: PolicyContext | undefined;
-  private manifest: LineManifest | undefined;
   private timer: NodeJS.Timeout | undefined;
   private restoreLine: LineRecord | undefined;
   private readonly startMs = performance.now();
@@ -56,7 +55,7 @@ export class CprRestartPolicy implements RestartPolicy {
   private readonly driver: InitiatorDriver;
 
   constructor(private readonly config: RunConfig, private readonly claim: StoreClaim) {
-    this.driver = new InitiatorDriver(() => this.mustManifest(), {
+    this.driver = new InitiatorDriver(() => claim.manifest, {
       keepLines: config.keepLines,
       lineJob: { id: claim.job.id, run: claim.job.run },
       now: () => this.now(),
@@ -74,7 +73,7 @@ export class CprRestartPolicy implements RestartPolicy {
 
   async attach(ctx: PolicyContext): Promise<void> {
     this.ctx = ctx;
-    const manifest = (this.manifest = this.claim.manifest);
+    const manifest = this.claim.manifest;
     const action = this.claim.action;
     if (action.kind === "resume") {
       if (this.claim.programChanged !== undefined) ctx.report({ kind: "warning", message: this.claim.programChanged });
@@ -144,7 +143,7 @@ export class CprRestartPolicy implements RestartPolicy {
   async prepareRestart(attempt: number): Promise<void> {
     this.driver.stop();
     await this.driver.settled();
-    const manifest = this.mustManifest();
+    const manifest = this.claim.manifest;
     const choice = await this.withRankStores((stores) => recoverLocal(manifest, stores, { keep: this.config.keepLines }));
     for (const w of choice.warnings) this.ctx?.report({ kind: "warning", message: w });
     this.restoreLine = choice.line;
@@ -173,8 +172,7 @@ export class CprRestartPolicy implements RestartPolicy {
     // every line that is durable in the manifest.
     await this.driver.settled();
     this.driver.stop();
-    const manifest = this.manifest;
-    if (manifest === undefined) return;
+    const manifest = this.claim.manifest;
     try {
       // No rank runs any more: parts of no committed line (a round in progress at the end, an
       // aborted line whose ranks had no time to delete their parts) go now.
@@ -198,11 +196,6 @@ export class CprRestartPolicy implements RestartPolicy {
     } finally {
       await Promise.all(stores.map((s) => s.close()));
     }
-  }
-
-  private mustManifest(): LineManifest {
-    if (this.manifest === undefined) throw new LifelineError("STORE_NOT_OPEN", "the cpr policy's manifest is not open");
-    return this.manifest;
   }
 
   private now(): number {

@@ -145,9 +145,11 @@ export async function runStandalone(config: RunConfig & { port: number }, io: { 
   tick.unref();
 
   try {
+    // The recovery line is chosen (and the ranks' stores are tidied) before anything listens:
+    // the engine's ranks may be waiting already, and must get the line in their table.
+    await policy?.attach({ broadcast: (msg) => coordinator.broadcast(msg), report: (ev) => reporter.event(ev) });
     const endpoint = await coordinator.start();
     reporter.event({ kind: "job-starting", job: jobId, size: config.size, mode: config.mode, app: config.app, coordinator: endpoint, transport: "tcp" });
-    await policy?.attach({ broadcast: (msg) => coordinator.broadcast(msg), report: (ev) => reporter.event(ev) });
     await over;
   } catch (err) {
     stop ??= { code: "LAUNCH_SPAWN", message: errorMessage(err) };
