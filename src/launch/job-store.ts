@@ -60,8 +60,8 @@ export type ClaimAction =
   | { readonly kind: "refuse"; readonly message: string };
 
 /**
- * The decision of {@link claimStore}, pure. `location` names the store in messages; `nowMs`
- * and `alive` (is a launcher pid on this host running?) only shape the wording.
+ * The decision of {@link claimStore}, pure. `location` names the store in messages; `alive`
+ * tells whether a run's launcher is still there (a store in use is never taken over).
  *
  * @example
  * decideClaim({ job: undefined, lines: [] }, me, "auto", ctx); // { kind: "fresh", discard: [], ... }
