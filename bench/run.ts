@@ -32,6 +32,7 @@ import {
 import { installCleanup, killAllSync } from "./lib/procs.ts";
 import { columnsOf, renderTables, type CaseResult, type VariantResult } from "./lib/report.ts";
 import { recoveryRun, renderRecoveryTable, type RecoveryConfig, type RecoveryParts } from "./lib/recovery.ts";
+import { hostRecoveryRun } from "./lib/host-recovery.ts";
 import { calibrate, fmt, fmtRatio, median, quantile, spread } from "./lib/stats.ts";
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
@@ -49,7 +50,8 @@ const HELP = `Usage: npm run bench -- [options]
   --hosts               across hosts: rank r of every job (Lifeline and raw) on test host r, a
                         network namespace with its own address (src/testing/netns.ts; needs
                         root), over tcp; the Lifeline launcher on host 0 starts its ranks
-                        through the ssh-like agent (implies --transport tcp; not with recovery)
+                        through the ssh-like agent (implies --transport tcp); recovery then
+                        kills a whole host (bench/lib/host-recovery.ts)
   --mode <m>            the Lifeline job's recovery mode: none (default), cpr or retry-one
                         (retry-one allows collectives only: use --only allreduce,bcast,barrier);
                         not used by the retry-one benchmark, which always runs both modes
@@ -143,7 +145,6 @@ function parseOptions(argv: string[]): Options {
   }
   if (v.transport !== "ipc" && v.transport !== "tcp") usage(`--transport ${v.transport}: expected ipc or tcp`);
   if (v.hosts && v.transport === "ipc" && argv.includes("--transport")) usage("--hosts runs over tcp (the hosts have their own addresses): drop --transport ipc");
-  if (v.hosts && recovery && v.only !== undefined) usage("--hosts measures the message layer; the recovery benchmark runs on one host (leave recovery out of --only)");
   if (v.mode !== "none" && v.mode !== "cpr" && v.mode !== "retry-one") usage(`--mode ${v.mode}: expected none, cpr or retry-one`);
   if (v.variant !== "both" && v.variant !== "lifeline" && v.variant !== "raw") usage(`--variant ${v.variant}: expected both, lifeline or raw`);
   if (v.payload !== "f64" && v.payload !== "u8") usage(`--payload ${v.payload}: expected f64 or u8`);
@@ -165,7 +166,7 @@ function parseOptions(argv: string[]): Options {
     quick,
     mode: v.mode as Options["mode"],
     only,
-    recovery: recovery && v.variant !== "raw" && !v.hosts,
+    recovery: recovery && v.variant !== "raw",
     hosts: v.hosts,
     recoveryRuns: posInt("recovery-runs", v["recovery-runs"], quick ? 1 : 3),
     transport: v.hosts ? "tcp" : v.transport,
@@ -534,7 +535,8 @@ async function main(): Promise<void> {
         jobSummaries.push(...pool.summaries);
       }
     }
-    if (recovery !== undefined) await runRecovery(recovery, tmpDir);
+    if (recovery !== undefined && opts.hosts) await runHostRecovery(recovery, tmpDir);
+    else if (recovery !== undefined) await runRecovery(recovery, tmpDir);
   } finally {
     ctrl?.close();
     await cluster?.destroy();
@@ -596,6 +598,8 @@ interface RecoveryPlan {
   runsPerMode: number;
   runs: RecoveryParts[];
   errors: string[];
+  /** `--hosts`: the runs lost a whole host instead of one rank. */
+  hostLoss?: boolean;
 }
 
 function recoveryPlan(opts: Options): RecoveryPlan {
@@ -628,12 +632,42 @@ async function runRecovery(plan: RecoveryPlan, tmpDir: string): Promise<void> {
   }
 }
 
+/** `--hosts`: host 2 of 3 killed with ranks 2-3, each mode `runsPerMode` times, modes alternating. */
+async function runHostRecovery(plan: RecoveryPlan, tmpDir: string): Promise<void> {
+  const c = plan.config;
+  plan.hostLoss = true;
+  const hostfile = path.join(tmpDir, "recovery-hosts");
+  progress(`\n== recovery after a lost host: 4 ranks on 2 test hosts (a third spare), ${c.globalMib} MiB global + ${c.localMib} MiB local state, host 2 killed at rank 2's step ${c.failStep}; ${plan.runsPerMode} run(s) per mode`);
+  for (let k = 0; k < plan.runsPerMode; k++) {
+    const modes: ("retry-one" | "cpr")[] = k % 2 === 0 ? ["retry-one", "cpr"] : ["cpr", "retry-one"];
+    for (const mode of modes) {
+      // A cluster per run: each run kills its host 2.
+      const fresh = await TestCluster.create(3, { diskMb: 16 });
+      try {
+        writeFileSync(hostfile, fresh.hosts.map((h) => `${h.address} slots=2\n`).join(""));
+        const r = await hostRecoveryRun({ cluster: fresh, hostfile, root: ROOT, dir: tmpDir, name: `hostloss-${mode}-${k}`, mode, globalMib: c.globalMib, localMib: c.localMib, steps: c.steps, killStep: c.failStep, stepMs: c.stepMs });
+        plan.runs.push(r);
+        progress(`  ${mode} run ${k + 1}: detect ${fmtS(r.detectMs)}, restart ${fmtS(r.restartMs)}, load ${fmtS(r.loadMs)}, first step ${fmtS(r.catchUpMs)} → total ${fmtS(r.totalMs)} (${r.restarted} process${r.restarted === 1 ? "" : "es"} restarted on the spare host, from step ${r.restoredStep})`);
+      } catch (err) {
+        plan.errors.push(`${mode} host loss run ${k + 1}: ${(err as Error).message}`);
+        progress(`  ${mode} run ${k + 1} FAILED: ${(err as Error).message.split("\n")[0]}`);
+      } finally {
+        await fresh.destroy();
+      }
+    }
+  }
+}
+
 function fmtS(ms: number): string {
   return `${(ms / 1000).toFixed(2)} s`;
 }
 
 function recoveryText(plan: RecoveryPlan): string {
   const c = plan.config;
+  if (plan.hostLoss === true) {
+    const title = `### Recovery after a lost host, 4 ranks on 2 test hosts + 1 spare, ${c.globalMib} MiB global + ${c.localMib} MiB local state, host 2 killed at rank 2's step ${c.failStep}; --heartbeat 100 --failure-timeout 1s (median; seconds; "catch up" = restore → first step computed, "total" = kill → computing again)`;
+    return [renderRecoveryTable(plan.runs, title), ...plan.errors.map((e) => `- recovery ${e.split("\n")[0]}`)].join("\n");
+  }
   const out = [renderRecoveryTable(plan.runs, `### Recovery, ${c.np} ranks, ${c.globalMib} MiB global + ${c.localMib} MiB local state per rank, rank 1 killed at step ${c.failStep} (median; seconds)`)];
   const r1 = plan.runs.filter((r) => r.variant === "retry-one");
   if (r1.length > 0) {

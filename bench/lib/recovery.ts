@@ -188,7 +188,8 @@ export function renderRecoveryTable(runs: readonly RecoveryParts[], title: strin
   for (const variant of variants) {
     const rs = runs.filter((r) => r.variant === variant);
     const m = (k: "detectMs" | "restartMs" | "loadMs" | "catchUpMs" | "totalMs"): string => (median(rs.map((x) => x[k])) / 1000).toFixed(2);
-    const what = rs[0]!.mode === "retry-one" ? "1 rank" : `all ${rs[0]!.restarted}`;
+    const n = rs[0]!.restarted;
+    const what = rs[0]!.mode === "retry-one" ? `${n} rank${n === 1 ? "" : "s"}` : `all ${n}`;
     lines.push(`| ${variant} | ${rs.length} | ${what} | ${m("detectMs")} | ${m("restartMs")} | ${m("loadMs")} | ${m("catchUpMs")} | ${m("totalMs")} | ${rs.map((r) => `${r.restoredStep} (${r.failStep})`).join(", ")} |`);
   }
   return `${lines.join("\n")}\n`;

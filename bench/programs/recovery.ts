@@ -12,6 +12,7 @@
  * into the recovery's parts:
  *   `recovery-bench: start <ms>`               the process is running the program (module evaluated);
  *   `recovery-bench: restored <ms> step <s>`   init() and restore() returned;
+ *   `recovery-bench: first <ms>`               the rank finished its first step after the restore (computing again);
  *   `recovery-bench: past <ms>`                the rank finished step K again (caught up with the failure point).
  * `<ms>` is performance.timeOrigin + performance.now() (the same clock as the fault line's).
  *
@@ -55,6 +56,7 @@ const model = saved?.global ?? new Float64Array((globalMib * (1 << 20)) / 8).fil
 const local: Local = saved?.state ?? { step: 0, data: new Float64Array(Math.max(1, (localMib * (1 << 20)) / 8)).fill(world.rank + 1) };
 
 const slice = Math.max(1, Math.floor(local.data.length / 16));
+let firstMarked = false;
 while (local.step < steps) {
   const data = local.data;
   const until = performance.now() + stepMs;
@@ -67,6 +69,10 @@ while (local.step < steps) {
   else data[(from + 1) % data.length] = sum;
   local.step++;
   await world.checkpoint(local, model);
+  if (recovering && !firstMarked) {
+    firstMarked = true;
+    mark(`first ${nowMs().toFixed(3)}`);
+  }
   if (recovering && local.step === failStep) mark(`past ${nowMs().toFixed(3)}`);
 }
 let digest = 0;

@@ -131,9 +131,9 @@ describe("bench --quick", () => {
     expect(report.tables).toMatch(/Target \(retry-one, kill → restarted rank caught up\) <= 1 s: (met|NOT met)/);
   }, 80_000);
 
-  it("--hosts: ping-pong and allreduce across test hosts (network namespaces), Lifeline next to raw zeromq.js", async () => {
+  it("--hosts: ping-pong and allreduce across test hosts (network namespaces), Lifeline next to raw zeromq.js; recovery after a lost host", async () => {
     const out = path.join(tmp, "hosts.json");
-    const r = await runBench(["--hosts", "--quick", "--only", "pingpong,allreduce", "--sizes", "8", "--np", "2", "--out", out, "--timeout-s", "100"], 110_000);
+    const r = await runBench(["--hosts", "--quick", "--only", "pingpong,allreduce,recovery", "--sizes", "8", "--np", "2", "--out", out, "--timeout-s", "140"], 150_000);
     if (r.code !== 0) throw new Error(`bench exited with ${r.code}\n${r.stderr.slice(-4000)}`);
     expect(r.stderr).toMatch(/bench: 2 test hosts, 198\.18\.0\.1, 198\.18\.0\.2/);
     const report = JSON.parse(readFileSync(out, "utf8")) as Report;
@@ -145,5 +145,13 @@ describe("bench --quick", () => {
     }
     expect(report.tables).toContain("transport tcp");
     for (const j of report.jobs.filter((x) => String(x.job).startsWith("lifeline"))) expect(j.exitCode, JSON.stringify(j)).toBe(0);
-  }, 120_000);
+    // Host 2 of 3 lost with ranks 2 and 3: retry-one restarts those two, cpr all four, on the spare host.
+    expect(report.recovery?.errors).toEqual([]);
+    expect(report.recovery!.runs.map((x) => [x.mode, x.restarted]).sort()).toEqual([["cpr", 4], ["retry-one", 2]]);
+    for (const x of report.recovery!.runs) {
+      expect(x.detectMs).toBeGreaterThan(0);
+      expect(x.detectMs + x.restartMs + x.loadMs + x.catchUpMs).toBeCloseTo(x.totalMs, 0);
+    }
+    expect(report.tables).toMatch(/### Recovery after a lost host, 4 ranks on 2 test hosts \+ 1 spare/);
+  }, 160_000);
 });
