@@ -461,7 +461,7 @@ export class World implements WorldApi {
 
   // ---- point to point ----------------------------------------------------------------------
 
-  /** retry-one replays collectives only: point-to-point calls are rejected there (README, API). */
+  /** retry-one replays collectives only: point-to-point calls are rejected there (README, docs/api.md). */
   private pointToPoint(what: string): void {
     if (this.mode !== "retry-one") return;
     throw new LifelineError(
