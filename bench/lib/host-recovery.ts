@@ -19,6 +19,7 @@
  * const r = await hostRecoveryRun({ cluster, hostfile, root, dir, name: "h-r1-0", mode: "retry-one", globalMib: 64, localMib: 1, steps: 60, killStep: 30, stepMs: 20 });
  */
 import path from "node:path";
+import { onJsonLines } from "../../src/testing/json-lines.ts";
 import { netnsRshAgent, type TestCluster } from "../../src/testing/netns.ts";
 import type { RecoveryParts } from "./recovery.ts";
 import { spawnChild } from "./procs.ts";
@@ -53,23 +54,11 @@ export async function hostRecoveryRun(c: HostRecoveryConfig): Promise<RecoveryPa
   const child = spawnChild(c.name, command, args, { cwd: c.root, env: { ...process.env, ...c.cluster.agentEnv } });
   const events: { at: number; ev: Record<string, unknown> }[] = [];
   let killAt: number | undefined;
-  let partial = "";
-  child.proc.stderr!.setEncoding("utf8").on("data", (chunk: string) => {
-    const lines = (partial + chunk).split("\n");
-    partial = lines.pop() ?? "";
-    for (const line of lines) {
-      if (!line.startsWith("{")) continue;
-      let ev: Record<string, unknown>;
-      try {
-        ev = JSON.parse(line) as Record<string, unknown>;
-      } catch {
-        continue;
-      }
-      events.push({ at: wallNow(), ev });
-      if (killAt === undefined && ev.event === "rank-step" && ev.rank === 2 && (ev.steps as number) >= c.killStep) {
-        killAt = wallNow();
-        void c.cluster.killHost(1);
-      }
+  onJsonLines(child.proc.stderr!, (ev) => {
+    events.push({ at: wallNow(), ev });
+    if (killAt === undefined && ev.event === "rank-step" && ev.rank === 2 && (ev.steps as number) >= c.killStep) {
+      killAt = wallNow();
+      void c.cluster.killHost(1);
     }
   });
   const timer = setTimeout(() => void child.kill(), c.timeoutMs ?? 180_000);

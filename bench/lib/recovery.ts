@@ -23,6 +23,7 @@
  * process.stdout.write(renderRecoveryTable([r]));
  */
 import path from "node:path";
+import { onJsonLines } from "../../src/testing/json-lines.ts";
 import { spawnChild } from "./procs.ts";
 import { median } from "./stats.ts";
 
@@ -52,21 +53,10 @@ export async function launchJson(root: string, name: string, argv: readonly stri
   const child = spawnChild(name, "bash", ["-c", `${quoted}; rc=$?; times >&2; exit $rc`], { cwd: root });
   const events: LaunchEvent[] = [];
   let cpuS: number | undefined;
-  let partial = "";
-  child.proc.stderr!.setEncoding("utf8").on("data", (chunk: string) => {
-    const lines = (partial + chunk).split("\n");
-    partial = lines.pop() ?? "";
-    for (const line of lines) {
-      // `times`: the shell's own line, then its children's "<m>m<s>s <m>m<s>s" (user, system).
-      const t = /^(\d+)m([\d.]+)s (\d+)m([\d.]+)s$/.exec(line);
-      if (t !== null) cpuS = Number(t[1]) * 60 + Number(t[2]) + Number(t[3]) * 60 + Number(t[4]);
-      if (!line.startsWith("{")) continue;
-      try {
-        events.push(JSON.parse(line) as LaunchEvent);
-      } catch {
-        continue; // a rank's own line that happens to start with "{"
-      }
-    }
+  onJsonLines(child.proc.stderr!, (ev) => events.push(ev as LaunchEvent), (line) => {
+    // `times`: the shell's own line, then its children's "<m>m<s>s <m>m<s>s" (user, system).
+    const t = /^(\d+)m([\d.]+)s (\d+)m([\d.]+)s$/.exec(line);
+    if (t !== null) cpuS = Number(t[1]) * 60 + Number(t[2]) + Number(t[3]) * 60 + Number(t[4]);
   });
   const status = await child.waitOrKill(timeoutMs);
   return { code: status.code, events, spawnToExitMs: performance.now() - t0, cpuS, tail: child.tail() };

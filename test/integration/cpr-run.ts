@@ -10,6 +10,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { afterAll, beforeAll } from "vitest";
+import { onJsonLines } from "../../src/testing/json-lines.ts";
 
 export const ROOT = fileURLToPath(new URL("../..", import.meta.url));
 export const CLI = join(ROOT, "dist", "cli.js");
@@ -68,25 +69,9 @@ export async function runLauncher(spec: RunSpec): Promise<RunOutcome> {
   if (child.pid !== undefined) spec.onSpawn?.(child.pid);
   let stdout = "";
   let stderr = "";
-  let partial = "";
   child.stdout.setEncoding("utf8").on("data", (chunk: string) => { stdout += chunk; });
-  child.stderr.setEncoding("utf8").on("data", (chunk: string) => {
-    stderr += chunk;
-    partial += chunk;
-    const lines = partial.split("\n");
-    partial = lines.pop()!;
-    if (spec.onEvent === undefined) return;
-    for (const line of lines) {
-      if (!line.startsWith("{")) continue;
-      let ev: Record<string, unknown>;
-      try {
-        ev = JSON.parse(line) as Record<string, unknown>;
-      } catch {
-        continue; // a rank's own stderr line that happens to start with "{"
-      }
-      spec.onEvent(ev);
-    }
-  });
+  child.stderr.setEncoding("utf8").on("data", (chunk: string) => { stderr += chunk; });
+  if (spec.onEvent !== undefined) onJsonLines(child.stderr, spec.onEvent);
   const timer = setTimeout(() => child.kill("SIGTERM"), spec.timeoutMs);
   const code = await new Promise<number | null>((resolve, reject) => {
     child.on("error", reject);

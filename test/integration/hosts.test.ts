@@ -18,6 +18,7 @@ import { spawn } from "node:child_process";
 import { existsSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { afterEach, beforeAll, beforeEach, describe, expect, it } from "vitest";
+import { onJsonLines } from "../../src/testing/json-lines.ts";
 import { clusterSupport, netnsRshAgent, TestCluster } from "../../src/testing/netns.ts";
 import { CLI, ROOT, runDirFor, runLauncher } from "./cpr-run.ts";
 
@@ -63,22 +64,10 @@ function runOnHost(host: number, name: string, flags: readonly string[], program
   const child = cluster.spawn(host, argv, { cwd: ROOT, env: { ...process.env, ...cluster.agentEnv }, stdio: ["ignore", "ignore", "pipe"] });
   const events: Record<string, unknown>[] = [];
   let stderr = "";
-  let partial = "";
-  child.stderr!.setEncoding("utf8").on("data", (chunk: string) => {
-    stderr += chunk;
-    partial += chunk;
-    const lines = partial.split("\n");
-    partial = lines.pop()!;
-    for (const line of lines) {
-      if (!line.startsWith("{")) continue;
-      try {
-        const ev = JSON.parse(line) as Record<string, unknown>;
-        events.push(ev);
-        onEvent?.(ev);
-      } catch {
-        // a rank's own line
-      }
-    }
+  child.stderr!.setEncoding("utf8").on("data", (chunk: string) => { stderr += chunk; });
+  onJsonLines(child.stderr!, (ev) => {
+    events.push(ev);
+    onEvent?.(ev);
   });
   const timer = setTimeout(() => child.kill("SIGKILL"), TIMEOUT_MS - 5_000);
   return new Promise((resolve) => {

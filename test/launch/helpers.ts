@@ -10,6 +10,7 @@ import { join } from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
 import { Dealer } from "zeromq";
 import { controlIdentity, decodeControl, encodeControl, type CoordinatorToRank, type RankToCoordinator } from "../../src/mpi/control.ts";
+import { onJsonLines } from "../../src/testing/json-lines.ts";
 
 /** Records events and waits (bounded) for one matching a predicate. */
 export class EventLog<E> {
@@ -155,24 +156,9 @@ export class CliProcess {
       env: opts.env ?? process.env,
       stdio: ["ignore", "pipe", "pipe"],
     });
-    let pending = "";
     this.child.stdout!.setEncoding("utf8").on("data", (s: string) => (this.stdout += s));
-    this.child.stderr!.setEncoding("utf8").on("data", (s: string) => {
-      this.stderr += s;
-      pending += s;
-      let nl: number;
-      while ((nl = pending.indexOf("\n")) >= 0) {
-        const line = pending.slice(0, nl);
-        pending = pending.slice(nl + 1);
-        if (line.startsWith("{")) {
-          try {
-            this.events.push(JSON.parse(line) as Record<string, unknown>);
-          } catch {
-            // not an event
-          }
-        }
-      }
-    });
+    this.child.stderr!.setEncoding("utf8").on("data", (s: string) => (this.stderr += s));
+    onJsonLines(this.child.stderr!, (ev) => this.events.push(ev));
     const timeoutMs = opts.timeoutMs ?? 30_000;
     this.done = new Promise((resolve, reject) => {
       const timer = setTimeout(() => {
