@@ -150,6 +150,16 @@ export async function snapshotLevelDb(path: string, what: string): Promise<Level
   }
 }
 
+/** A file's size, or `undefined` if it does not exist (any other error is thrown). */
+async function sizeOrGone(path: string): Promise<number | undefined> {
+  try {
+    return (await stat(path)).size;
+  } catch (err) {
+    if (errno(err) === "ENOENT") return undefined;
+    throw err;
+  }
+}
+
 /**
  * One attempt: copies the database at `src` into the empty directory `dst`. Resolves to
  * `undefined` if the copy is consistent, else to why it must be taken again.
@@ -159,11 +169,8 @@ async function copyOnce(src: string, dst: string, what: string): Promise<string 
   // database: see the file comment.
   const current = await readCurrent(src, what);
   const manifest = current.trim();
-  let manifestBytes: number;
-  try {
-    manifestBytes = (await stat(join(src, manifest))).size;
-  } catch (err) {
-    if (errno(err) !== "ENOENT") throw err;
+  const manifestBytes = await sizeOrGone(join(src, manifest));
+  if (manifestBytes === undefined) {
     // A process that opens the database starts a new MANIFEST, switches CURRENT to it and
     // deletes the old one; if CURRENT still names the missing file, the database is damaged.
     if ((await readCurrent(src, what)) !== current) return "CURRENT changed";
@@ -188,24 +195,14 @@ async function copyOnce(src: string, dst: string, what: string): Promise<string 
   await writeFile(join(dst, "CURRENT"), current);
   await snapshotHooks.afterCopy?.(src);
   if ((await readCurrent(src, what)) !== current) return "CURRENT changed";
-  let manifestNow: number;
-  try {
-    manifestNow = (await stat(join(src, manifest))).size;
-  } catch (err) {
-    if (errno(err) === "ENOENT") return "the MANIFEST was replaced";
-    throw err;
-  }
+  const manifestNow = await sizeOrGone(join(src, manifest));
+  if (manifestNow === undefined) return "the MANIFEST was replaced";
   if (manifestNow !== manifestBytes || (await stat(join(dst, manifest))).size !== manifestBytes) return "the MANIFEST grew";
   for (const l of logs.slice(0, -1)) {
-    let now: number;
-    try {
-      now = (await stat(join(src, l))).size;
-    } catch (err) {
-      // Deleted after its copy: retired by an edit that the MANIFEST check would have seen,
-      // had it been written before the check; retry rather than reason about the order.
-      if (errno(err) === "ENOENT") return "a log was deleted";
-      throw err;
-    }
+    const now = await sizeOrGone(join(src, l));
+    // Deleted after its copy: retired by an edit that the MANIFEST check would have seen,
+    // had it been written before the check; retry rather than reason about the order.
+    if (now === undefined) return "a log was deleted";
     if (now !== logBytes.get(l)) return `log ${l} grew after a newer log existed`;
   }
   return undefined;
