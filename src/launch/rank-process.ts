@@ -72,12 +72,13 @@ const ERROR_LINE_RE = /^\s*(?:Uncaught\s+)?(?:[A-Za-z_$][\w$.]*)?(?:Error|Except
 const INJECTED_FAULT_PREFIX = "lifeline: injected fault:";
 
 /**
- * The line that best says why a rank failed, from its stderr: the first line that states an
- * error (see ERROR_LINE_RE), else the last non-empty line other than Node's version banner.
- * `undefined` if it wrote nothing. Never throws.
+ * The line that best says why a rank failed: `first`, the first stderr line that stated an
+ * error (ERROR_LINE_RE, kept even after it left the tail), else the last non-empty line of
+ * `tail` other than Node's version banner. `undefined` if it wrote nothing. Never throws.
  *
  * @example
- * errorLineOf(["file:///app.ts:3", "    throw new Error(x)", "", "Error: bad argument", "    at ..."]); // "Error: bad argument"
+ * errorLineOf("Error: bad argument", ["    at main (app.ts:3)", "", "Node.js v22.1.0"]); // "Error: bad argument"
+ * errorLineOf(undefined, ["killed by the OOM reaper", "", "Node.js v22.1.0"]);          // "killed by the OOM reaper"
  */
 export function errorLineOf(first: string | undefined, tail: readonly string[]): string | undefined {
   if (first !== undefined) return first;
