@@ -195,6 +195,7 @@ function addRunOptions(cmd: Command, supported: string): void {
     .option("--transport <ipc|tcp>", `how ranks and coordinator connect (default ${DEFAULTS.transport}; tcp with --bind)`)
     .option("--bind <address|interface>", "tcp: the interface or IPv4 address the coordinator and the ranks listen on and advertise (default 127.0.0.1); implies --transport tcp")
     .option("--hostfile <file>", "run the ranks on these hosts (Open MPI's format: `host slots=N` per line; extra slots are spares for restarts), started through --rsh; needs --bind")
+    .option("--store-scope <scope>", "cpr: shared (one --store directory every rank reaches) or host (a --store directory on each host; each part also copied to a partner on another host); default host with --hostfile, else shared")
     .option("--rsh <command>", `remote-shell agent for --hostfile, called as COMMAND HOST CMDLINE (default ${DEFAULTS.rsh})`)
     .option("--inject <rank@trigger>", "inject a fault: 1@step:5, 2@send:3, 0@time:1500, 1@hang:step:2 (repeatable)", (v: string, prev: string[] | undefined) => [...(prev ?? []), v])
     .addHelpText(
@@ -231,6 +232,7 @@ function toFlags(app: string, args: string[], o: Record<string, unknown>): RunFl
     transport: str("transport"),
     bind: str("bind"),
     hostfile: str("hostfile"),
+    storeScope: str("storeScope"),
     rsh: str("rsh"),
     inject: (o.inject as string[] | undefined) ?? [],
     app,
@@ -244,6 +246,7 @@ function resolveStandalone(config: RunConfig, opts: Record<string, unknown>): nu
   if (config.transport !== "tcp") problems.push("lifeline coordinator listens on tcp (other engines' ranks connect to it): drop --transport ipc");
   if (config.mode === "retry-one") problems.push("--mode retry-one restarts one rank into the running job, which only the launcher can do: use lifeline run, or --mode cpr / none here");
   if (config.hosts !== undefined) problems.push("--hostfile starts ranks; lifeline coordinator leaves that to the engine: drop it (or use lifeline run)");
+  if (config.storeScope === "host") problems.push("--store-scope host needs to know each rank's host, which only lifeline run does (--hostfile); lifeline coordinator keeps lines in one --store every rank reaches");
   if (config.faults.some((f) => f !== "")) problems.push("--inject sets the ranks' fault variables, which the engine starts: set LIFELINE_FAULTS there");
   let port = 0;
   if (typeof opts.port === "string") {

@@ -15,7 +15,7 @@ import { startWatchdog } from "./launch/watchdog.ts";
 import { BACKOFF_MAX_MS } from "./launch/backoff.ts";
 import { coordinatedHook } from "./cpr/coordinated/driver.ts";
 import { retryOneHook } from "./cpr/retry-one/driver.ts";
-import { LevelRecoveryStore } from "./store/level-store.ts";
+import { rankStores } from "./cpr/coordinated/host-stores.ts";
 
 export { ANY_SOURCE, ANY_TAG, TAG_MAX } from "./mpi/types.ts";
 export type {
@@ -47,7 +47,8 @@ export async function init(options: InitOptions = {}): Promise<World> {
     await watchdog.ready;
     // cpr: each rank writes its parts of recovery lines into its own part store (LevelDB
     // admits one process per database), opened on first use.
-    const cpr = place.mode === "cpr" ? coordinatedHook(() => new LevelRecoveryStore(place.store).openRank(place.rank)) : undefined;
+    const stores = place.mode === "cpr" ? rankStores(place.store, place.rank) : undefined;
+    const cpr = stores === undefined ? undefined : coordinatedHook(stores.open, { hostStores: stores.hostStores });
     // retry-one: a dead peer must be running again within the launcher's longest restart
     // back-off plus a start-up (a restarted rank must beat within --failure-timeout) plus the
     // failure timeout; past that the survivors fail with MPI_TIMEOUT. This is the backstop: when

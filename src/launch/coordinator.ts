@@ -47,6 +47,8 @@ export type CoordinatorEvent =
   | { kind: "rank-abort"; rank: number; code: string; message: string }
   /** retry-one: a restarted rank caught up with the others (see control.ts `retry-caught-up`). */
   | { kind: "caught-up"; rank: number; attempt: number; restored: number; version: number; seqno: number; replayed: number }
+  /** {@link CoordinatorOptions.beforeTables} failed: the tables cannot be sent. */
+  | { kind: "tables-failed"; code: string; message: string }
   /** Not every rank said hello within the rendezvous timeout. */
   | { kind: "rendezvous-timeout"; missing: number[]; timeoutMs: number }
   | { kind: "warning"; message: string };
@@ -76,6 +78,12 @@ export interface CoordinatorOptions {
   tableFor?: (rank: number) => Partial<Extract<CoordinatorToRank, { t: "table" }>>;
   /** A job across hosts: each rank's host index at the job's start (`table.hosts`). */
   hosts?: readonly number[] | undefined;
+  /**
+   * Every rank said hello (a start of all ranks): work to finish before the tables go out
+   * (cpr with per-host stores: find and fetch the parts of the recovery line). Meanwhile the
+   * ranks' messages flow as usual; a rejection is reported as `tables-failed`.
+   */
+  beforeTables?: () => Promise<void>;
 }
 
 /** Per-rank view of the control channel. */
@@ -106,6 +114,8 @@ export class Coordinator {
   private readonly byIdentity = new Map<string, number>();
   private phase: Phase = "new";
   private helloCount = 0;
+  /** Counts rendezvous rounds: tables prepared for an older round are not sent. */
+  private round = 0;
   private finalizedCount = 0;
   private rendezvousTimer: NodeJS.Timeout | undefined;
   private sendChain: Promise<void> = Promise.resolve();
@@ -208,6 +218,7 @@ export class Coordinator {
     this.byIdentity.clear();
     this.helloCount = 0;
     this.finalizedCount = 0;
+    this.round++;
     this.links.forEach((l, r) => {
       l.attempt = attempts[r]!;
       l.identity = controlIdentity(r, l.attempt);
@@ -267,6 +278,11 @@ export class Coordinator {
     if (rendezvous) return;
     this.down.add(rank);
     this.rejoining.add(rank);
+  }
+
+  /** Sends one message to rank `rank`'s current incarnation (if it said hello). */
+  sendToRank(rank: number, msg: CoordinatorToRank): void {
+    if (this.links[rank]?.up === true) void this.send(rank, msg);
   }
 
   /** Sends `msg` to every rank that said hello in the current round. */
@@ -368,6 +384,8 @@ export class Coordinator {
       case "cpr-ready":
       case "cpr-part":
       case "cpr-part-failed":
+      case "cpr-held":
+      case "cpr-copy":
         // The coordinated-checkpoint protocol's messages go to the initiator (the owner).
         this.opts.onEvent({ kind: "cpr", rank, msg });
         return;
@@ -443,6 +461,23 @@ export class Coordinator {
   private onAllUp(): void {
     this.clearRendezvousTimer();
     this.phase = "running";
+    const before = this.opts.beforeTables;
+    if (before === undefined) {
+      this.sendTables();
+      return;
+    }
+    const round = this.round;
+    before().then(
+      () => { if (round === this.round && this.phase === "running") this.sendTables(); },
+      (err: unknown) => {
+        if (round !== this.round || this.phase !== "running") return;
+        const code = err instanceof LifelineError ? err.code : "LAUNCH_SPAWN";
+        this.opts.onEvent({ kind: "tables-failed", code, message: errorMessage(err) });
+      },
+    );
+  }
+
+  private sendTables(): void {
     const endpoints = this.links.map((l) => l.endpoint!);
     const table: CoordinatorToRank = {
       t: "table", jobKey: this.opts.jobKey, endpoints, attempts: this.links.map((l) => l.attempt),
@@ -570,11 +605,24 @@ function malformed(msg: RankToCoordinator, size: number): string | undefined {
     case "cpr-part-failed":
       // The initiator checks the rest of the message; an epoch is what every one of them needs.
       return isCount(m.epoch) ? undefined : `${msg.t} needs an epoch count`;
+    case "cpr-held": {
+      const ok = Array.isArray(m.parts) && m.parts.every((x: unknown) => x !== null && typeof x === "object" && isPartRef((x as { ref?: unknown }).ref) && typeof (x as { where?: unknown }).where === "string");
+      return ok ? undefined : "cpr-held needs a list of parts, each a part reference and where it is";
+    }
+    case "cpr-copy":
+      if (!isRank(m.of) || !isCount(m.epoch)) return "cpr-copy needs of (a rank) and an epoch count";
+      return m.part instanceof Uint8Array || typeof m.error === "string" ? undefined : "cpr-copy needs the part's bytes or an error";
     case "retry-caught-up":
       return isCount(m.attempt) && isCount(m.restored) && isCount(m.version) && isCount(m.seqno) && isCount(m.replayed) ? undefined : "retry-caught-up needs attempt, restored, version, seqno and replayed counts";
     default:
       return `unknown message type ${JSON.stringify((msg as { t: unknown }).t)}`;
   }
+}
+
+function isPartRef(v: unknown): boolean {
+  if (v === null || typeof v !== "object") return false;
+  const r = v as Record<string, unknown>;
+  return [r.rank, r.epoch, r.checksum, r.bytes].every((n) => Number.isSafeInteger(n) && (n as number) >= 0);
 }
 
 /** A routing id for a log line: zeromq generates binary ids for peers that set none. */

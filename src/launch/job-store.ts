@@ -32,6 +32,8 @@
  */
 import { createHash, randomBytes } from "node:crypto";
 import { readFileSync, realpathSync } from "node:fs";
+import { readdir } from "node:fs/promises";
+import { join } from "node:path";
 import { hostname } from "node:os";
 import { LifelineError, errorMessage, isLifelineError } from "../errors.ts";
 import { describeIdentity, launcherAlive, type JobIdentity } from "../store/job.ts";
@@ -123,6 +125,47 @@ export interface StoreClaim {
   readonly action: Exclude<ClaimAction, { kind: "refuse" }>;
   /** The program changed since the lines were written (resume only): a warning for the user. */
   readonly programChanged: string | undefined;
+  /**
+   * Per-host stores: the launcher's manifest was empty (it runs on a host new to the job) and
+   * took the commit records a rank kept on this host; what it took, for the user.
+   */
+  readonly adopted?: string | undefined;
+}
+
+/**
+ * Per-host stores: fills an empty manifest from the newest copy of the commit records that a
+ * rank kept on this host (`<store>/replica-<r>`), so a launcher started on a surviving host
+ * after the first launcher's host was lost finds the job's lines. The copies are read from
+ * snapshots (no lock taken). Resolves to what was taken, or undefined if no copy has a line.
+ * Line times become the time of the copy.
+ */
+async function adoptReplica(root: string, manifest: LineManifest): Promise<string | undefined> {
+  let names: string[];
+  try {
+    names = (await readdir(root)).filter((n) => /^replica-\d+$/.test(n));
+  } catch {
+    return undefined;
+  }
+  let best: { job: JobRecord; lines: LineRecord[]; from: string } | undefined;
+  const newer = (a: LineRecord, b: LineRecord): boolean => (a.job?.run ?? 0) !== (b.job?.run ?? 0) ? (a.job?.run ?? 0) > (b.job?.run ?? 0) : a.epoch > b.epoch;
+  for (const name of names) {
+    let copy: LineManifest | undefined;
+    try {
+      copy = await new LevelRecoveryStore(join(root, name), { snapshot: true }).openManifest();
+      const job = await copy.job();
+      const lines = await copy.list();
+      if (job === undefined || lines.length === 0) continue;
+      if (best === undefined || newer(lines[lines.length - 1]!, best.lines[best.lines.length - 1]!)) best = { job, lines, from: name };
+    } catch {
+      // A damaged or half-written copy: the others may do.
+    } finally {
+      await copy?.close().catch(() => undefined);
+    }
+  }
+  if (best === undefined) return undefined;
+  await manifest.putJob(best.job);
+  for (const l of best.lines) await manifest.commitLine(l.epoch, l.parts, { ...(l.job === undefined ? {} : { job: l.job }), ...(l.meta === undefined ? {} : { meta: l.meta }) });
+  return `this host's manifest in ${root} was empty: took job ${best.job.id}'s ${best.lines.length} commit record(s) from the copy kept in ${best.from} (rank ${best.from.slice("replica-".length)} ran here)`;
 }
 
 /**
@@ -148,6 +191,10 @@ export async function claimStore(config: RunConfig, opts: { jobIdBase: string; n
     throw err;
   }
   try {
+    let adopted: string | undefined;
+    if (config.storeScope === "host" && (await manifest.job()) === undefined && (await manifest.list()).length === 0) {
+      adopted = await adoptReplica(store.location, manifest);
+    }
     const held = { job: await manifest.job(), lines: await manifest.list() };
     const me = identityOf(config);
     const action = decideClaim(held, me, config.resume, { location: config.store, alive: launcherAlive });
@@ -172,7 +219,7 @@ export async function claimStore(config: RunConfig, opts: { jobIdBase: string; n
     const programChanged = action.kind === "resume" && action.job.programSha256 !== sha
       ? `${me.app} changed since run ${action.job.run} of this job wrote its lines (sha-256 ${action.job.programSha256.slice(0, 12)}… then, ${sha.slice(0, 12)}… now); resuming anyway: the program must still read the state those lines hold`
       : undefined;
-    return { manifest, job, action, programChanged };
+    return { manifest, job, action, programChanged, adopted };
   } catch (err) {
     await manifest.close().catch(() => undefined);
     throw err;

@@ -91,6 +91,13 @@ export interface RunConfig {
   hosts: HostSlots[] | undefined;
   /** `--rsh`: the remote-shell agent's argv, called as `AGENT HOST COMMAND` (default `ssh`). */
   rsh: string[];
+  /**
+   * cpr: `shared`: `--store` is one directory every rank reaches (one host, or a shared
+   * filesystem); `host`: each host has its own `--store` directory, and parts are copied to a
+   * partner rank on another host (src/store/partners.ts). `--store-scope`, default `host` with
+   * `--hostfile`, else `shared`.
+   */
+  storeScope: "shared" | "host";
   /** `LIFELINE_FAULTS` of each rank ("" = none), from `--inject`. */
   faults: string[];
   /** retry-one: ring successors that keep a copy of each rank's state (`--replicas`, default 2). */
@@ -123,6 +130,7 @@ export interface RunFlags {
   bind?: string | undefined;
   hostfile?: string | undefined;
   rsh?: string | undefined;
+  storeScope?: string | undefined;
   inject?: string[] | undefined;
   replicas?: string | undefined;
   /** false for `--no-spare`. */
@@ -332,6 +340,10 @@ export function resolveRunConfig(flags: RunFlags, ctx: { cwd: string }): RunConf
     problems.push("--hostfile needs --bind: the interface or address (of this host) on which ranks on the other hosts reach the coordinator");
   }
   const rsh = (flags.rsh ?? DEFAULTS.rsh).trim().split(/\s+/).filter((w) => w !== "");
+  const storeScope = flags.storeScope === undefined ? (flags.hostfile === undefined ? "shared" : "host") : check(() => {
+    if (flags.storeScope !== "shared" && flags.storeScope !== "host") throw usage(`--store-scope ${JSON.stringify(flags.storeScope)}: expected shared (one directory every rank reaches) or host (a directory on each host, parts copied to a partner on another host)`);
+    return flags.storeScope;
+  });
   if (rsh.length === 0) problems.push("--rsh needs a command (e.g. ssh, or \"ssh -p 2222\")");
   const bindAddress = flags.bind === undefined ? undefined : check(() => {
     const r = resolveBind(flags.bind!);
@@ -383,6 +395,7 @@ export function resolveRunConfig(flags: RunFlags, ctx: { cwd: string }): RunConf
     checkpointEvery: checkpointEvery!,
     store: resolve(ctx.cwd, flags.store ?? DEFAULTS.store),
     keepLines: keepLines!,
+    storeScope: storeScope!,
     maxRestarts: maxRestarts!,
     restartResetMs,
     errorFile,

@@ -16,7 +16,7 @@ import type { JobEvent } from "./progress.ts";
 
 /** Why a rank (or the job as a whole) failed. */
 export interface RankFailure {
-  kind: "exit" | "abort" | "heartbeat" | "stuck" | "start" | "bad-result" | "rendezvous" | "spawn" | "release-hang" | "interrupted";
+  kind: "exit" | "abort" | "heartbeat" | "stuck" | "start" | "bad-result" | "rendezvous" | "spawn" | "release-hang" | "interrupted" | "restore";
   /** The rank at fault, if one is. */
   rank: number | undefined;
   code: LifelineErrorCode;
@@ -27,7 +27,7 @@ export interface RankFailure {
 }
 
 /** Failures that a restart cannot fix, in any mode: the program or the launch itself is wrong. */
-export const FATAL_KINDS: readonly RankFailure["kind"][] = ["abort", "bad-result", "release-hang", "rendezvous", "spawn", "interrupted"];
+export const FATAL_KINDS: readonly RankFailure["kind"][] = ["abort", "bad-result", "release-hang", "rendezvous", "spawn", "interrupted", "restore"];
 
 /** What a policy may look at. */
 export interface JobView {
@@ -65,6 +65,13 @@ export interface RestartPolicy {
   onStep?(rank: number, steps: number): void;
   /** Every rank is down for a restart of all: choose what they restore from. */
   prepareRestart?(attempt: number): Promise<void>;
+  /**
+   * Every rank of a start of all said hello; the tables go out when this resolves (cpr with
+   * per-host stores: the ranks report the parts they hold, and copies of lost parts are
+   * fetched). `hosts` is each rank's host index now, in a job across hosts. A rejection fails
+   * the job (`restore`).
+   */
+  beforeTables?(hosts: readonly number[] | undefined): Promise<void>;
   /** Extra fields of one rank's table (cpr: its part of the recovery line). */
   tableFor?(rank: number): Partial<Extract<CoordinatorToRank, { t: "table" }>>;
   /** What the results file should say about recovery (e.g. the epochs rolled back to). */
@@ -85,6 +92,8 @@ export interface JobEnd {
 export interface PolicyContext {
   /** Sends a message to every rank of the current attempt. */
   broadcast(msg: CoordinatorToRank): void;
+  /** Sends a message to one rank of the current attempt (if it said hello). */
+  send(rank: number, msg: CoordinatorToRank): void;
   report(ev: JobEvent): void;
 }
 

@@ -117,6 +117,9 @@ export async function runStandalone(config: RunConfig & { port: number }, io: { 
         case "rendezvous-timeout":
           fail({ code: "LAUNCH_RENDEZVOUS", message: `rank${ev.missing.length === 1 ? "" : "s"} ${ev.missing.join(", ")} did not join within ${ev.timeoutMs} ms (--rendezvous-timeout): has the engine started them, with LIFELINE_COORDINATOR=${coordinator.endpoint}?` });
           return;
+        case "tables-failed":
+          fail({ code: ev.code as LifelineErrorCode, message: ev.message });
+          return;
         case "cpr":
           policy?.onCprMessage(ev.rank, ev.msg);
           return;
@@ -147,7 +150,7 @@ export async function runStandalone(config: RunConfig & { port: number }, io: { 
   try {
     // The recovery line is chosen (and the ranks' stores are tidied) before anything listens:
     // the engine's ranks may be waiting already, and must get the line in their table.
-    await policy?.attach({ broadcast: (msg) => coordinator.broadcast(msg), report: (ev) => reporter.event(ev) });
+    await policy?.attach({ broadcast: (msg) => coordinator.broadcast(msg), send: (rank, msg) => coordinator.sendToRank(rank, msg), report: (ev) => reporter.event(ev) });
     const endpoint = await coordinator.start();
     reporter.event({ kind: "job-starting", job: jobId, size: config.size, mode: config.mode, app: config.app, coordinator: endpoint, transport: "tcp" });
     await over;

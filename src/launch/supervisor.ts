@@ -62,7 +62,7 @@ export interface FailureRecord {
   attempt: number;
   pid: number | undefined;
   /** What was seen: the process exited (code) or died of a signal, or the launcher's detectors fired. */
-  cause: "exit-code" | "signal" | "heartbeat" | "stuck" | "start" | "abort" | "bad-result" | "rendezvous" | "release-hang" | "spawn";
+  cause: "exit-code" | "signal" | "heartbeat" | "stuck" | "start" | "abort" | "bad-result" | "rendezvous" | "release-hang" | "spawn" | "restore";
   exitCode: number | null;
   signal: string | null;
   /** The error code of the failure (LAUNCH_RANK_FAILED, LAUNCH_HEARTBEAT, LAUNCH_STUCK, ...). */
@@ -210,6 +210,7 @@ export class Supervisor {
       rendezvousTimeoutMs: this.config.rendezvousTimeoutMs,
       onEvent: (ev) => this.onCoordinatorEvent(ev),
       tableFor: this.policy.tableFor === undefined ? undefined : (rank) => this.policy.tableFor!(rank),
+      beforeTables: this.policy.beforeTables === undefined ? undefined : () => this.policy.beforeTables!(this.placement?.groups()),
       hosts: this.initialHosts,
     });
     this.coordinator = coordinator;
@@ -229,6 +230,7 @@ export class Supervisor {
       this.detectorTimer.unref();
       await this.policy.attach?.({
         broadcast: (msg) => coordinator.broadcast(msg),
+        send: (rank, msg) => coordinator.sendToRank(rank, msg),
         report: (ev) => this.deps.reporter.event(ev),
       });
       await this.spawnAll(endpoint, 0);
@@ -485,6 +487,9 @@ export class Supervisor {
         });
         return;
       }
+      case "tables-failed":
+        this.fail({ kind: "restore", rank: undefined, code: ev.code as LifelineErrorCode, message: ev.message, exitStatus: undefined });
+        return;
       case "warning":
         this.deps.reporter.event({ kind: "warning", message: ev.message });
         return;
@@ -918,6 +923,7 @@ function recordCause(failure: RankFailure, exit: RankExit | undefined): FailureR
     case "rendezvous":
     case "release-hang":
     case "spawn":
+    case "restore":
       return failure.kind;
     case "interrupted":
       return "exit-code"; // not recorded

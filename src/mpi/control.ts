@@ -34,6 +34,13 @@ export type RankToCoordinator =
   | { t: "cpr-part"; rank: number; epoch: number; ref: { rank: number; epoch: number; checksum: number; bytes: number } }
   /** The rank could not write its part of line `epoch` (the line cannot commit). */
   | { t: "cpr-part-failed"; rank: number; epoch: number; message: string }
+  /**
+   * Per-host stores, before the table: every part this rank verified in its host's store
+   * (`where`: the database, e.g. `rank-2` or `held-by-0/rank-2`), the answer to `cpr-inventory`.
+   */
+  | { t: "cpr-held"; rank: number; parts: { ref: PartRefWire; where: string }[] }
+  /** Per-host stores: the answer to `cpr-fetch`, the copy's bytes (or why there are none). */
+  | { t: "cpr-copy"; rank: number; of: number; epoch: number; part?: Uint8Array; error?: string }
   // ---- retry-one, see src/cpr/retry-one ----
   /**
    * A restarted rank caught up: it restored checkpoint `restored` from its peers (0: none),
@@ -51,7 +58,17 @@ export type CoordinatorToRank =
    */
   | {
     t: "table"; jobKey: number; endpoints: string[]; attempts: number[];
-    restore?: { epoch: number; ref: { rank: number; epoch: number; checksum: number; bytes: number } };
+    restore?: {
+      epoch: number; ref: PartRefWire;
+      /** Per-host stores: the part itself, fetched from its partner copy (this host lost it). */
+      part?: Uint8Array;
+    };
+    /**
+     * Per-host stores (cpr): the rank that keeps a copy of this rank's parts, on another host,
+     * and the committed lines to keep (every other part goes, also newer ones).
+     */
+    partner?: number;
+    keep?: number[];
     /** retry-one: ranks down right now (dead, not running again yet). */
     down?: number[];
     /**
@@ -76,7 +93,15 @@ export type CoordinatorToRank =
   /** stopRecording: every rank is ready; stop logging and write your part of line `epoch`. */
   | { t: "cpr-stop"; epoch: number }
   /** Line `epoch` is committed; parts of epochs not in `keep` may be deleted. */
-  | { t: "cpr-committed"; epoch: number; keep: number[] }
+  | {
+    t: "cpr-committed"; epoch: number; keep: number[];
+    /** Per-host stores: the commit record and the job record, kept on every host. */
+    line?: LineRecordWire; job?: Record<string, unknown>;
+  }
+  /** Per-host stores, before the table: report every part your host's store holds (`cpr-held`). */
+  | { t: "cpr-inventory" }
+  /** Per-host stores, before the table: send part `ref` from database `where` of your host's store (`cpr-copy`). */
+  | { t: "cpr-fetch"; of: number; ref: PartRefWire; where: string }
   /** Line `epoch` will never be committed: delete your part of it (or do not write it). */
   | { t: "cpr-aborted"; epoch: number }
   /**
@@ -86,6 +111,12 @@ export type CoordinatorToRank =
    * network is partitioned, or the rank was declared dead and replaced).
    */
   | { t: "lease" };
+
+/** A part of a recovery line as messages name it (src/store/types.ts PartRef). */
+export interface PartRefWire { rank: number; epoch: number; checksum: number; bytes: number }
+
+/** A commit record as messages carry it (src/store/types.ts LineRecord, without meta). */
+export interface LineRecordWire { epoch: number; timeMs: number; parts: PartRefWire[]; job?: { id: string; run: number } }
 
 export type ControlMessage = RankToCoordinator | CoordinatorToRank;
 

@@ -221,6 +221,8 @@ export class World implements WorldApi {
       case "cpr-stop":
       case "cpr-committed":
       case "cpr-aborted":
+      case "cpr-inventory": // these two come before the table
+      case "cpr-fetch":
         this.cpr?.onControl(msg);
         break;
     }

@@ -52,7 +52,7 @@ import type { LineManifest, RankPartStore, RecoveryStore } from "./types.ts";
 export const STORE_MARKER = "LIFELINE-STORE";
 const MARKER_BODY = JSON.stringify({ format: "lifeline-store", version: 1 }) + "\n";
 /** Entries a store directory may hold; anything else means it is someone else's directory. */
-const OWN_ENTRY_RE = /^(LIFELINE-STORE(\.tmp-[0-9a-f]+)?|manifest(\.tmp-[0-9a-f]+)?|rank-\d+)$/;
+const OWN_ENTRY_RE = /^(LIFELINE-STORE(\.tmp-[0-9a-f]+)?|manifest(\.tmp-[0-9a-f]+)?|rank-\d+|held-by-\d+|replica-\d+)$/;
 const RANK_DIR_RE = /^rank-(\d+)$/;
 
 /**

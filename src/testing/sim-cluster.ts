@@ -195,7 +195,7 @@ export class SimCoordinator {
       broadcast: (msg) => {
         for (let r = 0; r < this.size; r++) this.send(r, msg);
       },
-      onDurable: (epoch) => {
+      onDurable: ({ epoch }) => {
         this.committed.push(epoch);
         this.onCommitted(epoch);
       },

@@ -11,7 +11,9 @@
  * disks), a hostfile giving each 2 slots (4 ranks: hosts 1 and 2 full, host 3 spare), the
  * launcher running on host 1 with `--bind 198.18.0.1 --rsh test/fixtures/netns/rsh` (the agent
  * behaves as ssh: when its host dies it hangs, so only heartbeats tell). Stores live on the
- * machine's shared disk. References are `--mode none` runs on this machine. Needs root; without
+ * machine's shared disk, or (`--store-scope host`, the default with a hostfile) on each host's
+ * own disk, where a host's loss takes its parts and, for the launcher's host, the manifest.
+ * References are `--mode none` runs on this machine. Needs root; without
  * it the test fails and says why.
  */
 import { spawn } from "node:child_process";
@@ -57,10 +59,10 @@ interface HostRun {
  * Runs `lifeline run --json` on test host `host` (0-based) with the hostfile; `onEvent` sees
  * each event as it comes and may act on the cluster.
  */
-function runOnHost(host: number, name: string, flags: readonly string[], program: readonly string[], onEvent?: (ev: Record<string, unknown>) => void, hostfile = "hostfile"): Promise<HostRun> {
+function runOnHost(host: number, name: string, flags: readonly string[], program: readonly string[], onEvent?: (ev: Record<string, unknown>) => void, hostfile = "hostfile", store = join(runs.path, `${name}.store`)): Promise<HostRun> {
   const results = join(runs.path, `${name}.json`);
   const argv = [process.execPath, CLI, "run", "--json", "--bind", cluster.hosts[host]!.address, "--hostfile", join(runs.path, hostfile), "--rsh", netnsRshAgent,
-    "--store", join(runs.path, `${name}.store`), "--results", results, ...flags, ...program];
+    "--store", store, "--results", results, ...flags, ...program];
   const child = cluster.spawn(host, argv, { cwd: ROOT, env: { ...process.env, ...cluster.agentEnv }, stdio: ["ignore", "ignore", "pipe"] });
   const events: Record<string, unknown>[] = [];
   let stderr = "";
@@ -99,6 +101,21 @@ function killAtStep(i: number, rank: number, steps: number): (ev: Record<string,
   };
 }
 
+/** Kills test host `i` once `lines` recovery lines were committed; `at` is when (undefined: not yet). */
+function killAfterLines(i: number, lines: number): { onEvent: (ev: Record<string, unknown>) => void; at: () => number | undefined } {
+  let seen = 0;
+  let at: number | undefined;
+  return {
+    onEvent: (ev) => {
+      if (ev.event === "line-committed") seen++;
+      if (at !== undefined || seen < lines) return;
+      at = performance.now();
+      void cluster.killHost(i);
+    },
+    at: () => at,
+  };
+}
+
 describe("a job across hosts", () => {
   it("runs ranks on the hosts of the hostfile, over their own addresses; results equal a one-host run", async () => {
     const ref = await reference("ref-logreg", LOGREG);
@@ -127,17 +144,10 @@ describe("a job across hosts", () => {
 
   it("cpr: host 2 dies; every rank restarts from the last line, the lost ones on the spare host, bit-identical", async () => {
     const ref = await reference("ref-heat", HEAT);
-    let lines = 0;
-    let killed = false;
-    const r = await runOnHost(0, "cpr", ["-n", "4", "--mode", "cpr", "--checkpoint-every", "100ms", ...FAST], HEAT, (ev) => {
-      if (ev.event === "line-committed") lines++;
-      if (!killed && lines >= 2) {
-        killed = true;
-        void cluster.killHost(1);
-      }
-    });
+    const kill = killAfterLines(1, 2);
+    const r = await runOnHost(0, "cpr", ["-n", "4", "--mode", "cpr", "--checkpoint-every", "100ms", ...FAST], HEAT, kill.onEvent);
     expect(r.code, tail(r)).toBe(0);
-    expect(killed).toBe(true);
+    expect(kill.at()).toBeDefined();
     expect(r.doc!.ranks).toEqual(ref);
     expect(r.doc!.restarts).toBeGreaterThanOrEqual(1);
     const rollback = (r.doc!.recovery!.rollbacks as { epoch: number }[])[0]!;
@@ -147,15 +157,9 @@ describe("a job across hosts", () => {
 
   it("the coordinator's host dies: every other rank ends itself within the failure timeout + 2 s; --resume on a survivor finishes, bit-identical", async () => {
     const ref = await reference("ref-heat2", HEAT);
-    let lines = 0;
-    let killedAt: number | undefined;
-    const first = await runOnHost(0, "coordlost", ["-n", "4", "--mode", "cpr", "--checkpoint-every", "100ms", ...FAST], HEAT, (ev) => {
-      if (ev.event === "line-committed") lines++;
-      if (killedAt === undefined && lines >= 2) {
-        killedAt = performance.now();
-        void cluster.killHost(0);
-      }
-    });
+    const kill = killAfterLines(0, 2);
+    const first = await runOnHost(0, "coordlost", ["-n", "4", "--mode", "cpr", "--checkpoint-every", "100ms", ...FAST], HEAT, kill.onEvent);
+    const killedAt = kill.at();
     expect(killedAt, tail(first)).toBeDefined();
     // Ranks 2 and 3 on host 2 hear no lease any more: gone within the bound.
     let goneMs: number | undefined;
@@ -174,6 +178,41 @@ describe("a job across hosts", () => {
     expect(resumed.doc!.ranks).toEqual(ref);
     expect(resumed.events.find((e) => e.event === "job-resuming")).toMatchObject({ run: 2, previousState: "running" });
     expect(resumed.doc).toMatchObject({ run: 2, recovery: { resumedFrom: expect.any(Number) } });
+  }, 2 * TIMEOUT_MS);
+
+  it("cpr, a store on each host's own disk: host 2 dies with its disk; its ranks restore from their partners' copies, bit-identical", async () => {
+    const ref = await reference("ref-heat3", HEAT);
+    const kill = killAfterLines(1, 2);
+    const r = await runOnHost(0, "local", ["-n", "4", "--mode", "cpr", "--checkpoint-every", "100ms", ...FAST], HEAT, kill.onEvent, "hostfile", join(cluster.diskPath, "local.store"));
+    expect(r.code, tail(r)).toBe(0);
+    expect(kill.at()).toBeDefined();
+    expect(r.doc!.ranks).toEqual(ref);
+    const rollback = (r.doc!.recovery!.rollbacks as { epoch: number }[])[0]!;
+    expect(rollback.epoch).toBeGreaterThan(0); // from a line, not from the beginning
+    expect(spawnedOn(r, 1)).toEqual({ 0: "198.18.0.1", 1: "198.18.0.1", 2: "198.18.0.3", 3: "198.18.0.3" });
+    // Ranks 2 and 3 had their parts on host 2's disk only, and their copies on host 1 (ranks 0, 1).
+    const copies = r.events.filter((e) => e.event === "warning" && /restoring it from the partner copy/.test(e.message as string)).map((e) => e.message as string);
+    expect(copies.map((m) => /rank (\d+)'s part/.exec(m)![1]).sort()).toEqual(["2", "3"]);
+  }, TIMEOUT_MS);
+
+  it("cpr, a store on each host's own disk: the coordinator's host dies with its manifest; --resume on a survivor finds the lines in the copies kept there", async () => {
+    const ref = await reference("ref-heat4", HEAT);
+    const kill = killAfterLines(0, 2);
+    const store = join(cluster.diskPath, "lost.store"); // the same path on every host, a disk of its own on each
+    const first = await runOnHost(0, "lost", ["-n", "4", "--mode", "cpr", "--checkpoint-every", "100ms", ...FAST], HEAT, kill.onEvent, "hostfile", store);
+    expect(kill.at(), tail(first)).toBeDefined();
+    for (let i = 0; i < 100 && (await cluster.pids(1)).length > 0; i++) await new Promise((res) => setTimeout(res, 50));
+    const resumed = await runOnHost(1, "lost", ["-n", "4", "--mode", "cpr", "--checkpoint-every", "100ms", "--resume", ...FAST], HEAT, undefined, "survivors", store);
+    expect(resumed.code, tail(resumed)).toBe(0);
+    expect(resumed.doc!.ranks).toEqual(ref);
+    expect(resumed.events.some((e) => e.event === "warning" && /took job .* commit record/.test(e.message as string))).toBe(true);
+    expect(resumed.doc).toMatchObject({ run: 2, recovery: { resumedFrom: expect.any(Number) } });
+    // Ranks 0 and 1 ran on the lost host: their parts come from their partner's copies on host
+    // 2; ranks 2 and 3 now run on host 3, and their parts come from their own stores on host 2.
+    const from = (what: string): number[] => resumed.events.filter((e) => e.event === "warning" && (e.message as string).includes(`restoring it from ${what}`))
+      .map((e) => Number(/rank (\d+)'s part/.exec(e.message as string)![1])).sort();
+    expect(from("the partner copy")).toEqual([0, 1]);
+    expect(from("its own part store")).toEqual([2, 3]);
   }, 2 * TIMEOUT_MS);
 
   it("a partition longer than the failure timeout: the cut-off ranks restart on the spare host; the old ones end themselves", async () => {

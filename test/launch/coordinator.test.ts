@@ -10,6 +10,7 @@ import { afterEach, describe, expect, it } from "vitest";
 import { encodeValue } from "../../src/mpi/codec.ts";
 import { Coordinator, type CoordinatorEvent } from "../../src/launch/coordinator.ts";
 import { heartbeatIdentity } from "../../src/mpi/control.ts";
+import { LifelineError } from "../../src/errors.ts";
 import { EventLog, FakeRank, tempDir } from "./helpers.ts";
 
 let cleanups: (() => Promise<void> | void)[] = [];
@@ -18,7 +19,7 @@ afterEach(async () => {
   cleanups = [];
 });
 
-async function startCoordinator(size: number, opts: { transport?: "ipc" | "tcp"; rendezvousTimeoutMs?: number; jobKey?: number; warningsMax?: number } = {}) {
+async function startCoordinator(size: number, opts: { transport?: "ipc" | "tcp"; rendezvousTimeoutMs?: number; jobKey?: number; warningsMax?: number; beforeTables?: () => Promise<void> } = {}) {
   const { dir, cleanup } = tempDir("lifeline-coord-");
   const events = new EventLog<CoordinatorEvent>();
   const coord = new Coordinator({
@@ -29,6 +30,7 @@ async function startCoordinator(size: number, opts: { transport?: "ipc" | "tcp";
     rendezvousTimeoutMs: opts.rendezvousTimeoutMs ?? 10_000,
     onEvent: events.push,
     ...(opts.warningsMax === undefined ? {} : { warningsMax: opts.warningsMax }),
+    ...(opts.beforeTables === undefined ? {} : { beforeTables: opts.beforeTables }),
   });
   const endpoint = await coord.start();
   cleanups.push(cleanup, () => coord.close());
@@ -68,6 +70,29 @@ describe("Coordinator rendezvous", () => {
     const ups = events.all.filter((e) => e.kind === "rank-up");
     expect(ups.map((e) => (e as { rank: number }).rank)).toEqual([2, 0, 1]);
     expect(ups[0]).toMatchObject({ pid: 10_002, attempt: 0 });
+  });
+
+  it("with beforeTables: the tables go out only when it resolves, and the ranks' messages flow meanwhile; a rejection is reported", async () => {
+    let release!: () => void;
+    const gate = new Promise<void>((res) => { release = res; });
+    const { events, rank, coord } = await startCoordinator(2, { beforeTables: () => gate });
+    const r = [rank(0), rank(1)];
+    await r[0]!.hello(2);
+    await r[1]!.hello(2);
+    await events.waitFor((e) => e.kind === "rank-up" && e.rank === 1);
+    coord.sendToRank(1, { t: "cpr-inventory" });
+    await r[1]!.inbox.waitFor((m) => m.t === "cpr-inventory");
+    await r[1]!.send({ t: "cpr-held", rank: 1, parts: [{ ref: { rank: 1, epoch: 2, checksum: 3, bytes: 4 }, where: "rank-1" }] });
+    await events.waitFor((e) => e.kind === "cpr" && e.msg.t === "cpr-held");
+    expect(r[0]!.inbox.all.some((m) => m.t === "table")).toBe(false);
+    release();
+    await events.waitFor((e) => e.kind === "ready");
+    await r[0]!.inbox.waitFor((m) => m.t === "table");
+
+    const failing = await startCoordinator(1, { beforeTables: () => Promise.reject(new LifelineError("CPR_RESTORE", "no copy of rank 0's part")) });
+    await failing.rank(0).hello(1);
+    expect(await failing.events.waitFor((e) => e.kind === "tables-failed")).toEqual({ kind: "tables-failed", code: "CPR_RESTORE", message: "no copy of rank 0's part" });
+    expect(failing.events.all.some((e) => e.kind === "ready")).toBe(false);
   });
 
   it("binds tcp on 127.0.0.1 with an OS-chosen port", async () => {

@@ -99,6 +99,15 @@ describe("resolveRunConfig", () => {
     expect(usageMessage(() => resolveWith({ startTimeout: "soon" }))).toContain("--start-timeout \"soon\" is not a duration");
   });
 
+  it("--store-scope: host by default with a hostfile, shared without; anything else is refused", () => {
+    writeFileSync(join(dir, "hosts"), "127.0.0.1 slots=2\n");
+    expect(resolveWith({}).storeScope).toBe("shared");
+    expect(resolveWith({ hostfile: "hosts", bind: "127.0.0.1" }).storeScope).toBe("host");
+    expect(resolveWith({ hostfile: "hosts", bind: "127.0.0.1", storeScope: "shared" }).storeScope).toBe("shared");
+    expect(resolveWith({ storeScope: "host" }).storeScope).toBe("host");
+    expect(usageMessage(() => resolveWith({ storeScope: "nfs" }))).toContain("--store-scope \"nfs\": expected shared");
+  });
+
   it("--bind: implies tcp, resolved here for the coordinator, refused with ipc or an address of no interface", () => {
     expect(resolveWith({ bind: "127.0.0.1" })).toMatchObject({ transport: "tcp", bind: "127.0.0.1", bindAddress: "127.0.0.1" });
     expect(resolveWith({})).toMatchObject({ transport: "ipc", bind: undefined, bindAddress: undefined });

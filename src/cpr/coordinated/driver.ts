@@ -15,13 +15,15 @@
  * @example
  * const world = await World.join(place, { cpr: coordinatedHook(() => new LevelRecoveryStore(place.store).openRank(place.rank)) });
  */
-import { LifelineError } from "../../errors.ts";
+import { LifelineError, errorMessage } from "../../errors.ts";
 import { decodeValue, encodeValue } from "../../mpi/codec.ts";
-import type { CoordinatorToRank } from "../../mpi/control.ts";
+import type { CoordinatorToRank, PartRefWire } from "../../mpi/control.ts";
 import type { CprHook, CprHookFactory, CprWorldAccess, LibState, NondetEntry, NondetTicket, RawFrame } from "../../mpi/cpr-hook.ts";
 import { PROTO_CPR_BASE } from "../../mpi/cpr-hook.ts";
 import type { Host, Timer } from "../../mpi/host.ts";
 import { Flag, frameId, type Header } from "../../mpi/wire.ts";
+import { crc32 } from "../../store/checksum.ts";
+import type { JobRecord, LineManifest } from "../../store/types.ts";
 import { RankMachine, type RankEffect } from "./rank.ts";
 
 /** The part store operations the driver needs (RankPartStore satisfies it). */
@@ -33,9 +35,38 @@ export interface PartStoreLike {
   close(): Promise<void>;
 }
 
+/**
+ * Per-host stores (src/store/partners.ts): where this rank keeps the copies it holds of its
+ * partners' parts, its copy of the commit records, and, for the launcher before a table, the
+ * whole host's store. Used only when the launcher asks (a table naming a partner or the lines
+ * to keep, `cpr-inventory`, `cpr-fetch`, a `cpr-committed` with its record).
+ */
+export interface HostStores {
+  /** The store of the copies this rank keeps of rank `of`'s parts (opened once). */
+  held(of: number): Promise<PartStoreLike>;
+  /** The ranks whose copies this rank's host keeps for it (from earlier runs too). */
+  heldRanks(): Promise<number[]>;
+  /** This rank's copy of the commit records and the job record. */
+  replica(): Promise<LineManifest>;
+  /** Every part the host's store holds that verifies, with its database; `problems` say what could not be read. */
+  scan(): Promise<{ parts: { ref: PartRefWire; where: string }[]; problems: string[] }>;
+  /** Part `ref` from database `where` of the host's store, verified. */
+  read(where: string, ref: PartRefWire): Promise<Buffer>;
+  /** Closes the copies' stores and the replica (not the rank's own part store). */
+  close(): Promise<void>;
+}
+
 /** Protocol-frame tags. */
 export const PROTO_CPR_MARKER = PROTO_CPR_BASE;
 export const PROTO_CPR_EARLY = PROTO_CPR_BASE + 1;
+/** Per-host stores: a part for the partner to keep, and the partner's answer. */
+export const PROTO_CPR_COPY = PROTO_CPR_BASE + 2;
+export const PROTO_CPR_COPIED = PROTO_CPR_BASE + 3;
+/**
+ * How long a rank waits for its partner to keep a copy of its part. The initiator's phase
+ * timeout (60 s) aborts the line first; this bound frees the rank's write chain if it does not.
+ */
+export const PARTNER_COPY_TIMEOUT_MS = 90_000;
 
 /** Bound on the bytes of late frames logged in one round (…Max). */
 export const LATE_BYTES_MAX = 512 * 1024 * 1024;
@@ -70,6 +101,8 @@ export function coordinatedHook(openParts: () => Promise<PartStoreLike>, opts: C
 export interface CoordinatedDriverOptions {
   /** See {@link RECORDING_TIMEOUT_MS}. */
   readonly recordingTimeoutMs?: number;
+  /** Per-host stores; without them a launcher asking for them gets a fatal CPR_RESTORE. */
+  readonly hostStores?: HostStores;
 }
 
 export class CoordinatedDriver implements CprHook {
@@ -91,8 +124,15 @@ export class CoordinatedDriver implements CprHook {
   private failed = false;
   private recordingTimer: Timer | undefined;
   private readonly recordingTimeoutMs: number;
+  /** Per-host stores: the rank that keeps copies of this rank's parts (from the table). */
+  private partner: number | undefined;
+  /** Copies sent to the partner, waiting for its word (by epoch). */
+  private readonly copying = new Map<number, (failure: string | undefined) => void>();
+  /** Writes of the copies this rank keeps for others, in arrival order. */
+  private heldWrites: Promise<void> = Promise.resolve();
+  private readonly heldStores = new Map<number, Promise<PartStoreLike>>();
 
-  constructor(private readonly access: CprWorldAccess, private readonly host: Host, private readonly openParts: () => Promise<PartStoreLike>, opts: CoordinatedDriverOptions = {}) {
+  constructor(private readonly access: CprWorldAccess, private readonly host: Host, private readonly openParts: () => Promise<PartStoreLike>, private readonly opts: CoordinatedDriverOptions = {}) {
     this.machine = new RankMachine({ rank: access.rank, size: access.size });
     this.recordingTimeoutMs = opts.recordingTimeoutMs ?? RECORDING_TIMEOUT_MS;
   }
@@ -109,12 +149,29 @@ export class CoordinatedDriver implements CprHook {
 
   async beforeStart(table: Extract<CoordinatorToRank, { t: "table" }>): Promise<void> {
     const parts = await this.store();
+    this.partner = table.partner;
+    // Per-host stores: what is not a kept line goes, here and in the copies kept for others
+    // (the launcher cannot reach this host's disk to tidy it).
+    if (table.keep !== undefined) await this.retainEverywhere(table.keep);
     const spec = table.restore;
     if (spec === undefined) return;
     if (spec.ref.rank !== this.access.rank || spec.ref.epoch !== spec.epoch) {
       throw new LifelineError("CPR_RESTORE", `rank ${this.access.rank} was told to restore line ${spec.epoch} from rank ${spec.ref.rank}'s part of line ${spec.ref.epoch}`);
     }
-    const bytes = await parts.readPart(spec.ref);
+    let bytes: Buffer;
+    if (spec.part !== undefined) {
+      // This host lost the part (or never had it): the launcher fetched the partner's copy.
+      bytes = Buffer.from(spec.part.buffer, spec.part.byteOffset, spec.part.byteLength);
+      if (bytes.length !== spec.ref.bytes || crc32(bytes) !== spec.ref.checksum) {
+        throw new LifelineError("CPR_RESTORE", `rank ${this.access.rank}: the partner copy of its part of line ${spec.epoch} does not match the commit record (${bytes.length} bytes, expected ${spec.ref.bytes})`);
+      }
+      // Kept here again, so the line has two copies once more.
+      this.writes = this.writes.then(async () => {
+        await parts.putPart(spec.epoch, bytes);
+      }).catch((err: unknown) => this.host.warn(`lifeline: rank ${this.access.rank}: could not keep the restored part of line ${spec.epoch} in its own store: ${errorMessage(err)}`));
+    } else {
+      bytes = await parts.readPart(spec.ref);
+    }
     const part = decodeValue(bytes) as Part;
     if (part.v !== PART_FORMAT || part.epoch !== spec.epoch) {
       throw new LifelineError("CPR_RESTORE", `rank ${this.access.rank}'s part of line ${spec.epoch} has format ${part.v} and epoch ${part.epoch}; expected format ${PART_FORMAT}, epoch ${spec.epoch}`);
@@ -196,6 +253,17 @@ export class CoordinatedDriver implements CprHook {
         this.earlyLists.set(header.source, b.ids as number[]);
         this.earlyWaiter?.();
         return;
+      case PROTO_CPR_COPY:
+        this.keepCopy(header.source, body);
+        return;
+      case PROTO_CPR_COPIED: {
+        const c = body as { epoch?: unknown; failure?: unknown };
+        if (typeof c.epoch !== "number") return;
+        const done = this.copying.get(c.epoch);
+        this.copying.delete(c.epoch);
+        done?.(typeof c.failure === "string" ? c.failure : undefined);
+        return;
+      }
       default:
         return;
     }
@@ -208,6 +276,20 @@ export class CoordinatedDriver implements CprHook {
         const parts = await this.store();
         await parts.retain(keep);
       }).catch((err: unknown) => this.host.warn(`lifeline: rank ${this.access.rank}: could not delete old parts: ${(err as Error).message}`));
+      if (msg.line !== undefined) this.keepCommitRecord(msg);
+      if (this.heldStores.size > 0) {
+        this.heldWrites = this.heldWrites.then(async () => {
+          for (const held of this.heldStores.values()) await (await held).retain(keep);
+        }).catch((err: unknown) => this.host.warn(`lifeline: rank ${this.access.rank}: could not delete old partner copies: ${errorMessage(err)}`));
+      }
+      return;
+    }
+    if (msg.t === "cpr-inventory") {
+      void this.reportHeld();
+      return;
+    }
+    if (msg.t === "cpr-fetch") {
+      void this.sendCopy(msg.of, msg.ref, msg.where);
       return;
     }
     if (msg.t === "cpr-aborted") {
@@ -219,6 +301,11 @@ export class CoordinatedDriver implements CprHook {
         const parts = await this.store();
         await parts.dropParts([epoch]);
       }).catch((err: unknown) => this.host.warn(`lifeline: rank ${this.access.rank}: could not delete its part of aborted line ${epoch}: ${(err as Error).message}`));
+      if (this.heldStores.size > 0) {
+        this.heldWrites = this.heldWrites.then(async () => {
+          for (const held of this.heldStores.values()) await (await held).dropParts([epoch]);
+        }).catch((err: unknown) => this.host.warn(`lifeline: rank ${this.access.rank}: could not delete the partner copies of aborted line ${epoch}: ${errorMessage(err)}`));
+      }
       return;
     }
     this.apply(this.machine.onControl(msg));
@@ -279,8 +366,119 @@ export class CoordinatedDriver implements CprHook {
 
   async close(): Promise<void> {
     this.recordingTimer?.stop();
+    for (const done of this.copying.values()) done("the rank is closing");
+    this.copying.clear();
     await this.writes.catch(() => undefined);
+    await this.heldWrites.catch(() => undefined);
     await this.parts?.close();
+    await this.opts.hostStores?.close();
+  }
+
+  // ---- per-host stores (src/store/partners.ts) ----
+
+  private hostStores(): HostStores {
+    const hs = this.opts.hostStores;
+    if (hs === undefined) throw new LifelineError("CPR_RESTORE", `rank ${this.access.rank}: the launcher keeps recovery lines on every host (per-host stores), which this rank cannot do`);
+    return hs;
+  }
+
+  private heldStore(of: number): Promise<PartStoreLike> {
+    let s = this.heldStores.get(of);
+    if (s === undefined) {
+      s = this.hostStores().held(of);
+      s.catch(() => undefined);
+      this.heldStores.set(of, s);
+    }
+    return s;
+  }
+
+  /** Deletes every part and kept copy that is not of a line in `keep` (newer ones too). */
+  private async retainEverywhere(keep: readonly number[]): Promise<void> {
+    const parts = await this.store();
+    await parts.retain(keep, { dropNewer: true });
+    if (this.opts.hostStores === undefined) return;
+    for (const of of await this.opts.hostStores.heldRanks()) await (await this.heldStore(of)).retain(keep, { dropNewer: true });
+  }
+
+  /** `cpr-inventory`: every part this host's store holds, for the launcher. */
+  private async reportHeld(): Promise<void> {
+    const rank = this.access.rank;
+    try {
+      const { parts, problems } = await this.hostStores().scan();
+      for (const p of problems) this.host.warn(`lifeline: rank ${rank}: cannot read part of this host's store, leaving it out: ${p}`);
+      this.access.sendControl({ t: "cpr-held", rank, parts });
+    } catch (err) {
+      this.fatalError(err);
+    }
+  }
+
+  /** `cpr-fetch`: part `ref` from database `where` of this host's store, to the launcher. */
+  private async sendCopy(of: number, ref: PartRefWire, where: string): Promise<void> {
+    const rank = this.access.rank;
+    try {
+      const bytes = await this.hostStores().read(where, ref);
+      this.access.sendControl({ t: "cpr-copy", rank, of, epoch: ref.epoch, part: bytes });
+    } catch (err) {
+      this.access.sendControl({ t: "cpr-copy", rank, of, epoch: ref.epoch, error: errorMessage(err) });
+    }
+  }
+
+  /** A partner's part: kept in this rank's store of its copies, then acknowledged. */
+  private keepCopy(source: number, body: unknown): void {
+    const b = body as { epoch?: unknown; checksum?: unknown; part?: unknown };
+    if (typeof b.epoch !== "number" || typeof b.checksum !== "number" || !(b.part instanceof Uint8Array)) return;
+    const epoch = b.epoch;
+    const checksum = b.checksum;
+    const part = b.part;
+    this.heldWrites = this.heldWrites.then(async () => {
+      let failure: string | undefined;
+      if (this.abortedEpochs.has(epoch)) {
+        failure = `line ${epoch} was aborted`;
+      } else {
+        try {
+          const ref = await (await this.heldStore(source)).putPart(epoch, part);
+          if (ref.checksum !== checksum) failure = `the copy arrived damaged (crc32 ${ref.checksum} instead of ${checksum})`;
+        } catch (err) {
+          failure = errorMessage(err);
+        }
+      }
+      this.access.sendProtocol(source, PROTO_CPR_COPIED, failure === undefined ? { epoch } : { epoch, failure });
+    });
+  }
+
+  /** Sends the part to the partner and resolves with why it could not keep it (undefined: kept). */
+  private copyToPartner(partner: number, epoch: number, checksum: number, bytes: Buffer): Promise<string | undefined> {
+    return new Promise((resolve) => {
+      const timer = this.host.after(PARTNER_COPY_TIMEOUT_MS, () => {
+        this.copying.delete(epoch);
+        resolve(`rank ${partner} did not confirm the copy within ${PARTNER_COPY_TIMEOUT_MS / 1000} s`);
+      });
+      this.copying.get(epoch)?.("superseded by a newer copy of the same line");
+      this.copying.set(epoch, (failure) => {
+        timer.stop();
+        resolve(failure);
+      });
+      this.access.sendProtocol(partner, PROTO_CPR_COPY, { epoch, checksum, part: bytes });
+    });
+  }
+
+  /** A committed line's record (and the job's), kept in this rank's copy of the manifest. */
+  private keepCommitRecord(msg: Extract<CoordinatorToRank, { t: "cpr-committed" }>): void {
+    const line = msg.line!;
+    const keep = msg.keep;
+    this.writes = this.writes.then(async () => {
+      const replica = await this.hostStores().replica();
+      if (msg.job !== undefined) await replica.putJob(msg.job as unknown as JobRecord);
+      // Lines this copy lists that the launcher no longer has (retracted ones whose epochs are
+      // reused, pruned ones) go first: the copy mirrors the launcher's manifest.
+      for (const l of await replica.list()) if (l.epoch >= line.epoch || !keep.includes(l.epoch)) await replica.abortLine(l.epoch);
+      await replica.commitLine(line.epoch, line.parts, line.job === undefined ? undefined : { job: line.job });
+    }).catch((err: unknown) => this.host.warn(`lifeline: rank ${this.access.rank}: could not keep a copy of the commit record of line ${line.epoch}: ${errorMessage(err)}`));
+  }
+
+  private fatalError(err: unknown): void {
+    this.failed = true;
+    this.access.fatal("CPR_RESTORE", errorMessage(err));
   }
 
   private apply(effects: readonly RankEffect[]): void {
@@ -337,7 +535,16 @@ export class CoordinatedDriver implements CprHook {
       }
       try {
         const parts = await this.store();
-        const ref = await parts.putPart(epoch, encodeValue(part));
+        const bytes = encodeValue(part);
+        const ref = await parts.putPart(epoch, bytes);
+        // Per-host stores: the part counts as durable once a partner on another host keeps a
+        // copy too, so losing this host loses no committed line.
+        const partner = this.partner;
+        const failure = partner === undefined ? undefined : await this.copyToPartner(partner, epoch, ref.checksum, bytes);
+        if (failure !== undefined) {
+          this.access.sendControl({ t: "cpr-part-failed", rank, epoch, message: `its partner rank ${partner} could not keep a copy: ${failure}` });
+          return;
+        }
         this.access.sendControl({ t: "cpr-part", rank, epoch, ref: { rank: ref.rank, epoch: ref.epoch, checksum: ref.checksum, bytes: ref.bytes } });
       } catch (err) {
         this.access.sendControl({ t: "cpr-part-failed", rank, epoch, message: (err as Error).message });

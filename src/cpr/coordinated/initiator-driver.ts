@@ -15,7 +15,7 @@
  * driver.input({ kind: "tick", nowMs: now() });
  */
 import type { CoordinatorToRank } from "../../mpi/control.ts";
-import type { LineJob, LineManifest } from "../../store/types.ts";
+import type { LineJob, LineManifest, LineRecord } from "../../store/types.ts";
 import type { CprInitiator, InitiatorEffect, InitiatorInput } from "./initiator.ts";
 
 export interface InitiatorDriverHooks {
@@ -24,8 +24,8 @@ export interface InitiatorDriverHooks {
   readonly lineJob?: LineJob | undefined;
   now(): number;
   broadcast(msg: CoordinatorToRank): void;
-  /** The commit record of `epoch` is durable (before pruning). */
-  onDurable?(epoch: number): void;
+  /** The commit record of a line is durable (before pruning). */
+  onDurable?(record: LineRecord): void;
   /** The initiator reports a committed line (its duration and size). */
   onLineCommitted?(eff: Extract<InitiatorEffect, { kind: "line-committed" }>): void;
   /** The initiator gave up line `epoch` (it is being recorded as aborted). */
@@ -73,8 +73,8 @@ export class InitiatorDriver {
         };
         this.chain = this.chain.then(async () => {
           try {
-            await manifest.commitLine(eff.epoch, eff.refs, this.hooks.lineJob === undefined ? undefined : { job: this.hooks.lineJob });
-            this.hooks.onDurable?.(eff.epoch);
+            const record = await manifest.commitLine(eff.epoch, eff.refs, this.hooks.lineJob === undefined ? undefined : { job: this.hooks.lineJob });
+            this.hooks.onDurable?.(record);
             await manifest.prune(this.hooks.keepLines);
             const keep = (await manifest.list()).map((l) => l.epoch);
             feed({ kind: "commit-done", epoch: eff.epoch, keep, nowMs: this.hooks.now() });

@@ -181,7 +181,7 @@ export class CprInitiator {
 }
 
 /** The initiator's input for a rank's coordinated-checkpoint control message. */
-export function initiatorInputOf(rank: number, msg: Extract<RankToCoordinator, { t: `cpr-${string}` }>, nowMs: number): InitiatorInput {
+export function initiatorInputOf(rank: number, msg: Extract<RankToCoordinator, { t: "cpr-checkpointed" | "cpr-ready" | "cpr-part" | "cpr-part-failed" }>, nowMs: number): InitiatorInput {
   switch (msg.t) {
     case "cpr-checkpointed": return { kind: "checkpointed", rank, epoch: msg.epoch, nowMs };
     case "cpr-ready": return { kind: "ready", rank, epoch: msg.epoch, nowMs };
