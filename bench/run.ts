@@ -34,6 +34,7 @@ import { columnsOf, renderTables, type CaseResult, type VariantResult } from "./
 import { recoveryRun, renderRecoveryTable, type RecoveryConfig, type RecoveryParts } from "./lib/recovery.ts";
 import { hostRecoveryRun } from "./lib/host-recovery.ts";
 import { calibrate, fmt, fmtRatio, median, quantile, spread } from "./lib/stats.ts";
+import { partnerCostRun, renderPartnerTable, type PartnerCostRun } from "./lib/partner-cost.ts";
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
 
@@ -41,10 +42,11 @@ const HELP = `Usage: npm run bench -- [options]
        node --import tsx bench/run.ts [options]      (after npm run build)
 
   --quick               tiny sizes, 3 reps, 5 ms per timing (< 60 s; the smoke test uses it)
-  --only <names>        comma list of: ${[...BENCHMARKS, "recovery"].join(", ")}
+  --only <names>        comma list of: ${[...BENCHMARKS, "recovery", "partner"].join(", ")}
                         (retry-one: allreduce under --mode retry-one vs --mode none, np 4;
                         recovery: rank 1 killed, retry-one next to cpr, 4 ranks, 64 MiB global
-                        + 1 MiB local state: kill → caught up)
+                        + 1 MiB local state: kill → caught up; partner: --hosts only, what a
+                        cpr partner copy costs a line, --store-scope host vs shared)
   --recovery-runs <n>   runs per mode of the recovery benchmark (default 3; quick 1)
   --transport <t>       ipc (default; endpoints in a temp dir) or tcp (127.0.0.1, port 0)
   --hosts               across hosts: rank r of every job (Lifeline and raw) on test host r, a
@@ -78,6 +80,8 @@ interface Options {
   only: Set<Benchmark>;
   /** The recovery benchmark (bench/lib/recovery.ts), and its runs per mode. */
   recovery: boolean;
+  /** `--hosts`: what a partner copy costs a checkpoint (bench/lib/partner-cost.ts). */
+  partner: boolean;
   recoveryRuns: number;
   transport: "ipc" | "tcp";
   /** `--hosts`: every rank on a test host of its own. */
@@ -135,12 +139,18 @@ function parseOptions(argv: string[]): Options {
   }
   const only = new Set<Benchmark>();
   let recovery = false;
-  for (const name of (v.only ?? [...BENCHMARKS, "recovery"].join(",")).split(",").map((s) => s.trim()).filter(Boolean)) {
+  let partner = false;
+  for (const name of (v.only ?? [...BENCHMARKS, "recovery", ...(v.hosts ? ["partner"] : [])].join(",")).split(",").map((s) => s.trim()).filter(Boolean)) {
     if (name === "recovery") {
       recovery = true;
       continue;
     }
-    if (!BENCHMARKS.includes(name as Benchmark)) usage(`--only ${name}: expected one of ${[...BENCHMARKS, "recovery"].join(", ")}`);
+    if (name === "partner") {
+      if (!v.hosts) usage("--only partner needs --hosts (a partner copy goes to another host)");
+      partner = true;
+      continue;
+    }
+    if (!BENCHMARKS.includes(name as Benchmark)) usage(`--only ${name}: expected one of ${[...BENCHMARKS, "recovery", "partner"].join(", ")}`);
     only.add(name as Benchmark);
   }
   if (v.transport !== "ipc" && v.transport !== "tcp") usage(`--transport ${v.transport}: expected ipc or tcp`);
@@ -167,6 +177,7 @@ function parseOptions(argv: string[]): Options {
     mode: v.mode as Options["mode"],
     only,
     recovery: recovery && v.variant !== "raw",
+    partner: partner && v.variant !== "raw",
     hosts: v.hosts,
     recoveryRuns: posInt("recovery-runs", v["recovery-runs"], quick ? 1 : 3),
     transport: v.hosts ? "tcp" : v.transport,
@@ -463,7 +474,7 @@ async function main(): Promise<void> {
       progress(`bench: skipping ${b}: it has no job to measure under --variant ${opts.variant}`);
     }
   }
-  if (opts.recovery || cases.some((c) => Object.values(jobsFor(c, opts)).some((k) => lifelineModeOf(k) !== undefined))) {
+  if (opts.recovery || opts.partner || cases.some((c) => Object.values(jobsFor(c, opts)).some((k) => lifelineModeOf(k) !== undefined))) {
     const missing = LifelineJob.available(ROOT);
     if (missing !== undefined) usage(`the Lifeline jobs need the built package: ${missing}`);
   }
@@ -476,6 +487,7 @@ async function main(): Promise<void> {
   const results: CaseResult[] = [];
   const jobSummaries: Record<string, unknown>[] = [];
   const recovery = opts.recovery ? recoveryPlan(opts) : undefined;
+  const partner = opts.partner ? partnerPlan(opts) : undefined;
   let cluster: TestCluster | undefined;
   let hostsEnv: HostsEnv | undefined;
   try {
@@ -537,6 +549,7 @@ async function main(): Promise<void> {
     }
     if (recovery !== undefined && opts.hosts) await runHostRecovery(recovery, tmpDir);
     else if (recovery !== undefined) await runRecovery(recovery, tmpDir);
+    if (partner !== undefined) await runPartnerCost(partner, tmpDir);
   } finally {
     ctrl?.close();
     await cluster?.destroy();
@@ -544,7 +557,7 @@ async function main(): Promise<void> {
   }
 
   const finishedAt = new Date();
-  const tables = renderTables(results, opts.transport) + (recovery === undefined ? "" : `\n${recoveryText(recovery)}`);
+  const tables = renderTables(results, opts.transport) + (recovery === undefined ? "" : `\n${recoveryText(recovery)}`) + (partner === undefined ? "" : `\n${partnerText(partner)}`);
   process.stdout.write(`\n${tables}\n`);
   const report = {
     schema: "lifeline-bench/2",
@@ -575,6 +588,7 @@ async function main(): Promise<void> {
     peers: { source: peers.source, date: peers.date },
     results,
     recovery: recovery === undefined ? undefined : { config: recovery.config, targetS: RECOVERY_TARGET_S, runs: recovery.runs, errors: recovery.errors },
+    partner: partner === undefined ? undefined : { ...partner, target: 1.3 },
     jobs: jobSummaries,
     tables,
   };
@@ -656,6 +670,52 @@ async function runHostRecovery(plan: RecoveryPlan, tmpDir: string): Promise<void
       }
     }
   }
+}
+
+interface PartnerPlan {
+  globalMib: number;
+  localMib: number;
+  steps: number;
+  stepMs: number;
+  runsPerScope: number;
+  runs: PartnerCostRun[];
+  errors: string[];
+}
+
+function partnerPlan(opts: Options): PartnerPlan {
+  const size = opts.quick ? { globalMib: 4, steps: 30 } : { globalMib: 16, steps: 120 };
+  return { ...size, localMib: 1, stepMs: 20, runsPerScope: opts.recoveryRuns, runs: [], errors: [] };
+}
+
+/** `--hosts --only partner`: cpr lines with and without partner copies, runs alternating. */
+async function runPartnerCost(plan: PartnerPlan, tmpDir: string): Promise<void> {
+  progress(`\n== partner copies: cpr on 4 ranks across 2 test hosts, ${plan.globalMib} MiB global + ${plan.localMib} MiB local state, a line every 5 steps, stores on each host's disk; --store-scope host vs shared, ${plan.runsPerScope} run(s) each`);
+  // Own parts, copies, and up to 3 lines of each (2 kept, 1 in progress), with room to spare.
+  const diskMb = Math.ceil(2 * 2 * 3 * (plan.globalMib + plan.localMib + 1) * 1.5) + 64;
+  const hostfile = path.join(tmpDir, "partner-hosts");
+  for (let k = 0; k < plan.runsPerScope; k++) {
+    const scopes: ("host" | "shared")[] = k % 2 === 0 ? ["shared", "host"] : ["host", "shared"];
+    for (const scope of scopes) {
+      // A cluster per run: every run starts on empty disks.
+      const cluster = await TestCluster.create(2, { diskMb });
+      try {
+        writeFileSync(hostfile, cluster.hosts.map((h) => `${h.address} slots=2\n`).join(""));
+        const r = await partnerCostRun({ cluster, hostfile, root: ROOT, name: `partner-${scope}-${k}`, scope, globalMib: plan.globalMib, localMib: plan.localMib, steps: plan.steps, stepMs: plan.stepMs });
+        plan.runs.push(r);
+        progress(`  ${scope} run ${k + 1}: ${r.lines} lines, median ${r.lineMs.toFixed(0)} ms per line of ${(r.lineBytes / 2 ** 20).toFixed(1)} MiB`);
+      } catch (err) {
+        plan.errors.push(`${scope} run ${k + 1}: ${(err as Error).message}`);
+        progress(`  ${scope} run ${k + 1} FAILED: ${(err as Error).message.split("\n")[0]}`);
+      } finally {
+        await cluster.destroy();
+      }
+    }
+  }
+}
+
+function partnerText(plan: PartnerPlan): string {
+  const title = `### What a partner copy costs a cpr line: 4 ranks on 2 test hosts, ${plan.globalMib} MiB global + ${plan.localMib} MiB local state per rank, a line every 5 steps (line = request → commit durable; first line of each run left out)`;
+  return [renderPartnerTable(plan.runs, title), ...plan.errors.map((e) => `- partner ${e.split("\n")[0]}`)].join("\n");
 }
 
 function fmtS(ms: number): string {

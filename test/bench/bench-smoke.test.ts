@@ -32,6 +32,7 @@ interface RecoveryRun { mode: string; detectMs: number; restartMs: number; loadM
 interface Report {
   schema: string; durationS: number; options: { quick: boolean; reps: number }; results: Result[]; jobs: Record<string, unknown>[]; tables: string;
   recovery?: { runs: RecoveryRun[]; errors: string[]; targetS: number };
+  partner?: { runs: { scope: string; lineMs: number }[]; errors: string[] };
 }
 
 function runBench(args: string[], timeoutMs: number): Promise<{ code: number | null; stdout: string; stderr: string }> {
@@ -133,7 +134,7 @@ describe("bench --quick", () => {
 
   it("--hosts: ping-pong and allreduce across test hosts (network namespaces), Lifeline next to raw zeromq.js; recovery after a lost host", async () => {
     const out = path.join(tmp, "hosts.json");
-    const r = await runBench(["--hosts", "--quick", "--only", "pingpong,allreduce,recovery", "--sizes", "8", "--np", "2", "--out", out, "--timeout-s", "140"], 150_000);
+    const r = await runBench(["--hosts", "--quick", "--only", "pingpong,allreduce,recovery,partner", "--sizes", "8", "--np", "2", "--recovery-runs", "1", "--out", out, "--timeout-s", "170"], 180_000);
     if (r.code !== 0) throw new Error(`bench exited with ${r.code}\n${r.stderr.slice(-4000)}`);
     expect(r.stderr).toMatch(/bench: 2 test hosts, 198\.18\.0\.1, 198\.18\.0\.2/);
     const report = JSON.parse(readFileSync(out, "utf8")) as Report;
@@ -153,5 +154,10 @@ describe("bench --quick", () => {
       expect(x.detectMs + x.restartMs + x.loadMs + x.catchUpMs).toBeCloseTo(x.totalMs, 0);
     }
     expect(report.tables).toMatch(/### Recovery after a lost host, 4 ranks on 2 test hosts \+ 1 spare/);
-  }, 160_000);
+    // Partner copies: a run with and one without, each with lines measured, and the ratio.
+    expect(report.partner?.errors).toEqual([]);
+    expect(report.partner!.runs.map((x) => x.scope).sort()).toEqual(["host", "shared"]);
+    for (const x of report.partner!.runs) expect(x.lineMs).toBeGreaterThan(0);
+    expect(report.tables).toMatch(/Partner copy: \d+\.\d\dx the local write alone \(target <= 1\.3: (met|NOT met)\)/);
+  }, 190_000);
 });

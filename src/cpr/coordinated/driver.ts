@@ -127,7 +127,7 @@ export class CoordinatedDriver implements CprHook {
   /** Per-host stores: the rank that keeps copies of this rank's parts (from the table). */
   private partner: number | undefined;
   /** Copies sent to the partner, waiting for its word (by epoch). */
-  private readonly copying = new Map<number, (failure: string | undefined) => void>();
+  private readonly copying = new Map<number, (answer: { checksum: number } | { failure: string }) => void>();
   /** Writes of the copies this rank keeps for others, in arrival order. */
   private heldWrites: Promise<void> = Promise.resolve();
   private readonly heldStores = new Map<number, Promise<PartStoreLike>>();
@@ -257,11 +257,11 @@ export class CoordinatedDriver implements CprHook {
         this.keepCopy(header.source, body);
         return;
       case PROTO_CPR_COPIED: {
-        const c = body as { epoch?: unknown; failure?: unknown };
+        const c = body as { epoch?: unknown; checksum?: unknown; failure?: unknown };
         if (typeof c.epoch !== "number") return;
         const done = this.copying.get(c.epoch);
         this.copying.delete(c.epoch);
-        done?.(typeof c.failure === "string" ? c.failure : undefined);
+        done?.(typeof c.checksum === "number" ? { checksum: c.checksum } : { failure: typeof c.failure === "string" ? c.failure : "no answer" });
         return;
       }
       default:
@@ -366,7 +366,7 @@ export class CoordinatedDriver implements CprHook {
 
   async close(): Promise<void> {
     this.recordingTimer?.stop();
-    for (const done of this.copying.values()) done("the rank is closing");
+    for (const done of this.copying.values()) done({ failure: "the rank is closing" });
     this.copying.clear();
     await this.writes.catch(() => undefined);
     await this.heldWrites.catch(() => undefined);
@@ -423,42 +423,40 @@ export class CoordinatedDriver implements CprHook {
     }
   }
 
-  /** A partner's part: kept in this rank's store of its copies, then acknowledged. */
+  /** A partner's part: kept in this rank's store of its copies, then acknowledged with its checksum. */
   private keepCopy(source: number, body: unknown): void {
-    const b = body as { epoch?: unknown; checksum?: unknown; part?: unknown };
-    if (typeof b.epoch !== "number" || typeof b.checksum !== "number" || !(b.part instanceof Uint8Array)) return;
+    const b = body as { epoch?: unknown; part?: unknown };
+    if (typeof b.epoch !== "number" || !(b.part instanceof Uint8Array)) return;
     const epoch = b.epoch;
-    const checksum = b.checksum;
     const part = b.part;
     this.heldWrites = this.heldWrites.then(async () => {
-      let failure: string | undefined;
+      let answer: { epoch: number; checksum: number } | { epoch: number; failure: string };
       if (this.abortedEpochs.has(epoch)) {
-        failure = `line ${epoch} was aborted`;
+        answer = { epoch, failure: `line ${epoch} was aborted` };
       } else {
         try {
-          const ref = await (await this.heldStore(source)).putPart(epoch, part);
-          if (ref.checksum !== checksum) failure = `the copy arrived damaged (crc32 ${ref.checksum} instead of ${checksum})`;
+          answer = { epoch, checksum: (await (await this.heldStore(source)).putPart(epoch, part)).checksum };
         } catch (err) {
-          failure = errorMessage(err);
+          answer = { epoch, failure: errorMessage(err) };
         }
       }
-      this.access.sendProtocol(source, PROTO_CPR_COPIED, failure === undefined ? { epoch } : { epoch, failure });
+      this.access.sendProtocol(source, PROTO_CPR_COPIED, answer);
     });
   }
 
-  /** Sends the part to the partner and resolves with why it could not keep it (undefined: kept). */
-  private copyToPartner(partner: number, epoch: number, checksum: number, bytes: Buffer): Promise<string | undefined> {
+  /** Sends the part to the partner; resolves with the checksum of what it kept, or why it did not. */
+  private copyToPartner(partner: number, epoch: number, bytes: Buffer): Promise<{ checksum: number } | { failure: string }> {
     return new Promise((resolve) => {
       const timer = this.host.after(PARTNER_COPY_TIMEOUT_MS, () => {
         this.copying.delete(epoch);
-        resolve(`rank ${partner} did not confirm the copy within ${PARTNER_COPY_TIMEOUT_MS / 1000} s`);
+        resolve({ failure: `rank ${partner} did not confirm the copy within ${PARTNER_COPY_TIMEOUT_MS / 1000} s` });
       });
-      this.copying.get(epoch)?.("superseded by a newer copy of the same line");
-      this.copying.set(epoch, (failure) => {
+      this.copying.get(epoch)?.({ failure: "superseded by a newer copy of the same line" });
+      this.copying.set(epoch, (answer) => {
         timer.stop();
-        resolve(failure);
+        resolve(answer);
       });
-      this.access.sendProtocol(partner, PROTO_CPR_COPY, { epoch, checksum, part: bytes });
+      this.access.sendProtocol(partner, PROTO_CPR_COPY, { epoch, part: bytes });
     });
   }
 
@@ -536,11 +534,19 @@ export class CoordinatedDriver implements CprHook {
       try {
         const parts = await this.store();
         const bytes = encodeValue(part);
-        const ref = await parts.putPart(epoch, bytes);
         // Per-host stores: the part counts as durable once a partner on another host keeps a
-        // copy too, so losing this host loses no committed line.
+        // copy too, so losing this host loses no committed line. The copy travels while the
+        // local write runs; the partner's checksum of what it kept must match the local one.
         const partner = this.partner;
-        const failure = partner === undefined ? undefined : await this.copyToPartner(partner, epoch, ref.checksum, bytes);
+        const copied = partner === undefined ? undefined : this.copyToPartner(partner, epoch, bytes);
+        const ref = await parts.putPart(epoch, bytes).catch(async (err: unknown) => {
+          await copied;
+          throw err;
+        });
+        const copy = copied === undefined ? undefined : await copied;
+        const failure = copy === undefined ? undefined
+          : "failure" in copy ? copy.failure
+          : copy.checksum !== ref.checksum ? `the copy it kept has crc32 ${copy.checksum}, the part ${ref.checksum}` : undefined;
         if (failure !== undefined) {
           this.access.sendControl({ t: "cpr-part-failed", rank, epoch, message: `its partner rank ${partner} could not keep a copy: ${failure}` });
           return;
