@@ -64,6 +64,8 @@ export class CprRestartPolicy implements RestartPolicy {
   private fetched = new Map<number, Uint8Array>();
   /** Per-host stores: the answers awaited from the ranks before the tables go out. */
   private awaiting: { kind: "held"; rank: number; done: (parts: HostReport["parts"]) => void } | { kind: "copy"; rank: number; of: number; epoch: number; done: (part: Uint8Array | undefined, error: string | undefined) => void } | undefined;
+  /** Per-host stores: ends the wait of a preparation under way (a restart began). */
+  private cancelPrepare: (() => void) | undefined;
   /** Per-host stores: the commit record of each line made durable, for its `cpr-committed`. */
   private readonly records = new Map<number, LineRecord>();
 
@@ -244,16 +246,28 @@ export class CprRestartPolicy implements RestartPolicy {
     return undefined;
   }
 
+  /**
+   * Sends a request (`begin`) and waits for its answer: at most PREPARE_TIMEOUT_MS (then it
+   * rejects: the job fails with `restore`), and only until a restart or the end of the job
+   * cancels it, so the preparation of a start that is over cannot touch the next one's state.
+   */
   private await_<T>(what: string, begin: (resolve: (v: T) => void) => void): Promise<T> {
     return new Promise<T>((resolve, reject) => {
-      const timer = setTimeout(() => {
+      const settle = (): void => {
+        clearTimeout(timer);
         this.awaiting = undefined;
+        this.cancelPrepare = undefined;
+      };
+      const timer = setTimeout(() => {
+        settle();
         reject(new LifelineError("CPR_RESTORE", `${what} did not arrive within ${PREPARE_TIMEOUT_MS / 1000} s`));
       }, PREPARE_TIMEOUT_MS);
       timer.unref();
+      // Cancelled, the wait never ends: the preparation of that start stops where it is, and
+      // the coordinator neither sends its tables nor reports it failed (a new round begins).
+      this.cancelPrepare = settle;
       begin((v) => {
-        clearTimeout(timer);
-        this.awaiting = undefined;
+        settle();
         resolve(v);
       });
     });
@@ -318,7 +332,7 @@ export class CprRestartPolicy implements RestartPolicy {
   async prepareRestart(attempt: number): Promise<void> {
     this.driver.stop();
     await this.driver.settled();
-    this.awaiting = undefined;
+    this.cancelPrepare?.();
     if (this.perHost) {
       this.pendingStart = { kind: "restart", attempt };
       return;
@@ -350,6 +364,7 @@ export class CprRestartPolicy implements RestartPolicy {
 
   async close(end: JobEnd): Promise<void> {
     if (this.timer !== undefined) clearInterval(this.timer);
+    this.cancelPrepare?.();
     // A commit still being written finishes first, and is recorded: the results file must list
     // every line that is durable in the manifest.
     await this.driver.settled();
