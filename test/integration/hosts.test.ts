@@ -3,9 +3,10 @@
  * everything over tcp on the hosts' own addresses — and survives what happens to hosts: a
  * whole host lost (its processes and its disk) in retry-one and in cpr, with the lost ranks
  * restarted on the spare host and results bit-identical to an undisturbed run; a partition
- * longer than the failure timeout, after which the old incarnations are refused and end
- * themselves; packet loss; and the coordinator's host lost, after which every rank ends itself
- * within the failure timeout + 2 s and `--resume` on a surviving host finishes the job.
+ * longer than the failure timeout (both modes), after which the old incarnations are refused
+ * and end themselves; 20% packet loss (both modes); and the coordinator's host lost, after
+ * which every rank ends itself within the failure timeout + 2 s and `--resume` on a surviving
+ * host finishes the job (cpr: retry-one keeps nothing durable to resume from).
  *
  * Method: 3 test hosts in network namespaces (src/testing/netns.ts: 198.18.0.1-3, private
  * disks), a hostfile giving each 2 slots (4 ranks: hosts 1 and 2 full, host 3 spare), the
@@ -25,6 +26,11 @@ import { clusterSupport, netnsRshAgent, TestCluster } from "../../src/testing/ne
 import { CLI, ROOT, runDirFor, runLauncher } from "./cpr-run.ts";
 
 const TIMEOUT_MS = 90_000;
+/**
+ * Under 20% packet loss each lost segment costs a retransmission timeout, doubling for a
+ * segment lost again: the same 10-step job took 11 s to 42 s here (and once more than 80 s).
+ */
+const LOSS_TIMEOUT_MS = 180_000;
 const runs = runDirFor("lifeline-hosts-");
 let cluster: TestCluster;
 const LOGREG = ["examples/logreg.ts", "--steps", "400"];
@@ -59,7 +65,7 @@ interface HostRun {
  * Runs `lifeline run --json` on test host `host` (0-based) with the hostfile; `onEvent` sees
  * each event as it comes and may act on the cluster.
  */
-function runOnHost(host: number, name: string, flags: readonly string[], program: readonly string[], onEvent?: (ev: Record<string, unknown>) => void, hostfile = "hostfile", store = join(runs.path, `${name}.store`)): Promise<HostRun> {
+function runOnHost(host: number, name: string, flags: readonly string[], program: readonly string[], onEvent?: (ev: Record<string, unknown>) => void, hostfile = "hostfile", store = join(runs.path, `${name}.store`), timeoutMs = TIMEOUT_MS): Promise<HostRun> {
   const results = join(runs.path, `${name}.json`);
   const argv = [process.execPath, CLI, "run", "--json", "--bind", cluster.hosts[host]!.address, "--hostfile", join(runs.path, hostfile), "--rsh", netnsRshAgent,
     "--store", store, "--results", results, ...flags, ...program];
@@ -71,7 +77,7 @@ function runOnHost(host: number, name: string, flags: readonly string[], program
     events.push(ev);
     onEvent?.(ev);
   });
-  const timer = setTimeout(() => child.kill("SIGKILL"), TIMEOUT_MS - 5_000);
+  const timer = setTimeout(() => child.kill("SIGKILL"), timeoutMs - 5_000);
   return new Promise((resolve) => {
     child.on("exit", (code) => {
       clearTimeout(timer);
@@ -235,13 +241,41 @@ describe("a job across hosts", () => {
     expect(left).toEqual([]);
   }, TIMEOUT_MS);
 
-  it("20% packet loss on one host's link: correct results", async () => {
-    // TCP retransmits what is lost, at the price of retransmission timeouts: a short job.
-    const program = ["examples/logreg.ts", "--steps", "25"];
-    const ref = await reference("ref-logreg4", program);
-    await cluster.loss(1, 20);
-    const r = await runOnHost(0, "loss", ["-n", "4", "--mode", "cpr", "--checkpoint-every", "5steps"], program);
+  it("cpr, stores on each host's disk: a partition longer than the failure timeout; every rank restarts, the cut-off ones on the spare host; the old ones end themselves", async () => {
+    const ref = await reference("ref-heat5", HEAT);
+    let cut = false;
+    const r = await runOnHost(0, "cprpart", ["-n", "4", "--mode", "cpr", "--checkpoint-every", "100ms", ...FAST], HEAT, (ev) => {
+      if (cut || ev.event !== "line-committed") return;
+      cut = true;
+      void cluster.partition(1, true).then(() => setTimeout(() => void cluster.partition(1, false), 2_500));
+    }, "hostfile", join(cluster.diskPath, "cprpart.store"));
     expect(r.code, tail(r)).toBe(0);
     expect(r.doc!.ranks).toEqual(ref);
+    expect(spawnedOn(r, 1)).toEqual({ 0: "198.18.0.1", 1: "198.18.0.1", 2: "198.18.0.3", 3: "198.18.0.3" });
+    let left = await cluster.pids(1);
+    for (let i = 0; i < 60 && left.length > 0; i++) {
+      await new Promise((res) => setTimeout(res, 100));
+      left = await cluster.pids(1);
+    }
+    expect(left).toEqual([]);
   }, TIMEOUT_MS);
+
+  it("retry-one: 20% packet loss on one host's link: correct results", async () => {
+    const program = ["examples/logreg.ts", "--steps", "10"];
+    const ref = await reference("ref-logreg5", program);
+    await cluster.loss(1, 20);
+    const r = await runOnHost(0, "loss1", ["-n", "4", "--mode", "retry-one"], program, undefined, "hostfile", join(runs.path, "loss1.store"), LOSS_TIMEOUT_MS);
+    expect(r.code, tail(r)).toBe(0);
+    expect(r.doc!.ranks).toEqual(ref);
+  }, LOSS_TIMEOUT_MS + 30_000);
+
+  it("cpr: 20% packet loss on one host's link: correct results", async () => {
+    // TCP retransmits what is lost, at the price of retransmission timeouts: a short job.
+    const program = ["examples/logreg.ts", "--steps", "10"];
+    const ref = await reference("ref-logreg4", program);
+    await cluster.loss(1, 20);
+    const r = await runOnHost(0, "loss", ["-n", "4", "--mode", "cpr", "--checkpoint-every", "3steps"], program, undefined, "hostfile", join(runs.path, "loss.store"), LOSS_TIMEOUT_MS);
+    expect(r.code, tail(r)).toBe(0);
+    expect(r.doc!.ranks).toEqual(ref);
+  }, LOSS_TIMEOUT_MS + 30_000);
 });
