@@ -14,10 +14,18 @@
  * but a part is missing or damaged: recovery would fall back past it), `partial` (parts
  * without a commit record: a line being written, aborted, or interrupted by a crash).
  *
+ * A per-host store (`--store-scope host`: `held-by-*` directories of partner copies next to
+ * the ranks' own) holds on each host only its ranks' parts and the copies they keep. There a
+ * part not in its rank's own database is looked for among the copies, and a committed line
+ * whose parts here all verify but some of which are on other hosts is `spread` (what `lifeline
+ * run` gathers from the hosts when it restarts), not `corrupt`.
+ *
  * @example
  * const report = await listLines(".lifeline");
  * process.stdout.write(formatLines(report));
  */
+import { readdir } from "node:fs/promises";
+import { join } from "node:path";
 import { isLifelineError } from "../errors.ts";
 import { describeIdentity, launcherAlive } from "./job.ts";
 import { LevelRecoveryStore } from "./level-store.ts";
@@ -40,7 +48,7 @@ export interface LineRow {
   readonly ranksTotal: number;
   /** Total bytes of the parts present. */
   readonly bytes: number;
-  readonly state: "committed" | "partial" | "corrupt";
+  readonly state: "committed" | "spread" | "partial" | "corrupt";
   /** The job and run that committed the line (committed lines of stores that record it). */
   readonly job?: LineJob | undefined;
   /** What is wrong (corrupt parts) or known (aborted), one sentence each. */
@@ -76,7 +84,14 @@ export interface LinesReport {
  * console.log(formatLines(report));
  */
 export async function listLines(storeDir: string, opts?: { verify?: boolean }): Promise<LinesReport> {
-  return listLinesIn(new LevelRecoveryStore(storeDir, { readOnly: true, snapshot: true }), opts);
+  let held: string[] = [];
+  try {
+    held = (await readdir(storeDir)).filter((n) => /^held-by-\d+$/.test(n)).sort();
+  } catch {
+    // No such directory: listLinesIn says so (STORE_NOT_FOUND).
+  }
+  const copies = held.map((n) => new LevelRecoveryStore(join(storeDir, n), { readOnly: true, snapshot: true }));
+  return listLinesIn(new LevelRecoveryStore(storeDir, { readOnly: true, snapshot: true }), { ...opts, copies });
 }
 
 /**
@@ -87,8 +102,9 @@ export async function listLines(storeDir: string, opts?: { verify?: boolean }): 
  * const report = await listLinesIn(memoryStore);
  * report.rows.map((r) => r.state); // ["committed", "committed", "partial"]
  */
-export async function listLinesIn(store: RecoveryStore, opts?: { verify?: boolean }): Promise<LinesReport> {
+export async function listLinesIn(store: RecoveryStore, opts?: { verify?: boolean; copies?: readonly RecoveryStore[] }): Promise<LinesReport> {
   const verify = opts?.verify ?? true;
+  const perHost = (opts?.copies?.length ?? 0) > 0;
   const warnings: string[] = [];
   const rankNumbers = await store.ranks();
   let committed: LineRecord[] = [];
@@ -136,25 +152,44 @@ export async function listLinesIn(store: RecoveryStore, opts?: { verify?: boolea
       }
     }
     const storeOf = new Map(opened.map((p) => [p.rank, p]));
+    // Per-host stores: the partner copies this host keeps, by the rank they are of.
+    const copiesOf = new Map<number, RankPartStore[]>();
+    for (const c of opts?.copies ?? []) {
+      for (const rank of await c.ranks()) {
+        const s = await c.openRank(rank).catch(() => undefined);
+        if (s === undefined) continue;
+        opened.push(s);
+        copiesOf.set(rank, [...(copiesOf.get(rank) ?? []), s]);
+      }
+    }
     const rows: LineRow[] = [];
     const committedEpochs = new Set(committed.map((l) => l.epoch));
     for (const line of committed) {
       const notes: string[] = [];
+      const elsewhere: number[] = [];
       if (verify) {
         for (const ref of line.parts) {
           const parts = storeOf.get(ref.rank);
-          if (parts === undefined) {
-            notes.push(`rank ${ref.rank}'s part is missing: the store has no rank-${ref.rank} directory`);
+          const own = parts === undefined ? undefined : await parts.checkPart(ref);
+          if (own?.kind === "ok") continue;
+          if (perHost && own?.kind !== "corrupt") {
+            let copied = false;
+            for (const c of copiesOf.get(ref.rank) ?? []) if ((await c.checkPart(ref)).kind === "ok") copied = true;
+            if (!copied) elsewhere.push(ref.rank);
             continue;
           }
-          const check = await parts.checkPart(ref);
-          if (check.kind !== "ok") notes.push(check.message);
+          notes.push(own === undefined ? `rank ${ref.rank}'s part is missing: the store has no rank-${ref.rank} directory` : own.message);
         }
       }
+      if (elsewhere.length > 0 && notes.length === 0) {
+        notes.push(`the part${elsewhere.length === 1 ? "" : "s"} of rank${elsewhere.length === 1 ? "" : "s"} ${elsewhere.join(", ")} ${elsewhere.length === 1 ? "is" : "are"} not on this host (a per-host store: run \`lifeline lines\` on ${elsewhere.length === 1 ? "that rank's host" : "those ranks' hosts"})`);
+      } else if (elsewhere.length > 0) {
+        notes.push(`rank${elsewhere.length === 1 ? "" : "s"} ${elsewhere.join(", ")}: not on this host`);
+      }
       rows.push({
-        epoch: line.epoch, timeMs: line.timeMs, ranks: line.parts.length, ranksTotal: line.parts.length,
-        bytes: line.parts.reduce((sum, p) => sum + p.bytes, 0),
-        state: notes.length === 0 ? "committed" : "corrupt", job: line.job, notes,
+        epoch: line.epoch, timeMs: line.timeMs, ranks: line.parts.length - elsewhere.length, ranksTotal: line.parts.length,
+        bytes: line.parts.filter((p) => !elsewhere.includes(p.rank)).reduce((sum, p) => sum + p.bytes, 0),
+        state: notes.length === 0 ? "committed" : elsewhere.length > 0 && notes.length === 1 ? "spread" : "corrupt", job: line.job, notes,
       });
     }
     if (rows.some((r) => r.state === "corrupt")) {

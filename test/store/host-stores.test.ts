@@ -10,6 +10,8 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { rankStores } from "../../src/cpr/coordinated/host-stores.ts";
+import { formatLines, listLines } from "../../src/store/lines.ts";
+import { LevelRecoveryStore } from "../../src/store/level-store.ts";
 
 let root: string;
 beforeEach(async () => {
@@ -56,5 +58,24 @@ describe("rankStores", () => {
     expect((await r0b.hostStores.scan()).parts).toEqual([]);
     await expect(r0b.hostStores.read("../../etc/rank-1", { rank: 1, epoch: 1, checksum: 0, bytes: 0 })).rejects.toThrow(/not a database of the store/);
     await r0b.hostStores.close();
+  });
+
+  it("lifeline lines on one host of a per-host store: a line whose other parts are on other hosts is spread, not corrupt; copies count", async () => {
+    const r0 = rankStores(root, 0);
+    const r1 = rankStores(root, 1);
+    const refs = [
+      await (await r0.open()).putPart(1, Buffer.from("p0")),
+      await (await r1.open()).putPart(1, Buffer.from("p1")),
+      await (await r0.hostStores.held(2)).putPart(1, Buffer.from("p2")),
+    ];
+    const ref3 = { rank: 3, epoch: 1, checksum: 12345, bytes: 2 };
+    for (const s of [await r0.open(), await r1.open()]) await s.close();
+    await r0.hostStores.close();
+    const manifest = await new LevelRecoveryStore(root).openManifest();
+    await manifest.commitLine(1, [...refs.map((r, i) => ({ ...r, rank: i })), ref3]);
+    await manifest.close();
+    const report = await listLines(root);
+    expect(report.rows).toEqual([expect.objectContaining({ epoch: 1, state: "spread", ranks: 3, ranksTotal: 4 })]);
+    expect(formatLines(report)).toContain("line 1: the part of rank 3 is not on this host (a per-host store: run `lifeline lines` on that rank's host)");
   });
 });
