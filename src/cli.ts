@@ -96,7 +96,7 @@ function buildProgram(io: CliIo, setExit: (code: number) => void): Command {
     .argument("[args...]", "arguments for the app");
   addRunOptions(run, supported);
   run.passThroughOptions().action(async (app: string, args: string[], opts: Record<string, unknown>) => {
-    const config = resolveRunConfig(toFlags(app, args, opts), { cwd: io.cwd });
+    const config = resolveRunConfig(toFlags(app, args, opts), { cwd: io.cwd, env: io.env });
     const outcome = await runJob(config, { stdout: io.stdout, stderr: io.stderr, env: io.env, handleSignals: io.handleSignals ?? true });
     setExit(outcome.exitCode);
   });
@@ -143,7 +143,7 @@ function buildProgram(io: CliIo, setExit: (code: number) => void): Command {
     .passThroughOptions()
     .action(async (app: string, args: string[], opts: Record<string, unknown>) => {
       const flags = toFlags(app, args, opts);
-      const config = resolveRunConfig({ ...flags, transport: flags.transport ?? "tcp" }, { cwd: io.cwd });
+      const config = resolveRunConfig({ ...flags, transport: flags.transport ?? "tcp" }, { cwd: io.cwd, env: io.env });
       const port = resolveStandalone(config, opts);
       setExit(await runStandalone({ ...config, port }, { stdout: io.stdout, stderr: io.stderr, env: io.env, handleSignals: io.handleSignals ?? true }));
     });
@@ -195,8 +195,9 @@ function addRunOptions(cmd: Command, supported: string): void {
     .option("--transport <ipc|tcp>", `how ranks and coordinator connect (default ${DEFAULTS.transport}; tcp with --bind)`)
     .option("--bind <address|interface>", "tcp: the interface or IPv4 address the coordinator and the ranks listen on and advertise (default 127.0.0.1); implies --transport tcp")
     .option("--hostfile <file>", "run the ranks on these hosts (Open MPI's format: `host slots=N` per line; extra slots are spares for restarts), started through --rsh; needs --bind")
-    .option("--store-scope <scope>", "cpr: shared (one --store directory every rank reaches) or host (a --store directory on each host; each part also copied to a partner on another host); default host with --hostfile, else shared")
+    .option("--store-scope <scope>", "cpr: shared (one --store directory every rank reaches) or host (a --store directory on each host; each part also copied to a partner on another host); default host with --hostfile or --launcher slurm, else shared")
     .option("--rsh <command>", `remote-shell agent for --hostfile, called as COMMAND HOST CMDLINE (default ${DEFAULTS.rsh})`)
+    .option("--launcher <local|rsh|slurm>", "how ranks are started: local (this host), rsh (--hostfile's hosts through --rsh) or slurm (job steps of the Slurm allocation lifeline runs in, on its nodes or --hostfile's; needs --bind); default rsh with --hostfile, else local")
     .option("--inject <rank@trigger>", "inject a fault: 1@step:5, 2@send:3, 0@time:1500, 1@hang:step:2 (repeatable)", (v: string, prev: string[] | undefined) => [...(prev ?? []), v])
     .addHelpText(
       "after",
@@ -234,6 +235,7 @@ function toFlags(app: string, args: string[], o: Record<string, unknown>): RunFl
     hostfile: str("hostfile"),
     storeScope: str("storeScope"),
     rsh: str("rsh"),
+    launcher: str("launcher"),
     inject: (o.inject as string[] | undefined) ?? [],
     app,
     appArgs: args,
@@ -245,7 +247,8 @@ function resolveStandalone(config: RunConfig, opts: Record<string, unknown>): nu
   const problems: string[] = [];
   if (config.transport !== "tcp") problems.push("lifeline coordinator listens on tcp (other engines' ranks connect to it): drop --transport ipc");
   if (config.mode === "retry-one") problems.push("--mode retry-one restarts one rank into the running job, which only the launcher can do: use lifeline run, or --mode cpr / none here");
-  if (config.hosts !== undefined) problems.push("--hostfile starts ranks; lifeline coordinator leaves that to the engine: drop it (or use lifeline run)");
+  if (config.launcher === "slurm") problems.push("--launcher slurm starts ranks as job steps; lifeline coordinator leaves that to the engine (srun in the batch script): drop it (or use lifeline run)");
+  else if (config.hosts !== undefined) problems.push("--hostfile starts ranks; lifeline coordinator leaves that to the engine: drop it (or use lifeline run)");
   if (config.storeScope === "host") problems.push("--store-scope host needs to know each rank's host, which only lifeline run does (--hostfile); lifeline coordinator keeps lines in one --store every rank reaches");
   if (config.faults.some((f) => f !== "")) problems.push("--inject sets the ranks' fault variables, which the engine starts: set LIFELINE_FAULTS there");
   let port = 0;

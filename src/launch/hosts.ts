@@ -1,5 +1,6 @@
 /**
- * Where ranks run: the hosts of a `--hostfile` and which rank sits in which slot.
+ * Where ranks run: the hosts of a `--hostfile` or a Slurm allocation ({@link launcherHosts}),
+ * and which rank sits in which slot.
  *
  * The hostfile is Open MPI's format: one host per line, `host [slots=N] [max_slots=M]`, `#`
  * comments and blank lines ignored; `slots` defaults to 1. A host may be named by its IPv4
@@ -19,6 +20,39 @@
  */
 import { isIPv4 } from "node:net";
 import { LifelineError } from "../errors.ts";
+import { slurmAllocation, slurmJobId } from "./slurm.ts";
+
+/**
+ * How ranks are started (`--launcher`, src/launch/spawners.ts): as children of the launcher on
+ * this host, through a remote-shell agent on the hosts of a hostfile, or as Slurm job steps.
+ */
+export const LAUNCHERS = ["local", "rsh", "slurm"] as const;
+export type LauncherKind = (typeof LAUNCHERS)[number];
+
+/**
+ * Where each launcher's hosts come from: none for `local` (every rank on this host); the
+ * hostfile for `rsh`; for `slurm` the hostfile if one is given, else the allocation the
+ * launcher runs in (`env`: SLURM_JOB_ID, SLURM_JOB_NODELIST, SLURM_TASKS_PER_NODE). Throws
+ * `LAUNCH_USAGE` when the hosts are missing (no hostfile for rsh; outside an allocation).
+ *
+ * @example
+ * launcherHosts("slurm", undefined, process.env); // { hosts: [{ host: "node1", slots: 2 }, …], slurmJobId: "42" }
+ */
+export function launcherHosts(kind: LauncherKind, hostfile: HostSlots[] | undefined, env: NodeJS.ProcessEnv): { hosts: HostSlots[] | undefined; slurmJobId?: string } {
+  switch (kind) {
+    case "local":
+      if (hostfile !== undefined) throw new LifelineError("LAUNCH_USAGE", "--launcher local runs every rank on this host, so it has no use for --hostfile: drop one of them (--hostfile alone starts ranks through --rsh)");
+      return { hosts: undefined };
+    case "rsh":
+      if (hostfile === undefined) throw new LifelineError("LAUNCH_USAGE", "--launcher rsh starts ranks on the hosts of a --hostfile: give one");
+      return { hosts: hostfile };
+    case "slurm": {
+      if (hostfile !== undefined) return { hosts: hostfile, slurmJobId: slurmJobId(env) };
+      const allocation = slurmAllocation(env);
+      return { hosts: allocation.hosts, slurmJobId: allocation.jobId };
+    }
+  }
+}
 
 /** One line of a hostfile. */
 export interface HostSlots {
@@ -64,10 +98,11 @@ export class Placement {
   private readonly used: number[];
   private readonly suspect = new Set<number>();
 
-  constructor(readonly hosts: readonly HostSlots[], size: number) {
+  constructor(readonly hosts: readonly HostSlots[], size: number, source: "hostfile" | "allocation" = "hostfile") {
     const total = hosts.reduce((n, h) => n + h.slots, 0);
     if (total < size) {
-      throw new LifelineError("LAUNCH_USAGE", `the hostfile has ${total} slot${total === 1 ? "" : "s"} for ${size} ranks; add hosts or slots (host slots=N), or use fewer ranks`);
+      const fix = source === "hostfile" ? "add hosts or slots (host slots=N)" : "allocate more nodes or tasks per node (salloc -N/--ntasks-per-node), or give a --hostfile";
+      throw new LifelineError("LAUNCH_USAGE", `the ${source} has ${total} slot${total === 1 ? "" : "s"} for ${size} ranks; ${fix}, or use fewer ranks`);
     }
     this.at = [];
     this.used = hosts.map(() => 0);

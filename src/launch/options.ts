@@ -15,7 +15,7 @@ import { LifelineError, isLifelineError } from "../errors.ts";
 import { resolveBind } from "../mpi/bind.ts";
 import { MODES, type Mode } from "../mpi/env.ts";
 import { parseFaults } from "../mpi/faults.ts";
-import { parseHostfile, Placement, type HostSlots } from "./hosts.ts";
+import { launcherHosts, LAUNCHERS, parseHostfile, Placement, type HostSlots, type LauncherKind } from "./hosts.ts";
 
 /**
  * Modes whose recovery is implemented (one list, in src/mpi/env.ts, shared with init()). `run`
@@ -87,15 +87,23 @@ export interface RunConfig {
   bind: string | undefined;
   /** `--bind` resolved on this host: the coordinator's address. */
   bindAddress: string | undefined;
-  /** `--hostfile`: the hosts ranks run on, with their slots; undefined: every rank on this host. */
+  /** `--hostfile` or the Slurm allocation: the hosts ranks run on, with their slots; undefined: every rank on this host. */
   hosts: HostSlots[] | undefined;
   /** `--rsh`: the remote-shell agent's argv, called as `AGENT HOST COMMAND` (default `ssh`). */
   rsh: string[];
   /**
+   * `--launcher`: how ranks are started (src/launch/spawners.ts): `local` (the default), `rsh`
+   * (the default with `--hostfile`) or `slurm` (job steps of the allocation the launcher runs in).
+   * Absent in configurations built by hand: `local`, or `rsh` when `hosts` is set.
+   */
+  launcher?: LauncherKind | undefined;
+  /** `--launcher slurm`: the allocation's job id (SLURM_JOB_ID). */
+  slurmJobId?: string | undefined;
+  /**
    * cpr: `shared`: `--store` is one directory every rank reaches (one host, or a shared
    * filesystem); `host`: each host has its own `--store` directory, and parts are copied to a
-   * partner rank on another host (src/store/partners.ts). `--store-scope`, default `host` with
-   * `--hostfile`, else `shared`.
+   * partner rank on another host (src/store/partners.ts). `--store-scope`, default `host` when
+   * the ranks run on several hosts (`--hostfile`, `--launcher slurm`), else `shared`.
    */
   storeScope: "shared" | "host";
   /** `LIFELINE_FAULTS` of each rank ("" = none), from `--inject`. */
@@ -130,6 +138,7 @@ export interface RunFlags {
   bind?: string | undefined;
   hostfile?: string | undefined;
   rsh?: string | undefined;
+  launcher?: string | undefined;
   storeScope?: string | undefined;
   inject?: string[] | undefined;
   replicas?: string | undefined;
@@ -235,7 +244,7 @@ export function parseInject(text: string, size: number | undefined): { rank: num
 }
 
 /** Builds the run configuration from raw flags. Throws one `LAUNCH_USAGE` listing every problem. */
-export function resolveRunConfig(flags: RunFlags, ctx: { cwd: string }): RunConfig {
+export function resolveRunConfig(flags: RunFlags, ctx: { cwd: string; env?: NodeJS.ProcessEnv }): RunConfig {
   const problems: string[] = [];
   const check = <T>(fn: () => T): T | undefined => {
     try {
@@ -317,14 +326,20 @@ export function resolveRunConfig(flags: RunFlags, ctx: { cwd: string }): RunConf
     );
   }
 
+  const launcher = check((): LauncherKind => {
+    const raw = flags.launcher ?? (flags.hostfile === undefined ? "local" : "rsh");
+    if (!(LAUNCHERS as readonly string[]).includes(raw)) throw usage(`--launcher ${JSON.stringify(raw)} is not a launcher; use one of ${LAUNCHERS.join(", ")}`);
+    return raw as LauncherKind;
+  });
   const transport = check((): "ipc" | "tcp" => {
     // --bind is for tcp: it names an address other hosts reach.
-    const t = flags.transport ?? (flags.bind !== undefined || flags.hostfile !== undefined ? "tcp" : DEFAULTS.transport);
+    const remote = flags.hostfile !== undefined || (launcher !== undefined && launcher !== "local");
+    const t = flags.transport ?? (flags.bind !== undefined || remote ? "tcp" : DEFAULTS.transport);
     if (t !== "ipc" && t !== "tcp") throw usage(`--transport ${JSON.stringify(t)} must be ipc or tcp`);
     if (t === "ipc" && flags.bind !== undefined) throw usage(`--bind ${JSON.stringify(flags.bind)} is for --transport tcp (ipc endpoints are files in a private directory and bind no address)`);
     return t;
   });
-  const hosts = flags.hostfile === undefined ? undefined : check(() => {
+  const hostfile = flags.hostfile === undefined ? undefined : check(() => {
     const path = resolve(ctx.cwd, flags.hostfile!);
     let text: string;
     try {
@@ -336,11 +351,22 @@ export function resolveRunConfig(flags: RunFlags, ctx: { cwd: string }): RunConf
     if (size !== undefined) new Placement(parsed, size); // enough slots?
     return parsed;
   });
+  // A hostfile that could not be read is a problem already; the launcher's hosts wait for it.
+  const placed = launcher === undefined || (flags.hostfile !== undefined && hostfile === undefined) ? undefined : check(() => {
+    const found = launcherHosts(launcher, hostfile, ctx.env ?? process.env);
+    if (launcher === "slurm" && hostfile === undefined && size !== undefined) new Placement(found.hosts!, size, "allocation"); // enough slots?
+    return found;
+  });
+  const hosts = placed?.hosts;
   if (flags.hostfile !== undefined && flags.bind === undefined) {
     problems.push("--hostfile needs --bind: the interface or address (of this host) on which ranks on the other hosts reach the coordinator");
+  } else if (launcher === "slurm" && flags.bind === undefined) {
+    problems.push("--launcher slurm needs --bind: the interface (e.g. eth0, ib0, present on every node) on which ranks on the allocation's nodes reach the coordinator on this host");
   }
+  if (launcher === "slurm" && flags.rsh !== undefined) problems.push("--rsh is the agent of --launcher rsh; --launcher slurm starts ranks with srun: drop --rsh");
   const rsh = (flags.rsh ?? DEFAULTS.rsh).trim().split(/\s+/).filter((w) => w !== "");
-  const storeScope = flags.storeScope === undefined ? (flags.hostfile === undefined ? "shared" : "host") : check(() => {
+  // Ranks on several hosts: each host's own disk, with partner copies, unless told the store is shared.
+  const storeScope = flags.storeScope === undefined ? (hosts === undefined ? "shared" : "host") : check(() => {
     if (flags.storeScope !== "shared" && flags.storeScope !== "host") throw usage(`--store-scope ${JSON.stringify(flags.storeScope)}: expected shared (one directory every rank reaches) or host (a directory on each host, parts copied to a partner on another host)`);
     return flags.storeScope;
   });
@@ -413,6 +439,8 @@ export function resolveRunConfig(flags: RunFlags, ctx: { cwd: string }): RunConf
     bindAddress,
     hosts,
     rsh,
+    launcher: launcher!,
+    slurmJobId: placed?.slurmJobId,
     faults,
     replicas: replicas!,
     spare: flags.spare !== false,

@@ -12,12 +12,14 @@
  * - Each rank is its own process group (`detached`), so a terminal's Ctrl-C reaches only the
  *   launcher, which stops the job in order, and killing the group also takes any helper
  *   processes the rank started.
- * - A rank on another host ({@link spawnRemoteRank}) is started through a remote-shell agent
- *   (`ssh`, or `--rsh`), called as `AGENT HOST COMMAND`; its output comes back through the
- *   agent, and so does its exit status. It has no launcher pipe: it ends itself when the
- *   coordinator's lease lapses (src/launch/watchdog-worker.ts). Its remote pid comes back as
- *   the first line of its output, so the launcher can signal it through the agent; killing the
- *   agent alone would not stop it (ssh's remote command survives its client).
+ * - A rank on another host ({@link spawnRemoteRank}) is started through a local helper that
+ *   runs a shell line there — a remote-shell agent (`ssh`, or `--rsh`), called as `AGENT HOST
+ *   COMMAND`, or `srun` (src/launch/spawners.ts says which); its output comes back through the
+ *   helper, and so does its exit status. It has no launcher pipe: it ends itself when the
+ *   coordinator's lease lapses (src/launch/watchdog-worker.ts). Its remote pid (and, for a Slurm
+ *   step, the step's id) comes back as the first line of its output, so the launcher can signal
+ *   it on its host; killing the helper alone would not stop it (ssh's remote command survives
+ *   its client, and so does a step its srun no longer watches).
  *
  * @example
  * const proc = await spawnRank({ rank: 0, attempt: 0, app: "/abs/app.ts", appArgs: [], env, cwd }, sinks);
@@ -121,15 +123,36 @@ export function exitStatus(code: number | null, signal: NodeJS.Signals | null): 
   return 1;
 }
 
-/** How a rank on another host is reached: the agent's argv (`["ssh"]`) and the host. */
+/**
+ * How a rank on another host is reached, started and signalled (src/launch/spawners.ts builds
+ * one per host: through a remote-shell agent, or as a Slurm job step).
+ */
 export interface RemoteSite {
-  readonly agent: readonly string[];
   readonly host: string;
+  /** The local helper's argv that runs the POSIX shell line `line` (rank `rank`'s) on the host. */
+  command(line: string, rank: number): string[];
+  /** The helper's environment, given the rank's; undefined: the launcher's own. */
+  env?(rankEnv: NodeJS.ProcessEnv): NodeJS.ProcessEnv;
+  /** Shell words the line prints after the rank's pid, naming what {@link signal} needs besides it ("" for nothing). */
+  readonly idWords: string;
+  /** What failed when the helper could not be started, for the LAUNCH_SPAWN message. */
+  failed(err: Error): string;
+  /**
+   * Set when the helper ends by itself once the rank has ended on its host (srun, when its
+   * step ends) and a signal to the helper would reach the rank as well (srun cancels its step):
+   * once the rank is known, signals then go to the rank alone, and the helper is killed only if
+   * it outlives a SIGKILL by this long (its host may be gone). So the rank's exit means it is
+   * gone from its host — a restart must not meet its predecessor's files or locks — at a
+   * bounded cost when the host is dead. Undefined: the helper gets every signal too, at once.
+   */
+  readonly helperGraceMs?: number;
+  /** Sends `sig` to the rank (`pid` and `id` as its shell printed them) without waiting, bounded in time. */
+  signal(pid: number, id: string, sig: NodeJS.Signals): void;
 }
 
 /** The first line a remote rank's shell prints: its pid, which the node process then takes over (exec). */
 const REMOTE_PID_PREFIX = "lifeline-remote-pid ";
-/** A remote signal's agent is given up after this long (its host may be gone: ssh hangs then). */
+/** A helper that signals a remote rank is given up after this long (its host may be gone: ssh hangs then). */
 const REMOTE_SIGNAL_TIMEOUT_MS = 5_000;
 
 /** A running (or ended) rank process. */
@@ -142,8 +165,11 @@ export class RankProcess {
   private readonly tail: string[] = [];
   private firstError: string | undefined;
   private injected = false;
-  /** A remote rank's pid on its host, once its shell printed it. */
+  /** A remote rank's pid on its host, once its shell printed it, and what else it printed ({@link RemoteSite.idWords}). */
   private remotePid: number | undefined;
+  private remoteId = "";
+  /** Kills the helper of a remote rank that a SIGKILL did not end ({@link RemoteSite.helperGraceMs}). */
+  private helperTimer: NodeJS.Timeout | undefined;
 
   constructor(
     readonly rank: number,
@@ -151,7 +177,7 @@ export class RankProcess {
     readonly pid: number,
     private readonly child: ChildProcess,
     sink: RankOutputSink,
-    /** Set for a rank on another host: `pid` is then the local agent's. */
+    /** Set for a rank on another host: `pid` is then the local helper's. */
     readonly remote?: RemoteSite,
   ) {
     this.exited = new Promise((resolve) => {
@@ -163,7 +189,9 @@ export class RankProcess {
     const drains = [
       readLines(child.stdout!, (line) => {
         if (remote !== undefined && this.remotePid === undefined && line.startsWith(REMOTE_PID_PREFIX)) {
-          this.remotePid = Number(line.slice(REMOTE_PID_PREFIX.length)) || undefined;
+          const [pid = "", ...id] = line.slice(REMOTE_PID_PREFIX.length).split(" ");
+          this.remotePid = Number(pid) || undefined;
+          this.remoteId = id.join(" ");
           return;
         }
         sink.line(rank, "stdout", line);
@@ -211,12 +239,28 @@ export class RankProcess {
   }
 
   /**
-   * Sends `sig` to the rank's process group (the rank and anything it started). Returns false
-   * if nothing was there. Safe after exit: the group id cannot be reused while a member lives.
+   * Sends `sig` to the rank's process group (the rank and anything it started; for a remote
+   * rank, its helper's, and the rank on its host). Returns false if nothing was there. Safe
+   * after exit: the group id cannot be reused while a member lives.
    */
   signal(sig: NodeJS.Signals): boolean {
-    // A remote rank first, through its host's agent: its local agent's end does not stop it.
-    if (this.remote !== undefined && this.remotePid !== undefined && this.alive) signalRemote(this.remote, this.remotePid, sig);
+    // A remote rank first, on its host: its local helper's end does not stop it.
+    if (this.remote !== undefined && this.remotePid !== undefined && this.alive) {
+      this.remote.signal(this.remotePid, this.remoteId, sig);
+      const graceMs = this.remote.helperGraceMs;
+      if (graceMs !== undefined) {
+        if (sig === "SIGKILL" && this.helperTimer === undefined) {
+          this.helperTimer = setTimeout(() => this.signalGroup("SIGKILL"), graceMs);
+          this.helperTimer.unref();
+          void this.exited.then(() => clearTimeout(this.helperTimer));
+        }
+        return true;
+      }
+    }
+    return this.signalGroup(sig);
+  }
+
+  private signalGroup(sig: NodeJS.Signals): boolean {
     try {
       process.kill(-this.pid, sig);
       return true;
@@ -245,11 +289,15 @@ export class RankProcess {
   }
 }
 
-/** Sends `sig` to a remote rank through its host's agent, without waiting (bounded). */
-function signalRemote(site: RemoteSite, pid: number, sig: NodeJS.Signals): void {
+/**
+ * Runs `argv` (a helper that signals a remote rank) without waiting for it: detached, its
+ * output ignored, and its process group killed after {@link REMOTE_SIGNAL_TIMEOUT_MS} if it is
+ * still there (a helper talking to a dead host may hang). Never throws.
+ */
+export function runBounded(argv: readonly string[]): void {
   let helper: ChildProcess;
   try {
-    helper = spawn(site.agent[0]!, [...site.agent.slice(1), site.host, `kill -s ${sig.replace(/^SIG/, "")} ${pid}`], { stdio: "ignore", detached: true, windowsHide: true });
+    helper = spawn(argv[0]!, argv.slice(1), { stdio: "ignore", detached: true, windowsHide: true });
   } catch {
     return;
   }
@@ -267,26 +315,30 @@ function signalRemote(site: RemoteSite, pid: number, sig: NodeJS.Signals): void 
 }
 
 /**
- * Starts a rank on `site.host` through the remote-shell agent: `AGENT HOST COMMAND`, the
- * command a shell line that prints the remote pid, changes to the launcher's working directory
- * and runs the same `node` command as a local rank, with the rank's LIFELINE_* variables (the
- * launcher's other variables are the local machine's; the remote login brings its own).
- * Resolves once the agent runs; rejects with `LAUNCH_SPAWN` if it cannot be started.
+ * Starts a rank on `site.host` through the site's helper (`AGENT HOST COMMAND`, or `srun …
+ * sh -c COMMAND`), the command a shell line that prints the remote pid (and the site's
+ * {@link RemoteSite.idWords}), changes to the launcher's working directory and runs the same
+ * `node` command as a local rank, with the rank's LIFELINE_* variables (the launcher's other
+ * variables are the local machine's; the remote side brings its own). Resolves once the helper
+ * runs; rejects with `LAUNCH_SPAWN` if it cannot be started.
  */
 export function spawnRemoteRank(spec: RankSpawnSpec, site: RemoteSite, sink: RankOutputSink): Promise<RankProcess> {
   const { command, args } = rankCommand(spec.app, spec.appArgs);
   const vars = Object.entries(spec.env).flatMap(([k, v]) => (k.startsWith("LIFELINE_") && v !== undefined && k !== "LIFELINE_WATCH_FD" && k !== "LIFELINE_RUN_DIR" ? [`${k}=${v}`] : []));
-  const line = `echo ${REMOTE_PID_PREFIX}$$; cd ${shellQuote([spec.cwd])} && exec ${shellQuote(["env", ...vars, command, ...args])}`;
+  const id = site.idWords === "" ? "" : ` ${site.idWords}`;
+  const line = `echo ${REMOTE_PID_PREFIX}$$${id}; cd ${shellQuote([spec.cwd])} && exec ${shellQuote(["env", ...vars, command, ...args])}`;
+  const argv = site.command(line, spec.rank);
+  const env = site.env?.(spec.env);
   return new Promise((resolve, reject) => {
     let child: ChildProcess;
     try {
-      child = spawn(site.agent[0]!, [...site.agent.slice(1), site.host, line], { cwd: spec.cwd, stdio: ["ignore", "pipe", "pipe"], detached: true, windowsHide: true });
+      child = spawn(argv[0]!, argv.slice(1), { cwd: spec.cwd, stdio: ["ignore", "pipe", "pipe"], detached: true, windowsHide: true, ...(env === undefined ? {} : { env }) });
     } catch (err) {
-      reject(new LifelineError("LAUNCH_SPAWN", `cannot start rank ${spec.rank} on ${site.host} with ${site.agent.join(" ")}: ${errorMessage(err)}`, { cause: err }));
+      reject(new LifelineError("LAUNCH_SPAWN", `cannot start rank ${spec.rank} on ${site.host}: ${site.failed(err instanceof Error ? err : new Error(errorMessage(err)))}`, { cause: err }));
       return;
     }
     const onError = (err: Error): void => {
-      reject(new LifelineError("LAUNCH_SPAWN", `cannot start rank ${spec.rank} on ${site.host}: the remote-shell agent ${JSON.stringify(site.agent.join(" "))} failed: ${err.message} (see --rsh)`, { cause: err }));
+      reject(new LifelineError("LAUNCH_SPAWN", `cannot start rank ${spec.rank} on ${site.host}: ${site.failed(err)}`, { cause: err }));
     };
     child.once("error", onError);
     child.once("spawn", () => {

@@ -37,7 +37,8 @@ import { RetryOnePolicy } from "./retry-one-policy.ts";
 import { SUPPORTED_MODES, type RunConfig } from "./options.ts";
 import type { JobEvent, Reporter } from "./progress.ts";
 import { addressOf, Placement } from "./hosts.ts";
-import { spawnRank, spawnRemoteRank, spawnSpare, type RankExit, type RankOutputSink, type RankProcess, type RankSpawnSpec, type SpareProcess } from "./rank-process.ts";
+import { spawnSpare, type RankExit, type RankOutputSink, type RankProcess, type RankSpawnSpec, type SpareProcess } from "./rank-process.ts";
+import { rankLauncherFor, type RankLauncher } from "./spawners.ts";
 
 /** Grace between SIGTERM and SIGKILL when a failure stops the job (fail fast: all gone within 1 s). */
 export const FAIL_FAST_GRACE_MS = 500;
@@ -173,7 +174,9 @@ export class Supervisor {
    * rank restarts together), the rank in retry-one.
    */
   private readonly loopWatch = new Map<string, { signature: string; attempt: number; text: string }>();
-  /** `--hostfile`: which rank runs on which host (undefined: every rank on this host). */
+  /** How ranks are started: here, through a remote shell, or as Slurm job steps (`--launcher`). */
+  private readonly launcher: RankLauncher;
+  /** Which rank runs on which of the launcher's hosts (undefined: every rank on this host). */
   private readonly placement: Placement | undefined;
   /** Each rank's host at the start, for every table of the job (retry-one's replica placement). */
   private readonly initialHosts: number[] | undefined;
@@ -181,7 +184,8 @@ export class Supervisor {
   constructor(private readonly config: RunConfig, private readonly deps: SupervisorDeps) {
     this.policy = deps.policy ?? (config.mode === "cpr" ? new CprRestartPolicy(config, claimOf(deps)) : config.mode === "retry-one" ? new RetryOnePolicy() : policyFor(config.mode));
     this.progressed = new Array<boolean>(config.size).fill(false);
-    this.placement = config.hosts === undefined ? undefined : new Placement(config.hosts, config.size);
+    this.launcher = rankLauncherFor(config);
+    this.placement = this.launcher.hosts === undefined ? undefined : new Placement(this.launcher.hosts, config.size);
     this.initialHosts = this.placement?.groups();
     this.procs = new Array<RankProcess | undefined>(config.size).fill(undefined);
     this.finalized = new Array<boolean>(config.size).fill(false);
@@ -360,10 +364,9 @@ export class Supervisor {
     }
   }
 
-  /** Starts a rank's process: here, or on its host through the remote-shell agent. */
+  /** Starts a rank's process: here, or on its host through the launcher (`--launcher`). */
   private startProcess(spec: RankSpawnSpec): Promise<RankProcess> {
-    if (this.placement === undefined) return spawnRank(spec, this.outputSink());
-    return spawnRemoteRank(spec, { agent: this.config.rsh, host: this.placement.hostOf(spec.rank) }, this.outputSink());
+    return this.launcher.start(spec, this.placement?.hostOf(spec.rank), this.outputSink());
   }
 
   /** Takes a freshly started rank (or a spare that took its place: `warm`) under supervision. */

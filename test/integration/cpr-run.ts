@@ -3,8 +3,8 @@
  * events on stderr (the caller may watch them), --results read back. Every run has a
  * deadline; the child is SIGTERMed past it (the launcher takes its ranks down with it).
  */
-import { spawn } from "node:child_process";
-import { existsSync } from "node:fs";
+import { spawn, type ChildProcess } from "node:child_process";
+import { existsSync, readFileSync } from "node:fs";
 import { mkdtemp, readFile, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -82,5 +82,40 @@ export async function runLauncher(spec: RunSpec): Promise<RunOutcome> {
   return { code, stdout, stderr, doc };
 }
 
+/** A launcher run watched through its --json events (see {@link watchRun}). */
+export interface WatchedRun {
+  code: number | null;
+  events: Record<string, unknown>[];
+  stderr: string;
+  doc: RunOutcome["doc"];
+}
+
+/**
+ * Watches a launcher that `child` runs with `--json` (its stderr a pipe) and `--results
+ * results`: each event goes to `onEvent` as it comes, and the child is SIGKILLed past
+ * `timeoutMs`. Resolves at its exit with the events, its stderr and the results document.
+ */
+export function watchRun(child: ChildProcess, results: string, timeoutMs: number, onEvent?: (ev: Record<string, unknown>) => void): Promise<WatchedRun> {
+  const events: Record<string, unknown>[] = [];
+  let stderr = "";
+  child.stderr!.setEncoding("utf8").on("data", (chunk: string) => { stderr += chunk; });
+  onJsonLines(child.stderr!, (ev) => {
+    events.push(ev);
+    onEvent?.(ev);
+  });
+  const timer = setTimeout(() => child.kill("SIGKILL"), timeoutMs);
+  return new Promise((resolve) => {
+    child.on("exit", (code) => {
+      clearTimeout(timer);
+      const doc = existsSync(results) ? (JSON.parse(readFileSync(results, "utf8")) as WatchedRun["doc"]) : undefined;
+      resolve({ code, events, stderr, doc });
+    });
+  });
+}
+
+/** Each rank's host by its `rank-spawned` events (of attempt `attempt`, if given). */
+export const spawnedOn = (r: WatchedRun, attempt?: number): Record<number, string> =>
+  Object.fromEntries(r.events.filter((e) => e.event === "rank-spawned" && (attempt === undefined || e.attempt === attempt)).map((e) => [e.rank as number, e.host as string]));
+
 /** The tail of a run's stderr without step events, for assertion messages. */
-export const context = (o: RunOutcome): string => `exit ${o.code}\n${o.stderr.split("\n").filter((l) => !l.includes('"rank-step"')).slice(-40).join("\n")}`;
+export const context = (o: { code: number | null; stderr: string }): string => `exit ${o.code}\n${o.stderr.split("\n").filter((l) => !l.includes('"rank-step"')).slice(-40).join("\n")}`;

@@ -17,13 +17,11 @@
  * References are `--mode none` runs on this machine. Needs root; without
  * it the test fails and says why.
  */
-import { spawn } from "node:child_process";
-import { existsSync, readFileSync, writeFileSync } from "node:fs";
+import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { afterEach, beforeAll, beforeEach, describe, expect, it } from "vitest";
-import { onJsonLines } from "../../src/testing/json-lines.ts";
 import { clusterSupport, netnsRshAgent, TestCluster } from "../../src/testing/netns.ts";
-import { CLI, ROOT, runDirFor, runLauncher } from "./cpr-run.ts";
+import { CLI, context, ROOT, runDirFor, runLauncher, spawnedOn, watchRun, type WatchedRun } from "./cpr-run.ts";
 
 const TIMEOUT_MS = 90_000;
 /**
@@ -54,42 +52,17 @@ afterEach(async () => {
   await cluster?.destroy();
 });
 
-interface HostRun {
-  code: number | null;
-  events: Record<string, unknown>[];
-  stderr: string;
-  doc: { ranks: unknown[]; restarts: number; run?: number; error?: { code: string; message: string }; recovery?: Record<string, unknown> } | undefined;
-}
-
 /**
  * Runs `lifeline run --json` on test host `host` (0-based) with the hostfile; `onEvent` sees
  * each event as it comes and may act on the cluster.
  */
-function runOnHost(host: number, name: string, flags: readonly string[], program: readonly string[], onEvent?: (ev: Record<string, unknown>) => void, hostfile = "hostfile", store = join(runs.path, `${name}.store`), timeoutMs = TIMEOUT_MS): Promise<HostRun> {
+function runOnHost(host: number, name: string, flags: readonly string[], program: readonly string[], onEvent?: (ev: Record<string, unknown>) => void, hostfile = "hostfile", store = join(runs.path, `${name}.store`), timeoutMs = TIMEOUT_MS): Promise<WatchedRun> {
   const results = join(runs.path, `${name}.json`);
   const argv = [process.execPath, CLI, "run", "--json", "--bind", cluster.hosts[host]!.address, "--hostfile", join(runs.path, hostfile), "--rsh", netnsRshAgent,
     "--store", store, "--results", results, ...flags, ...program];
   const child = cluster.spawn(host, argv, { cwd: ROOT, env: { ...process.env, ...cluster.agentEnv }, stdio: ["ignore", "ignore", "pipe"] });
-  const events: Record<string, unknown>[] = [];
-  let stderr = "";
-  child.stderr!.setEncoding("utf8").on("data", (chunk: string) => { stderr += chunk; });
-  onJsonLines(child.stderr!, (ev) => {
-    events.push(ev);
-    onEvent?.(ev);
-  });
-  const timer = setTimeout(() => child.kill("SIGKILL"), timeoutMs - 5_000);
-  return new Promise((resolve) => {
-    child.on("exit", (code) => {
-      clearTimeout(timer);
-      const doc = existsSync(results) ? (JSON.parse(readFileSync(results, "utf8")) as HostRun["doc"]) : undefined;
-      resolve({ code, events, stderr, doc });
-    });
-  });
+  return watchRun(child, results, timeoutMs - 5_000, onEvent);
 }
-
-const tail = (r: HostRun): string => `exit ${r.code}\n${r.stderr.split("\n").filter((l) => !l.includes('"rank-step"')).slice(-40).join("\n")}`;
-const spawnedOn = (r: HostRun, attempt?: number): Record<number, string> =>
-  Object.fromEntries(r.events.filter((e) => e.event === "rank-spawned" && (attempt === undefined || e.attempt === attempt)).map((e) => [e.rank as number, e.host as string]));
 
 async function reference(name: string, program: readonly string[]): Promise<unknown[]> {
   const ref = await runLauncher({ np: 4, program: program[0]!, args: program.slice(1), flags: ["--mode", "none"], dir: runs.path, name, timeoutMs: TIMEOUT_MS });
@@ -126,7 +99,7 @@ describe("a job across hosts", () => {
   it("runs ranks on the hosts of the hostfile, over their own addresses; results equal a one-host run", async () => {
     const ref = await reference("ref-logreg", LOGREG);
     const r = await runOnHost(0, "plain", ["-n", "4", "--mode", "none"], LOGREG);
-    expect(r.code, tail(r)).toBe(0);
+    expect(r.code, context(r)).toBe(0);
     expect(r.doc!.ranks).toEqual(ref);
     expect(spawnedOn(r)).toEqual({ 0: "198.18.0.1", 1: "198.18.0.1", 2: "198.18.0.2", 3: "198.18.0.2" });
     expect(r.events.find((e) => e.event === "job-starting")).toMatchObject({ coordinator: expect.stringMatching(/^tcp:\/\/198\.18\.0\.1:\d+$/) });
@@ -137,7 +110,7 @@ describe("a job across hosts", () => {
     // One replica each: on the plain ring rank 2's copy would sit on rank 3, on the same host,
     // and die with it; replicas go to other hosts first, so ranks 0 and 1 hold them.
     const r = await runOnHost(0, "retry", ["-n", "4", "--mode", "retry-one", "--replicas", "1", ...FAST], LOGREG, killAtStep(1, 2, 3));
-    expect(r.code, tail(r)).toBe(0);
+    expect(r.code, context(r)).toBe(0);
     expect(r.doc!.ranks).toEqual(ref);
     const restarted = r.events.filter((e) => e.event === "rank-spawned" && (e.attempt as number) > 0);
     expect(restarted.map((e) => [e.rank, e.host]).sort()).toEqual([[2, "198.18.0.3"], [3, "198.18.0.3"]]);
@@ -152,7 +125,7 @@ describe("a job across hosts", () => {
     const ref = await reference("ref-heat", HEAT);
     const kill = killAfterLines(1, 2);
     const r = await runOnHost(0, "cpr", ["-n", "4", "--mode", "cpr", "--checkpoint-every", "100ms", ...FAST], HEAT, kill.onEvent);
-    expect(r.code, tail(r)).toBe(0);
+    expect(r.code, context(r)).toBe(0);
     expect(kill.at()).toBeDefined();
     expect(r.doc!.ranks).toEqual(ref);
     expect(r.doc!.restarts).toBeGreaterThanOrEqual(1);
@@ -166,7 +139,7 @@ describe("a job across hosts", () => {
     const kill = killAfterLines(0, 2);
     const first = await runOnHost(0, "coordlost", ["-n", "4", "--mode", "cpr", "--checkpoint-every", "100ms", ...FAST], HEAT, kill.onEvent);
     const killedAt = kill.at();
-    expect(killedAt, tail(first)).toBeDefined();
+    expect(killedAt, context(first)).toBeDefined();
     // Ranks 2 and 3 on host 2 hear no lease any more: gone within the bound.
     let goneMs: number | undefined;
     while (performance.now() - killedAt! < 10_000) {
@@ -180,7 +153,7 @@ describe("a job across hosts", () => {
     expect(goneMs!).toBeLessThan(1_000 + 2_000);
     // The same command on a surviving host, with the hosts that are left.
     const resumed = await runOnHost(1, "coordlost", ["-n", "4", "--mode", "cpr", "--checkpoint-every", "100ms", "--resume", ...FAST], HEAT, undefined, "survivors");
-    expect(resumed.code, tail(resumed)).toBe(0);
+    expect(resumed.code, context(resumed)).toBe(0);
     expect(resumed.doc!.ranks).toEqual(ref);
     expect(resumed.events.find((e) => e.event === "job-resuming")).toMatchObject({ run: 2, previousState: "running" });
     expect(resumed.doc).toMatchObject({ run: 2, recovery: { resumedFrom: expect.any(Number) } });
@@ -190,7 +163,7 @@ describe("a job across hosts", () => {
     const ref = await reference("ref-heat3", HEAT);
     const kill = killAfterLines(1, 2);
     const r = await runOnHost(0, "local", ["-n", "4", "--mode", "cpr", "--checkpoint-every", "100ms", ...FAST], HEAT, kill.onEvent, "hostfile", join(cluster.diskPath, "local.store"));
-    expect(r.code, tail(r)).toBe(0);
+    expect(r.code, context(r)).toBe(0);
     expect(kill.at()).toBeDefined();
     expect(r.doc!.ranks).toEqual(ref);
     const rollback = (r.doc!.recovery!.rollbacks as { epoch: number }[])[0]!;
@@ -206,10 +179,10 @@ describe("a job across hosts", () => {
     const kill = killAfterLines(0, 2);
     const store = join(cluster.diskPath, "lost.store"); // the same path on every host, a disk of its own on each
     const first = await runOnHost(0, "lost", ["-n", "4", "--mode", "cpr", "--checkpoint-every", "100ms", ...FAST], HEAT, kill.onEvent, "hostfile", store);
-    expect(kill.at(), tail(first)).toBeDefined();
+    expect(kill.at(), context(first)).toBeDefined();
     for (let i = 0; i < 100 && (await cluster.pids(1)).length > 0; i++) await new Promise((res) => setTimeout(res, 50));
     const resumed = await runOnHost(1, "lost", ["-n", "4", "--mode", "cpr", "--checkpoint-every", "100ms", "--resume", ...FAST], HEAT, undefined, "survivors", store);
-    expect(resumed.code, tail(resumed)).toBe(0);
+    expect(resumed.code, context(resumed)).toBe(0);
     expect(resumed.doc!.ranks).toEqual(ref);
     expect(resumed.events.some((e) => e.event === "warning" && /took job .* commit record/.test(e.message as string))).toBe(true);
     expect(resumed.doc).toMatchObject({ run: 2, recovery: { resumedFrom: expect.any(Number) } });
@@ -229,7 +202,7 @@ describe("a job across hosts", () => {
       cut = true;
       void cluster.partition(1, true).then(() => setTimeout(() => void cluster.partition(1, false), 2_500));
     });
-    expect(r.code, tail(r)).toBe(0);
+    expect(r.code, context(r)).toBe(0);
     expect(r.doc!.ranks).toEqual(ref);
     expect(spawnedOn(r, 1)).toEqual({ 2: "198.18.0.3", 3: "198.18.0.3" });
     // Healed, and nothing of the old incarnations is left on host 2.
@@ -249,7 +222,7 @@ describe("a job across hosts", () => {
       cut = true;
       void cluster.partition(1, true).then(() => setTimeout(() => void cluster.partition(1, false), 2_500));
     }, "hostfile", join(cluster.diskPath, "cprpart.store"));
-    expect(r.code, tail(r)).toBe(0);
+    expect(r.code, context(r)).toBe(0);
     expect(r.doc!.ranks).toEqual(ref);
     expect(spawnedOn(r, 1)).toEqual({ 0: "198.18.0.1", 1: "198.18.0.1", 2: "198.18.0.3", 3: "198.18.0.3" });
     let left = await cluster.pids(1);
@@ -265,7 +238,7 @@ describe("a job across hosts", () => {
     const ref = await reference("ref-logreg5", program);
     await cluster.loss(1, 20);
     const r = await runOnHost(0, "loss1", ["-n", "4", "--mode", "retry-one"], program, undefined, "hostfile", join(runs.path, "loss1.store"), LOSS_TIMEOUT_MS);
-    expect(r.code, tail(r)).toBe(0);
+    expect(r.code, context(r)).toBe(0);
     expect(r.doc!.ranks).toEqual(ref);
   }, LOSS_TIMEOUT_MS + 30_000);
 
@@ -275,7 +248,7 @@ describe("a job across hosts", () => {
     const ref = await reference("ref-logreg4", program);
     await cluster.loss(1, 20);
     const r = await runOnHost(0, "loss", ["-n", "4", "--mode", "cpr", "--checkpoint-every", "3steps"], program, undefined, "hostfile", join(runs.path, "loss.store"), LOSS_TIMEOUT_MS);
-    expect(r.code, tail(r)).toBe(0);
+    expect(r.code, context(r)).toBe(0);
     expect(r.doc!.ranks).toEqual(ref);
   }, LOSS_TIMEOUT_MS + 30_000);
 });

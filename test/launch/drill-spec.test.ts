@@ -7,19 +7,9 @@
  * the rank side's own parser (src/mpi/faults.ts). Seeds are fixed.
  */
 import { describe, expect, it } from "vitest";
-import { isLifelineError } from "../../src/errors.ts";
 import { parseFaults } from "../../src/mpi/faults.ts";
 import { deriveSeed, describeTrigger, DrillPrng, parseKillSpec, parseKillSpecs, planFaults, type KillSpec } from "../../src/launch/drill-spec.ts";
-
-function usageMessage(fn: () => unknown): string {
-  try {
-    fn();
-  } catch (err) {
-    if (isLifelineError(err, "LAUNCH_USAGE")) return err.message;
-    throw err;
-  }
-  throw new Error("expected LAUNCH_USAGE");
-}
+import { usageMessage } from "./helpers.ts";
 
 const reference = { stepsByRank: [40, 40, 40, 40], computeMsByRank: [2_000, 2_000, 2_000, 2_000] };
 

@@ -9,6 +9,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
 import { Dealer } from "zeromq";
+import { isLifelineError } from "../../src/errors.ts";
 import { controlIdentity, decodeControl, encodeControl, type CoordinatorToRank, type RankToCoordinator } from "../../src/mpi/control.ts";
 import { onJsonLines } from "../../src/testing/json-lines.ts";
 
@@ -81,6 +82,17 @@ export class FakeRank {
 export function tempDir(prefix: string): { dir: string; cleanup: () => void } {
   const dir = mkdtempSync(join(tmpdir(), prefix));
   return { dir, cleanup: () => rmSync(dir, { recursive: true, force: true }) };
+}
+
+/** The message of the `LAUNCH_USAGE` error `fn` throws; fails if it throws none (other errors pass through). */
+export function usageMessage(fn: () => unknown): string {
+  try {
+    fn();
+  } catch (err) {
+    if (isLifelineError(err, "LAUNCH_USAGE")) return err.message;
+    throw err;
+  }
+  throw new Error("expected a LAUNCH_USAGE error");
 }
 
 /**

@@ -8,9 +8,8 @@
 import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
-import { isLifelineError } from "../../src/errors.ts";
 import { DEFAULTS, parseCheckpointEvery, parseDuration, parseInject, resolveRunConfig, SUPPORTED_MODES, type RunFlags } from "../../src/launch/options.ts";
-import { tempDir } from "./helpers.ts";
+import { tempDir, usageMessage } from "./helpers.ts";
 
 const { dir, cleanup } = tempDir("lifeline-options-");
 afterAll(cleanup);
@@ -20,16 +19,6 @@ writeFileSync(join(dir, "notes.txt"), "\n");
 
 function resolveWith(flags: RunFlags) {
   return resolveRunConfig({ np: "2", mode: "none", app: "app.ts", ...flags }, { cwd: dir });
-}
-
-function usageMessage(fn: () => unknown): string {
-  try {
-    fn();
-  } catch (err) {
-    if (isLifelineError(err, "LAUNCH_USAGE")) return err.message;
-    throw err;
-  }
-  throw new Error("expected a LAUNCH_USAGE error");
 }
 
 describe("resolveRunConfig", () => {
