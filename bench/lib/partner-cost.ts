@@ -62,7 +62,7 @@ export async function partnerCostRun(c: PartnerCostConfig): Promise<PartnerCostR
   const status = await child.exited;
   clearTimeout(timer);
   if (status.code !== 0) throw new Error(`partner cost run ${c.name} (${c.scope}): exit ${status.code}\n${child.tail()}`);
-  if (lines.length < 3) throw new Error(`partner cost run ${c.name} (${c.scope}): only ${lines.length} line(s) committed; run longer (--steps)\n${child.tail()}`);
+  if (lines.length < 2) throw new Error(`partner cost run ${c.name} (${c.scope}): only ${lines.length} line(s) committed; run longer (--steps)\n${child.tail()}`);
   // The first line is taken while the ranks still warm up; it is left out.
   const steady = lines.slice(1);
   return { scope: c.scope, lines: lines.length, lineMs: median(steady.map((l) => l.durationMs)), lineBytes: median(steady.map((l) => l.bytes)) };
