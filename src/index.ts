@@ -56,6 +56,7 @@ export async function init(options: InitOptions = {}): Promise<World> {
     const deadPeerTimeoutMs = 2 * place.failureTimeoutMs + BACKOFF_MAX_MS;
     const retryOne = place.mode === "retry-one" ? retryOneHook({ replicas: place.replicas, failureTimeoutMs: deadPeerTimeoutMs }) : undefined;
     const world = await World.join(place, { cpr, retryOne });
+    watchdog.joined();
     world.onClose(() => watchdog.stop());
     return world;
   } catch (err) {

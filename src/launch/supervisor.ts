@@ -635,6 +635,9 @@ export class Supervisor {
       message: `restarting all ${this.config.size} ranks in ${delayMs} ms (restart ${counted} of at most ${this.config.maxRestarts}${reset}) after: ${failure.message}`,
     });
     for (let r = 0; r < this.config.size; r++) this.detector.forget(r);
+    // Nothing of the dying attempt counts from now on: a rank cut off from here may still
+    // deliver a finalize, which must not release a job that is restarting.
+    this.coordinator?.endRound();
     for (const p of this.procs) if (p?.alive) p.kill();
     await Promise.all(this.procs.map((p) => p?.exited));
     if (delayMs > 0) await new Promise((resolve) => setTimeout(resolve, delayMs));

@@ -71,8 +71,12 @@ if (data.heartbeatMs > 0 && pipe !== undefined) {
   tick();
   timers.push(setInterval(tick, data.heartbeatMs));
   // The lease: its clock starts with the first answer (before it, init()'s own rendezvous
-  // timeout bounds the wait for a coordinator that is not up yet).
+  // timeout bounds the wait for a coordinator that is not up yet), or once the rank joined its
+  // job: a rank cut off from the coordinator before the first answer came must end too.
   let leaseMs: number | undefined;
+  parentPort?.on("message", (msg: unknown) => {
+    if (msg === "joined") leaseMs ??= performance.now();
+  });
   void (async () => {
     try {
       for await (const [frame] of socket) {

@@ -10,7 +10,7 @@
  * silent and is caught by `--failure-timeout`.
  *
  * @example
- * const stop = startWatchdog({ fd: 3, coordinator, rank, attempt, heartbeatMs: 500 }); // later: stop();
+ * const dog = startWatchdog({ fd: 3, coordinator, rank, attempt, heartbeatMs: 500 }); // later: dog.stop();
  */
 import { Worker } from "node:worker_threads";
 import { EXIT_COORDINATOR_LOST } from "../mpi/control.ts";
@@ -36,6 +36,11 @@ const WATCHDOG_READY_MS = 5000;
 /** A running watchdog: `ready` once its first heartbeat is out; `stop` for a clean exit. */
 export interface Watchdog {
   readonly ready: Promise<void>;
+  /**
+   * The rank joined its job (the coordinator sent the table): the lease's clock runs from now
+   * on even if no lease came yet, so a rank cut off before its first lease still ends itself.
+   */
+  joined(): void;
   stop(): void;
 }
 
@@ -75,5 +80,5 @@ export function startWatchdog(opts: WatchdogOptions): Watchdog {
   });
   // Stopped by a message, not terminate(): the worker handles it only after its start-up code
   // ran, so it is never torn down in the middle of building a socket.
-  return { ready, stop: () => worker.postMessage("stop") };
+  return { ready, joined: () => worker.postMessage("joined"), stop: () => worker.postMessage("stop") };
 }

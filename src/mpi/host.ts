@@ -16,6 +16,7 @@ import { LifelineError } from "../errors.ts";
 import { resolveBind } from "./bind.ts";
 import { ENV, type RankPlace } from "./env.ts";
 import { ZmqTransport } from "./zmq/zmq-transport.ts";
+import type { Header } from "./wire.ts";
 
 /** The data path: one receiving endpoint, one FIFO channel to each peer. */
 export interface Transport {
@@ -55,6 +56,12 @@ export interface Host {
   /** A diagnostic line for the rank's stderr. */
   warn(line: string): void;
   readonly pid: number;
+  /**
+   * A peer's application or collective frame from the network passed every check and goes to
+   * the program. Only the simulator listens: its invariants refuse frames of incarnations the
+   * rank already knows to be replaced.
+   */
+  accepted?(header: Header): void;
 }
 
 /** The production host: ZeroMQ data and control sockets, Node timers, this process. */

@@ -415,6 +415,7 @@ export class World implements WorldApi {
       this.cpr.arrive(header, { header: rawHeader, body });
     }
     if (classify && this.retry !== undefined && header.kind === Kind.collective && header.source !== this.rank && !this.retry.arrive(header, { header: rawHeader, body })) return;
+    if (classify && header.kind !== Kind.protocol && header.source !== this.rank) this.host.accepted?.(header);
     switch (header.kind) {
       case Kind.app: {
         let data: unknown;

@@ -4,11 +4,16 @@
  *
  * The communicator is not re-implemented: each rank is `World.joinWith(place, simHost)`
  * running a program `(world, ctx) => Promise<result>`, then `finalize(result)`. The
- * {@link SimCoordinator} speaks the real control messages (hello → table, finalize → release
- * when all finalized, abort → abort everyone). Crashes are `kill -9`s of a rank's node: its
- * queued frames vanish and its pending promises are abandoned. In mode `none` a crash fails
- * the job (the others are aborted, as the supervisor does); restart-all for `cpr` plugs into
- * {@link SimCluster.onRankDied} once the cpr rank driver exists.
+ * {@link SimCoordinator} runs the launcher's own membership machine (src/launch/membership.ts:
+ * hello → table, finalize → release when all finalized, abort → abort everyone, restarts).
+ * Crashes are `kill -9`s of a rank's node: its queued frames vanish and its pending promises
+ * are abandoned. In mode `none` a crash fails the job (the others are aborted, as the
+ * supervisor does); cpr restarts every rank from the last committed line, retry-one the failed
+ * rank alone (see {@link SimCluster.onRankDied}).
+ *
+ * Partitions (`partitions`) cut ranks or hosts off for a while: the ranks' watchdogs beat to the
+ * coordinator for a lease, the cluster's detector declares a silent rank dead and restarts it
+ * while the old incarnation runs on in isolation, and that one ends when its lease lapses.
  *
  * The loop: drain microtasks (see `drain`), check invariants, take ONE event, repeat, until
  * nothing can happen or a step/time bound is hit (a bound hit = a hang, reported as such).
@@ -21,19 +26,19 @@ import { type CheckpointEvery, CprInitiator, INITIATOR_TICK_MS as CPR_TICK_MS, i
 import { InitiatorDriver } from "../cpr/coordinated/initiator-driver.ts";
 import { coordinatedHook, type PartStoreLike } from "../cpr/coordinated/driver.ts";
 import { retryOneHook } from "../cpr/retry-one/driver.ts";
-import { LifelineError } from "../errors.ts";
-import { decodeValue } from "../mpi/codec.ts";
-import type { CoordinatorToRank, RankToCoordinator } from "../mpi/control.ts";
+import { isLifelineError, LifelineError } from "../errors.ts";
+import { EXIT_COORDINATOR_LOST, type RankToCoordinator } from "../mpi/control.ts";
 import type { Mode, RankPlace } from "../mpi/env.ts";
 import { World } from "../mpi/world.ts";
 import { MemoryRecoveryStore } from "../store/memory-store.ts";
 import { recoverLocal } from "../store/recovery.ts";
 import { KEEP_LINES_DEFAULT, type LineManifest, type LineRecord, type RankPartStore } from "../store/types.ts";
 import { BACKOFF_BASE_MS, BACKOFF_MAX_MS } from "../launch/backoff.ts";
-import { type ClusterInvariants, clusterInvariants } from "./invariants.ts";
+import { type CoordinatorEvent, Membership, type MembershipEffect, type MembershipInput, type MembershipPhase, type RankLink, type TableMessage } from "../launch/membership.ts";
+import { type ClusterInvariants, clusterInvariants, parseRankNode } from "./invariants.ts";
 import { Prng } from "./prng.ts";
 import { simHost } from "./sim-host.ts";
-import { COORDINATOR, drain, rankNode, type SchedulePolicy, SimNetwork } from "./sim-network.ts";
+import { COORDINATOR, drain, heartbeatNode, rankNode, type SchedulePolicy, SimNetwork } from "./sim-network.ts";
 
 /** What a program may use besides the communicator. */
 export interface RankContext {
@@ -79,6 +84,31 @@ export interface SimClusterOptions {
    */
   readonly hosts?: readonly number[];
   readonly hostCrashes?: boolean;
+  /**
+   * Every rank's watchdog beats to the coordinator, which answers with a lease (as for ranks on
+   * other hosts, without the launcher's pipe), and the cluster declares a rank it has not heard
+   * for `failureTimeoutMs` dead, as the launcher's detector does. On with `partitions`.
+   */
+  readonly lease?: SimLeaseOptions;
+  /**
+   * Partitions: at a step, with `chance`, a live rank's links (with `hosts` and `hostCrashes`:
+   * those of every rank on its host) are cut off for a time drawn from `durationMs` and then
+   * healed, at most `max` times a run. A rank cut off longer than the failure timeout is
+   * declared dead and restarted (retry-one: alone; cpr: with every other rank) while it runs
+   * on in isolation, until its lease lapses.
+   */
+  readonly partitions?: SimPartitionOptions;
+}
+
+export interface SimLeaseOptions {
+  readonly heartbeatMs: number;
+  readonly failureTimeoutMs: number;
+}
+
+export interface SimPartitionOptions {
+  readonly chance: number;
+  readonly max: number;
+  readonly durationMs: readonly [number, number];
 }
 
 export interface SimRetryOneOptions {
@@ -116,6 +146,8 @@ export type RankEnd =
   | { readonly kind: "finalized"; readonly returned: unknown }
   | { readonly kind: "rejected"; readonly code: string; readonly message: string }
   | { readonly kind: "crashed" }
+  /** Declared dead (silent for the failure timeout) while cut off: it may still run, in isolation. */
+  | { readonly kind: "lost" }
   | { readonly kind: "exited"; readonly code: number };
 
 export interface SimOutcome {
@@ -134,6 +166,16 @@ export interface SimOutcome {
   readonly restarts: number;
   /** Hosts crashed (`hostCrashes`), each taking every rank on it. */
   readonly hostsCrashed: number;
+  /** Partitions: cuts made, ranks declared dead by the detector, and incarnations that ended when their lease lapsed. */
+  readonly partitions: number;
+  readonly declaredDead: number;
+  readonly leaseEnds: readonly { readonly rank: number; readonly attempt: number; readonly silentMs: number }[];
+  /** Data frames of replaced or dead incarnations that reached a live rank (which must refuse them). */
+  readonly staleFrames: number;
+  /** Frames of an incarnation a rank was told is dead, not yet replaced, that it took (see SimHostOptions.onDeadFrame). */
+  readonly deadFramesAccepted: number;
+  /** cpr: the code of the error that stopped a restart of all ranks (the job failed with it). */
+  readonly restartFailure: string | undefined;
   /** cpr: epochs of the lines committed, in order. */
   readonly linesCommitted: readonly number[];
   /** cpr: how many of them were committed after a restart (a restored job goes on taking lines). */
@@ -152,22 +194,15 @@ export interface SimOutcome {
 
 const JOB_KEY_SALT = 0x5eed;
 
-interface Link {
-  attempt: number;
-  up: boolean;
-  endpoint: string | undefined;
-  finalized: boolean;
-  result: unknown;
-}
-
 /**
- * The coordinator's part of the control protocol (src/launch/coordinator.ts) and, in cpr, of
- * the restart policy (src/launch/cpr-policy.ts: the initiator, commits to the line manifest),
- * over the simulated network and a {@link MemoryRecoveryStore}. Failures are the cluster's call.
+ * The coordinator of a simulated job: the real membership machine (src/launch/membership.ts:
+ * rendezvous, tables, finalize and release, aborts, retry-one's rank-down/restart/rejoin,
+ * restart rounds) over the simulated network, addressed by node names, and, in cpr, the
+ * restart policy's part (src/launch/cpr-policy.ts: the initiator, commits to the line
+ * manifest) over a {@link MemoryRecoveryStore}. Failures are the cluster's call.
  */
 export class SimCoordinator {
-  readonly links: Link[];
-  phase: "rendezvous" | "running" | "released" | "aborted" | "restarting" = "rendezvous";
+  readonly membership: Membership;
   readonly aborts: { rank: number; code: string; message: string }[] = [];
   readonly caughtUp: { rank: number; attempt: number; restored: number; version: number; seqno: number; replayed: number }[] = [];
   readonly warnings: string[] = [];
@@ -175,26 +210,28 @@ export class SimCoordinator {
   manifest: LineManifest | undefined;
   private readonly driver: InitiatorDriver;
   private tick: { stop(): void } | undefined;
+  /** cpr: every rank is gone and the job restarts (the simulator's view; the machine waits for restartRound). */
+  private restarting = false;
   /** cpr: the line the current attempt restores from. */
   restoreLine: LineRecord | undefined;
   readonly committed: number[] = [];
   readonly aborted: { epoch: number; early: boolean }[] = [];
   /** Called with each line the moment it is committed (invariants read it back). */
   onCommitted: (epoch: number) => void = () => undefined;
-  /** retry-one: ranks down (dead or restarted and not back), and those expected back. */
-  private readonly down = new Set<number>();
-  private readonly rejoining = new Set<number>();
+  /** Sees every event of the membership machine first (the cluster's failure detector). */
+  observer: (ev: CoordinatorEvent) => void = () => undefined;
 
-  constructor(private readonly net: SimNetwork, private readonly size: number, readonly jobKey: number, private readonly cpr: SimCprOptions | undefined, private readonly hosts?: readonly number[]) {
-    this.links = Array.from({ length: size }, () => ({ attempt: 0, up: false, endpoint: undefined, finalized: false, result: undefined }));
+  constructor(private readonly net: SimNetwork, private readonly size: number, readonly jobKey: number, private readonly cpr: SimCprOptions | undefined, hosts?: readonly number[]) {
+    this.membership = new Membership({
+      size, jobKey, hosts, identity: rankNode, heartbeatIdentity: heartbeatNode,
+      tableFor: (rank) => this.restoreOf(rank),
+    });
     const node = net.addNode(COORDINATOR);
     node.onControl = (from, msg) => this.onMessage(from, msg as RankToCoordinator);
     this.driver = new InitiatorDriver(() => this.manifest!, {
       keepLines: cpr?.keepLines ?? KEEP_LINES_DEFAULT,
       now: () => this.net.now,
-      broadcast: (msg) => {
-        for (let r = 0; r < this.size; r++) this.send(r, msg);
-      },
+      broadcast: (msg) => this.input({ kind: "broadcast", msg }),
       onDurable: ({ epoch }) => {
         this.committed.push(epoch);
         this.onCommitted(epoch);
@@ -205,130 +242,122 @@ export class SimCoordinator {
       },
       onAbortNotRecorded: (epoch, err) => this.warnings.push(`abortLine ${epoch}: ${err.message}`),
     });
+    this.input({ kind: "start", nowMs: net.now });
   }
 
-  private send(rank: number, msg: CoordinatorToRank): void {
-    const link = this.links[rank]!;
-    this.net.sendControl(COORDINATOR, rankNode(rank, link.attempt), msg);
+  /** Each rank's link as the membership machine holds it. */
+  get links(): readonly Readonly<RankLink>[] {
+    return this.membership.links;
+  }
+
+  get phase(): MembershipPhase | "restarting" {
+    return this.restarting ? "restarting" : this.membership.phase;
+  }
+
+  /** Feeds the machine and carries out its effects (a nested input's effects run at once). */
+  private input(input: MembershipInput): void {
+    this.perform(this.membership.step(input));
+  }
+
+  private perform(effects: readonly MembershipEffect[]): void {
+    for (const eff of effects) {
+      switch (eff.kind) {
+        case "send":
+          this.net.sendControl(COORDINATOR, eff.to, eff.msg);
+          break;
+        case "event":
+          this.onEvent(eff.event);
+          break;
+        case "prepare-tables":
+          // The simulator chooses the line before the round begins (prepareRestart).
+          this.input({ kind: "tables-prepared", round: eff.round });
+          break;
+        default: {
+          const never: never = eff;
+          void never;
+        }
+      }
+    }
   }
 
   private onMessage(from: string, msg: RankToCoordinator): void {
-    const rank = msg.rank;
-    const link = this.links[rank];
-    if (link === undefined || from !== rankNode(rank, link.attempt)) {
-      // Messages of a dead attempt are ignored (the real coordinator keys them by routing id).
-      return;
-    }
+    const link = this.links[msg.rank];
+    if (msg.t === "finalize" && link?.identity === from && link.up && link.finalized) this.net.violation(`rank ${msg.rank} finalized twice in attempt ${link.attempt}`);
+    this.input({ kind: "message", identity: from, msg });
+  }
+
+  private onEvent(ev: CoordinatorEvent): void {
+    this.observer(ev);
     const nowMs = this.net.now;
-    switch (msg.t) {
-      case "hello":
-        if (link.up || msg.attempt !== link.attempt || msg.size !== this.size) {
-          this.warnings.push(`coordinator: ignored hello from ${from}`);
-          return;
-        }
-        link.up = true;
-        link.endpoint = msg.endpoint;
-        if (this.phase === "running" && this.rejoining.has(rank)) {
-          this.onRejoin(rank);
-          return;
-        }
-        if (this.phase === "rendezvous" && this.links.every((l) => l.up)) this.onAllUp();
-        return;
-      case "finalize":
-        if (link.finalized) this.net.violation(`rank ${rank} finalized twice in attempt ${link.attempt}`);
-        link.finalized = true;
-        link.result = decodeValue(Buffer.from(msg.result.buffer, msg.result.byteOffset, msg.result.byteLength));
-        if (this.phase === "running" && this.links.every((l) => l.finalized)) {
-          this.phase = "released";
-          this.stopInitiator();
-          for (let r = 0; r < this.size; r++) this.send(r, { t: "release" });
-        }
-        return;
-      case "abort":
-        this.aborts.push({ rank, code: msg.code, message: msg.message });
-        this.abortAll(msg.code, `rank ${rank}: ${msg.message}`);
+    switch (ev.kind) {
+      case "ready":
+        this.startInitiator();
         return;
       case "step":
-        this.driver.input({ kind: "step", rank, steps: msg.steps, nowMs });
+        this.driver.input({ kind: "step", rank: ev.rank, steps: ev.steps, nowMs });
         return;
+      case "cpr":
+        if (ev.msg.t === "cpr-held" || ev.msg.t === "cpr-copy") this.net.violation(`rank ${ev.rank} sent ${ev.msg.t}, which only per-host stores ask for`);
+        this.driver.input(initiatorInputOf(ev.rank, ev.msg, nowMs));
+        return;
+      case "released":
+        this.stopInitiator();
+        return;
+      case "rank-abort":
+        this.aborts.push({ rank: ev.rank, code: ev.code, message: ev.message });
+        this.abortAll(ev.code, `rank ${ev.rank}: ${ev.message}`);
+        return;
+      case "caught-up":
+        if (ev.attempt === 0) this.net.violation(`rank ${ev.rank} reported catching up in its first attempt`);
+        this.caughtUp.push({ rank: ev.rank, attempt: ev.attempt, restored: ev.restored, version: ev.version, seqno: ev.seqno, replayed: ev.replayed });
+        return;
+      case "bad-result":
+        this.net.violation(ev.message);
+        return;
+      case "warning":
+        this.warnings.push(`coordinator: ${ev.message}`);
+        return;
+      case "rank-up":
+      case "finalized":
       case "heartbeat":
         return;
-      case "retry-caught-up":
-        if (msg.attempt === 0) this.net.violation(`rank ${rank} reported catching up in its first attempt`);
-        this.caughtUp.push({ rank, attempt: msg.attempt, restored: msg.restored, version: msg.version, seqno: msg.seqno, replayed: msg.replayed });
+      case "tables-failed":
+      case "rendezvous-timeout":
+        this.net.violation(`the simulated coordinator reported ${ev.kind}, which it has no cause for`);
         return;
-      case "cpr-checkpointed":
-      case "cpr-ready":
-      case "cpr-part":
-      case "cpr-part-failed":
-        this.driver.input(initiatorInputOf(rank, msg, nowMs));
-        return;
+      default: {
+        const never: never = ev;
+        void never;
+      }
     }
+  }
+
+  /** cpr: rank `rank`'s part of the line the ranks restore from, for its table. */
+  private restoreOf(rank: number): Partial<TableMessage> {
+    const line = this.restoreLine;
+    const ref = line?.parts[rank];
+    return line !== undefined && ref !== undefined
+      ? { restore: { epoch: line.epoch, ref: { rank: ref.rank, epoch: ref.epoch, checksum: ref.checksum, bytes: ref.bytes } } } : {};
   }
 
   /** retry-one: incarnation `attempt` of `rank` died; the others are told at once if `tell`. */
   rankDown(rank: number, attempt: number, tell: boolean): void {
-    const link = this.links[rank]!;
-    if (link.attempt !== attempt || this.phase !== "running") return;
-    link.up = false;
-    this.down.add(rank);
-    link.finalized = false;
-    link.result = undefined;
-    if (!tell) return;
-    for (let r = 0; r < this.size; r++) {
-      const l = this.links[r]!;
-      if (r !== rank && l.up && this.net.node(rankNode(r, l.attempt)).alive) this.send(r, { t: "peer-down", rank, attempt });
-    }
+    const effects = this.membership.step({ kind: "rank-down", rank, attempt });
+    this.perform(tell ? effects : effects.filter((e) => !(e.kind === "send" && e.msg.t === "peer-down")));
   }
 
-  /** retry-one: `rank` runs again as `attempt` (as coordinator.ts restartRank). */
+  /** retry-one: `rank` runs again as `attempt`. */
   restartRank(rank: number, attempt: number): void {
-    const link = this.links[rank]!;
-    link.attempt = attempt;
-    link.up = false;
-    link.endpoint = undefined;
-    link.finalized = false;
-    link.result = undefined;
-    this.down.add(rank);
-    this.rejoining.add(rank);
+    this.input({ kind: "restart-rank", rank, attempt });
   }
 
-  private onRejoin(rank: number): void {
-    this.rejoining.delete(rank);
-    this.down.delete(rank);
-    const link = this.links[rank]!;
-    this.send(rank, {
-      t: "table", jobKey: this.jobKey, endpoints: this.links.map((l) => l.endpoint ?? ""),
-      attempts: this.links.map((l, r) => (this.rejoining.has(r) ? l.attempt - 1 : l.attempt)),
-      down: [...this.down].sort((a, b) => a - b),
-      ...(this.hosts === undefined ? {} : { hosts: [...this.hosts] }),
-    });
-    for (let r = 0; r < this.size; r++) {
-      const l = this.links[r]!;
-      if (r !== rank && l.up) this.send(r, { t: "peer", rank, endpoint: link.endpoint!, attempt: link.attempt });
-    }
-  }
-
-  private onAllUp(): void {
-    this.phase = "running";
-    const table = {
-      t: "table" as const, jobKey: this.jobKey, endpoints: this.links.map((l) => l.endpoint!), attempts: this.links.map((l) => l.attempt),
-      ...(this.hosts === undefined ? {} : { hosts: [...this.hosts] }),
-    };
-    for (let r = 0; r < this.size; r++) {
-      const line = this.restoreLine;
-      const ref = line?.parts[r];
-      const restore = line !== undefined && ref !== undefined
-        ? { restore: { epoch: line.epoch, ref: { rank: ref.rank, epoch: ref.epoch, checksum: ref.checksum, bytes: ref.bytes } } } : {};
-      this.send(r, { ...table, ...restore });
-    }
-    if (this.cpr !== undefined) {
-      this.driver.start(new CprInitiator({
-        size: this.size, every: this.cpr.every, committedEpoch: this.restoreLine?.epoch ?? 0,
-        keepLines: this.cpr.keepLines ?? KEEP_LINES_DEFAULT, phaseTimeoutMs: this.cpr.phaseTimeoutMs ?? PHASE_TIMEOUT_MS, nowMs: this.net.now,
-      }));
-      this.tick ??= this.net.timer(COORDINATOR, CPR_TICK_MS, CPR_TICK_MS, () => this.driver.input({ kind: "tick", nowMs: this.net.now }));
-    }
+  private startInitiator(): void {
+    if (this.cpr === undefined) return;
+    this.driver.start(new CprInitiator({
+      size: this.size, every: this.cpr.every, committedEpoch: this.restoreLine?.epoch ?? 0,
+      keepLines: this.cpr.keepLines ?? KEEP_LINES_DEFAULT, phaseTimeoutMs: this.cpr.phaseTimeoutMs ?? PHASE_TIMEOUT_MS, nowMs: this.net.now,
+    }));
+    this.tick ??= this.net.timer(COORDINATOR, CPR_TICK_MS, CPR_TICK_MS, () => this.driver.input({ kind: "tick", nowMs: this.net.now }));
   }
 
   private stopInitiator(): void {
@@ -337,20 +366,18 @@ export class SimCoordinator {
     this.tick = undefined;
   }
 
-  /** Stops the job: every rank that said hello and is alive is told to abort. */
+  /** Stops the job: every rank that said hello is told to abort. */
   abortAll(code: string, message: string): void {
     if (this.phase === "aborted" || this.phase === "released") return;
-    this.phase = "aborted";
+    this.restarting = false;
     this.stopInitiator();
-    for (let r = 0; r < this.size; r++) {
-      const link = this.links[r]!;
-      if (link.up && this.net.node(rankNode(r, link.attempt)).alive) this.send(r, { t: "abort", code, message });
-    }
+    this.input({ kind: "abort", code, message });
   }
 
   /** cpr: every rank is gone; stop the initiator and wait for the commit chain (prepareRestart). */
   async beginRestart(): Promise<void> {
-    this.phase = "restarting";
+    this.restarting = true;
+    this.input({ kind: "round-over" });
     this.stopInitiator();
     await this.driver.settled();
   }
@@ -358,14 +385,8 @@ export class SimCoordinator {
   /** cpr: a new rendezvous for `attempts`, restoring from `line` (undefined: from the beginning). */
   restartRound(attempts: readonly number[], line: LineRecord | undefined): void {
     this.restoreLine = line;
-    this.phase = "rendezvous";
-    this.links.forEach((l, r) => {
-      l.attempt = attempts[r]!;
-      l.up = false;
-      l.endpoint = undefined;
-      l.finalized = false;
-      l.result = undefined;
-    });
+    this.restarting = false;
+    this.input({ kind: "restart-round", attempts, nowMs: this.net.now });
   }
 }
 
@@ -374,11 +395,16 @@ export class SimCoordinator {
  * written (for the line invariants) and, with `slow`, makes every operation take one
  * scheduler event before and after it (a disk that takes time).
  */
-function simParts(inner: RankPartStore, net: SimNetwork, node: string, slow: boolean, written: Map<string, Buffer>, fail: ((epoch: number) => boolean) | undefined): PartStoreLike {
-  const hop = (): Promise<void> => (!slow ? Promise.resolve() : new Promise((resolve) => {
+function simParts(inner: RankPartStore, net: SimNetwork, node: string, disk: { slow: boolean; reach: (() => Promise<void>) | undefined }, written: Map<string, Buffer>, fail: ((epoch: number) => boolean) | undefined): PartStoreLike {
+  const step = (): Promise<void> => (!disk.slow ? Promise.resolve() : new Promise((resolve) => {
     // A dead process's I/O never completes.
     if (net.node(node).alive) net.defer(node, resolve);
   }));
+  const reach = disk.reach;
+  const hop = reach === undefined ? step : async (): Promise<void> => {
+    await reach();
+    await step();
+  };
   return {
     async putPart(epoch, bytes) {
       await hop();
@@ -395,9 +421,32 @@ function simParts(inner: RankPartStore, net: SimNetwork, node: string, slow: boo
   };
 }
 
-/** A rank ended well: it finalized, or it died after the coordinator had its result (and released the job). */
+/**
+ * Resolves once `node` is not cut off (at once if it is not); never, if it dies first (a dead
+ * process's I/O never completes).
+ */
+function reachable(net: SimNetwork, node: string): Promise<void> {
+  if (!net.isCut(node)) return Promise.resolve();
+  return new Promise((resolve) => {
+    const poll = (): void => {
+      if (net.isCut(node)) net.timer(node, REACH_POLL_MS, undefined, poll);
+      else resolve();
+    };
+    poll();
+  });
+}
+
+/** How often a process behind a partition retries the shared store. */
+const REACH_POLL_MS = 50;
+
+/**
+ * A rank ended well: it finalized, or it died after the coordinator had its result (and
+ * released the job) — killed, or ended by its watchdog because the release did not reach it
+ * before its lease lapsed (a partition).
+ */
 export function finishedOk(end: RankEnd, resultRecorded: boolean): boolean {
-  return end.kind === "finalized" || (end.kind === "crashed" && resultRecorded);
+  const lostLease = end.kind === "exited" && end.code === EXIT_COORDINATOR_LOST;
+  return end.kind === "finalized" || ((end.kind === "crashed" || lostLease) && resultRecorded);
 }
 
 export class SimCluster {
@@ -421,6 +470,20 @@ export class SimCluster {
   private readonly written = new Map<string, Buffer>();
   private failure: string | undefined;
   private readonly invariants: ClusterInvariants;
+  /** Partitions: the detector's view (when each rank's current incarnation was last heard). */
+  private readonly lastHeardMs: (number | undefined)[];
+  private partitionsMade = 0;
+  private declaredDead = 0;
+  private staleFrames = 0;
+  private deadFrames = 0;
+  private restartFailure: string | undefined;
+  private readonly leaseEnds: { rank: number; attempt: number; silentMs: number }[] = [];
+  /** Incarnations declared dead while cut off (they must end by themselves). */
+  private readonly isolated: { rank: number; attempt: number }[] = [];
+  /** retry-one: ranks whose restart is scheduled. */
+  private readonly replacing = new Set<number>();
+  /** Exits behind a partition, which the launcher learns of when it heals. */
+  private unreported: { rank: number; attempt: number; code: number }[] = [];
 
   constructor(private readonly opts: SimClusterOptions) {
     if (opts.cpr !== undefined && opts.mode !== "cpr") throw new Error("cpr options need mode cpr");
@@ -441,6 +504,17 @@ export class SimCluster {
     this.ends = Array.from({ length: opts.size }, () => ({ kind: "running" }) as RankEnd);
     this.worlds = new Array(opts.size).fill(undefined);
     this.invariants = clusterInvariants(this);
+    this.lastHeardMs = new Array<number | undefined>(opts.size).fill(undefined);
+    if (this.lease !== undefined) {
+      this.coordinator.observer = (ev) => {
+        // The launcher's detector hears a rank from its hello on, then by its heartbeats.
+        if (ev.kind === "rank-up" || ev.kind === "heartbeat") this.lastHeardMs[ev.rank] = this.net.now;
+      };
+      this.net.dataObservers.push((d) => {
+        const src = parseRankNode(d.src);
+        if (src.attempt < this.coordinator.links[src.rank]!.attempt || this.isolated.some((i) => i.rank === src.rank && i.attempt === src.attempt)) this.staleFrames++;
+      });
+    }
   }
 
   get size(): number {
@@ -453,6 +527,11 @@ export class SimCluster {
 
   private get retryOne(): SimRetryOneOptions | undefined {
     return this.opts.mode === "retry-one" ? this.opts.retryOne ?? {} : undefined;
+  }
+
+  /** The ranks' watchdogs and the detector (always with partitions). */
+  private get lease(): SimLeaseOptions | undefined {
+    return this.opts.lease ?? (this.opts.partitions === undefined ? undefined : { heartbeatMs: 250, failureTimeoutMs: 2000 });
   }
 
   private get cpr(): SimCprOptions | undefined {
@@ -474,16 +553,31 @@ export class SimCluster {
     const node = rankNode(rank, attempt);
     const store = this.store;
     const cpr = this.cpr;
+    // The store is shared over the network: behind a partition, a process's I/O waits for the heal.
+    const reach = this.opts.partitions === undefined ? undefined : () => reachable(this.net, node);
     const hook = store === undefined || cpr === undefined ? undefined : coordinatedHook(async () => {
+      if (reach !== undefined) await reach();
       const parts = await store.openRank(rank);
       const fail = cpr.failPartWrite;
-      return simParts(parts, this.net, node, cpr.slowDisk === true, this.written, fail === undefined ? undefined : (epoch) => fail(rank, epoch));
+      return simParts(parts, this.net, node, { slow: cpr.slowDisk === true, reach }, this.written, fail === undefined ? undefined : (epoch) => fail(rank, epoch));
     });
+    const lease = this.lease;
     const run = async (): Promise<unknown> => {
       const world = await World.joinWith(this.place(rank, attempt), (onControl) => simHost({
         net: this.net, rank, attempt, onControl,
-        onExit: (code) => this.onRankDied(rank, attempt, { kind: "exited", code }),
+        onExit: (code) => {
+          this.stopWatchdog(rank, attempt);
+          // Behind a partition the launcher hears of the exit only once the cut heals (its link
+          // to the host is cut); meanwhile its detector may find the rank silent.
+          if (this.net.isCut(node)) {
+            this.unreported.push({ rank, attempt, code });
+            return;
+          }
+          this.onRankDied(rank, attempt, { kind: "exited", code });
+        },
         onWarn: (line) => this.rankWarnings.push(line),
+        watchdog: lease === undefined ? undefined : { ...lease, onLost: (silentMs) => this.leaseEnds.push({ rank, attempt, silentMs }) },
+        onDeadFrame: () => { this.deadFrames++; },
       }), { cpr: hook, retryOne: this.retryOne === undefined ? undefined : retryOneHook({ replicas: this.retryOne.replicas ?? 2, failureTimeoutMs: this.retryOne.failureTimeoutMs ?? 5000 }) });
       this.worlds[rank] = world;
       const returned = await this.opts.program(world, ctx);
@@ -491,8 +585,12 @@ export class SimCluster {
       return returned;
     };
     run().then(
-      (returned) => { if (mine()) this.ends[rank] = { kind: "finalized", returned }; },
+      (returned) => {
+        this.processEnds(rank, attempt);
+        if (mine()) this.ends[rank] = { kind: "finalized", returned };
+      },
       (err: unknown) => {
+        this.processEnds(rank, attempt);
         if (!mine()) return;
         const e = err as { code?: unknown; message?: unknown };
         this.ends[rank] = { kind: "rejected", code: typeof e?.code === "string" ? e.code : "NONE", message: String(e?.message ?? err) };
@@ -503,16 +601,103 @@ export class SimCluster {
   /** Kills rank `rank`'s current incarnation like `kill -9`. */
   crash(rank: number): void {
     const link = this.coordinator.links[rank]!;
-    this.net.kill(rankNode(rank, link.attempt));
+    this.killRank(rank, link.attempt);
     this.onRankDied(rank, link.attempt, { kind: "crashed" });
+  }
+
+  /** Kills an incarnation's process (its watchdog thread dies with it). */
+  private killRank(rank: number, attempt: number): void {
+    this.net.kill(rankNode(rank, attempt));
+    this.stopWatchdog(rank, attempt);
+  }
+
+  /**
+   * The program returned or threw: with watchdogs (the model of ranks on other hosts), its
+   * process exits there and then, watchdog and all; what its sockets hold still goes out.
+   */
+  private processEnds(rank: number, attempt: number): void {
+    if (this.lease === undefined) return;
+    this.stopWatchdog(rank, attempt);
+    this.net.exit(rankNode(rank, attempt));
+  }
+
+  private stopWatchdog(rank: number, attempt: number): void {
+    if (this.lease !== undefined) this.net.kill(heartbeatNode(rank, attempt));
+  }
+
+  /**
+   * The launcher's failure detector: a rank up and not finalized that was not heard for the
+   * failure timeout is declared dead. One that can be reached is killed (a crash); one behind
+   * a partition cannot be and runs on in isolation (`lost`).
+   */
+  private detect(timer: { stop(): void }): void {
+    const lease = this.lease!;
+    const phase = this.coordinator.phase;
+    if (phase === "released" || phase === "aborted") {
+      timer.stop();
+      return;
+    }
+    if (phase !== "running" || this.restartPending) return;
+    for (let r = 0; r < this.opts.size; r++) {
+      const link = this.coordinator.links[r]!;
+      const heard = this.lastHeardMs[r];
+      if (!link.up || link.finalized || heard === undefined || this.net.now - heard < lease.failureTimeoutMs) continue;
+      if (this.coordinator.phase !== "running" || this.restartPending) return;
+      this.declaredDead++;
+      this.lastHeardMs[r] = undefined;
+      this.net.note(`rank ${r} not heard for ${this.net.now - heard} ms: declared dead`);
+      if (this.net.isCut(rankNode(r, link.attempt))) {
+        this.isolated.push({ rank: r, attempt: link.attempt });
+        this.onRankDied(r, link.attempt, { kind: "lost" });
+      } else {
+        this.killRank(r, link.attempt);
+        this.onRankDied(r, link.attempt, { kind: "crashed" });
+      }
+    }
+  }
+
+  /** Cuts a live rank (or, with host crashes, its whole host) off for a while. */
+  private maybePartition(): void {
+    const p = this.opts.partitions;
+    if (p === undefined || this.partitionsMade >= p.max || !this.faultPrng.chance(p.chance)) return;
+    if (this.coordinator.phase !== "running" || this.restartPending) return;
+    const links = this.coordinator.links;
+    // One failure at a time (what replicas ≥ 1 cover in retry-one): every rank up, and every
+    // restarted one caught up with the others.
+    const caughtUp = (r: number): boolean => links[r]!.attempt === 0 || this.coordinator.caughtUp.some((c) => c.rank === r && c.attempt === links[r]!.attempt);
+    if (this.opts.mode === "retry-one" && !links.every((l, r) => l.up && caughtUp(r))) return;
+    if (links.some((l, r) => this.net.isCut(rankNode(r, l.attempt)))) return;
+    const live = this.ends.flatMap((e, r) => (e.kind === "running" && links[r]!.up && this.net.node(rankNode(r, links[r]!.attempt)).alive && !this.net.isCut(rankNode(r, links[r]!.attempt)) ? [r] : []));
+    if (live.length === 0) return;
+    const victim = this.faultPrng.pick(live);
+    const hosts = this.opts.hosts;
+    const ranks = this.opts.hostCrashes === true && hosts !== undefined ? live.filter((r) => hosts[r] === hosts[victim]) : [victim];
+    const [min, max] = p.durationMs;
+    this.partition(ranks, this.faultPrng.rangeInclusive(min, max));
+  }
+
+  /** Cuts the current incarnations of `ranks` (and their watchdogs) off for `durationMs`, then heals the cut. */
+  partition(ranks: readonly number[], durationMs: number): void {
+    const links = this.coordinator.links;
+    this.partitionsMade++;
+    const cut = this.net.cut(ranks.flatMap((r) => [rankNode(r, links[r]!.attempt), heartbeatNode(r, links[r]!.attempt)]));
+    this.net.note(`partition: ranks ${ranks.join(", ")} cut off for ${durationMs} ms`);
+    this.net.timer(COORDINATOR, durationMs, undefined, () => {
+      this.net.heal(cut);
+      const heard = this.unreported.filter((u) => !this.net.isCut(rankNode(u.rank, u.attempt)));
+      this.unreported = this.unreported.filter((u) => !heard.includes(u));
+      for (const u of heard) this.onRankDied(u.rank, u.attempt, { kind: "exited", code: u.code });
+    });
   }
 
   /** A rank's process is gone (crash or exit): the supervisor's policy. */
   private onRankDied(rank: number, attempt: number, end: RankEnd): void {
     if (this.coordinator.links[rank]!.attempt !== attempt) return;
+    // Already being replaced (declared dead, and then its exit reported after a partition healed).
+    if (this.replacing.has(rank) || this.restartPending) return;
     const before = this.ends[rank]!;
-    if (before.kind === "running" || end.kind === "crashed") this.ends[rank] = end;
-    const unexpected = end.kind === "crashed" || (end.kind === "exited" && before.kind === "running");
+    if (before.kind === "running" || end.kind === "crashed" || end.kind === "lost") this.ends[rank] = end;
+    const unexpected = end.kind === "crashed" || end.kind === "lost" || (end.kind === "exited" && before.kind === "running");
     // After the release every result is in: a rank that dies on its way out fails nothing.
     if (!unexpected || this.coordinator.phase === "released") return;
     const r1 = this.retryOne;
@@ -550,8 +735,8 @@ export class SimCluster {
     this.restarts++;
     for (let r = 0; r < this.opts.size; r++) {
       const link = this.coordinator.links[r]!;
-      const id = rankNode(r, link.attempt);
-      if (this.net.node(id).alive) this.net.kill(id);
+      // A rank behind a partition cannot be reached to be killed: it runs on in isolation.
+      if (!this.net.isCut(rankNode(r, link.attempt))) this.killRank(r, link.attempt);
       this.ends[r] = { kind: "running" };
     }
     // Every rank process died: their store handles die with them (the coordinator reopens its manifest).
@@ -561,6 +746,15 @@ export class SimCluster {
     const stopped = this.coordinator.beginRestart();
     // Armed now (not after the commit chain settles), so the scheduler sees the pending restart.
     this.net.timer(COORDINATOR, delay, undefined, () => void stopped.then(() => this.prepareRestart()).catch((err: unknown) => {
+      if (isLifelineError(err, "STORE_LOCKED") && this.opts.partitions !== undefined) {
+        // An old incarnation back from a partition holds its part store (a shared store): the
+        // launcher cannot read the line and fails the job, as cpr-policy.ts does.
+        this.restartPending = false;
+        this.restartFailure = err.code;
+        this.failure = `cannot restart the job: ${err.message}`;
+        this.coordinator.abortAll(err.code, this.failure);
+        return;
+      }
       this.net.violations.push(`restart failed: ${(err as Error).stack ?? String(err)}`);
     }));
   }
@@ -571,7 +765,9 @@ export class SimCluster {
     this.ends[rank] = { kind: "running" };
     const delay = Math.min(BACKOFF_MAX_MS, BACKOFF_BASE_MS * 2 ** Math.min(this.restarts - 1, 3));
     this.net.note(`restart rank ${rank} alone in ${delay} ms`);
+    this.replacing.add(rank);
     this.net.timer(COORDINATOR, delay, undefined, () => {
+      this.replacing.delete(rank);
       if (this.coordinator.phase !== "running") return;
       this.coordinator.restartRank(rank, attempt + 1);
       this.launch(rank, attempt + 1);
@@ -594,6 +790,7 @@ export class SimCluster {
     }
     const attempts = this.coordinator.links.map((l) => l.attempt + 1);
     this.coordinator.restartRound(attempts, line);
+    this.lastHeardMs.fill(undefined);
     this.net.note(`restart from line ${line?.epoch ?? 0}`);
     this.restartPending = false;
     for (let r = 0; r < this.opts.size; r++) this.launch(r, attempts[r]!);
@@ -614,7 +811,7 @@ export class SimCluster {
       const ranks = live.filter((r) => hosts[r] === hosts[victim]);
       this.hostsCrashed++;
       this.net.note(`crash host ${hosts[victim]} (ranks ${ranks.join(", ")})`);
-      for (const r of ranks) this.net.kill(rankNode(r, this.coordinator.links[r]!.attempt));
+      for (const r of ranks) this.killRank(r, this.coordinator.links[r]!.attempt);
       for (const r of ranks) this.onRankDied(r, this.coordinator.links[r]!.attempt, { kind: "crashed" });
       return;
     }
@@ -634,6 +831,11 @@ export class SimCluster {
       };
     }
     for (let r = 0; r < this.opts.size; r++) this.launch(r, 0);
+    const lease = this.lease;
+    if (lease !== undefined) {
+      const periodMs = Math.max(10, Math.min(lease.heartbeatMs, lease.failureTimeoutMs / 4));
+      const timer: { stop(): void } = this.net.timer(COORDINATOR, periodMs, periodMs, () => this.detect(timer));
+    }
     let hang = false;
     for (;;) {
       await drain();
@@ -643,10 +845,15 @@ export class SimCluster {
         break;
       }
       this.maybeCrash();
+      this.maybePartition();
       if (!this.net.step()) break;
     }
     await drain();
     this.invariants.atEnd();
+    for (const { rank, attempt } of this.isolated) {
+      // The incarnation declared dead while cut off ended by itself (its lease lapsed).
+      if (this.net.node(rankNode(rank, attempt)).alive) this.net.violation(`rank ${rank} attempt ${attempt}, declared dead while cut off, still runs at the end`);
+    }
     const partsLeft = await this.partsLeft();
     // An abort that reaches the coordinator after the release still fails the job: a rank found
     // an error (e.g. a stray collective message) in a job that was about to be called a success.
@@ -666,6 +873,12 @@ export class SimCluster {
       framesDelivered: this.net.framesDelivered,
       restarts: this.restarts,
       hostsCrashed: this.hostsCrashed,
+      partitions: this.partitionsMade,
+      declaredDead: this.declaredDead,
+      leaseEnds: [...this.leaseEnds],
+      staleFrames: this.staleFrames,
+      deadFramesAccepted: this.deadFrames,
+      restartFailure: this.restartFailure,
       linesCommitted: [...this.coordinator.committed],
       linesAfterRestart: this.linesAfterRestart,
       linesAborted: [...this.coordinator.aborted],

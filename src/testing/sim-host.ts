@@ -7,14 +7,23 @@
  *   the network's scheduler;
  * - control: FIFO to and from the simulated coordinator, through the real control codec;
  * - now/after/every/defer: the simulated clock and timers;
- * - exit: the rank's node dies (as a process that exits).
+ * - exit: the rank's node dies (as a process that exits);
+ * - with `watchdog`: the rank's watchdog thread as a node of its own, which heartbeats to the
+ *   coordinator and ends the rank once no lease came for the failure timeout (as
+ *   src/launch/watchdog-worker.ts does for a rank without the launcher's pipe);
+ * - `accepted`: a frame of a peer's incarnation the rank already knows to be replaced never
+ *   reaches the program (a violation of the simulation's invariants otherwise).
  *
  * @example
  * const world = await World.joinWith(place, (onControl) => simHost({ net, rank: 1, attempt: 0, onControl, onExit }));
  */
-import type { CoordinatorToRank } from "../mpi/control.ts";
+import { type CoordinatorToRank, EXIT_COORDINATOR_LOST } from "../mpi/control.ts";
 import type { Host, Timer } from "../mpi/host.ts";
-import { COORDINATOR, rankNode, type SimNetwork } from "./sim-network.ts";
+import type { Header } from "../mpi/wire.ts";
+import { COORDINATOR, heartbeatNode, rankNode, type SimNetwork } from "./sim-network.ts";
+
+/** The watchdog's heartbeat socket keeps this many beats queued at most (its send high-water mark). */
+const HEARTBEAT_QUEUE_MAX = 4;
 
 export interface SimHostOptions {
   readonly net: SimNetwork;
@@ -25,6 +34,21 @@ export interface SimHostOptions {
   readonly onExit: (code: number) => void;
   /** Diagnostic lines (kept by the cluster for failure reports). */
   readonly onWarn: (line: string) => void;
+  /**
+   * A frame of a peer incarnation the rank was told is dead (`peer-down`) but not yet that it
+   * was replaced went to the program. Recovery protocols may take such a frame (it was sent
+   * before the death, and what it carries is what the successor will send again); the cluster
+   * counts them.
+   */
+  readonly onDeadFrame?: () => void;
+  /** The rank's watchdog: heartbeats every `heartbeatMs`, the lease lapses after `failureTimeoutMs`. */
+  readonly watchdog?: { readonly heartbeatMs: number; readonly failureTimeoutMs: number; readonly onLost: (silentMs: number) => void } | undefined;
+}
+
+/** What a rank has been told about its peers' incarnations: the newest it knows of, the newest known dead. */
+interface PeerKnowledge {
+  readonly current: number[];
+  readonly dead: number[];
 }
 
 /** Creates the rank incarnation's node and a Host bound to it. */
@@ -32,10 +56,17 @@ export function simHost(opts: SimHostOptions): Host {
   const { net, rank, attempt } = opts;
   const id = rankNode(rank, attempt);
   const node = net.addNode(id);
-  node.onControl = (_from, msg) => opts.onControl(msg as CoordinatorToRank);
   /** Current endpoint of each peer, as the coordinator's table and `peer` messages say. */
   const peers = new Map<number, string>();
   const closed = (): Error => new Error(`simulated transport of ${id} is closed`);
+  const known: PeerKnowledge = { current: [], dead: [] };
+  node.onControl = (_from, msg) => {
+    learn(known, msg as CoordinatorToRank);
+    // The table joins the rank to its job: init() tells its watchdog (src/index.ts).
+    if (msg.t === "table") dog?.joined();
+    opts.onControl(msg as CoordinatorToRank);
+  };
+  const dog = opts.watchdog === undefined ? undefined : startWatchdog(opts, opts.watchdog);
   return {
     transport: {
       endpoint: id,
@@ -80,5 +111,64 @@ export function simHost(opts: SimHostOptions): Host {
     },
     warn: (line) => opts.onWarn(line),
     pid: 10_000 + rank * 100 + attempt,
+    accepted: (h: Header) => {
+      const newer = known.current[h.source] ?? 0;
+      if (h.attempt < newer) net.violation(`${id} accepted a frame of rank ${h.source} attempt ${h.attempt}, knowing attempt ${newer} replaced it`);
+      const dead = known.dead[h.source];
+      if (dead !== undefined && h.attempt <= dead) opts.onDeadFrame?.();
+    },
   };
+}
+
+function learn(known: PeerKnowledge, msg: CoordinatorToRank): void {
+  const newer = (rank: number, attempt: number): void => {
+    known.current[rank] = Math.max(known.current[rank] ?? 0, attempt);
+  };
+  switch (msg.t) {
+    case "table":
+      msg.attempts.forEach((a, r) => newer(r, a));
+      for (const r of msg.down ?? []) known.dead[r] = Math.max(known.dead[r] ?? -1, msg.attempts[r] ?? 0);
+      return;
+    case "peer":
+      newer(msg.rank, msg.attempt);
+      return;
+    case "peer-down":
+      known.dead[msg.rank] = Math.max(known.dead[msg.rank] ?? -1, msg.attempt);
+      return;
+    default:
+      return;
+  }
+}
+
+/**
+ * The watchdog thread of a rank started without the launcher's pipe: it beats to the
+ * coordinator over a link of its own and, once a lease has come, ends the rank (exit
+ * {@link EXIT_COORDINATOR_LOST}) when none came for the failure timeout.
+ */
+function startWatchdog(opts: SimHostOptions, dog: NonNullable<SimHostOptions["watchdog"]>): { joined(): void } {
+  const { net, rank, attempt } = opts;
+  const id = heartbeatNode(rank, attempt);
+  const node = net.addNode(id);
+  let leaseMs: number | undefined;
+  node.onControl = (_from, msg) => {
+    if (msg.t === "lease") leaseMs = net.now;
+  };
+  const beat = (): void => {
+    // While the coordinator is unreachable, beats are dropped, not hoarded.
+    if (net.queued(id, COORDINATOR, "control") < HEARTBEAT_QUEUE_MAX) net.sendControl(id, COORDINATOR, { t: "heartbeat", rank, attempt });
+  };
+  beat();
+  net.timer(id, dog.heartbeatMs, dog.heartbeatMs, beat);
+  const checkMs = Math.max(10, Math.min(dog.heartbeatMs, dog.failureTimeoutMs / 4));
+  net.timer(id, checkMs, checkMs, () => {
+    if (leaseMs === undefined || net.now - leaseMs < dog.failureTimeoutMs) return;
+    const silentMs = net.now - leaseMs;
+    opts.onWarn(`lifeline: rank ${rank}: the coordinator has not answered for ${silentMs} ms (--failure-timeout); ending this rank (exit ${EXIT_COORDINATOR_LOST})`);
+    // The process exits: what its sockets still hold goes out, nothing more runs.
+    net.exit(id);
+    net.exit(rankNode(rank, attempt));
+    dog.onLost(silentMs);
+    opts.onExit(EXIT_COORDINATOR_LOST);
+  });
+  return { joined: () => { leaseMs ??= net.now; } };
 }

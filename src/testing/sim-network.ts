@@ -12,7 +12,12 @@
  *
  * Invariants checked on every delivery (a violation throws at once, inside the step that
  * broke it): frames on a channel are delivered in send order, each exactly once, and never to
- * or from a dead node; a dead node never sends, defers or arms a timer.
+ * or from a dead node (except the frames a node queued before it exited: see
+ * {@link SimNetwork.exit}); a dead node never sends, defers or arms a timer.
+ *
+ * Partitions ({@link SimNetwork.cut}): a group of nodes cut off from the rest. Frames between
+ * the two sides stay queued (TCP keeps them, ZeroMQ reconnects) and flow again once the cut
+ * heals; nodes on one side talk to each other as before.
  *
  * @example
  * const net = new SimNetwork({ prng, policy: "random", delayMaxMs: 5, advanceChance: 0.01 });
@@ -28,6 +33,11 @@ export const COORDINATOR = "coordinator";
 /** A rank incarnation's node id (also its data endpoint). */
 export function rankNode(rank: number, attempt: number): string {
   return `sim://r${rank}.${attempt}`;
+}
+
+/** The node id of a rank incarnation's watchdog (its heartbeats and leases travel there). */
+export function heartbeatNode(rank: number, attempt: number): string {
+  return `hb:${rankNode(rank, attempt)}`;
 }
 
 /**
@@ -88,6 +98,8 @@ interface Channel {
   nextSeq: number;
   /** Sequence number the next delivery must carry. */
   expectSeq: number;
+  /** The sender exited with these frames queued: they are still delivered (see exit). */
+  orphaned: boolean;
 }
 
 interface Deferred {
@@ -141,6 +153,9 @@ export class SimNetwork {
   private timerIds = 0;
   private readonly nodes = new Map<string, SimNode>();
   private readonly channels = new Map<string, Channel>();
+  /** Partitioned nodes by the group they are cut off in (nodes not listed: the main side). */
+  private readonly cutGroup = new Map<string, number>();
+  private cuts = 0;
   private timers: SimTimerEntry[] = [];
   private lastChannel: string | undefined;
   private readonly trace: SimEvent[] = [];
@@ -187,7 +202,7 @@ export class SimNetwork {
     const key = `${plane}:${src}>${dst}`;
     let ch = this.channels.get(key);
     if (ch === undefined) {
-      ch = { key, src, dst, plane, queue: [], nextSeq: 0, expectSeq: 0 };
+      ch = { key, src, dst, plane, queue: [], nextSeq: 0, expectSeq: 0, orphaned: false };
       this.channels.set(key, ch);
     }
     return ch;
@@ -259,19 +274,66 @@ export class SimNetwork {
    * queued to it, its deferred callbacks and its timers are gone.
    */
   kill(nodeId: string): void {
+    this.end(nodeId, "kill");
+  }
+
+  /**
+   * Ends a node like a process that exits with frames still in its sockets' kernel buffers:
+   * it runs no more code and frames to it vanish, but the frames it queued are still delivered
+   * (after a partition heals, for instance), as a closed TCP connection still sends its data.
+   */
+  exit(nodeId: string): void {
+    this.end(nodeId, "exit");
+  }
+
+  private end(nodeId: string, how: "kill" | "exit"): void {
     const node = this.node(nodeId);
     if (!node.alive) return;
     node.alive = false;
     node.defers.length = 0;
     for (const ch of this.channels.values()) {
-      if (ch.src === nodeId || ch.dst === nodeId) {
+      if (how === "exit" && ch.src === nodeId) {
+        ch.orphaned = ch.queue.length > 0;
+      } else if (ch.src === nodeId || ch.dst === nodeId) {
         this.framesDropped += ch.queue.length;
         ch.expectSeq = ch.nextSeq;
         ch.queue.length = 0;
       }
     }
     for (const t of this.timers) if (t.node === nodeId) t.stopped = true;
-    this.record({ kind: "external", what: `kill ${nodeId}`, atMs: this.nowMs });
+    this.record({ kind: "external", what: `${how} ${nodeId}`, atMs: this.nowMs });
+  }
+
+  /**
+   * Cuts `nodes` off from every node outside them (a host's or a rank's links fail) until
+   * {@link heal}; returns the cut's id. Nodes created later are on the main side.
+   */
+  cut(nodes: Iterable<string>): number {
+    const id = ++this.cuts;
+    const cut: string[] = [];
+    for (const n of nodes) {
+      assert(!this.cutGroup.has(n), `node ${n} is cut off already`);
+      this.cutGroup.set(n, id);
+      cut.push(n);
+    }
+    this.record({ kind: "external", what: `cut ${cut.join(" ")} off (cut ${id})`, atMs: this.nowMs });
+    return id;
+  }
+
+  /** Ends cut `id`: its frames flow again. */
+  heal(id: number): void {
+    for (const [n, g] of this.cutGroup) if (g === id) this.cutGroup.delete(n);
+    this.record({ kind: "external", what: `heal cut ${id}`, atMs: this.nowMs });
+  }
+
+  /** True while `nodeId` is cut off from the main side. */
+  isCut(nodeId: string): boolean {
+    return this.cutGroup.has(nodeId);
+  }
+
+  /** Frames queued from `src` to `dst` (a socket's send queue, for a high-water mark). */
+  queued(src: string, dst: string, plane: "data" | "control"): number {
+    return this.channels.get(`${plane}:${src}>${dst}`)?.queue.length ?? 0;
   }
 
   /** Records an event caused from outside the network (crash, restart) in the trace. */
@@ -300,6 +362,7 @@ export class SimNetwork {
   private deliverable(ch: Channel): boolean {
     const head = ch.queue[0];
     if (head === undefined || head.deliverAtMs > this.nowMs) return false;
+    if (this.cutGroup.get(ch.src) !== this.cutGroup.get(ch.dst)) return false;
     const dst = this.nodes.get(ch.dst)!;
     // Data waits until the receiver's transport started reading (frames queue up, as in zmq).
     // A closed receiver still "takes" its frames, to drop them (see deliver).
@@ -392,7 +455,8 @@ export class SimNetwork {
     ch.expectSeq++;
     const src = this.node(ch.src);
     const dst = this.node(ch.dst);
-    if (!src.alive || !dst.alive) this.violation(`frame on ${ch.key} delivered with a dead end`);
+    if ((!src.alive && !ch.orphaned) || !dst.alive) this.violation(`frame on ${ch.key} delivered with a dead end`);
+    if (ch.queue.length === 0) ch.orphaned = false;
     if (ch.plane === "control" ? dst.controlClosed : dst.dataClosed) {
       // The receiver closed its socket: a closed socket receives nothing.
       this.framesDropped++;

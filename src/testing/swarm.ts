@@ -94,3 +94,33 @@ function recoveryKnobs(knobs: Prng): { delayMaxMs: number; advanceChance: number
     crashesMax: knobs.rangeInclusive(1, 3),
   };
 }
+
+/**
+ * Partitions, in mode retry-one or cpr: the program's failure-free reference (mode none, fifo)
+ * and a run in which ranks' links (or, for some seeds, whole hosts') are cut for 0.5–6 s and
+ * healed, with watchdogs beating to the coordinator for a lease. A rank cut off past the
+ * failure timeout (2 s) is declared dead and restarted while it runs on in isolation until its
+ * lease lapses; its frames that arrive after the heal must be refused.
+ */
+export async function runPartitionSeed(seed: number, mode: "retry-one" | "cpr"): Promise<{ spec: ProgramSpec; ref: SimOutcome; out: SimOutcome }> {
+  const prng = new Prng(seed);
+  const size = prng.rangeInclusive(2, 4);
+  const spec = generateProgram(prng.fork(1), { size, opsMax: 12, checkpointChance: 0.3, collectivesOnly: mode === "retry-one" });
+  const program = programOf(spec);
+  const knobs = prng.fork(2);
+  const ref = await new SimCluster({ seed, size, mode: "none", program, policy: "fifo", stepsMax: 20_000 }).run();
+  const modeOptions = mode === "cpr"
+    ? { cpr: { every: { ms: knobs.pick([20, 50, 150]) }, keepLines: knobs.pick([1, 2, 3]), maxRestarts: 10 } }
+    : { retryOne: { replicas: knobs.pick([1, 2, 3]), maxRestarts: 10, failureTimeoutMs: 60_000 } };
+  const out = await new SimCluster({
+    seed, size, mode, program, stepsMax: 100_000, ...modeOptions,
+    delayMaxMs: knobs.pick([0, 5, 20, 100]),
+    advanceChance: knobs.pick([0.05, 0.2, 0.4]),
+    stickyChance: knobs.pick([0, 0.5]),
+    lease: { heartbeatMs: 250, failureTimeoutMs: 2000 },
+    partitions: { chance: knobs.pick([0.01, 0.03, 0.1]), max: knobs.rangeInclusive(1, 2), durationMs: [500, 6000] },
+    // A third of the seeds cut whole hosts (ranks in blocks, as a hostfile places them).
+    ...(knobs.chance(1 / 3) ? { hosts: hostBlocks(size, knobs.rangeInclusive(2, size)), hostCrashes: true } : {}),
+  }).run();
+  return { spec, ref, out };
+}
