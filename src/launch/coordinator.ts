@@ -149,11 +149,6 @@ export class Coordinator {
   }
 
   /**
-   * Starts a new rendezvous for a restart of every rank (cpr): the ranks come back with
-   * attempt + 1 and say hello again; once all have, each is sent the table again. Messages
-   * from the old attempts' identities are ignored from now on.
-   */
-  /**
    * cpr: every rank is being restarted: from now on no message of the current incarnations
    * counts (no finalize, no release), until {@link restartRound}.
    */
@@ -161,6 +156,11 @@ export class Coordinator {
     this.run({ kind: "round-over" });
   }
 
+  /**
+   * Starts a new rendezvous for a restart of every rank (cpr): the ranks come back with
+   * attempt + 1 and say hello again; once all have, each is sent the table again. Messages
+   * from the old attempts' identities are ignored from now on.
+   */
   restartRound(attempts: readonly number[]): void {
     this.run({ kind: "restart-round", attempts, nowMs: performance.now() });
   }
