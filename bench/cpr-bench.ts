@@ -1,5 +1,5 @@
 /**
- * Coordinated checkpoint-restart benchmarks (issue 3, item 6), in one run:
+ * Coordinated checkpoint-restart benchmarks, in one run:
  *
  * - **pingpong**: 8 B one-way latency of the same program (bench/programs/mpi-bench.ts, 2
  *   ranks) under `--mode cpr` with no checkpoint due (`--checkpoint-every 1000000s`) vs

@@ -7,7 +7,7 @@
  * - write: `RankPartStore.putPart` (CRC-32, blob file write + fsync, directory fsync, synced
  *   LevelDB record) vs `fh.writeFile` + `fh.sync()` of a new file; and, for reference, a plain
  *   synced LevelDB put of the same bytes (the layout the store avoids).
- *   Target (issue 3, item 6): store / fs <= 1.25.
+ *   Target: store / fs <= 1.25.
  * - read: `readPart` (read + CRC check) vs `readFile`, both from the page cache.
  * - restart: a fresh process's view: open the manifest, find the newest line, open the rank
  *   store, read and verify its part; vs `readFile` again.

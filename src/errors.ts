@@ -1,7 +1,7 @@
 /**
  * Typed errors. `code` is part of the API and stable; the message is for people and may change.
  *
- * Three kinds of failure, handled differently (see STYLE.md §4):
+ * Three kinds of failure, handled differently:
  * - broken internal invariants go through `node:assert` and crash the rank (the supervisor recovers);
  * - bad arguments at the public API throw `TypeError` / `RangeError` (no code);
  * - operating errors throw {@link LifelineError} with a code prefixed `MPI_`, `CPR_`, `STORE_`, `LAUNCH_`.

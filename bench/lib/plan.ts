@@ -17,7 +17,7 @@ export const BENCH_NAMES: readonly BenchName[] = ["pingpong", "stream", "allredu
 /**
  * The benchmarks of `npm run bench` (one table each; `--only`): every kind of block above,
  * Lifeline next to raw zeromq.js, plus `retry-one`: allreduce in a Lifeline job under
- * `--mode retry-one` next to one under `--mode none` (issue 4). It is kept out of
+ * `--mode retry-one` next to one under `--mode none`. It is kept out of
  * {@link BENCH_NAMES} because no program runs a "retry-one" block: it runs `allreduce` blocks
  * (see {@link opOf}) in two differently started jobs.
  */
@@ -202,9 +202,8 @@ export interface Target {
 }
 
 /**
- * The issues' targets, all relative to the case's baseline measured in the same run: issue 3
- * item 8 against the raw zeromq.js programs; issue 4 for retry-one against the Lifeline job
- * under `--mode none`.
+ * The targets, all relative to the case's baseline measured in the same run: the message path's
+ * against the raw zeromq.js programs; retry-one's against the Lifeline job under `--mode none`.
  */
 export function targetFor(c: Case): Target | undefined {
   if (c.bench === "retry-one" && c.bytes === 8) return { text: "<= 1.5x none", met: (r) => r <= 1.5 };

@@ -1,6 +1,6 @@
 /**
  * The rank program of the recovery benchmark (`npm run bench -- --only recovery`, bench/lib/recovery.ts):
- * a data-parallel job in the shape of issue 4's target — a model of `--global-mib` MiB identical
+ * a data-parallel job in the shape retry-one is built for — a model of `--global-mib` MiB identical
  * on every rank (the `global` part of the checkpoint) and `--local-mib` MiB of per-rank state.
  * Each step does `--step-ms` of work on a slice of the local state, an allreduce of one number,
  * folds the sum into the model and calls `checkpoint(local, model)` (both copied when saved:

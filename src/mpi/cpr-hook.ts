@@ -25,7 +25,7 @@ export interface RawFrame {
 
 /**
  * The library's own state at a checkpoint location: what a rank needs besides the program's
- * state to continue exactly where it was (seed 003, slide 37: "save internal state of MPI
+ * state to continue exactly where it was (as the protocol asks: "save internal state of MPI
  * library").
  */
 export interface LibState {
@@ -105,7 +105,7 @@ export interface CprHook {
   afterStart(): Promise<void>;
   /** Epoch and flag bits for an outgoing app or collective frame to `dest` (also counts it). */
   stamp(dest: number): { epoch: number; flags: number };
-  /** true: drop this send (an early message the receiver already has, seed 003 slide 13). */
+  /** true: drop this send (an early message the receiver already has). */
   suppress(dest: number, channelSeq: number): boolean;
   /** An app or collective frame from a peer, before it is delivered. */
   arrive(header: Header, frame: RawFrame): void;

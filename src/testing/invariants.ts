@@ -131,7 +131,7 @@ function sameDigest(a: unknown, b: unknown): boolean {
 const seqOf = (f: RawFrame): { source: number; seq: number } => ({ source: f.header.readInt32LE(12), seq: f.header.readUInt32LE(20) });
 
 /**
- * A committed line must be a consistent cut with complete channel logs (seed 003; Chandy and
+ * A committed line must be a consistent cut with complete channel logs (Chandy and
  * Lamport's conditions in the protocol's terms). With S = what the sender's part says it had
  * sent on s→r at its checkpoint, for every channel s→r:
  * - every late message logged by r was sent before s's checkpoint (seq < S), each logged once,

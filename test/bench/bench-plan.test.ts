@@ -1,6 +1,6 @@
 /**
  * Goal: the benchmark's plan and tables — in particular the retry-one benchmark (allreduce,
- * a Lifeline job under --mode retry-one vs one under --mode none, issue 4) — are built and
+ * a Lifeline job under --mode retry-one vs one under --mode none) — are built and
  * labelled as documented in bench/README.md, without starting any process.
  *
  * Method: call bench/lib/plan.ts and bench/lib/report.ts directly: case lists for the full,

@@ -1,6 +1,6 @@
 /**
- * Goal: the rank side of coordinated checkpointing (src/cpr/coordinated/rank.ts) follows seed
- * 003 (slides 29–36): checkpoint when due, late/early/intra-epoch classification at arrival,
+ * Goal: the rank side of coordinated checkpointing (src/cpr/coordinated/rank.ts) follows the
+ * protocol of Bronevetsky et al. (PPoPP 2003): checkpoint when due, late/early/intra-epoch classification at arrival,
  * markers with sent counts, readyToStopRecording, both ways to stop recording, the
  * non-determinism log and its replay, and suppression of early re-sends.
  *
@@ -12,7 +12,7 @@ import { RankMachine, type RankEffect } from "../../src/cpr/coordinated/rank.ts"
 const kinds = (effects: readonly RankEffect[]): string[] => effects.map((e) => (e.kind === "control" ? e.msg.t : e.kind));
 
 describe("RankMachine", () => {
-  it("pleaseCheckpoint makes a checkpoint due; taking it moves to the next epoch, records, and sends markers with sent counts (slide 29)", () => {
+  it("pleaseCheckpoint makes a checkpoint due; taking it moves to the next epoch, records, and sends markers with sent counts", () => {
     const m = new RankMachine({ rank: 1, size: 3 });
     m.stamp(0);
     m.stamp(0);
@@ -29,7 +29,7 @@ describe("RankMachine", () => {
     expect(kinds(eff)).toContain("cpr-checkpointed");
   });
 
-  it("a message of a newer epoch is early: its id is remembered for our checkpoint and a checkpoint is due (slide 13)", () => {
+  it("a message of a newer epoch is early: its id is remembered for our checkpoint and a checkpoint is due", () => {
     const m = new RankMachine({ rank: 0, size: 2 });
     const r = m.arrive({ source: 1, epoch: 1, recording: true, channelSeq: 7 }, undefined);
     expect(r.verdict).toBe("early");
@@ -38,7 +38,7 @@ describe("RankMachine", () => {
     expect(m.earlyFrom(1)).toEqual([7]);
   });
 
-  it("a message of an older epoch after our checkpoint is late and logged (slide 12); readiness needs every peer's marker, whose count must match", () => {
+  it("a message of an older epoch after our checkpoint is late and logged; readiness needs every peer's marker, whose count must match", () => {
     const m = new RankMachine({ rank: 0, size: 3 });
     m.arrive({ source: 1, epoch: 0, recording: false, channelSeq: 0 }, "a");
     m.onControl({ t: "cpr-checkpoint", epoch: 1 });
@@ -64,7 +64,7 @@ describe("RankMachine", () => {
     expect(kinds(m.takeCheckpoint())).toEqual(["cpr-checkpointed", "marker", "cpr-ready"]);
   });
 
-  it("stops recording on stopRecording, and before delivering a same-epoch message from a rank that stopped (slides 33-34)", () => {
+  it("stops recording on stopRecording, and before delivering a same-epoch message from a rank that stopped", () => {
     const a = new RankMachine({ rank: 0, size: 2 });
     a.onControl({ t: "cpr-checkpoint", epoch: 1 });
     a.takeCheckpoint();

@@ -1,6 +1,6 @@
 /**
  * Goal: Rabit's recovery test scenarios (rabit/test: model_recover, local_recover,
- * lazy_recover with `mock=rank,version,seqno,ndeath`) and the failures issue 4 lists, each
+ * lazy_recover with `mock=rank,version,seqno,ndeath`) and the failures retry-one must survive, each
  * over many seeded schedules on 4 ranks: the job ends with every rank's result equal to the
  * failure-free run's, or — where the failures exceed what the replicas cover, or a rank is
  * never restarted — with a clear error; never a hang, never a mixed result.
@@ -95,7 +95,7 @@ describe.each(["model", "local", "lazy"] as const)("%s_recover on 4 ranks", (kin
   });
 });
 
-describe("Rabit's own integration test on 10 ranks (seed 000: ranks 0, 4 and 9 die at once, rank 1 right after)", () => {
+describe("Rabit's own integration test on 10 ranks (ranks 0, 4 and 9 die at once, rank 1 right after)", () => {
   it.each(["model", "local"] as const)("%s_recover, replicas 2", (kind) => {
     const p = program(kind, { iterations: 4 });
     const want = referenceResults(p, 10);
@@ -131,7 +131,7 @@ describe("cost", () => {
   });
 });
 
-describe("failures issue 4 lists", () => {
+describe("failures retry-one must survive", () => {
   it("lazy checkpoints: the global function runs only for a restore it serves", () => {
     const clean = new RetryOneSim({ seed: 3, size: SIZE, replicas: 2, program: rabitProgram(program("lazy")) }).run();
     expect(clean.stats.globalThunks).toBe(0);

@@ -193,7 +193,7 @@ export class CoordinatedDriver implements CprHook {
 
   async afterStart(): Promise<void> {
     if (!this.restoring) return;
-    // Tell every peer which of its frames we already hold (early messages, slide 13): it
+    // Tell every peer which of its frames we already hold (early messages): it
     // must not send them again. Wait for every peer's list before the program runs, so no
     // re-send can leave before its suppression is known.
     for (let d = 0; d < this.access.size; d++) {

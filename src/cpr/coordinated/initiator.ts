@@ -1,5 +1,6 @@
 /**
- * The initiator of coordinated checkpoints (seed 003, slides 27–37), as a pure state machine:
+ * The initiator of coordinated checkpoints (Bronevetsky et al., PPoPP 2003; see rank.ts), as a
+ * pure state machine:
  * inputs in (time, progress reports, rank messages), effects out (broadcasts, a commit to
  * write). The coordinator process drives it; the simulator drives the same code.
  *

@@ -1,13 +1,14 @@
 /**
- * One rank's side of coordinated checkpointing (seed 003, slides 27–37; Bronevetsky, Marques,
- * Pingali, Stodghill), as a pure state machine: no I/O, no timers, no clock. The driver
+ * One rank's side of coordinated checkpointing (the protocol of Bronevetsky, Marques, Pingali
+ * and Stodghill, "Automated application-level checkpointing of MPI programs", PPoPP 2003), as
+ * a pure state machine: no I/O, no timers, no clock. The driver
  * (driver.ts) feeds it what happens on the message path and carries out the effects.
  *
  * State: epoch e (0 at a fresh start), `recording`, `checkpointDue`. Rounds never overlap
  * (the initiator starts e+1 only after e ended), so a peer's epoch is e-1, e or e+1:
  * - sender epoch < mine → **late** (sent before the sender's checkpoint, received after
- *   ours; slide 12): the sender will not re-send it, so it goes into our late log;
- * - sender epoch > mine → **early** (slide 13): our state will contain it, so its id
+ *   ours): the sender will not re-send it, so it goes into our late log;
+ * - sender epoch > mine → **early**: our state will contain it, so its id
  *   (source, channelSeq) goes into our checkpoint and the sender drops it on recovery; a
  *   newer epoch also means a checkpoint is due;
  * - same epoch → intra-epoch, nothing to do.
@@ -17,9 +18,9 @@
  * At its checkpoint a rank sends every peer a marker carrying how many frames it sent that
  * peer in the closing epoch. Channels are FIFO, so once a peer's marker has arrived every
  * late message from it has too; the count is checked against what arrived (an invariant).
- * With markers from every peer, the rank is ready to stop recording (slide 32). It stops on
+ * With markers from every peer, the rank is ready to stop recording. It stops on
  * the initiator's stopRecording, or earlier on a same-epoch message whose sender has stopped
- * (slide 33–34: what follows such a message may not be replayed the same way).
+ * (what follows such a message may not be replayed the same way).
  *
  * While recording, every non-deterministic outcome is logged by ordinal since the
  * checkpoint; a restored rank replays the log by ordinal, then runs freely. Polls of a

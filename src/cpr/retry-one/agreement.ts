@@ -1,5 +1,5 @@
 /**
- * Agreement on "who needs what" after a failure (Rabit's ActionSummary consensus, seed 000),
+ * Agreement on "who needs what" after a failure (Rabit's ActionSummary consensus),
  * as one pure function of the N round summaries.
  *
  * ## Why this is equivalent to Rabit's ActionSummary, and cheaper

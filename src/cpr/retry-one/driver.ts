@@ -7,7 +7,7 @@
  * the failure timeout (a tick).
  *
  * Effects are carried out in order and `step` is never re-entered: inputs that arrive while
- * effects run are queued (STYLE §2). Time comes from the World's Host, so the simulator runs
+ * effects run are queued (a state machine is never re-entered). Time comes from the World's Host, so the simulator runs
  * this same code.
  *
  * @example

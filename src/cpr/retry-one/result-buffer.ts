@@ -5,7 +5,8 @@
  * Both check identity on every read: a replayed call must be the same collective (op, root,
  * type, length) at the same (version, seqno) as the one whose result is served. Rabit checked
  * only the seqno, so a restarted rank that ran a bootstrap allreduce got the result of an
- * unrelated broadcast (seed 000, "bootstrap operations issue"): its worst bug. Here a
+ * unrelated broadcast (the "bootstrap operations" problem of Rabit's design notes): its worst
+ * bug. Here a
  * mismatch is an error, never a silently mixed result.
  *
  * @example

@@ -12,8 +12,8 @@
 import type { LifelineErrorCode } from "../../errors.ts";
 
 /**
- * What a collective call is, as far as replay must check it (issue 4: "op, root, type,
- * length, sequence number"). The sequence number is not part of it: it is the position.
+ * What a collective call is, as far as replay must check it (op, root, type, length,
+ * and the sequence number). The sequence number is not part of it: it is the position.
  * `root` is -1 for rootless collectives.
  */
 export interface CollIdentity {
