@@ -18,7 +18,7 @@ import { fileURLToPath } from "node:url";
 import { Command, CommanderError, Option } from "commander";
 import { errorMessage, isLifelineError, LifelineError } from "./errors.ts";
 import { MODES } from "./mpi/env.ts";
-import { DEFAULTS, NP_MAX, parseCount, resolveRunConfig, SUPPORTED_MODES, type RunConfig, type RunFlags } from "./launch/options.ts";
+import { DEFAULTS, NP_MAX, parseCount, resolveRunConfig, type RunConfig, type RunFlags } from "./launch/options.ts";
 import { runStandalone } from "./launch/standalone.ts";
 import type { OutStream } from "./launch/progress.ts";
 import { runJob } from "./launch/run.ts";
@@ -84,7 +84,6 @@ function buildProgram(io: CliIo, setExit: (code: number) => void): Command {
     })
     .showHelpAfterError("(add --help for usage)");
 
-  const supported = SUPPORTED_MODES.join(", ");
   const run = program
     .command("run")
     .summary("run a job (a .ts or .js app)")
@@ -94,7 +93,7 @@ function buildProgram(io: CliIo, setExit: (code: number) => void): Command {
     )
     .argument("<app>", "program every rank runs (.ts/.mts/.cts run through lifeline's bundled tsx; .js/.mjs/.cjs as is)")
     .argument("[args...]", "arguments for the app");
-  addRunOptions(run, supported);
+  addRunOptions(run);
   run.passThroughOptions().action(async (app: string, args: string[], opts: Record<string, unknown>) => {
     const config = resolveRunConfig(toFlags(app, args, opts), { cwd: io.cwd, env: io.env });
     const outcome = await runJob(config, { stdout: io.stdout, stderr: io.stderr, env: io.env, handleSignals: io.handleSignals ?? true });
@@ -111,7 +110,7 @@ function buildProgram(io: CliIo, setExit: (code: number) => void): Command {
     )
     .argument("<app>", "program every rank runs")
     .argument("[args...]", "arguments for the app");
-  addRunOptions(drill, supported);
+  addRunOptions(drill);
   drill
     .option("--kill <spec>", "a fault per run: 1@step:5, 2@time:1.5s, 0@send:100, 1@hang:step:3, random:3, mock=rank,version,seqno,ndeath (repeatable)", (v: string, prev: string[] | undefined) => [...(prev ?? []), v])
     .option("--seed <n>", "seed of the random kills (default: random, printed)")
@@ -137,7 +136,7 @@ function buildProgram(io: CliIo, setExit: (code: number) => void): Command {
     )
     .argument("<app>", "the program the ranks run (not started here: with its arguments it names the job)")
     .argument("[args...]", "the program's arguments");
-  addRunOptions(coordinator, supported);
+  addRunOptions(coordinator);
   coordinator
     .option("--port <port>", "tcp port to listen on (default 0: one the OS picks, shown in the job-starting event)")
     .passThroughOptions()
@@ -170,10 +169,10 @@ function buildProgram(io: CliIo, setExit: (code: number) => void): Command {
   return program;
 }
 
-function addRunOptions(cmd: Command, supported: string): void {
+function addRunOptions(cmd: Command): void {
   cmd
     .option("-n, --np <ranks>", `number of ranks, 1..${NP_MAX} (required)`)
-    .addOption(new Option("--mode <mode>", `recovery mode: ${MODES.join(" | ")} (default cpr; available now: ${supported})`))
+    .addOption(new Option("--mode <mode>", `recovery mode: ${MODES.join(" | ")} (default cpr)`))
     .option("--checkpoint-every <when>", "cpr: how often to take a global checkpoint, a duration (10s) or steps (50steps); default 10s")
     .option("--store <dir>", `directory of the recovery-line store (default ${DEFAULTS.store})`)
     .option("--keep-lines <n>", `recovery lines to keep (default ${DEFAULTS.keepLines})`)

@@ -9,7 +9,7 @@
  * await world.finalize(sum);
  */
 import { LifelineError } from "./errors.ts";
-import { type InitOptions, resolveRankPlace, SUPPORTED_MODES } from "./mpi/env.ts";
+import { type InitOptions, resolveRankPlace } from "./mpi/env.ts";
 import { World } from "./mpi/world.ts";
 import { startWatchdog } from "./launch/watchdog.ts";
 import { BACKOFF_MAX_MS } from "./launch/backoff.ts";
@@ -26,19 +26,15 @@ export { LifelineError, isLifelineError, type LifelineErrorCode } from "./errors
 export { waitAll, waitAny } from "./mpi/request.ts";
 export type { World };
 
-export { SUPPORTED_MODES } from "./mpi/env.ts";
+export { MODES } from "./mpi/env.ts";
 
 /**
  * Joins the job this process was started in (by `lifeline run`, or by another launcher with
  * `LIFELINE_COORDINATOR` set), connects to every peer and returns the communicator.
- * Rejects with `MPI_INIT` if the environment names no job or the coordinator cannot be reached,
- * and with `MPI_MODE` for a mode this build does not implement.
+ * Rejects with `MPI_INIT` if the environment names no job or the coordinator cannot be reached.
  */
 export async function init(options: InitOptions = {}): Promise<World> {
   const place = resolveRankPlace(options, process.env);
-  if (!SUPPORTED_MODES.includes(place.mode)) {
-    throw new LifelineError("MPI_MODE", `mode ${place.mode} is not implemented in this build yet; run with --mode none`);
-  }
   const watchdog = startWatchdog({
     fd: place.watchFd, coordinator: place.coordinator, rank: place.rank, attempt: place.attempt, heartbeatMs: place.heartbeatMs,
     failureTimeoutMs: place.failureTimeoutMs, faults: place.faults,

@@ -17,13 +17,6 @@ import { MODES, type Mode } from "../mpi/env.ts";
 import { parseFaults } from "../mpi/faults.ts";
 import { launcherHosts, LAUNCHERS, parseHostfile, Placement, type HostSlots, type LauncherKind } from "./hosts.ts";
 
-/**
- * Modes whose recovery is implemented (one list, in src/mpi/env.ts, shared with init()). `run`
- * refuses the others before spawning anything: running a mode without its protocol would
- * silently give the user the baseline they did not ask for.
- */
-import { SUPPORTED_MODES } from "../mpi/env.ts";
-export { SUPPORTED_MODES };
 
 /** `cpr` is the default mode (docs/cli.md). */
 export const DEFAULT_MODE: Mode = "cpr";
@@ -267,15 +260,7 @@ export function resolveRunConfig(flags: RunFlags, ctx: { cwd: string; env?: Node
     if (!(MODES as readonly string[]).includes(raw)) {
       throw usage(`--mode ${JSON.stringify(raw)} is not a mode; use one of ${MODES.join(", ")}`);
     }
-    const m = raw as Mode;
-    if (!SUPPORTED_MODES.includes(m)) {
-      const which = flags.mode === undefined ? `mode ${m} (the default)` : `--mode ${m}`;
-      throw usage(
-        `${which} is not available yet: its recovery protocol has not landed in this version of lifeline. ` +
-          `Pass --mode none to run without checkpoint-restart (a failed rank then fails the job).`,
-      );
-    }
-    return m;
+    return raw as Mode;
   });
 
   const checkpointEvery = flags.checkpointEvery === undefined ? DEFAULTS.checkpointEvery : check(() => parseCheckpointEvery(flags.checkpointEvery!));

@@ -34,7 +34,7 @@ import { CprRestartPolicy } from "./cpr-policy.ts";
 import { FailureDetector, type Suspicion } from "./detector.ts";
 import type { StoreClaim } from "./job-store.ts";
 import { RetryOnePolicy } from "./retry-one-policy.ts";
-import { SUPPORTED_MODES, type RunConfig } from "./options.ts";
+import type { RunConfig } from "./options.ts";
 import type { JobEvent, Reporter } from "./progress.ts";
 import { addressOf, Placement } from "./hosts.ts";
 import { spawnSpare, type RankExit, type RankOutputSink, type RankProcess, type RankSpawnSpec, type SpareProcess } from "./rank-process.ts";
@@ -78,11 +78,8 @@ export interface FailureRecord {
   stderrTail: string[];
 }
 
-/** The policy of a mode. Throws `LAUNCH_USAGE` for modes whose recovery is not implemented. */
+/** The policy of a mode that needs nothing but the mode (cpr needs the run configuration). */
 export function policyFor(mode: Mode): RestartPolicy {
-  if (!SUPPORTED_MODES.includes(mode)) {
-    throw new LifelineError("LAUNCH_USAGE", `mode ${mode} is not available yet; pass --mode none`);
-  }
   switch (mode) {
     case "none":
       return failFastPolicy;

@@ -10,8 +10,6 @@ import { LifelineError } from "../errors.ts";
 
 export type Mode = "cpr" | "retry-one" | "none";
 export const MODES: readonly Mode[] = ["cpr", "retry-one", "none"];
-/** Modes whose recovery is implemented in this build (the launcher and init() both check it). */
-export const SUPPORTED_MODES: readonly Mode[] = ["none", "cpr", "retry-one"];
 
 /** Names of the variables the launcher sets for each rank. */
 export const ENV = {
