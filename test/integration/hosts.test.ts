@@ -95,6 +95,16 @@ function killAfterLines(i: number, lines: number): { onEvent: (ev: Record<string
   };
 }
 
+/** The processes still on test host `i` once they had up to 6 s to end (none, after a clean end). */
+async function pidsLeftOn(i: number): Promise<number[]> {
+  let left = await cluster.pids(i);
+  for (let k = 0; k < 60 && left.length > 0; k++) {
+    await new Promise((res) => setTimeout(res, 100));
+    left = await cluster.pids(i);
+  }
+  return left;
+}
+
 describe("a job across hosts", () => {
   it("runs ranks on the hosts of the hostfile, over their own addresses; results equal a one-host run", async () => {
     const ref = await reference("ref-logreg", LOGREG);
@@ -206,12 +216,7 @@ describe("a job across hosts", () => {
     expect(r.doc!.ranks).toEqual(ref);
     expect(spawnedOn(r, 1)).toEqual({ 2: "198.18.0.3", 3: "198.18.0.3" });
     // Healed, and nothing of the old incarnations is left on host 2.
-    let left = await cluster.pids(1);
-    for (let i = 0; i < 60 && left.length > 0; i++) {
-      await new Promise((res) => setTimeout(res, 100));
-      left = await cluster.pids(1);
-    }
-    expect(left).toEqual([]);
+    expect(await pidsLeftOn(1)).toEqual([]);
   }, TIMEOUT_MS);
 
   it("cpr, stores on each host's disk: a partition longer than the failure timeout; every rank restarts, the cut-off ones on the spare host; the old ones end themselves", async () => {
@@ -225,12 +230,7 @@ describe("a job across hosts", () => {
     expect(r.code, context(r)).toBe(0);
     expect(r.doc!.ranks).toEqual(ref);
     expect(spawnedOn(r, 1)).toEqual({ 0: "198.18.0.1", 1: "198.18.0.1", 2: "198.18.0.3", 3: "198.18.0.3" });
-    let left = await cluster.pids(1);
-    for (let i = 0; i < 60 && left.length > 0; i++) {
-      await new Promise((res) => setTimeout(res, 100));
-      left = await cluster.pids(1);
-    }
-    expect(left).toEqual([]);
+    expect(await pidsLeftOn(1)).toEqual([]);
   }, TIMEOUT_MS);
 
   it("retry-one: 20% packet loss on one host's link: correct results", async () => {
