@@ -97,6 +97,8 @@ const QUERY_TICK_MS = 250;
 
 /** Time allowed for rendezvous (every rank says hello, the table arrives). */
 const RENDEZVOUS_TIMEOUT_MS = 120_000;
+/** How long a released rank waits for its cpr driver's background writes before it leaves. */
+const CPR_CLOSE_WAIT_MS = 5_000;
 /** At most one progress report per this interval. */
 const STEP_REPORT_MS = 200;
 /** Warnings about garbage frames are rate-limited to this many per process. */
@@ -1231,7 +1233,7 @@ export class World implements WorldApi {
       this.faults.dispose();
       this.failPending(new LifelineError("MPI_FINALIZED", "finalize() was called while this operation was pending"));
       await this.closeSockets();
-      await this.cpr?.close().catch(() => undefined);
+      if (this.cpr !== undefined) await this.closeCpr(this.cpr);
       this.retry?.close();
       for (const fn of this.closeHooks.splice(0)) fn();
     }
@@ -1260,6 +1262,22 @@ export class World implements WorldApi {
     // Peers are being stopped too; leave promptly even if the program swallows the error.
     this.host.after(200, () => this.host.exit(1));
     void this.closeSockets();
+  }
+
+  /**
+   * Waits for the cpr driver's background writes, but not for ever: a write stuck on a peer
+   * that already left must not keep this released rank (and its watchdog) alive.
+   */
+  private async closeCpr(cpr: CprHook): Promise<void> {
+    let timer: Timer | undefined;
+    const late = new Promise<void>((resolve) => {
+      timer = this.host.after(CPR_CLOSE_WAIT_MS, () => {
+        this.host.warn(`lifeline: rank ${this.rank}: background checkpoint writes did not finish within ${CPR_CLOSE_WAIT_MS / 1000} s of the release; leaving them (no committed line depends on them)`);
+        resolve();
+      });
+    });
+    await Promise.race([cpr.close().catch(() => undefined), late]);
+    timer?.stop();
   }
 
   private readonly closeHooks: (() => void)[] = [];

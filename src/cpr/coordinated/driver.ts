@@ -122,6 +122,8 @@ export class CoordinatedDriver implements CprHook {
   /** Lines the initiator aborted: their parts are deleted, or never written. */
   private readonly abortedEpochs = new Set<number>();
   private failed = false;
+  /** close() has begun: no partner copy is started or kept any more (its timer would keep the process alive). */
+  private closing = false;
   private recordingTimer: Timer | undefined;
   private readonly recordingTimeoutMs: number;
   /** Per-host stores: the rank that keeps copies of this rank's parts (from the table). */
@@ -365,6 +367,7 @@ export class CoordinatedDriver implements CprHook {
   }
 
   async close(): Promise<void> {
+    this.closing = true;
     this.recordingTimer?.stop();
     for (const done of this.copying.values()) done({ failure: "the rank is closing" });
     this.copying.clear();
@@ -431,7 +434,9 @@ export class CoordinatedDriver implements CprHook {
     const part = b.part;
     this.heldWrites = this.heldWrites.then(async () => {
       let answer: { epoch: number; checksum: number } | { epoch: number; failure: string };
-      if (this.abortedEpochs.has(epoch)) {
+      if (this.closing) {
+        answer = { epoch, failure: "the partner is closing" };
+      } else if (this.abortedEpochs.has(epoch)) {
         answer = { epoch, failure: `line ${epoch} was aborted` };
       } else {
         try {
@@ -446,6 +451,8 @@ export class CoordinatedDriver implements CprHook {
 
   /** Sends the part to the partner; resolves with the checksum of what it kept, or why it did not. */
   private copyToPartner(partner: number, epoch: number, bytes: Buffer): Promise<{ checksum: number } | { failure: string }> {
+    // A write chained behind others may reach here after close() settled the waiting copies.
+    if (this.closing) return Promise.resolve({ failure: "the rank is closing" });
     return new Promise((resolve) => {
       const timer = this.host.after(PARTNER_COPY_TIMEOUT_MS, () => {
         this.copying.delete(epoch);
