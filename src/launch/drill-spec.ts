@@ -3,7 +3,7 @@
  * (`LIFELINE_FAULTS`, src/mpi/faults.ts).
  *
  * Forms:
- * - `r@step:N`, `r@send:N`, `r@time:T` (T with a unit: `1.5s`, `800ms`; a bare number is ms),
+ * - `r@step:N`, `r@send:N`, `r@line:N`, `r@time:T` (T with a unit: `1.5s`, `800ms`; a bare number is ms),
  *   `r@hang:<trigger>` (freeze rank r with SIGSTOP instead of killing it; caught by heartbeats),
  *   each optionally suffixed `@attempt=K`;
  * - `random:K`: K kills at points drawn from the seeded PRNG within what the reference run
@@ -112,7 +112,7 @@ export function parseKillSpec(raw: string, size: number | undefined): KillSpec {
   return { kind: "rank", text, rank: inj.rank, trigger, attempt };
 }
 
-const KILL_FORMS = "write r@step:N, r@time:1.5s, r@send:N, r@hang:<trigger>, random:K or mock=rank,version,seqno,ndeath";
+const KILL_FORMS = "write r@step:N, r@time:1.5s, r@send:N, r@line:N, r@hang:<trigger>, random:K or mock=rank,version,seqno,ndeath";
 
 /**
  * Turns the parsed specs of one faulty run into concrete faults. Random kills are drawn from

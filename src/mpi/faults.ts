@@ -7,6 +7,9 @@
  * - `send:N`   at the Nth application send of this attempt (1-based), before it is handed over;
  * - `time:MS`  MS milliseconds after `init()` (fired from the rank's watchdog thread too, so
  *              it hits a rank busy in a synchronous loop);
+ * - `line:N`   at the first `checkpoint()` call after this rank learned that recovery line N (or
+ *              a newer one) is committed (mode cpr): a kill that certainly has a line to roll
+ *              back to, however slow the machine;
  * - `mock:V,S` Rabit's coordinates: when V checkpoints have completed and the collective about
  *              to start is the Sth since the last one (0-based), as Rabit's `mock=r,V,S,ndeath`;
  * - `hang:step:N` / `hang:time:MS` freeze (SIGSTOP) instead of dying, for heartbeat tests.
@@ -22,6 +25,7 @@ import { LifelineError } from "../errors.ts";
 export type FaultTrigger =
   | { kind: "step"; n: number; attempt: number; action: FaultAction }
   | { kind: "send"; n: number; attempt: number; action: FaultAction }
+  | { kind: "line"; n: number; attempt: number; action: FaultAction }
   | { kind: "time"; ms: number; attempt: number; action: FaultAction }
   | { kind: "mock"; version: number; seqno: number; attempt: number; action: FaultAction };
 
@@ -58,7 +62,8 @@ export function parseFaults(text: string): FaultTrigger[] {
     const arg = colon < 0 ? "" : body.slice(colon + 1);
     switch (kind) {
       case "step":
-      case "send": {
+      case "send":
+      case "line": {
         const n = nonNegInt(arg, "count", spec);
         if (n < 1) throw new LifelineError("LAUNCH_FAULT_SPEC", `fault spec ${JSON.stringify(spec)}: counts start at 1`);
         out.push({ kind, n, attempt, action });
@@ -78,7 +83,7 @@ export function parseFaults(text: string): FaultTrigger[] {
       default:
         throw new LifelineError(
           "LAUNCH_FAULT_SPEC",
-          `fault spec ${JSON.stringify(spec)}: unknown trigger ${JSON.stringify(kind)}; use step:N, send:N, time:MS, mock:V,S or hang:<trigger>`,
+          `fault spec ${JSON.stringify(spec)}: unknown trigger ${JSON.stringify(kind)}; use step:N, send:N, line:N, time:MS, mock:V,S or hang:<trigger>`,
         );
     }
   }
@@ -103,6 +108,9 @@ export function fire(action: FaultAction, why: string): void {
 export class FaultPlan {
   private steps = 0;
   private sends = 0;
+  /** The newest committed recovery line this rank heard of. */
+  private committed = 0;
+  private readonly fired = new Set<FaultTrigger>();
   private readonly active: FaultTrigger[];
   private timer: NodeJS.Timeout | undefined;
 
@@ -123,7 +131,18 @@ export class FaultPlan {
   /** Call at each checkpoint() location, before anything else happens there. */
   onCheckpoint(): void {
     this.steps++;
-    for (const t of this.active) if (t.kind === "step" && t.n === this.steps) this.act(t.action, `step:${t.n}`);
+    for (const t of this.active) {
+      if (t.kind === "step" && t.n === this.steps) this.act(t.action, `step:${t.n}`);
+      else if (t.kind === "line" && this.committed >= t.n && !this.fired.has(t)) {
+        this.fired.add(t); // once (a frozen rank that is continued goes on)
+        this.act(t.action, `line:${t.n}`);
+      }
+    }
+  }
+
+  /** Call when the rank hears that recovery line `epoch` is committed. */
+  onCommitted(epoch: number): void {
+    if (epoch > this.committed) this.committed = epoch;
   }
 
   /** Call at each application send, before the message is handed to the transport. */

@@ -7,7 +7,7 @@
  * Method: test/fixtures/cpr/poll.ts (a ring of 3 ranks polling between work chunks, rank 0
  * slow at each step's start and slower after a restart) under
  * the built launcher, once in --mode none, then in --mode cpr with a checkpoint every 2
- * steps and rank 1 killed at its 15th checkpoint() (lines were committed before); the
+ * steps and rank 1 killed at its first checkpoint() after line 3 committed; the
  * --results digests must be equal.
  */
 import { mkdtemp, rm } from "node:fs/promises";
@@ -37,7 +37,7 @@ describe("polled requests under --mode cpr", () => {
     const args = ["40", "256", "30"];
     const base = await runLauncher({ np: 3, program, args, flags: ["--mode", "none"], dir, name: "none", timeoutMs: TIMEOUT_MS });
     expect(base.code, context(base)).toBe(0);
-    const cpr = await runLauncher({ np: 3, program, args, flags: ["--mode", "cpr", "--checkpoint-every", "2steps", "--inject", "1@step:15"], dir, name: "cpr", timeoutMs: TIMEOUT_MS });
+    const cpr = await runLauncher({ np: 3, program, args, flags: ["--mode", "cpr", "--checkpoint-every", "2steps", "--inject", "1@line:3"], dir, name: "cpr", timeoutMs: TIMEOUT_MS });
     expect(cpr.code, context(cpr)).toBe(0);
     expect(cpr.doc!.restarts).toBe(1);
     expect(cpr.doc!.recovery!.rollbacks[0]!.epoch).toBeGreaterThan(0);

@@ -58,4 +58,18 @@ describe("fault specs", () => {
     expect(fired).toEqual(["step:2", "mock:0,1"]);
     plan.dispose();
   });
+
+  it("line:N fires once, at the first checkpoint() after line N or a newer one is committed", () => {
+    const fired: string[] = [];
+    const plan = new FaultPlan(parseFaults("hang:line:2"), 0, (action, why) => fired.push(`${action} ${why}`));
+    plan.onCheckpoint();
+    plan.onCommitted(1);
+    plan.onCheckpoint();
+    expect(fired).toEqual([]);
+    plan.onCommitted(3);
+    expect(fired).toEqual([]);
+    plan.onCheckpoint();
+    plan.onCheckpoint();
+    expect(fired).toEqual(["hang line:2"]);
+  });
 });

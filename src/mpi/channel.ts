@@ -1,0 +1,259 @@
+/**
+ * The channel layer: every frame a rank sends or receives passes here, whatever the mode.
+ *
+ * Send: stamp a 40-byte header (kind, source, tag, per-channel sequence number, epoch,
+ * collective sequence/signature) → transmit (small bodies inline in the header's frame; sends
+ * to self queued without a socket). Large application payloads are copied into pooled bounce
+ * buffers that come back with the receiver's receipt. Receive: validate the header (garbage
+ * from stray processes is dropped with a rate-limited warning), send the receipt a sender
+ * waits for, and hand the frame to the communicator.
+ *
+ * What a recovery mode adds to a frame — its epoch and flags, the suppression of a re-sent
+ * message the receiver already holds — comes from the mode's {@link FrameStamper}; mode none's
+ * stamper does nothing.
+ *
+ * @example
+ * const ch = new Channel({ rank, size, attempt, host, stamper, deliver: (h, body, raw, classify) => … });
+ * await ch.sendApp(new Float64Array(8), 1, 7);
+ */
+import { BouncePool } from "./bounce-pool.ts";
+import { type EncodedBody, encodeBody } from "./codec.ts";
+import type { LibState, RawFrame } from "./cpr-hook.ts";
+import type { Host, Transport } from "./host.ts";
+import { decodeHeader, Encoding, encodeHeader, encodeHeaderInto, Flag, type Header, HEADER_BYTES, Kind } from "./wire.ts";
+
+/** Protocol-frame tag of a receipt for a message sent without copying (see sendApp). */
+export const PROTO_RECEIPT = 0x102;
+/**
+ * Application payloads with at least this many bytes of typed arrays are copied into pooled
+ * bounce buffers (see bounce-pool.ts) that come back when the receiver sends a receipt.
+ */
+const BOUNCE_BYTES_MIN = 64 * 1024;
+/** Idle bounce-buffer memory kept for reuse. */
+const BOUNCE_POOL_BYTES_MAX = 256 * 1024 * 1024;
+/** Bodies up to this size travel in the header's frame: one ZeroMQ frame instead of two. */
+const INLINE_BODY_BYTES_MAX = 4096;
+/** Warnings about garbage frames are rate-limited to this many per process. */
+const GARBAGE_WARNINGS_MAX = 10;
+
+/** What a mode adds to the frames of the channels (mode none: nothing). */
+export interface FrameStamper {
+  /** Sets `h.epoch` and `h.flags` of an app or collective frame to `dest` (it may count it). */
+  stamp(h: Header, dest: number): void;
+  /** true: do not send this app or collective frame (the receiver already holds it). */
+  suppress(dest: number, h: Header): boolean;
+}
+
+export interface ChannelOptions {
+  readonly rank: number;
+  readonly size: number;
+  readonly attempt: number;
+  readonly host: Host;
+  /**
+   * A validated frame from a peer (`classify`: first arrival from the network), a send to
+   * self or a re-injected one.
+   */
+  readonly deliver: (header: Header, body: Buffer[], rawHeader: Buffer, classify: boolean) => void;
+}
+
+export class Channel {
+  /** The job's key, from the coordinator's table (frames of other jobs are refused). */
+  jobKey = 0;
+  stamper: FrameStamper = { stamp: () => undefined, suppress: () => false };
+  private readonly rank: number;
+  private readonly size: number;
+  private readonly attempt: number;
+  private readonly host: Host;
+  private readonly transport: Transport;
+  private readonly deliver: ChannelOptions["deliver"];
+  private readonly channelSeqOut: Uint32Array;
+  /** Application frames sent so far on each channel (their identity, see frameId). */
+  private readonly appSeqOut: Uint32Array;
+  /** Sends to self waiting for their (deferred) delivery, FIFO. */
+  private readonly selfQueue: { header: Header; raw: RawFrame }[] = [];
+  /** Bounce buffers lent to in-flight messages, per destination by channel sequence, until the receipt. */
+  private readonly lent: Map<number, Buffer[]>[];
+  private readonly bounce = new BouncePool(BOUNCE_POOL_BYTES_MAX);
+  private garbageWarnings = 0;
+
+  constructor(opts: ChannelOptions) {
+    this.rank = opts.rank;
+    this.size = opts.size;
+    this.attempt = opts.attempt;
+    this.host = opts.host;
+    this.transport = opts.host.transport;
+    this.deliver = opts.deliver;
+    this.channelSeqOut = new Uint32Array(opts.size);
+    this.appSeqOut = new Uint32Array(opts.size);
+    this.lent = Array.from({ length: opts.size }, () => new Map<number, Buffer[]>());
+  }
+
+  // ---- send --------------------------------------------------------------------------------
+
+  /** The header of the next frame to `dest` (its channel and app counters move on); `transmit` encodes it. */
+  header(kind: Header["kind"], dest: number, tag: number, body: EncodedBody, collSeq = 0, signature = 0): Header {
+    // Protocol frames are the layer's own talk: not part of any channel's message sequence,
+    // not stamped with an epoch.
+    const h: Header = {
+      kind, flags: 0, encoding: body.encoding, jobKey: this.jobKey, source: this.rank, tag,
+      channelSeq: kind === Kind.protocol ? 0 : this.channelSeqOut[dest]!++, epoch: 0,
+      collSeq: kind === Kind.app ? this.appSeqOut[dest]!++ : collSeq, signature, arrayType: body.arrayType, attempt: this.attempt,
+    };
+    if (kind !== Kind.protocol) this.stamper.stamp(h, dest);
+    return h;
+  }
+
+  /** Encodes `h` once and sends it with `body` (to self: queued without a socket). */
+  transmit(dest: number, h: Header, body: EncodedBody, onSuppressed?: () => void): Promise<void> {
+    if (h.kind !== Kind.protocol && this.stamper.suppress(dest, h)) {
+      onSuppressed?.();
+      return Promise.resolve();
+    }
+    if (dest === this.rank) {
+      // Send to self: same path as the network, minus the socket. Deliver on a later tick,
+      // as a socket would, so a send never completes a receive synchronously. A FIFO, so a
+      // checkpoint can deliver what is pending at once (nothing to self is ever in flight
+      // across a checkpoint).
+      const frames = body.frames.map((f) => Buffer.from(f.buffer, f.byteOffset, f.byteLength));
+      this.selfQueue.push({ header: h, raw: { header: encodeHeader(h), body: frames } });
+      this.host.defer(() => this.deliverSelf(1));
+      return Promise.resolve();
+    }
+    const frames = body.frames;
+    if (frames.length === 1) {
+      const only = frames[0]!;
+      if (only.byteLength <= INLINE_BODY_BYTES_MAX) {
+        const frame = encodeHeaderInto(h, Buffer.allocUnsafe(HEADER_BYTES + only.byteLength));
+        frame.set(only, HEADER_BYTES);
+        return this.transport.send(dest, [frame]);
+      }
+      return this.transport.send(dest, [encodeHeader(h), only]);
+    }
+    return this.transport.send(dest, [encodeHeader(h), ...frames]);
+  }
+
+  /** Delivers up to `n` pending sends to self, in order. */
+  deliverSelf(n: number): void {
+    for (let i = 0; i < n && this.selfQueue.length > 0; i++) {
+      const m = this.selfQueue.shift()!;
+      this.deliver(m.header, m.raw.body, m.raw.header, false);
+    }
+  }
+
+  /** One protocol frame (kind protocol, not counted on any channel); a failed send is dropped. */
+  sendProtocol(dest: number, tag: number, body: unknown): void {
+    const enc = encodeBody(body, { copy: false });
+    void this.transmit(dest, this.header(Kind.protocol, dest, tag, enc), enc).catch(() => undefined);
+  }
+
+  /**
+   * Encodes and sends one application message; the program may reuse its buffers once this
+   * resolves (a buffered send, as in MPI). Arrays are copied — small ones into fresh memory,
+   * large ones into warm pooled buffers, which the receiver's reader loop releases with a
+   * receipt on arrival (not on a matching receive, so it cannot deadlock).
+   */
+  sendApp(data: unknown, dest: number, tag: number): Promise<void> {
+    const body = encodeBody(data, { copy: false });
+    // Frames that view the program's arrays; msgpack's own output buffer is ours already.
+    const first = body.encoding === Encoding.typedArray ? 0 : 1;
+    const frames = body.frames;
+    let userBytes = 0;
+    for (let i = first; i < frames.length; i++) userBytes += frames[i]!.byteLength;
+    if (userBytes < BOUNCE_BYTES_MIN || dest === this.rank) {
+      // A single small frame to a peer is copied into the header's frame by transmit, at
+      // once: no copy of its own.
+      if (dest === this.rank || frames.length !== 1 || frames[0]!.byteLength > INLINE_BODY_BYTES_MAX) {
+        for (let i = first; i < frames.length; i++) frames[i] = Buffer.from(frames[i]!);
+      }
+      return this.transmit(dest, this.header(Kind.app, dest, tag, body), body);
+    }
+    const lent: Buffer[] = [];
+    for (let i = first; i < frames.length; i++) {
+      const f = frames[i]!;
+      const b = this.bounce.acquire(f.byteLength);
+      b.set(f);
+      lent.push(b);
+      frames[i] = b;
+    }
+    const header = this.header(Kind.app, dest, tag, body);
+    header.flags |= Flag.receipt;
+    const seq = header.channelSeq;
+    const byDest = this.lent[dest]!;
+    byDest.set(seq, lent);
+    return this.transmit(dest, header, body, () => {
+      // Not sent after all (a suppressed re-send): no receipt will come.
+      byDest.delete(seq);
+      for (const b of lent) this.bounce.release(b);
+    });
+  }
+
+  /** A receipt: the bounce buffers lent to message `seq` to `source` come back. */
+  onReceipt(source: number, seq: number): void {
+    const byDest = this.lent[source];
+    const lent = byDest?.get(seq);
+    if (lent === undefined) return;
+    byDest!.delete(seq);
+    for (const b of lent) this.bounce.release(b);
+  }
+
+  /** Forgets lent buffers (after an abort: ZeroMQ may still read them, the collector takes them). */
+  forgetLent(): void {
+    for (const m of this.lent) m.clear();
+  }
+
+  // ---- receive -----------------------------------------------------------------------------
+
+  /** Frames from the transport's reader loop. */
+  onFrames(frames: Buffer[]): void {
+    let rawHeader = frames[0];
+    let body: Buffer[];
+    if (frames.length === 1 && rawHeader !== undefined && rawHeader.length > HEADER_BYTES) {
+      // A small body sent inline after the header (see transmit). 40 is a multiple of 8, so a
+      // typed array in it stays aligned.
+      body = [rawHeader.subarray(HEADER_BYTES)];
+      rawHeader = rawHeader.subarray(0, HEADER_BYTES);
+    } else {
+      body = frames.slice(1);
+    }
+    let header: Header;
+    try {
+      header = decodeHeader(rawHeader, { jobKey: this.jobKey, size: this.size });
+    } catch (err) {
+      this.warnGarbage(err);
+      return;
+    }
+    if ((header.flags & Flag.receipt) !== 0 && header.kind === Kind.app) {
+      // The sender waits for this before it reuses its buffer; the bytes are all here now.
+      this.sendProtocol(header.source, PROTO_RECEIPT, { seq: header.channelSeq });
+    }
+    this.deliver(header, body, rawHeader!, true);
+  }
+
+  /**
+   * Delivers a frame held or logged elsewhere as if it arrived now (not classified again).
+   * `stored`: it comes from this rank's recovery line, which a run with another job key may
+   * have written (a resumed job).
+   */
+  inject(frame: RawFrame, stored = false): void {
+    const h = decodeHeader(frame.header, { jobKey: stored ? "stored" : this.jobKey, size: this.size });
+    this.deliver(h, frame.body, frame.header, false);
+  }
+
+  warnGarbage(err: unknown): void {
+    if (this.garbageWarnings++ < GARBAGE_WARNINGS_MAX) {
+      this.host.warn(`lifeline: rank ${this.rank}: dropping a malformed frame: ${(err as Error).message}${this.garbageWarnings === GARBAGE_WARNINGS_MAX ? " (further warnings suppressed)" : ""}`);
+    }
+  }
+
+  // ---- state at a checkpoint location --------------------------------------------------------
+
+  /** The channels' counters, for a checkpoint. */
+  counters(): Pick<LibState, "channelSeqOut" | "appSeqOut"> {
+    return { channelSeqOut: [...this.channelSeqOut], appSeqOut: [...this.appSeqOut] };
+  }
+
+  restoreCounters(lib: Pick<LibState, "channelSeqOut" | "appSeqOut">): void {
+    lib.channelSeqOut.forEach((n, d) => { this.channelSeqOut[d] = n; });
+    lib.appSeqOut?.forEach((n, d) => { this.appSeqOut[d] = n; });
+  }
+}
