@@ -4,7 +4,8 @@
  * Send: stamp a 40-byte header (kind, source, tag, per-channel sequence number, epoch,
  * collective sequence/signature) → transmit (small bodies inline in the header's frame; sends
  * to self queued without a socket). Large application payloads are copied into pooled bounce
- * buffers that come back with the receiver's receipt. Receive: validate the header (garbage
+ * buffers that come back with the receiver's receipt (one per turn of its event loop and
+ * sender, for every such message that arrived in it; carried by a reply when there is one). Receive: validate the header (garbage
  * from stray processes is dropped with a rate-limited warning), send the receipt a sender
  * waits for, and hand the frame to the communicator.
  *
@@ -17,12 +18,12 @@
  * await ch.sendApp(new Float64Array(8), 1, 7);
  */
 import { BouncePool } from "./bounce-pool.ts";
-import { type EncodedBody, encodeBody } from "./codec.ts";
+import { decodeBody, type EncodedBody, encodeBody } from "./codec.ts";
 import type { LibState, RawFrame } from "./cpr-hook.ts";
 import type { Host, Transport } from "./host.ts";
 import { decodeHeader, Encoding, encodeHeader, encodeHeaderInto, Flag, type Header, HEADER_BYTES, Kind } from "./wire.ts";
 
-/** Protocol-frame tag of a receipt for a message sent without copying (see sendApp). */
+/** Protocol-frame tag of a receipt for messages sent from bounce buffers (see sendApp). */
 export const PROTO_RECEIPT = 0x102;
 /**
  * Application payloads with at least this many bytes of typed arrays are copied into pooled
@@ -86,6 +87,7 @@ export class Channel {
     this.channelSeqOut = new Uint32Array(opts.size);
     this.appSeqOut = new Uint32Array(opts.size);
     this.lent = Array.from({ length: opts.size }, () => new Map<number, Buffer[]>());
+    this.receiptDue = new Float64Array(opts.size).fill(-1);
   }
 
   // ---- send --------------------------------------------------------------------------------
@@ -108,6 +110,15 @@ export class Channel {
     if (h.kind !== Kind.protocol && this.stamper.suppress(dest, h)) {
       onSuppressed?.();
       return Promise.resolve();
+    }
+    if (h.kind === Kind.app && dest !== this.rank) {
+      // A receipt owed to `dest` rides on this frame instead of a frame of its own.
+      const due = this.receiptDue[dest]!;
+      if (due >= 0) {
+        h.flags |= Flag.ack;
+        h.signature = due;
+        this.receiptDue[dest] = -1;
+      }
     }
     if (dest === this.rank) {
       // Send to self: same path as the network, minus the socket. Deliver on a later tick,
@@ -187,13 +198,26 @@ export class Channel {
     });
   }
 
-  /** A receipt: the bounce buffers lent to message `seq` to `source` come back. */
-  onReceipt(source: number, seq: number): void {
+  /**
+   * A receipt from `source` (a receipt frame, or an app frame's ack): every message to it up to channel sequence `seq` arrived (its
+   * channel is FIFO), so the bounce buffers lent to them come back.
+   */
+  private onReceipt(source: number, seq: number): void {
     const byDest = this.lent[source];
-    const lent = byDest?.get(seq);
-    if (lent === undefined) return;
-    byDest!.delete(seq);
-    for (const b of lent) this.bounce.release(b);
+    if (byDest === undefined) return;
+    // Insertion order is channel order.
+    for (const [s, lent] of byDest) {
+      if (s > seq) break;
+      byDest.delete(s);
+      for (const b of lent) this.bounce.release(b);
+    }
+  }
+
+  /** Messages whose bounce buffers are still lent (waiting for their receipt). */
+  get lentCount(): number {
+    let n = 0;
+    for (const m of this.lent) n += m.size;
+    return n;
   }
 
   /** Forgets lent buffers (after an abort: ZeroMQ may still read them, the collector takes them). */
@@ -222,11 +246,51 @@ export class Channel {
       this.warnGarbage(err);
       return;
     }
+    if (header.kind === Kind.protocol && header.tag === PROTO_RECEIPT) {
+      this.receiptFrame(header, body);
+      return;
+    }
+    if (header.kind === Kind.app && (header.flags & Flag.ack) !== 0) this.onReceipt(header.source, header.signature);
     if ((header.flags & Flag.receipt) !== 0 && header.kind === Kind.app) {
       // The sender waits for this before it reuses its buffer; the bytes are all here now.
-      this.sendProtocol(header.source, PROTO_RECEIPT, { seq: header.channelSeq });
+      // One receipt per source for every such message that arrived in this turn, on the next
+      // app frame to it if the program sends one in the same turn (a reply), else on its own.
+      this.receiptDue[header.source] = header.channelSeq;
+      if (!this.receiptsScheduled) {
+        this.receiptsScheduled = true;
+        this.host.defer(this.sendReceipts);
+      }
     }
     this.deliver(header, body, rawHeader!, true);
+  }
+
+  /** Per source, the channel sequence of the newest message still to acknowledge (-1: none). */
+  private readonly receiptDue: Float64Array;
+  private receiptsScheduled = false;
+  private readonly sendReceipts = (): void => {
+    this.receiptsScheduled = false;
+    for (let r = 0; r < this.size; r++) {
+      const seq = this.receiptDue[r]!;
+      if (seq < 0) continue;
+      this.receiptDue[r] = -1;
+      this.sendProtocol(r, PROTO_RECEIPT, { seq });
+    }
+  };
+
+  private receiptFrame(header: Header, body: Buffer[]): void {
+    let msg: unknown;
+    try {
+      msg = decodeBody(header.encoding, header.arrayType, body);
+    } catch (err) {
+      this.warnGarbage(err);
+      return;
+    }
+    const seq = (msg as { seq?: unknown } | null)?.seq;
+    if (typeof seq !== "number") {
+      this.warnGarbage(new Error("receipt has no sequence number"));
+      return;
+    }
+    this.onReceipt(header.source, seq);
   }
 
   /**

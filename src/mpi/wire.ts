@@ -29,6 +29,11 @@ export const Flag = {
   recording: 1,
   /** The sender lent a pooled bounce buffer and takes it back when the receipt comes. */
   receipt: 4,
+  /**
+   * An app frame that carries a receipt: its signature field (unused by app frames) is the
+   * channel sequence of the newest `receipt` message from the destination that arrived here.
+   */
+  ack: 8,
 } as const;
 
 /** How the body frames are encoded (see codec.ts). */
@@ -48,7 +53,10 @@ export interface Header {
   epoch: number;
   /** Collective sequence number (kind collective); 0 otherwise. */
   collSeq: number;
-  /** Hash of the collective's identity (kind, root, op, type, length) for mismatch detection. */
+  /**
+   * Hash of the collective's identity (kind, root, op, type, length) for mismatch detection;
+   * on an app frame with {@link Flag.ack}, a receipt (see there).
+   */
   signature: number;
   /** Typed-array type code (encoding typedArray). */
   arrayType: number;

@@ -18,7 +18,7 @@
  * else console.log((await world.recv(0, 7)).data);
  */
 import { LifelineError } from "../errors.ts";
-import { Channel, PROTO_RECEIPT } from "./channel.ts";
+import { Channel } from "./channel.ts";
 import { type CollKind, CollectiveRunner, PROTO_COLL_ANSWER, PROTO_COLL_QUERY } from "./coll-runner.ts";
 import type { ActiveCollective } from "./coll-registry.ts";
 import * as coll from "./collectives.ts";
@@ -298,9 +298,6 @@ export class World implements WorldApi {
       return;
     }
     switch (header.tag) {
-      case PROTO_RECEIPT:
-        this.channel.onReceipt(header.source, msg.seq);
-        return;
       case PROTO_COLL_QUERY:
         this.runner.onQuery(header.source, msg.seq, msg.view);
         return;

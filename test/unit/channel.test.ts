@@ -1,0 +1,66 @@
+/**
+ * The channel's receipts: a sender lends pooled bounce buffers to large messages and gets them
+ * back when the receiver acknowledges them — once per turn for all that arrived, on a reply
+ * when the program sends one in the same turn, else in a receipt frame of its own.
+ */
+import { describe, expect, it } from "vitest";
+import { Channel } from "../../src/mpi/channel.ts";
+import type { Host, Transport } from "../../src/mpi/host.ts";
+import { decodeHeader, Kind } from "../../src/mpi/wire.ts";
+
+/** Two channels (ranks 0 and 1) over an in-memory FIFO; `frames` records what each sent. */
+function pair() {
+  const channels: Channel[] = [];
+  const sent: { from: number; kind: number; tag: number }[] = [];
+  const delivered: { at: number; source: number; tag: number; bytes: number }[] = [];
+  const make = (rank: number): Channel => {
+    const transport: Transport = {
+      endpoint: `mem://${rank}`,
+      start: () => undefined,
+      connect: () => undefined,
+      send: async (dest, frames) => {
+        const copy = frames.map((f) => Buffer.from(f));
+        const h = decodeHeader(copy[0]!.subarray(0, 40), { jobKey: 0, size: 2 });
+        sent.push({ from: rank, kind: h.kind, tag: h.tag });
+        setImmediate(() => channels[dest]!.onFrames(copy));
+      },
+      close: async () => undefined,
+    };
+    const host = { transport, defer: (fn: () => void) => void setImmediate(fn), warn: () => undefined } as unknown as Host;
+    return new Channel({
+      rank, size: 2, attempt: 0, host,
+      deliver: (h, body) => {
+        if (h.kind === Kind.app) delivered.push({ at: rank, source: h.source, tag: h.tag, bytes: body.reduce((n, b) => n + b.length, 0) });
+      },
+    });
+  };
+  channels.push(make(0), make(1));
+  return { channels, sent, delivered };
+}
+
+const settle = (): Promise<void> => new Promise((r) => setTimeout(r, 20));
+
+describe("channel receipts", () => {
+  it("three large messages arriving in one turn get one receipt, which returns every buffer", async () => {
+    const { channels: [a, b], sent, delivered } = pair();
+    const big = new Float64Array(16 * 1024);
+    await Promise.all([a!.sendApp(big, 1, 1), a!.sendApp(big, 1, 2), a!.sendApp(big, 1, 3)]);
+    expect(a!.lentCount).toBe(3);
+    await settle();
+    expect(delivered.map((d) => d.tag)).toEqual([1, 2, 3]);
+    expect(sent.filter((s) => s.from === 1 && s.kind === Kind.protocol)).toHaveLength(1);
+    expect(a!.lentCount).toBe(0);
+    expect(b!.lentCount).toBe(0);
+  });
+
+  it("a reply sent in the same turn carries the receipt: no receipt frame", async () => {
+    const { channels: [a, b], sent } = pair();
+    const big = new Float64Array(16 * 1024);
+    // Rank 1 replies at once to what it receives, as a ping-pong does.
+    (b as unknown as { deliver: unknown }).deliver = () => void b!.sendApp(new Float64Array(1), 0, 9);
+    await a!.sendApp(big, 1, 1);
+    await settle();
+    expect(sent.filter((s) => s.from === 1).map((s) => s.kind)).toEqual([Kind.app]);
+    expect(a!.lentCount).toBe(0);
+  });
+});
