@@ -30,12 +30,24 @@ export const PROTO_RECEIPT = 0x102;
  * bounce buffers (see bounce-pool.ts) that come back when the receiver sends a receipt.
  */
 const BOUNCE_BYTES_MIN = 64 * 1024;
+/**
+ * Payloads from this size on are sent from the program's own memory and the send waits for
+ * the receipt (one round trip, well below the time of copying this much).
+ */
+const RENDEZVOUS_BYTES_MIN = 4 * 1024 * 1024;
 /** Idle bounce-buffer memory kept for reuse. */
 const BOUNCE_POOL_BYTES_MAX = 256 * 1024 * 1024;
 /** Bodies up to this size travel in the header's frame: one ZeroMQ frame instead of two. */
 const INLINE_BODY_BYTES_MAX = 4096;
 /** Warnings about garbage frames are rate-limited to this many per process. */
 const GARBAGE_WARNINGS_MAX = 10;
+
+/** A message waiting for its receipt: its bounce buffers, or the rendezvous send to resolve. */
+interface Lent {
+  readonly bufs: Buffer[];
+  done?: () => void;
+  fail?: (err: unknown) => void;
+}
 
 /** What a mode adds to the frames of the channels (mode none: nothing). */
 export interface FrameStamper {
@@ -72,8 +84,8 @@ export class Channel {
   private readonly appSeqOut: Uint32Array;
   /** Sends to self waiting for their (deferred) delivery, FIFO. */
   private readonly selfQueue: { header: Header; raw: RawFrame }[] = [];
-  /** Bounce buffers lent to in-flight messages, per destination by channel sequence, until the receipt. */
-  private readonly lent: Map<number, Buffer[]>[];
+  /** Messages waiting for their receipt (bounce buffers, rendezvous), per destination by channel sequence. */
+  private readonly lent: Map<number, Lent>[];
   private readonly bounce = new BouncePool(BOUNCE_POOL_BYTES_MAX);
   private garbageWarnings = 0;
 
@@ -86,7 +98,7 @@ export class Channel {
     this.deliver = opts.deliver;
     this.channelSeqOut = new Uint32Array(opts.size);
     this.appSeqOut = new Uint32Array(opts.size);
-    this.lent = Array.from({ length: opts.size }, () => new Map<number, Buffer[]>());
+    this.lent = Array.from({ length: opts.size }, () => new Map<number, Lent>());
     this.receiptDue = new Float64Array(opts.size).fill(-1);
   }
 
@@ -159,9 +171,11 @@ export class Channel {
 
   /**
    * Encodes and sends one application message; the program may reuse its buffers once this
-   * resolves (a buffered send, as in MPI). Arrays are copied — small ones into fresh memory,
-   * large ones into warm pooled buffers, which the receiver's reader loop releases with a
-   * receipt on arrival (not on a matching receive, so it cannot deadlock).
+   * resolves (as MPI's send). Arrays are copied — small ones into fresh memory, large ones
+   * into warm pooled buffers, which the receiver's reader loop releases with a receipt on
+   * arrival (not on a matching receive, so it cannot deadlock). Very large ones are not
+   * copied at all (a rendezvous): ZeroMQ reads the program's own memory, and the send
+   * resolves when the receipt says every byte arrived.
    */
   sendApp(data: unknown, dest: number, tag: number): Promise<void> {
     const body = encodeBody(data, { copy: false });
@@ -178,38 +192,57 @@ export class Channel {
       }
       return this.transmit(dest, this.header(Kind.app, dest, tag, body), body);
     }
-    const lent: Buffer[] = [];
-    for (let i = first; i < frames.length; i++) {
-      const f = frames[i]!;
-      const b = this.bounce.acquire(f.byteLength);
-      b.set(f);
-      lent.push(b);
-      frames[i] = b;
+    const rendezvous = userBytes >= RENDEZVOUS_BYTES_MIN;
+    const bufs: Buffer[] = [];
+    if (!rendezvous) {
+      for (let i = first; i < frames.length; i++) {
+        const f = frames[i]!;
+        const b = this.bounce.acquire(f.byteLength);
+        b.set(f);
+        bufs.push(b);
+        frames[i] = b;
+      }
     }
     const header = this.header(Kind.app, dest, tag, body);
     header.flags |= Flag.receipt;
     const seq = header.channelSeq;
     const byDest = this.lent[dest]!;
-    byDest.set(seq, lent);
-    return this.transmit(dest, header, body, () => {
+    const entry: Lent = { bufs };
+    byDest.set(seq, entry);
+    const sent = this.transmit(dest, header, body, () => {
       // Not sent after all (a suppressed re-send): no receipt will come.
       byDest.delete(seq);
-      for (const b of lent) this.bounce.release(b);
+      this.returnLent(entry);
+    });
+    if (!rendezvous) return sent;
+    return new Promise<void>((resolve, reject) => {
+      entry.done = resolve;
+      entry.fail = reject;
+      sent.catch((err: unknown) => {
+        byDest.delete(seq);
+        reject(err);
+      });
     });
   }
 
+  private returnLent(entry: Lent): void {
+    for (const b of entry.bufs) this.bounce.release(b);
+    entry.done?.();
+  }
+
   /**
-   * A receipt from `source` (a receipt frame, or an app frame's ack): every message to it up to channel sequence `seq` arrived (its
-   * channel is FIFO), so the bounce buffers lent to them come back.
+   * A receipt from `source` (a receipt frame, or an app frame's ack): every message to it up
+   * to channel sequence `seq` arrived (its channel is FIFO), so the bounce buffers lent to
+   * them come back and the rendezvous sends among them are done.
    */
   private onReceipt(source: number, seq: number): void {
     const byDest = this.lent[source];
     if (byDest === undefined) return;
     // Insertion order is channel order.
-    for (const [s, lent] of byDest) {
+    for (const [s, entry] of byDest) {
       if (s > seq) break;
       byDest.delete(s);
-      for (const b of lent) this.bounce.release(b);
+      this.returnLent(entry);
     }
   }
 
@@ -220,9 +253,15 @@ export class Channel {
     return n;
   }
 
-  /** Forgets lent buffers (after an abort: ZeroMQ may still read them, the collector takes them). */
-  forgetLent(): void {
-    for (const m of this.lent) m.clear();
+  /**
+   * After an abort: lent buffers are left to the collector (ZeroMQ may still read them), and
+   * rendezvous sends waiting for a receipt fail with `err`.
+   */
+  forgetLent(err: unknown): void {
+    for (const m of this.lent) {
+      for (const entry of m.values()) entry.fail?.(err);
+      m.clear();
+    }
   }
 
   // ---- receive -----------------------------------------------------------------------------

@@ -70,22 +70,40 @@ export function encodeHeader(h: Header): Buffer {
 
 /** Writes `h` into the first {@link HEADER_BYTES} bytes of `b` (a frame with its body inline); returns `b`. */
 export function encodeHeaderInto(h: Header, b: Buffer): Buffer {
-  b.writeUInt32LE(WIRE_MAGIC, 0);
+  // Byte stores without Buffer's per-call range checks: this runs for every frame.
+  put32(b, 0, WIRE_MAGIC);
   b[4] = WIRE_VERSION;
   b[5] = h.kind;
   b[6] = h.flags;
   b[7] = h.encoding;
-  b.writeUInt32LE(h.jobKey >>> 0, 8);
-  b.writeInt32LE(h.source, 12);
-  b.writeInt32LE(h.tag, 16);
-  b.writeUInt32LE(h.channelSeq >>> 0, 20);
-  b.writeUInt32LE(h.epoch >>> 0, 24);
-  b.writeUInt32LE(h.collSeq >>> 0, 28);
-  b.writeUInt32LE(h.signature >>> 0, 32);
+  put32(b, 8, h.jobKey);
+  put32(b, 12, h.source);
+  put32(b, 16, h.tag);
+  put32(b, 20, h.channelSeq);
+  put32(b, 24, h.epoch);
+  put32(b, 28, h.collSeq);
+  put32(b, 32, h.signature);
   b[36] = h.arrayType;
   b[37] = 0;
-  b.writeUInt16LE(h.attempt & 0xffff, 38);
+  b[38] = h.attempt & 0xff;
+  b[39] = (h.attempt >>> 8) & 0xff;
   return b;
+}
+
+/** Little-endian u32 (or i32: the same bits) at `o`. */
+function put32(b: Buffer, o: number, v: number): void {
+  b[o] = v & 0xff;
+  b[o + 1] = (v >>> 8) & 0xff;
+  b[o + 2] = (v >>> 16) & 0xff;
+  b[o + 3] = (v >>> 24) & 0xff;
+}
+
+function u32(b: Buffer, o: number): number {
+  return (b[o]! | (b[o + 1]! << 8) | (b[o + 2]! << 16) | (b[o + 3]! << 24)) >>> 0;
+}
+
+function i32(b: Buffer, o: number): number {
+  return b[o]! | (b[o + 1]! << 8) | (b[o + 2]! << 16) | (b[o + 3]! << 24);
 }
 
 /**
@@ -98,7 +116,7 @@ export function decodeHeader(b: Buffer | undefined, expect: { jobKey: number | "
   if (b === undefined || b.length !== HEADER_BYTES) {
     throw new LifelineError("MPI_DECODE", `frame header has ${b?.length ?? 0} bytes, expected ${HEADER_BYTES}`);
   }
-  if (b.readUInt32LE(0) !== WIRE_MAGIC) throw new LifelineError("MPI_DECODE", "frame header has a bad magic number");
+  if (u32(b, 0) !== WIRE_MAGIC) throw new LifelineError("MPI_DECODE", "frame header has a bad magic number");
   if (b[4] !== WIRE_VERSION) throw new LifelineError("MPI_DECODE", `frame header has wire version ${b[4]}, expected ${WIRE_VERSION}`);
   const kind = b[5]!;
   if (kind !== Kind.app && kind !== Kind.collective && kind !== Kind.protocol) {
@@ -108,9 +126,9 @@ export function decodeHeader(b: Buffer | undefined, expect: { jobKey: number | "
   if (encoding !== Encoding.none && encoding !== Encoding.msgpack && encoding !== Encoding.typedArray) {
     throw new LifelineError("MPI_DECODE", `frame header has unknown encoding ${encoding}`);
   }
-  const jobKey = b.readUInt32LE(8);
+  const jobKey = u32(b, 8);
   if (expect.jobKey !== "stored" && jobKey !== expect.jobKey >>> 0) throw new LifelineError("MPI_DECODE", "frame belongs to another job (job key differs)");
-  const source = b.readInt32LE(12);
+  const source = i32(b, 12);
   if (source < 0 || source >= expect.size) {
     throw new LifelineError("MPI_DECODE", `frame names source rank ${source}, outside 0..${expect.size - 1}`);
   }
@@ -120,13 +138,13 @@ export function decodeHeader(b: Buffer | undefined, expect: { jobKey: number | "
     encoding: encoding as Encoding,
     jobKey,
     source,
-    tag: b.readInt32LE(16),
-    channelSeq: b.readUInt32LE(20),
-    epoch: b.readUInt32LE(24),
-    collSeq: b.readUInt32LE(28),
-    signature: b.readUInt32LE(32),
+    tag: i32(b, 16),
+    channelSeq: u32(b, 20),
+    epoch: u32(b, 24),
+    collSeq: u32(b, 28),
+    signature: u32(b, 32),
     arrayType: b[36]!,
-    attempt: b.readUInt16LE(38),
+    attempt: b[38]! | (b[39]! << 8),
   };
 }
 

@@ -711,7 +711,7 @@ export class World implements WorldApi {
     for (const r of this.pending) r.fail(err);
     this.pending.clear();
     // Bounce buffers still lent are left to the garbage collector: ZeroMQ may still read them.
-    this.channel.forgetLent();
+    this.channel.forgetLent(err);
     this.runner.failAll(err);
   }
 

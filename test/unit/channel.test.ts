@@ -63,4 +63,24 @@ describe("channel receipts", () => {
     expect(sent.filter((s) => s.from === 1).map((s) => s.kind)).toEqual([Kind.app]);
     expect(a!.lentCount).toBe(0);
   });
+
+  it("a very large message is sent from the program's memory and the send resolves on its receipt", async () => {
+    const { channels: [a], sent } = pair();
+    const huge = new Float64Array(512 * 1024); // 4 MiB
+    let resolved = false;
+    const p = a!.sendApp(huge, 1, 1).then(() => { resolved = true; });
+    await new Promise((r) => setImmediate(r));
+    expect(resolved).toBe(false);
+    expect(a!.lentCount).toBe(1);
+    await p;
+    expect(sent.filter((s) => s.from === 1 && s.kind === Kind.protocol)).toHaveLength(1);
+    expect(a!.lentCount).toBe(0);
+  });
+
+  it("a rendezvous send still waiting when the rank aborts fails with the abort's error", async () => {
+    const { channels: [a] } = pair();
+    const p = a!.sendApp(new Float64Array(512 * 1024), 1, 1);
+    a!.forgetLent(new Error("aborted"));
+    await expect(p).rejects.toThrow("aborted");
+  });
 });
