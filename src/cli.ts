@@ -178,7 +178,7 @@ function addRunOptions(cmd: Command): void {
     .option("--keep-lines <n>", `recovery lines to keep (default ${DEFAULTS.keepLines})`)
     .option("--max-restarts <n>", `restarts allowed before the job fails (default ${DEFAULTS.maxRestarts})`)
     .option("--replicas <k>", `retry-one: ring successors that keep a copy of each rank's state in memory (default ${DEFAULTS.replicas})`)
-    .option("--no-spare", "retry-one: do not keep a warm spare process for restarts (a restarted rank then starts cold)")
+    .option("--no-spare", "do not keep warm spare processes for restarts (one in retry-one, one per rank in cpr; restarted ranks then start cold)")
     .option("--restart-reset <dur>", "healthy running for this long forgives earlier restarts: --max-restarts and the back-off start over (default: never)")
     .option("--error-file <file>", "JSON record of every failure: rank, attempt, cause, time, last stderr lines (default <store>/errors.json)")
     .option("--heartbeat <ms>", `rank heartbeat interval (default ${DEFAULTS.heartbeatMs}ms)`)

@@ -46,7 +46,7 @@ export const FAIL_FAST_GRACE_MS = 500;
 export const INTERRUPT_GRACE_MS = 2_000;
 /** How long ranks may take to exit after `release` before they are killed. */
 export const RELEASE_EXIT_TIMEOUT_MS = 10_000;
-/** retry-one: a new spare starts this long after a restarted rank said hello (off its catching up). */
+/** New spares start this long after a restarted rank said hello (retry-one) or the job started (cpr). */
 const SPARE_REFILL_DELAY_MS = 1_000;
 /** A second stop signal within this window of the first is the same signal delivered twice. */
 const REPEAT_SIGNAL_WINDOW_MS = 500;
@@ -153,9 +153,12 @@ export class Supervisor {
   private restarting = false;
   /** retry-one: ranks being restarted alone (the others keep running). */
   private readonly replacing = new Set<number>();
-  /** retry-one: a warm process waiting to take a failed rank's place (see spare-entry.ts). */
-  private spare: SpareProcess | undefined;
-  private spareStarting = false;
+  /**
+   * Warm processes waiting to take a restarted rank's place (see spare-entry.ts): one in
+   * retry-one (one rank restarts), one per rank in cpr (all restart).
+   */
+  private spares: SpareProcess[] = [];
+  private sparesStarting = 0;
   private spareTimer: NodeJS.Timeout | undefined;
   private spareWarned = false;
   private readonly budget: RestartBudget;
@@ -283,55 +286,64 @@ export class Supervisor {
     this.dropSpare();
   }
 
-  // ---- the warm spare (retry-one) -----------------------------------------------------------
+  // ---- warm spares ---------------------------------------------------------------------------
 
-  private get sparesWanted(): boolean {
-    // A spare is a process on this host: ranks on other hosts start through their agent.
-    return this.config.mode === "retry-one" && this.config.spare !== false && this.config.maxRestarts > 0 && !this.stopping && this.placement === undefined;
+  /** How many warm spares to keep: none for ranks on other hosts (they start through their agent). */
+  private get sparesWanted(): number {
+    if (this.config.spare === false || this.config.maxRestarts <= 0 || this.stopping || this.placement !== undefined) return 0;
+    return this.config.mode === "retry-one" ? 1 : this.config.mode === "cpr" ? this.config.size : 0;
   }
 
-  /** Starts a spare after `delayMs` (off a recovery's path) unless one is there or starting. */
+  private get sparesUsable(): number {
+    this.spares = this.spares.filter((s) => s.usable);
+    return this.spares.length;
+  }
+
+  /** Starts the missing spares after `delayMs` (off a recovery's path) unless they are there or starting. */
   private refillSpare(delayMs: number): void {
-    if (!this.sparesWanted || this.spare?.usable === true || this.spareStarting || this.spareTimer !== undefined) return;
+    if (this.spareTimer !== undefined || this.sparesUsable + this.sparesStarting >= this.sparesWanted) return;
     this.spareTimer = setTimeout(() => {
       this.spareTimer = undefined;
-      if (!this.sparesWanted || this.spare?.usable === true || this.spareStarting) return;
-      this.spareStarting = true;
-      spawnSpare(this.config.app, this.spareEnv(), this.config.cwd).then(
-        (s) => {
-          this.spareStarting = false;
-          if (!this.sparesWanted) {
-            s.kill();
-            return;
-          }
-          // Usable at once (a start-up under way beats a fresh one); announced once warm.
-          this.spare = s;
-          void s.ready.then(() => {
-            if (this.spare === s) this.deps.reporter.event({ kind: "spare-ready", pid: s.pid });
-          });
-        },
-        (err: unknown) => {
-          this.spareStarting = false;
-          if (!this.spareWarned) this.deps.reporter.event({ kind: "warning", message: `${errorMessage(err)}; restarted ranks start cold` });
-          this.spareWarned = true;
-        },
-      );
+      const missing = this.sparesWanted - this.sparesUsable - this.sparesStarting;
+      for (let i = 0; i < missing; i++) this.startSpare();
     }, delayMs);
     this.spareTimer.unref();
   }
 
-  /** The spare, if one is ready: it is handed out once. */
+  private startSpare(): void {
+    this.sparesStarting++;
+    spawnSpare(this.config.app, this.spareEnv(), this.config.cwd).then(
+      (s) => {
+        this.sparesStarting--;
+        if (this.sparesUsable >= this.sparesWanted) {
+          s.kill();
+          return;
+        }
+        // Usable at once (a start-up under way beats a fresh one); announced once warm.
+        this.spares.push(s);
+        void s.ready.then(() => {
+          if (this.spares.includes(s)) this.deps.reporter.event({ kind: "spare-ready", pid: s.pid });
+        });
+      },
+      (err: unknown) => {
+        this.sparesStarting--;
+        if (!this.spareWarned) this.deps.reporter.event({ kind: "warning", message: `${errorMessage(err)}; restarted ranks start cold` });
+        this.spareWarned = true;
+      },
+    );
+  }
+
+  /** A spare, if one is usable: each is handed out once. */
   private takeSpare(): SpareProcess | undefined {
-    const s = this.spare;
-    this.spare = undefined;
-    return s?.usable === true ? s : undefined;
+    this.spares = this.spares.filter((s) => s.usable);
+    return this.spares.shift();
   }
 
   private dropSpare(): void {
     if (this.spareTimer !== undefined) clearTimeout(this.spareTimer);
     this.spareTimer = undefined;
-    this.spare?.kill();
-    this.spare = undefined;
+    for (const s of this.spares) s.kill();
+    this.spares = [];
   }
 
   /** A spare's environment: the ranks' without their own LIFELINE_ variables (the assignment brings those). */
@@ -347,12 +359,15 @@ export class Supervisor {
     this.spawning = true;
     try {
       // All at once: each start costs a fork of this process, and ranks wait for each other
-      // at the rendezvous anyway.
+      // at the rendezvous anyway. A restart of all ranks (cpr) hands each its warm spare,
+      // if one is there: its start-up is already done.
       const started = await Promise.allSettled(
-        this.procs.map((_, rank) =>
-          this.startProcess({ rank, attempt, app: this.config.app, appArgs: this.config.appArgs, env: this.rankEnv(rank, attempt, coordinator), cwd: this.config.cwd })
-            .then((proc) => this.adopt(proc)),
-        ),
+        this.procs.map((_, rank) => {
+          const spec = { rank, attempt, app: this.config.app, appArgs: this.config.appArgs, env: this.rankEnv(rank, attempt, coordinator), cwd: this.config.cwd };
+          const spare = attempt > 0 ? this.takeSpare() : undefined;
+          if (spare !== undefined) return Promise.resolve(this.adopt(spare.assign(spec, this.outputSink()), true));
+          return this.startProcess(spec).then((proc) => this.adopt(proc));
+        }),
       );
       const failed = started.find((s): s is PromiseRejectedResult => s.status === "rejected");
       if (failed !== undefined) throw failed.reason;
@@ -426,13 +441,15 @@ export class Supervisor {
         this.detector.joined(ev.rank);
         this.detector.heard(ev.rank, now, { heartbeat: this.config.heartbeatMs > 0 });
         this.deps.reporter.event({ kind: "rank-up", rank: ev.rank, pid: ev.pid });
-        // A restarted rank is back: a new spare once its catching up has had the machine.
-        if (ev.attempt > 0) this.refillSpare(SPARE_REFILL_DELAY_MS);
+        // A restarted rank is back (retry-one): a new spare once its catching up has had the machine.
+        if (ev.attempt > 0 && this.config.mode === "retry-one") this.refillSpare(SPARE_REFILL_DELAY_MS);
         return;
       case "ready":
         for (let r = 0; r < this.config.size; r++) this.detector.armSteps(r, now);
         this.deps.reporter.event({ kind: "job-started", rendezvousMs: Math.round(now) });
-        this.refillSpare(0);
+        // Spares start once the job runs: at once for retry-one's one; cpr's one per rank
+        // after a while, off the first steps (and off a restarted job's recovery).
+        this.refillSpare(this.config.mode === "cpr" ? SPARE_REFILL_DELAY_MS : 0);
         this.budget.healthy(now);
         this.policy.onReady?.();
         return;

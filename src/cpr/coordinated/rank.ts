@@ -192,7 +192,7 @@ export class RankMachine {
     if (a.source === this.rank) return { verdict: "normal", effects };
     this.counts(a.epoch)[a.source]!++;
     if (a.epoch === this.epoch) {
-      // Slide 33: a message from a rank that already stopped recording ends our recording
+      // A message from a rank that already stopped recording ends our recording
       // too, before we act on it.
       if (this.recording && !a.recording) this.stop(this.epoch, effects);
       return { verdict: "normal", effects };
