@@ -46,6 +46,22 @@ const bytes = (a: ArrayBufferView): string => Buffer.from(a.buffer, a.byteOffset
 const sizes = [1, 2, 3, 4, 5, 6, 7, 8, 9];
 
 describe("collective algorithms over 1..9 virtual ranks", () => {
+  it.each(sizes)("large allreduce: the same bits on every rank and under every delivery order, retained parts = result (p=%i)", async (p) => {
+    // Order-sensitive sums: 1e16 + 1 - 1e16 is 0 or 1 (or 2) depending on the combining order.
+    const n = 16_384 + p;
+    const input = (r: number): Float64Array => Float64Array.from({ length: n }, (_, i) => ((r + i) % 3 === 0 ? 1e16 : (r + i) % 3 === 1 ? 1 : -1e16) + i * 1e-7);
+    const seen = new Set<string>();
+    for (const seed of [1, 2, 3]) {
+      const retained: (Buffer[] | undefined)[] = [];
+      const ios = cluster(p, seed * 7919 + p).map((io) => ({ ...io, liveOnly: true, retainResult: (_t: number, parts: readonly Buffer[]) => { retained[io.rank] = [...parts]; } }));
+      const sums = await Promise.all(ios.map((io) => coll.allreduce(io, input(io.rank), "sum")));
+      for (const x of sums) seen.add(bytes(x));
+      for (let r = 0; r < p; r++) if (retained[r] !== undefined) expect(Buffer.concat(retained[r]!).toString("hex")).toBe(bytes(sums[r]!));
+    }
+    expect(seen.size).toBe(1);
+  });
+
+
   it.each(sizes)("allreduce keeps rank order and gives identical bits (p=%i)", async (p) => {
     for (const n of [1, 100, 5000, 20_000]) {
       const ios = cluster(p, p * 1000 + n);
