@@ -59,14 +59,33 @@ interface Row {
 
 function ratioRow(name: string, unit: string, v: number, base: number, target: number, note = ""): Row {
   const ratio = v / base;
-  return { name, value: `${v.toFixed(unit === "s" ? 2 : 1)} ${unit}`, baseline: `${base.toFixed(unit === "s" ? 2 : 1)} ${unit}${note}`, ratio, target: `<= ${target.toFixed(2)}x`, met: ratio <= target };
+  return {
+    name,
+    value: `${v.toFixed(unit === "s" ? 2 : 1)} ${unit}`,
+    baseline: `${base.toFixed(unit === "s" ? 2 : 1)} ${unit}${note}`,
+    ratio,
+    target: `<= ${target.toFixed(2)}x`,
+    met: ratio <= target,
+  };
 }
 
 // ---- (a) ping-pong, cpr with nothing due vs none --------------------------------------------
 
 async function benchPingpong(tmpDir: string, o: { reps: number; iters: number }): Promise<{ rows: Row[]; data: Record<string, unknown> }> {
   const ctrl = await CtrlServer.open(`ipc://${tmpDir}/ctrl`);
-  const env: JobEnv = { ctrl, root: ROOT, tmpDir, transport: "ipc", mode: "none", payload: "f64", echo: false, startTimeoutMs: 90_000, commandTimeoutMs: 60_000, idleMs: 60_000, cpuProf: undefined };
+  const env: JobEnv = {
+    ctrl,
+    root: ROOT,
+    tmpDir,
+    transport: "ipc",
+    mode: "none",
+    payload: "f64",
+    echo: false,
+    startTimeoutMs: 90_000,
+    commandTimeoutMs: 60_000,
+    idleMs: 60_000,
+    cpuProf: undefined,
+  };
   const none = new LifelineJob(2, env, 0);
   const cpr = new CprPingJob(2, env, 1);
   try {
@@ -93,7 +112,14 @@ async function benchPingpong(tmpDir: string, o: { reps: number; iters: number })
       }
     }
     const paired = c.map((x, k) => x / n[k]!);
-    const row = ratioRow("8 B ping-pong one-way, cpr (nothing due) vs none", "us", median(c), median(n), 1.05, ` (paired ${median(paired).toFixed(3)}x, IQR ${quantile(paired, 0.25).toFixed(3)}..${quantile(paired, 0.75).toFixed(3)})`);
+    const row = ratioRow(
+      "8 B ping-pong one-way, cpr (nothing due) vs none",
+      "us",
+      median(c),
+      median(n),
+      1.05,
+      ` (paired ${median(paired).toFixed(3)}x, IQR ${quantile(paired, 0.25).toFixed(3)}..${quantile(paired, 0.75).toFixed(3)})`,
+    );
     const cpuRow = ratioRow("  same, CPU per one-way message, both ranks (all threads; steadier on a loaded machine)", "us", median(cCpu), median(nCpu), 1.05);
     return { rows: [row, cpuRow], data: { iters: o.iters, reps: o.reps, noneUs: n, cprUs: c, paired, noneCpuUs: nCpu, cprCpuUs: cCpu } };
   } finally {
@@ -114,7 +140,12 @@ async function benchHeat(tmpDir: string, o: { runs: number; iters: number }): Pr
     const fin = r.events.find((e) => e.event === "job-finished");
     const started = r.events.find((e) => e.event === "job-started");
     if (r.code !== 0 || fin === undefined || started === undefined) throw new Error(`heat ${mode}: exit ${r.code}\n${r.tail}`);
-    return { wallMs: fin.wallMs as number, computeMs: fin.t - started.t, cpuS: r.cpuS ?? NaN, lines: r.events.filter((e) => e.event === "line-committed").length };
+    return {
+      wallMs: fin.wallMs as number,
+      computeMs: fin.t - started.t,
+      cpuS: r.cpuS ?? NaN,
+      lines: r.events.filter((e) => e.event === "line-committed").length,
+    };
   };
   const n: { wallMs: number; computeMs: number; cpuS: number; lines: number }[] = [];
   const c: { wallMs: number; computeMs: number; cpuS: number; lines: number }[] = [];
@@ -132,9 +163,21 @@ async function benchHeat(tmpDir: string, o: { runs: number; iters: number }): Pr
   const lines = median(c.map((x) => x.lines));
   return {
     rows: [
-      ratioRow(`heat 4 ranks 512x512 x ${o.iters} iters, wall, cpr --checkpoint-every 1s (${lines} lines) vs none`, "s", med(c, (x) => x.wallMs) / 1000, med(n, (x) => x.wallMs) / 1000, 1.05),
+      ratioRow(
+        `heat 4 ranks 512x512 x ${o.iters} iters, wall, cpr --checkpoint-every 1s (${lines} lines) vs none`,
+        "s",
+        med(c, (x) => x.wallMs) / 1000,
+        med(n, (x) => x.wallMs) / 1000,
+        1.05,
+      ),
       ratioRow("  same, compute part only (job-started → job-finished)", "s", med(c, (x) => x.computeMs) / 1000, med(n, (x) => x.computeMs) / 1000, 1.05),
-      ratioRow("  same, CPU time of launcher + ranks (user + system; steadier on a loaded machine)", "s", med(c, (x) => x.cpuS), med(n, (x) => x.cpuS), 1.05),
+      ratioRow(
+        "  same, CPU time of launcher + ranks (user + system; steadier on a loaded machine)",
+        "s",
+        med(c, (x) => x.cpuS),
+        med(n, (x) => x.cpuS),
+        1.05,
+      ),
     ],
     data: { iters: o.iters, runs: o.runs, none: n, cpr: c },
   };
@@ -149,12 +192,20 @@ function progress(line: string): void {
 async function main(): Promise<void> {
   const { values } = parseArgs({
     options: {
-      only: { type: "string" }, quick: { type: "boolean", default: false }, reps: { type: "string" }, "heat-runs": { type: "string" },
-      "heat-iters": { type: "string" }, "recovery-runs": { type: "string" }, out: { type: "string" }, help: { type: "boolean", short: "h", default: false },
+      only: { type: "string" },
+      quick: { type: "boolean", default: false },
+      reps: { type: "string" },
+      "heat-runs": { type: "string" },
+      "heat-iters": { type: "string" },
+      "recovery-runs": { type: "string" },
+      out: { type: "string" },
+      help: { type: "boolean", short: "h", default: false },
     },
   });
   if (values.help) {
-    process.stdout.write("Usage: node --import tsx bench/cpr-bench.ts [--only pingpong,heat,store,recovery] [--quick] [--reps 15] [--heat-runs 2] [--heat-iters 1500] [--recovery-runs 3] [--out file]\n");
+    process.stdout.write(
+      "Usage: node --import tsx bench/cpr-bench.ts [--only pingpong,heat,store,recovery] [--quick] [--reps 15] [--heat-runs 2] [--heat-iters 1500] [--recovery-runs 3] [--out file]\n",
+    );
     return;
   }
   const only = new Set<Part>((values.only ?? PARTS.join(",")).split(",").map((s) => s.trim() as Part));
@@ -189,7 +240,17 @@ async function main(): Promise<void> {
       progress("store: bench/store-bench.ts runStoreBench");
       storeResult = await runStoreBench({ reps: quick ? 3 : 5, mib: quick ? 4 : 64, dir: path.join(tmpDir, "store"), levelPut: false });
       const w = storeResult.cases.find((c) => c.name.startsWith("write"));
-      if (w !== undefined) rows.push(ratioRow(`${storeResult.bytes >> 20} MiB part write: store vs ${w.baseline}`, "ms", w.storeMedianMs, w.baselineMedianMs, 1.25, ` (paired ${w.pairedRatio.toFixed(2)}x)`));
+      if (w !== undefined)
+        rows.push(
+          ratioRow(
+            `${storeResult.bytes >> 20} MiB part write: store vs ${w.baseline}`,
+            "ms",
+            w.storeMedianMs,
+            w.baselineMedianMs,
+            1.25,
+            ` (paired ${w.pairedRatio.toFixed(2)}x)`,
+          ),
+        );
       data.store = storeResult;
     }
     if (only.has("recovery")) {
@@ -198,10 +259,21 @@ async function main(): Promise<void> {
       recoveryMib = o.mib;
       for (let k = 0; k < runs; k++) {
         progress(`recovery: run ${k + 1}/${runs} (4 ranks x ${o.mib} MiB, kill at step ${o.failStep})`);
-        recovery.push(await recoveryRun({
-          root: ROOT, dir: tmpDir, name: `recovery-${k}`, mode: "cpr", np: 4, globalMib: 0, localMib: o.mib,
-          steps: o.steps, failStep: o.failStep, stepMs: 20, checkpointEvery: "10steps",
-        }));
+        recovery.push(
+          await recoveryRun({
+            root: ROOT,
+            dir: tmpDir,
+            name: `recovery-${k}`,
+            mode: "cpr",
+            np: 4,
+            globalMib: 0,
+            localMib: o.mib,
+            steps: o.steps,
+            failStep: o.failStep,
+            stepMs: 20,
+            checkpointEvery: "10steps",
+          }),
+        );
       }
       data.recovery = { ...o, ranks: 4, runs: recovery };
     }
@@ -219,13 +291,19 @@ async function main(): Promise<void> {
     ...rows.map((r) => `| ${r.name} | ${r.value} | ${r.baseline} | ${f(r.ratio)} | ${r.target} | ${r.met === null ? "" : r.met ? "yes" : "NO"} |`),
   ];
   if (recovery.length > 0) {
-    table.push("", renderRecoveryTable(recovery, `### Recovery, 4 ranks x ${recoveryMib} MiB state, rank 1 killed (median of ${recovery.length}; seconds)`).trimEnd());
+    table.push(
+      "",
+      renderRecoveryTable(recovery, `### Recovery, 4 ranks x ${recoveryMib} MiB state, rank 1 killed (median of ${recovery.length}; seconds)`).trimEnd(),
+    );
   }
   const text = table.join("\n") + "\n" + (storeResult === undefined ? "" : `\n${renderStoreTable(storeResult)}`);
   process.stdout.write(`\n${text}`);
   const out = values.out ?? path.join(ROOT, "bench", "results", `cpr-${startedAt.toISOString().replace(/[:.]/g, "-")}.json`);
   mkdirSync(path.dirname(out), { recursive: true });
-  writeFileSync(out, `${JSON.stringify({ schema: "lifeline-cpr-bench/1", startedAt: startedAt.toISOString(), finishedAt: new Date().toISOString(), machine: { node: process.version, cpus: os.cpus().length, loadavgAtEnd: os.loadavg() }, quick, rows, ...data, table: text }, null, 2)}\n`);
+  writeFileSync(
+    out,
+    `${JSON.stringify({ schema: "lifeline-cpr-bench/1", startedAt: startedAt.toISOString(), finishedAt: new Date().toISOString(), machine: { node: process.version, cpus: os.cpus().length, loadavgAtEnd: os.loadavg() }, quick, rows, ...data, table: text }, null, 2)}\n`,
+  );
   progress(`results: ${path.relative(process.cwd(), out)}`);
 }
 

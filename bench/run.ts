@@ -25,9 +25,29 @@ import { CtrlServer } from "./lib/ctrl.ts";
 import { LifelineJob, RawJob, type HostsEnv, type Job, type JobEnv } from "./lib/jobs.ts";
 import { clusterSupport, netnsRshAgent, TestCluster } from "../src/testing/netns.ts";
 import {
-  BENCHMARKS, FULL_SIZES, QUICK_SIZES, buildCases, caseKey, cpuPerOpSeconds, describeKind, display, jobsOf, lifelineModeOf, opOf,
-  peerFigure, peerPerOpSeconds, perOpSeconds, ratioOf, targetFor, unitOf,
-  type Benchmark, type Case, type JobKind, type LifelineMode, type PeersFile, type Sizes,
+  BENCHMARKS,
+  FULL_SIZES,
+  QUICK_SIZES,
+  buildCases,
+  caseKey,
+  cpuPerOpSeconds,
+  describeKind,
+  display,
+  jobsOf,
+  lifelineModeOf,
+  opOf,
+  peerFigure,
+  peerPerOpSeconds,
+  perOpSeconds,
+  ratioOf,
+  targetFor,
+  unitOf,
+  type Benchmark,
+  type Case,
+  type JobKind,
+  type LifelineMode,
+  type PeersFile,
+  type Sizes,
 } from "./lib/plan.ts";
 import { installCleanup, killAllSync } from "./lib/procs.ts";
 import { columnsOf, renderTables, type CaseResult, type VariantResult } from "./lib/report.ts";
@@ -140,7 +160,10 @@ function parseOptions(argv: string[]): Options {
   const only = new Set<Benchmark>();
   let recovery = false;
   let partner = false;
-  for (const name of (v.only ?? [...BENCHMARKS, "recovery", ...(v.hosts ? ["partner"] : [])].join(",")).split(",").map((s) => s.trim()).filter(Boolean)) {
+  for (const name of (v.only ?? [...BENCHMARKS, "recovery", ...(v.hosts ? ["partner"] : [])].join(","))
+    .split(",")
+    .map((s) => s.trim())
+    .filter(Boolean)) {
     if (name === "recovery") {
       recovery = true;
       continue;
@@ -154,7 +177,8 @@ function parseOptions(argv: string[]): Options {
     only.add(name as Benchmark);
   }
   if (v.transport !== "ipc" && v.transport !== "tcp") usage(`--transport ${v.transport}: expected ipc or tcp`);
-  if (v.hosts && v.transport === "ipc" && argv.includes("--transport")) usage("--hosts runs over tcp (the hosts have their own addresses): drop --transport ipc");
+  if (v.hosts && v.transport === "ipc" && argv.includes("--transport"))
+    usage("--hosts runs over tcp (the hosts have their own addresses): drop --transport ipc");
   if (v.mode !== "none" && v.mode !== "cpr" && v.mode !== "retry-one") usage(`--mode ${v.mode}: expected none, cpr or retry-one`);
   if (v.variant !== "both" && v.variant !== "lifeline" && v.variant !== "raw") usage(`--variant ${v.variant}: expected both, lifeline or raw`);
   if (v.payload !== "f64" && v.payload !== "u8") usage(`--payload ${v.payload}: expected f64 or u8`);
@@ -174,7 +198,7 @@ function parseOptions(argv: string[]): Options {
   const stamp = new Date().toISOString().replace(/[:.]/g, "-");
   return {
     quick,
-    mode: v.mode as Options["mode"],
+    mode: v.mode,
     only,
     recovery: recovery && v.variant !== "raw",
     partner: partner && v.variant !== "raw",
@@ -251,7 +275,10 @@ class JobPool {
   readonly summaries: Record<string, unknown>[] = [];
   private static readonly STARTS_MAX = 2;
 
-  constructor(private readonly np: number, private readonly env: JobEnv) {}
+  constructor(
+    private readonly np: number,
+    private readonly env: JobEnv,
+  ) {}
 
   async get(kind: JobKind): Promise<Job> {
     const have = this.jobs.get(kind);
@@ -260,15 +287,14 @@ class JobPool {
     const n = this.starts.get(kind) ?? 0;
     if (n >= JobPool.STARTS_MAX) throw new Error(`${describeKind(kind)} np ${this.np} failed ${n} times; not starting it again`);
     this.starts.set(kind, n + 1);
-    const job = kind === "raw-pingpong" || kind === "raw-pushpull"
-      ? new RawJob(kind, this.np, this.env, n)
-      : new LifelineJob(this.np, this.env, n, lifelineModeOf(kind));
+    const job =
+      kind === "raw-pingpong" || kind === "raw-pushpull" ? new RawJob(kind, this.np, this.env, n) : new LifelineJob(this.np, this.env, n, lifelineModeOf(kind));
     progress(`  starting ${job.name} (${this.np} processes${job instanceof LifelineJob ? ` via \`lifeline run --mode ${job.mode}\`` : ""})`);
     const t0 = performance.now();
     this.jobs.set(kind, job);
     await job.start();
     if (job instanceof LifelineJob) {
-      const reported = new Set(job.hellos.map((h) => (h.t === "hello" ? h.transport ?? "(unset)" : "")));
+      const reported = new Set(job.hellos.map((h) => (h.t === "hello" ? (h.transport ?? "(unset)") : "")));
       if (!reported.has(this.env.transport)) {
         progress(`  WARNING: ${job.name} ranks report LIFELINE_TRANSPORT=${[...reported].join(",")}, the raw baselines use ${this.env.transport}`);
       }
@@ -359,7 +385,10 @@ async function runCase(c: Case, pool: JobPool, opts: Options, peers: PeersFile):
   }
 
   const targetS = opts.targetMs / 1000;
-  const state = new Map<Role, { iters: number; calibration: [number, number][]; warmupPerOpS: number; perOpS: number[]; cpuPerOpS: number[]; loopPerOpS: number[]; faultsPerOp: number[] }>();
+  const state = new Map<
+    Role,
+    { iters: number; calibration: [number, number][]; warmupPerOpS: number; perOpS: number[]; cpuPerOpS: number[]; loopPerOpS: number[]; faultsPerOp: number[] }
+  >();
   const drop = (role: Role, err: unknown): void => {
     errors.push(`${what(role)}: ${(err as Error).message}`);
     progress(`    ${what(role)} FAILED: ${(err as Error).message.split("\n")[0]}`);
@@ -399,8 +428,17 @@ async function runCase(c: Case, pool: JobPool, opts: Options, peers: PeersFile):
     if (s === undefined || job === undefined || s.perOpS.length === 0) return null;
     const med = median(s.perOpS);
     return {
-      job: job.name, kind: kinds[role]!, iters: s.iters, calibration: s.calibration, warmupPerOpS: s.warmupPerOpS, perOpS: s.perOpS, medianPerOpS: med,
-      value: display(c, med), spread: spread(s.perOpS), cpuPerOpS: s.cpuPerOpS, medianCpuUs: median(s.cpuPerOpS) * 1e6,
+      job: job.name,
+      kind: kinds[role]!,
+      iters: s.iters,
+      calibration: s.calibration,
+      warmupPerOpS: s.warmupPerOpS,
+      perOpS: s.perOpS,
+      medianPerOpS: med,
+      value: display(c, med),
+      spread: spread(s.perOpS),
+      cpuPerOpS: s.cpuPerOpS,
+      medianCpuUs: median(s.cpuPerOpS) * 1e6,
       medianLoopUs: median(s.loopPerOpS) * 1e6,
       medianMinorFaults: median(s.faultsPerOp),
     };
@@ -436,11 +474,14 @@ async function runCase(c: Case, pool: JobPool, opts: Options, peers: PeersFile):
     ratioQ3,
     mpiTcp,
     ratioMpiTcp,
-    target: t === undefined ? null : {
-      text: t.text,
-      met: ratio === null ? null : t.met(ratio),
-      withinNoise: ratioQ1 === null || ratioQ3 === null ? null : t.met(ratioQ1) !== t.met(ratioQ3),
-    },
+    target:
+      t === undefined
+        ? null
+        : {
+            text: t.text,
+            met: ratio === null ? null : t.met(ratio),
+            withinNoise: ratioQ1 === null || ratioQ3 === null ? null : t.met(ratioQ1) !== t.met(ratioQ3),
+          },
     errors,
   };
 }
@@ -462,9 +503,13 @@ async function main(): Promise<void> {
   const base = opts.quick ? QUICK_SIZES : FULL_SIZES;
   const s = opts.sizes;
   const sizes: Sizes = {
-    pingpong: s ?? base.pingpong, stream: s ?? base.stream, allreduce: s ?? base.allreduce, bcast: s ?? base.bcast,
+    pingpong: s ?? base.pingpong,
+    stream: s ?? base.stream,
+    allreduce: s ?? base.allreduce,
+    bcast: s ?? base.bcast,
     collectiveNps: opts.nps ?? base.collectiveNps,
-    retryOne: s ?? base.retryOne, retryOneNps: opts.nps ?? base.retryOneNps,
+    retryOne: s ?? base.retryOne,
+    retryOneNps: opts.nps ?? base.retryOneNps,
   };
   // Cases left without a job by --variant (e.g. bcast under --variant raw) have nothing to measure.
   const selected = buildCases(sizes, opts.only);
@@ -481,7 +526,10 @@ async function main(): Promise<void> {
   const sessions = sessionsOf(cases);
   progress(
     `bench: ${cases.length} cases, ${opts.reps} reps, ~${opts.targetMs} ms per timing, transport ${opts.transport}, variant ${opts.variant}` +
-      `, ${os.cpus().length} CPUs, load ${os.loadavg().map((x) => x.toFixed(2)).join(" ")}`,
+      `, ${os.cpus().length} CPUs, load ${os
+        .loadavg()
+        .map((x) => x.toFixed(2))
+        .join(" ")}`,
   );
 
   const results: CaseResult[] = [];
@@ -501,7 +549,13 @@ async function main(): Promise<void> {
       writeFileSync(hostfile, cluster.hosts.map((h) => `${h.address} slots=1\n`).join(""));
       const c = cluster;
       progress(`bench: ${n} test hosts, ${c.hosts.map((h) => h.address).join(", ")}`);
-      hostsEnv = { wrap: (i, argv, cwd) => c.wrap(i, argv, cwd), addresses: c.hosts.map((h) => h.address), hostfile, agent: netnsRshAgent, agentEnv: c.agentEnv };
+      hostsEnv = {
+        wrap: (i, argv, cwd) => c.wrap(i, argv, cwd),
+        addresses: c.hosts.map((h) => h.address),
+        hostfile,
+        agent: netnsRshAgent,
+        agentEnv: c.agentEnv,
+      };
     }
     const env: JobEnv = {
       ctrl,
@@ -557,7 +611,10 @@ async function main(): Promise<void> {
   }
 
   const finishedAt = new Date();
-  const tables = renderTables(results, opts.transport) + (recovery === undefined ? "" : `\n${recoveryText(recovery)}`) + (partner === undefined ? "" : `\n${partnerText(partner)}`);
+  const tables =
+    renderTables(results, opts.transport) +
+    (recovery === undefined ? "" : `\n${recoveryText(recovery)}`) +
+    (partner === undefined ? "" : `\n${partnerText(partner)}`);
   process.stdout.write(`\n${tables}\n`);
   const report = {
     schema: "lifeline-bench/2",
@@ -578,7 +635,8 @@ async function main(): Promise<void> {
       cpu: "CPU seconds per op summed over the job's processes (process.cpuUsage, all threads)",
       minorFaults: "minor page faults per op summed over the job's processes (process.resourceUsage)",
       loop: "event-loop-active seconds per op summed over the job's processes (performance.eventLoopUtilization: main thread not waiting in epoll)",
-      variants: "each case compares a subject job with a baseline job (results[].kinds; each figure names its job and kind): " +
+      variants:
+        "each case compares a subject job with a baseline job (results[].kinds; each figure names its job and kind): " +
         `pingpong, stream, allreduce: lifeline --mode ${opts.mode} vs the raw zeromq.js program; bcast, barrier: lifeline --mode ${opts.mode} alone; ` +
         "retry-one: allreduce blocks in lifeline --mode retry-one (checkpoint(null), untimed, after each block) vs lifeline --mode none",
       timing: `calibrated to ~${opts.targetMs} ms per timed block, 1 warm-up block, ${opts.reps} timed blocks per variant, subject and baseline alternating (S B, B S, ...), barrier before each block`,
@@ -618,14 +676,20 @@ interface RecoveryPlan {
 
 function recoveryPlan(opts: Options): RecoveryPlan {
   const size = opts.quick ? { globalMib: 8, steps: 30, failStep: 20 } : { globalMib: 64, steps: 60, failStep: 40 };
-  const variants: RecoveryPlan["variants"] = [{ mode: "retry-one", spare: true }, ...(opts.quick ? [] : [{ mode: "retry-one" as const, spare: false }]), { mode: "cpr", spare: true }];
+  const variants: RecoveryPlan["variants"] = [
+    { mode: "retry-one", spare: true },
+    ...(opts.quick ? [] : [{ mode: "retry-one" as const, spare: false }]),
+    { mode: "cpr", spare: true },
+  ];
   return { config: { np: 4, localMib: 1, stepMs: 20, checkpointEvery: "5steps", ...size }, variants, runsPerMode: opts.recoveryRuns, runs: [], errors: [] };
 }
 
 /** Runs each variant `runsPerMode` times, rotating which goes first. */
 async function runRecovery(plan: RecoveryPlan, tmpDir: string): Promise<void> {
   const c = plan.config;
-  progress(`\n== recovery: ${c.np} ranks, ${c.globalMib} MiB global + ${c.localMib} MiB local state, rank 1 killed at step ${c.failStep}; ${plan.runsPerMode} run(s) per mode`);
+  progress(
+    `\n== recovery: ${c.np} ranks, ${c.globalMib} MiB global + ${c.localMib} MiB local state, rank 1 killed at step ${c.failStep}; ${plan.runsPerMode} run(s) per mode`,
+  );
   for (let k = 0; k < plan.runsPerMode; k++) {
     const n = plan.variants.length;
     const turn = plan.variants.map((_, i) => plan.variants[(i + k) % n]!);
@@ -651,7 +715,9 @@ async function runHostRecovery(plan: RecoveryPlan, tmpDir: string): Promise<void
   const c = plan.config;
   plan.hostLoss = true;
   const hostfile = path.join(tmpDir, "recovery-hosts");
-  progress(`\n== recovery after a lost host: 4 ranks on 2 test hosts (a third spare), ${c.globalMib} MiB global + ${c.localMib} MiB local state, host 2 killed at rank 2's step ${c.failStep}; ${plan.runsPerMode} run(s) per mode`);
+  progress(
+    `\n== recovery after a lost host: 4 ranks on 2 test hosts (a third spare), ${c.globalMib} MiB global + ${c.localMib} MiB local state, host 2 killed at rank 2's step ${c.failStep}; ${plan.runsPerMode} run(s) per mode`,
+  );
   for (let k = 0; k < plan.runsPerMode; k++) {
     const modes: ("retry-one" | "cpr")[] = k % 2 === 0 ? ["retry-one", "cpr"] : ["cpr", "retry-one"];
     for (const mode of modes) {
@@ -659,9 +725,23 @@ async function runHostRecovery(plan: RecoveryPlan, tmpDir: string): Promise<void
       const fresh = await TestCluster.create(3, { diskMb: 16 });
       try {
         writeFileSync(hostfile, fresh.hosts.map((h) => `${h.address} slots=2\n`).join(""));
-        const r = await hostRecoveryRun({ cluster: fresh, hostfile, root: ROOT, dir: tmpDir, name: `hostloss-${mode}-${k}`, mode, globalMib: c.globalMib, localMib: c.localMib, steps: c.steps, killStep: c.failStep, stepMs: c.stepMs });
+        const r = await hostRecoveryRun({
+          cluster: fresh,
+          hostfile,
+          root: ROOT,
+          dir: tmpDir,
+          name: `hostloss-${mode}-${k}`,
+          mode,
+          globalMib: c.globalMib,
+          localMib: c.localMib,
+          steps: c.steps,
+          killStep: c.failStep,
+          stepMs: c.stepMs,
+        });
         plan.runs.push(r);
-        progress(`  ${mode} run ${k + 1}: detect ${fmtS(r.detectMs)}, restart ${fmtS(r.restartMs)}, load ${fmtS(r.loadMs)}, first step ${fmtS(r.catchUpMs)} → total ${fmtS(r.totalMs)} (${r.restarted} process${r.restarted === 1 ? "" : "es"} restarted on the spare host, from step ${r.restoredStep})`);
+        progress(
+          `  ${mode} run ${k + 1}: detect ${fmtS(r.detectMs)}, restart ${fmtS(r.restartMs)}, load ${fmtS(r.loadMs)}, first step ${fmtS(r.catchUpMs)} → total ${fmtS(r.totalMs)} (${r.restarted} process${r.restarted === 1 ? "" : "es"} restarted on the spare host, from step ${r.restoredStep})`,
+        );
       } catch (err) {
         plan.errors.push(`${mode} host loss run ${k + 1}: ${(err as Error).message}`);
         progress(`  ${mode} run ${k + 1} FAILED: ${(err as Error).message.split("\n")[0]}`);
@@ -690,7 +770,9 @@ function partnerPlan(opts: Options): PartnerPlan {
 
 /** `--hosts --only partner`: cpr lines with and without partner copies, runs alternating. */
 async function runPartnerCost(plan: PartnerPlan, tmpDir: string): Promise<void> {
-  progress(`\n== partner copies: cpr on 4 ranks across 2 test hosts, ${plan.globalMib} MiB global + ${plan.localMib} MiB local state, a line every 5 steps, stores on each host's disk; --store-scope host vs shared, ${plan.runsPerScope} run(s) each`);
+  progress(
+    `\n== partner copies: cpr on 4 ranks across 2 test hosts, ${plan.globalMib} MiB global + ${plan.localMib} MiB local state, a line every 5 steps, stores on each host's disk; --store-scope host vs shared, ${plan.runsPerScope} run(s) each`,
+  );
   // Own parts, copies, and up to 3 lines of each (2 kept, 1 in progress), with room to spare.
   const diskMb = Math.ceil(2 * 2 * 3 * (plan.globalMib + plan.localMib + 1) * 1.5) + 64;
   const hostfile = path.join(tmpDir, "partner-hosts");
@@ -701,7 +783,17 @@ async function runPartnerCost(plan: PartnerPlan, tmpDir: string): Promise<void> 
       const cluster = await TestCluster.create(2, { diskMb });
       try {
         writeFileSync(hostfile, cluster.hosts.map((h) => `${h.address} slots=2\n`).join(""));
-        const r = await partnerCostRun({ cluster, hostfile, root: ROOT, name: `partner-${scope}-${k}`, scope, globalMib: plan.globalMib, localMib: plan.localMib, steps: plan.steps, stepMs: plan.stepMs });
+        const r = await partnerCostRun({
+          cluster,
+          hostfile,
+          root: ROOT,
+          name: `partner-${scope}-${k}`,
+          scope,
+          globalMib: plan.globalMib,
+          localMib: plan.localMib,
+          steps: plan.steps,
+          stepMs: plan.stepMs,
+        });
         plan.runs.push(r);
         progress(`  ${scope} run ${k + 1}: ${r.lines} lines, median ${r.lineMs.toFixed(0)} ms per line of ${(r.lineBytes / 2 ** 20).toFixed(1)} MiB`);
       } catch (err) {
@@ -729,11 +821,19 @@ function recoveryText(plan: RecoveryPlan): string {
     const title = `### Recovery after a lost host, 4 ranks on 2 test hosts + 1 spare, ${c.globalMib} MiB global + ${c.localMib} MiB local state, host 2 killed at rank 2's step ${c.failStep}; --heartbeat 100 --failure-timeout 1s (median; seconds; "catch up" = restore → first step computed, "total" = kill → computing again)`;
     return [renderRecoveryTable(plan.runs, title), ...plan.errors.map((e) => `- recovery ${e.split("\n")[0]}`)].join("\n");
   }
-  const out = [renderRecoveryTable(plan.runs, `### Recovery, ${c.np} ranks, ${c.globalMib} MiB global + ${c.localMib} MiB local state per rank, rank 1 killed at step ${c.failStep} (median; seconds)`)];
+  const out = [
+    renderRecoveryTable(
+      plan.runs,
+      `### Recovery, ${c.np} ranks, ${c.globalMib} MiB global + ${c.localMib} MiB local state per rank, rank 1 killed at step ${c.failStep} (median; seconds)`,
+    ),
+  ];
   const r1 = plan.runs.filter((r) => r.variant === "retry-one");
   if (r1.length > 0) {
     const total = median(r1.map((r) => r.totalMs)) / 1000;
-    out.push(`Target (retry-one, kill → restarted rank caught up) <= ${RECOVERY_TARGET_S} s: ${total <= RECOVERY_TARGET_S ? "met" : "NOT met"} (${total.toFixed(2)} s).`, "");
+    out.push(
+      `Target (retry-one, kill → restarted rank caught up) <= ${RECOVERY_TARGET_S} s: ${total <= RECOVERY_TARGET_S ? "met" : "NOT met"} (${total.toFixed(2)} s).`,
+      "",
+    );
   }
   for (const e of plan.errors) out.push(`- recovery ${e.split("\n")[0]}`);
   return out.join("\n");

@@ -147,7 +147,7 @@ export async function runStoreBench(opts: StoreBenchOptions = {}): Promise<Store
 
   const store = new LevelRecoveryStore(storeDir);
   const manifest = await store.openManifest();
-  let parts = await store.openRank(0);
+  const parts = await store.openRank(0);
   const level = new Level<string, Buffer>(levelDir, { keyEncoding: "utf8", valueEncoding: "buffer" });
   await level.open();
   const withLevel = opts.levelPut ?? true;
@@ -193,7 +193,8 @@ export async function runStoreBench(opts: StoreBenchOptions = {}): Promise<Store
       }
     };
     const phase = async (a: Variant, b: Variant, into: Record<string, number[]>, cpuInto?: Record<string, number[]>): Promise<void> => {
-      for (let rep = -1; rep < reps; rep++) { // rep -1: warm-up, not recorded
+      for (let rep = -1; rep < reps; rep++) {
+        // rep -1: warm-up, not recorded
         const order: Variant[] = rep % 2 === 0 ? [a, b] : [b, a];
         for (const v of order) {
           const ms = await runOne(v);
@@ -220,14 +221,17 @@ export async function runStoreBench(opts: StoreBenchOptions = {}): Promise<Store
     await parts.close();
     for (let rep = -1; rep < reps; rep++) {
       const first = rep % 2 === 0;
-      const runFs = async (): Promise<number> => timed(async () => {
-        const back = await readFile(file);
-        if (back.length !== bytesCount) throw new Error("short read");
-      });
+      const runFs = async (): Promise<number> =>
+        timed(async () => {
+          const back = await readFile(file);
+          if (back.length !== bytesCount) throw new Error("short read");
+        });
       const runStoreRead = async (): Promise<number> => {
         const p = await store.openRank(0);
         try {
-          return await timed(async () => { await p.readPart(ref); });
+          return await timed(async () => {
+            await p.readPart(ref);
+          });
         } finally {
           await p.close();
         }
@@ -252,18 +256,33 @@ export async function runStoreBench(opts: StoreBenchOptions = {}): Promise<Store
       };
       const pairs: [number, number][] = [];
       if (first) pairs.push([await runStoreRead(), await runFs()]);
-      else { const f = await runFs(); pairs.push([await runStoreRead(), f]); }
+      else {
+        const f = await runFs();
+        pairs.push([await runStoreRead(), f]);
+      }
       if (first) pairs.push([await runRestart(), await runFs()]);
-      else { const f = await runFs(); pairs.push([await runRestart(), f]); }
+      else {
+        const f = await runFs();
+        pairs.push([await runRestart(), f]);
+      }
       if (rep >= 0) {
-        read.store.push(pairs[0]![0]); read.fs.push(pairs[0]![1]);
-        restart.store.push(pairs[1]![0]); restart.fs.push(pairs[1]![1]);
+        read.store.push(pairs[0]![0]);
+        read.fs.push(pairs[0]![1]);
+        restart.store.push(pairs[1]![0]);
+        restart.fs.push(pairs[1]![1]);
       }
     }
 
     const mk = (name: string, s: number[], b: number[], baseline: string, target: number | null): StoreBenchCase => ({
-      name, storeMs: s, baselineMs: b, storeMedianMs: median(s), baselineMedianMs: median(b),
-      ratio: median(s) / median(b), pairedRatio: median(s.map((x, i) => x / b[i]!)), baseline, target,
+      name,
+      storeMs: s,
+      baselineMs: b,
+      storeMedianMs: median(s),
+      baselineMedianMs: median(b),
+      ratio: median(s) / median(b),
+      pairedRatio: median(s.map((x, i) => x / b[i]!)),
+      baseline,
+      target,
     });
     const label = `${mib} MiB`;
     const cases = [
@@ -273,10 +292,17 @@ export async function runStoreBench(opts: StoreBenchOptions = {}): Promise<Store
     ];
     if (withLevel) cases.push(mk(`(reference) plain LevelDB put ${label}, synced`, levelWrite.level, levelWrite.fs, "fs.writeFile + fsync", null));
     return {
-      date: new Date().toISOString(), node: process.version, cpus: `${os.cpus().length} x ${os.cpus()[0]?.model ?? "?"}`,
-      dir: base, bytes: bytesCount, reps, crc32Ms: median(crcTimes), sha256Ms: median(shaTimes),
+      date: new Date().toISOString(),
+      node: process.version,
+      cpus: `${os.cpus().length} x ${os.cpus()[0]?.model ?? "?"}`,
+      dir: base,
+      bytes: bytesCount,
+      reps,
+      crc32Ms: median(crcTimes),
+      sha256Ms: median(shaTimes),
       writeCpuMs: { store: median(writeCpu.store), fs: median(writeCpu.fs) },
-      loadAvg: [loadBefore, os.loadavg()[0]!], cases,
+      loadAvg: [loadBefore, os.loadavg()[0]!],
+      cases,
     };
   } finally {
     await manifest.close();
@@ -317,8 +343,12 @@ export function renderStoreTable(r: StoreBenchResult): string {
 async function main(): Promise<void> {
   const { values } = parseArgs({
     options: {
-      reps: { type: "string" }, mib: { type: "string" }, dir: { type: "string" }, out: { type: "string" },
-      quick: { type: "boolean", default: false }, "no-level-put": { type: "boolean", default: false },
+      reps: { type: "string" },
+      mib: { type: "string" },
+      dir: { type: "string" },
+      out: { type: "string" },
+      quick: { type: "boolean", default: false },
+      "no-level-put": { type: "boolean", default: false },
       help: { type: "boolean", short: "h", default: false },
     },
   });
@@ -340,7 +370,7 @@ async function main(): Promise<void> {
 
 if (process.argv[1] !== undefined && import.meta.url === pathToFileURL(path.resolve(process.argv[1])).href) {
   main().catch((err: unknown) => {
-    process.stderr.write(`store-bench: ${err instanceof Error ? err.stack ?? err.message : String(err)}\n`);
+    process.stderr.write(`store-bench: ${err instanceof Error ? (err.stack ?? err.message) : String(err)}\n`);
     process.exitCode = 1;
   });
 }

@@ -157,7 +157,9 @@ for (let i = 0; i < nRows; i++) {
 const [loss, right] = await world.allreduce(new Float64Array([lossSum, correct]), "sum");
 if (rank === 0) {
   const splits = s.feature.filter((f) => f >= 0).length;
-  console.log(`boosting: ${nTrees} trees (depth ${maxDepth}, ${splits} splits) on ${size} ranks x ${nRows} rows, ${nFeatures} features, seed ${seed}: loss ${(loss / (nRows * size)).toFixed(6)}, accuracy ${((100 * right) / (nRows * size)).toFixed(2)}%`);
+  console.log(
+    `boosting: ${nTrees} trees (depth ${maxDepth}, ${splits} splits) on ${size} ranks x ${nRows} rows, ${nFeatures} features, seed ${seed}: loss ${(loss / (nRows * size)).toFixed(6)}, accuracy ${((100 * right) / (nRows * size)).toFixed(2)}%`,
+  );
 }
 const h = createHash("sha256");
 for (const a of [s.feature, s.split, s.value]) h.update(new Uint8Array(a.buffer, a.byteOffset, a.byteLength));

@@ -132,7 +132,9 @@ function sweep(u: Float64Array, out: Float64Array): number {
 }
 
 function sha256Hex(bytes: ArrayBufferView): string {
-  return createHash("sha256").update(new Uint8Array(bytes.buffer, bytes.byteOffset, bytes.byteLength)).digest("hex");
+  return createHash("sha256")
+    .update(new Uint8Array(bytes.buffer, bytes.byteOffset, bytes.byteLength))
+    .digest("hex");
 }
 
 function intArg(name: string, raw: string | undefined, min: number): number {

@@ -90,7 +90,9 @@ for (let i = 0; i < nLocal; i++) {
 }
 const [lossSum, n, right] = await world.allreduce(new Float64Array([buf[d + 1], buf[d + 2], correct]), "sum");
 if (rank === 0) {
-  console.log(`logreg: ${nSamples} samples x ${d} features on ${size} ranks, ${steps} steps: loss ${(lossSum / n).toFixed(6)}, accuracy ${((100 * right) / n).toFixed(2)}%`);
+  console.log(
+    `logreg: ${nSamples} samples x ${d} features on ${size} ranks, ${steps} steps: loss ${(lossSum / n).toFixed(6)}, accuracy ${((100 * right) / n).toFixed(2)}%`,
+  );
 }
 await world.finalize(sha256Hex(s.w));
 
@@ -147,7 +149,9 @@ function mulberry32(seed32: number): () => number {
 }
 
 function sha256Hex(bytes: ArrayBufferView): string {
-  return createHash("sha256").update(new Uint8Array(bytes.buffer, bytes.byteOffset, bytes.byteLength)).digest("hex");
+  return createHash("sha256")
+    .update(new Uint8Array(bytes.buffer, bytes.byteOffset, bytes.byteLength))
+    .digest("hex");
 }
 
 function intArg(name: string, raw: string | undefined, min: number): number {

@@ -70,9 +70,11 @@ const { rank, size } = world;
 if (size < 2) throw new RangeError("taskfarm needs at least 2 ranks: one master and one worker");
 
 const saved = await world.restore<State>();
-const s: State = saved?.state ?? (rank === 0
-  ? { kind: "master", started: false, next: 0, received: 0, results: new Float64Array(nTasks), perWorker: new Int32Array(size) }
-  : { kind: "worker", done: 0, stopped: false });
+const s: State =
+  saved?.state ??
+  (rank === 0
+    ? { kind: "master", started: false, next: 0, received: 0, results: new Float64Array(nTasks), perWorker: new Int32Array(size) }
+    : { kind: "worker", done: 0, stopped: false });
 
 if (s.kind === "master") await master(s);
 else await worker(s);
@@ -151,7 +153,9 @@ function spin(ms: number): void {
 }
 
 function sha256Hex(bytes: ArrayBufferView): string {
-  return createHash("sha256").update(new Uint8Array(bytes.buffer, bytes.byteOffset, bytes.byteLength)).digest("hex");
+  return createHash("sha256")
+    .update(new Uint8Array(bytes.buffer, bytes.byteOffset, bytes.byteLength))
+    .digest("hex");
 }
 
 function intArg(name: string, raw: string | undefined, min: number): number {

@@ -107,9 +107,16 @@ if (rank === 0) {
   const t = s.token!;
   let sum = 0;
   for (const v of t.payload) sum += v;
-  console.log(`token-ring: ${laps} laps on ${size} ranks, ${t.hops} hops, payload sum ${sum.toFixed(9)}; ${overlapped}/${size * Math.ceil(workTerms / CHUNK)} background chunks overlapped the waits`);
+  console.log(
+    `token-ring: ${laps} laps on ${size} ranks, ${t.hops} hops, payload sum ${sum.toFixed(9)}; ${overlapped}/${size * Math.ceil(workTerms / CHUNK)} background chunks overlapped the waits`,
+  );
 }
-await world.finalize(createHash("sha256").update(s.seen).update(new Float64Array([s.workSum])).digest("hex"));
+await world.finalize(
+  createHash("sha256")
+    .update(s.seen)
+    .update(new Float64Array([s.workSum]))
+    .digest("hex"),
+);
 
 /** Receives the token, whichever way it comes, and folds what we saw into `s.seen`. */
 async function receiveToken(): Promise<{ token: Token; tag: number }> {

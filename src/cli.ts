@@ -57,7 +57,12 @@ export async function main(argv: readonly string[], io: CliIo): Promise<number> 
     }
     if (isLifelineError(err, "LAUNCH_RESUME")) {
       // The store holds what this command would overwrite: nothing was started.
-      io.stderr.write(`${err.message.split("\n").map((l, i) => `lifeline: ${i === 0 ? "error: " : ""}${l}`).join("\n")}\n`);
+      io.stderr.write(
+        `${err.message
+          .split("\n")
+          .map((l, i) => `lifeline: ${i === 0 ? "error: " : ""}${l}`)
+          .join("\n")}\n`,
+      );
       return EXIT_USAGE;
     }
     if (isLifelineError(err) && err.code.startsWith("STORE_")) {
@@ -112,14 +117,24 @@ function buildProgram(io: CliIo, setExit: (code: number) => void): Command {
     .argument("[args...]", "arguments for the app");
   addRunOptions(drill);
   drill
-    .option("--kill <spec>", "a fault per run: 1@step:5, 2@time:1.5s, 0@send:100, 1@hang:step:3, random:3, mock=rank,version,seqno,ndeath (repeatable)", (v: string, prev: string[] | undefined) => [...(prev ?? []), v])
+    .option(
+      "--kill <spec>",
+      "a fault per run: 1@step:5, 2@time:1.5s, 0@send:100, 1@hang:step:3, random:3, mock=rank,version,seqno,ndeath (repeatable)",
+      (v: string, prev: string[] | undefined) => [...(prev ?? []), v],
+    )
     .option("--seed <n>", "seed of the random kills (default: random, printed)")
     .option("--repeat <n>", "faulty runs, each with a seed derived from --seed (default 1)")
     .option("--report <file.html>", "write a self-contained HTML picture of the runs")
     .passThroughOptions()
     .action(async (app: string, args: string[], opts: Record<string, unknown>) => {
-      const str = (k: string): string | undefined => (typeof opts[k] === "string" ? (opts[k] as string) : undefined);
-      const flags: DrillFlags = { ...toFlags(app, args, opts), kill: (opts.kill as string[] | undefined) ?? [], seed: str("seed"), repeat: str("repeat"), report: str("report") };
+      const str = (k: string): string | undefined => (typeof opts[k] === "string" ? opts[k] : undefined);
+      const flags: DrillFlags = {
+        ...toFlags(app, args, opts),
+        kill: (opts.kill as string[] | undefined) ?? [],
+        seed: str("seed"),
+        repeat: str("repeat"),
+        report: str("report"),
+      };
       const config = resolveDrillConfig(flags, { cwd: io.cwd, command: ["lifeline", "drill", ...(io.argv ?? [])].join(" ") });
       const outcome = await runDrill(config, { stdout: io.stdout, stderr: io.stderr, env: io.env, handleSignals: io.handleSignals ?? true });
       setExit(outcome.exitCode);
@@ -185,19 +200,41 @@ function addRunOptions(cmd: Command): void {
     .option("--failure-timeout <ms>", `a rank silent this long is failed (default ${DEFAULTS.failureTimeoutMs}ms, at least 2x --heartbeat)`)
     .option("--stuck-timeout <dur>", "a rank with no checkpoint() call for this long is stuck and failed (default: not monitored)")
     .option("--rendezvous-timeout <dur>", `time for every rank to call init() (default ${DEFAULTS.rendezvousTimeoutMs / 1000}s)`)
-    .option("--start-timeout <dur>", `a rank that has not called init() this long after its process started is failed: killed, and restarted in cpr and retry-one (default ${DEFAULTS.startTimeoutMs / 1000}s, or --failure-timeout if longer)`)
-    .option("--resume", "cpr: continue the job from the newest recovery line an earlier run of it left in --store; an error if there is none (without --resume or --fresh the job resumes when it can)")
+    .option(
+      "--start-timeout <dur>",
+      `a rank that has not called init() this long after its process started is failed: killed, and restarted in cpr and retry-one (default ${DEFAULTS.startTimeoutMs / 1000}s, or --failure-timeout if longer)`,
+    )
+    .option(
+      "--resume",
+      "cpr: continue the job from the newest recovery line an earlier run of it left in --store; an error if there is none (without --resume or --fresh the job resumes when it can)",
+    )
     .option("--fresh", "cpr: discard every recovery line in --store, whoever's it is, and start the job from the beginning")
     .option("--results <file>", "write every rank's finalize() result and the job's outcome as JSON")
     .option("--json", "events as JSON lines on stderr, for machines")
     .option("-q, --quiet", "print only errors (the ranks' own output is still forwarded)")
     .option("--transport <ipc|tcp>", `how ranks and coordinator connect (default ${DEFAULTS.transport}; tcp with --bind)`)
-    .option("--bind <address|interface>", "tcp: the interface or IPv4 address the coordinator and the ranks listen on and advertise (default 127.0.0.1); implies --transport tcp")
-    .option("--hostfile <file>", "run the ranks on these hosts (Open MPI's format: `host slots=N` per line; extra slots are spares for restarts), started through --rsh; needs --bind")
-    .option("--store-scope <scope>", "cpr: shared (one --store directory every rank reaches) or host (a --store directory on each host; each part also copied to a partner on another host); default host with --hostfile or --launcher slurm, else shared")
+    .option(
+      "--bind <address|interface>",
+      "tcp: the interface or IPv4 address the coordinator and the ranks listen on and advertise (default 127.0.0.1); implies --transport tcp",
+    )
+    .option(
+      "--hostfile <file>",
+      "run the ranks on these hosts (Open MPI's format: `host slots=N` per line; extra slots are spares for restarts), started through --rsh; needs --bind",
+    )
+    .option(
+      "--store-scope <scope>",
+      "cpr: shared (one --store directory every rank reaches) or host (a --store directory on each host; each part also copied to a partner on another host); default host with --hostfile or --launcher slurm, else shared",
+    )
     .option("--rsh <command>", `remote-shell agent for --hostfile, called as COMMAND HOST CMDLINE (default ${DEFAULTS.rsh})`)
-    .option("--launcher <local|rsh|slurm>", "how ranks are started: local (this host), rsh (--hostfile's hosts through --rsh) or slurm (job steps of the Slurm allocation lifeline runs in, on its nodes or --hostfile's; needs --bind); default rsh with --hostfile, else local")
-    .option("--inject <rank@trigger>", "inject a fault: 1@step:5, 2@send:3, 0@time:1500, 1@hang:step:2 (repeatable)", (v: string, prev: string[] | undefined) => [...(prev ?? []), v])
+    .option(
+      "--launcher <local|rsh|slurm>",
+      "how ranks are started: local (this host), rsh (--hostfile's hosts through --rsh) or slurm (job steps of the Slurm allocation lifeline runs in, on its nodes or --hostfile's; needs --bind); default rsh with --hostfile, else local",
+    )
+    .option(
+      "--inject <rank@trigger>",
+      "inject a fault: 1@step:5, 2@send:3, 0@time:1500, 1@hang:step:2 (repeatable)",
+      (v: string, prev: string[] | undefined) => [...(prev ?? []), v],
+    )
     .addHelpText(
       "after",
       "\nExit codes: 0 every rank finalized and exited 0; 2 usage error; 130/143/129 interrupted by SIGINT/SIGTERM/SIGHUP;\n" +
@@ -207,7 +244,7 @@ function addRunOptions(cmd: Command): void {
 }
 
 function toFlags(app: string, args: string[], o: Record<string, unknown>): RunFlags {
-  const str = (k: string): string | undefined => (typeof o[k] === "string" ? (o[k] as string) : undefined);
+  const str = (k: string): string | undefined => (typeof o[k] === "string" ? o[k] : undefined);
   return {
     np: str("np"),
     mode: str("mode"),
@@ -245,10 +282,17 @@ function toFlags(app: string, args: string[], o: Record<string, unknown>): RunFl
 function resolveStandalone(config: RunConfig, opts: Record<string, unknown>): number {
   const problems: string[] = [];
   if (config.transport !== "tcp") problems.push("lifeline coordinator listens on tcp (other engines' ranks connect to it): drop --transport ipc");
-  if (config.mode === "retry-one") problems.push("--mode retry-one restarts one rank into the running job, which only the launcher can do: use lifeline run, or --mode cpr / none here");
-  if (config.launcher === "slurm") problems.push("--launcher slurm starts ranks as job steps; lifeline coordinator leaves that to the engine (srun in the batch script): drop it (or use lifeline run)");
+  if (config.mode === "retry-one")
+    problems.push("--mode retry-one restarts one rank into the running job, which only the launcher can do: use lifeline run, or --mode cpr / none here");
+  if (config.launcher === "slurm")
+    problems.push(
+      "--launcher slurm starts ranks as job steps; lifeline coordinator leaves that to the engine (srun in the batch script): drop it (or use lifeline run)",
+    );
   else if (config.hosts !== undefined) problems.push("--hostfile starts ranks; lifeline coordinator leaves that to the engine: drop it (or use lifeline run)");
-  if (config.storeScope === "host") problems.push("--store-scope host needs to know each rank's host, which only lifeline run does (--hostfile); lifeline coordinator keeps lines in one --store every rank reaches");
+  if (config.storeScope === "host")
+    problems.push(
+      "--store-scope host needs to know each rank's host, which only lifeline run does (--hostfile); lifeline coordinator keeps lines in one --store every rank reaches",
+    );
   if (config.faults.some((f) => f !== "")) problems.push("--inject sets the ranks' fault variables, which the engine starts: set LIFELINE_FAULTS there");
   let port = 0;
   if (typeof opts.port === "string") {

@@ -13,43 +13,43 @@
  */
 export type LifelineErrorCode =
   // message passing
-  | "MPI_RANK"              // a rank outside 0..size-1 (or the caller's own rank where not allowed)
-  | "MPI_TAG"               // a tag that is negative, too large, or otherwise unusable
-  | "MPI_ENCODE"            // data that cannot be encoded (functions, symbols, cyclic objects...)
-  | "MPI_DECODE"            // a frame that cannot be decoded (malformed wire data)
+  | "MPI_RANK" // a rank outside 0..size-1 (or the caller's own rank where not allowed)
+  | "MPI_TAG" // a tag that is negative, too large, or otherwise unusable
+  | "MPI_ENCODE" // data that cannot be encoded (functions, symbols, cyclic objects...)
+  | "MPI_DECODE" // a frame that cannot be decoded (malformed wire data)
   | "MPI_COLLECTIVE_MISMATCH" // ranks called a collective with different kinds, roots, ops, types or lengths
-  | "MPI_OP"                // a reduction op that does not apply to the data
-  | "MPI_FINALIZED"         // a call after finalize()
-  | "MPI_ABORTED"           // the job was aborted (another rank failed or the launcher stopped it)
-  | "MPI_INIT"              // init() could not join a job (missing environment, coordinator unreachable)
-  | "MPI_MODE"              // the call is not supported in this mode
-  | "MPI_REQUEST"           // misuse of a request (waited on twice after completion is fine; invalid state is not)
-  | "MPI_BOOTSTRAP"         // a bootstrap key reused, or a bootstrap collective after the first checkpoint
-  | "MPI_TIMEOUT"           // a bounded wait ran out
+  | "MPI_OP" // a reduction op that does not apply to the data
+  | "MPI_FINALIZED" // a call after finalize()
+  | "MPI_ABORTED" // the job was aborted (another rank failed or the launcher stopped it)
+  | "MPI_INIT" // init() could not join a job (missing environment, coordinator unreachable)
+  | "MPI_MODE" // the call is not supported in this mode
+  | "MPI_REQUEST" // misuse of a request (waited on twice after completion is fine; invalid state is not)
+  | "MPI_BOOTSTRAP" // a bootstrap key reused, or a bootstrap collective after the first checkpoint
+  | "MPI_TIMEOUT" // a bounded wait ran out
   // checkpoint-restart
-  | "CPR_RESTORE"           // restore() misuse or a restore that cannot be served
-  | "CPR_CHECKPOINT"        // checkpoint() misuse (e.g. outstanding requests at a checkpoint location)
-  | "CPR_PROTOCOL"          // a protocol message that makes no sense in the current state
-  | "CPR_REPLAY"            // replay diverged from the log (the program is not piecewise deterministic)
+  | "CPR_RESTORE" // restore() misuse or a restore that cannot be served
+  | "CPR_CHECKPOINT" // checkpoint() misuse (e.g. outstanding requests at a checkpoint location)
+  | "CPR_PROTOCOL" // a protocol message that makes no sense in the current state
+  | "CPR_REPLAY" // replay diverged from the log (the program is not piecewise deterministic)
   // store
   | "STORE_NOT_OPEN"
   | "STORE_CORRUPT"
   | "STORE_LOCKED"
   | "STORE_IO"
-  | "STORE_NOT_FOUND"       // no Lifeline store at the path: missing, not a directory, or a directory that is not a store
+  | "STORE_NOT_FOUND" // no Lifeline store at the path: missing, not a directory, or a directory that is not a store
   // launcher
-  | "LAUNCH_USAGE"          // bad flags or arguments
-  | "LAUNCH_SPAWN"          // a rank process could not be started
-  | "LAUNCH_RENDEZVOUS"     // a rank did not join (say hello) within the rendezvous timeout
-  | "LAUNCH_RANK_FAILED"    // a rank died (exit code or signal)
-  | "LAUNCH_STUCK"          // a rank made no progress within --stuck-timeout
-  | "LAUNCH_HEARTBEAT"      // a rank missed heartbeats for --failure-timeout
-  | "LAUNCH_RESTARTS"       // --max-restarts exhausted
-  | "LAUNCH_CRASH_LOOP"     // a rank failed the same way twice in a row before its first checkpoint(): a bug, not a fault
-  | "LAUNCH_RESUME"         // the store holds another job's lines, or --resume found nothing to resume
-  | "LAUNCH_START"          // a rank did not join (call init()) within --start-timeout of its start
-  | "LAUNCH_INTERRUPTED"    // the launcher was told to stop (SIGINT/SIGTERM)
-  | "LAUNCH_FAULT_SPEC";    // a malformed --kill / LIFELINE_FAULTS spec
+  | "LAUNCH_USAGE" // bad flags or arguments
+  | "LAUNCH_SPAWN" // a rank process could not be started
+  | "LAUNCH_RENDEZVOUS" // a rank did not join (say hello) within the rendezvous timeout
+  | "LAUNCH_RANK_FAILED" // a rank died (exit code or signal)
+  | "LAUNCH_STUCK" // a rank made no progress within --stuck-timeout
+  | "LAUNCH_HEARTBEAT" // a rank missed heartbeats for --failure-timeout
+  | "LAUNCH_RESTARTS" // --max-restarts exhausted
+  | "LAUNCH_CRASH_LOOP" // a rank failed the same way twice in a row before its first checkpoint(): a bug, not a fault
+  | "LAUNCH_RESUME" // the store holds another job's lines, or --resume found nothing to resume
+  | "LAUNCH_START" // a rank did not join (call init()) within --start-timeout of its start
+  | "LAUNCH_INTERRUPTED" // the launcher was told to stop (SIGINT/SIGTERM)
+  | "LAUNCH_FAULT_SPEC"; // a malformed --kill / LIFELINE_FAULTS spec
 
 export class LifelineError extends Error {
   override readonly name = "LifelineError";

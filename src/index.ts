@@ -8,7 +8,6 @@
  * const sum = await world.allreduce(world.rank, "sum");
  * await world.finalize(sum);
  */
-import { LifelineError } from "./errors.ts";
 import { type InitOptions, resolveRankPlace } from "./mpi/env.ts";
 import { World } from "./mpi/world.ts";
 import type { CprHookFactory } from "./mpi/cpr-hook.ts";
@@ -16,9 +15,7 @@ import { startWatchdog } from "./launch/watchdog.ts";
 import { BACKOFF_MAX_MS } from "./launch/backoff.ts";
 
 export { ANY_SOURCE, ANY_TAG, TAG_MAX } from "./mpi/types.ts";
-export type {
-  CollectiveOptions, Message, ReduceOp, ReduceOpName, Request, Restored, Status, WorldApi,
-} from "./mpi/types.ts";
+export type { CollectiveOptions, Message, ReduceOp, ReduceOpName, Request, Restored, Status, WorldApi } from "./mpi/types.ts";
 export type { InitOptions, Mode } from "./mpi/env.ts";
 export { LifelineError, isLifelineError, type LifelineErrorCode } from "./errors.ts";
 export { waitAll, waitAny } from "./mpi/request.ts";
@@ -34,8 +31,13 @@ export { MODES } from "./mpi/env.ts";
 export async function init(options: InitOptions = {}): Promise<World> {
   const place = resolveRankPlace(options, process.env);
   const watchdog = startWatchdog({
-    fd: place.watchFd, coordinator: place.coordinator, rank: place.rank, attempt: place.attempt, heartbeatMs: place.heartbeatMs,
-    failureTimeoutMs: place.failureTimeoutMs, faults: place.faults,
+    fd: place.watchFd,
+    coordinator: place.coordinator,
+    rank: place.rank,
+    attempt: place.attempt,
+    heartbeatMs: place.heartbeatMs,
+    failureTimeoutMs: place.failureTimeoutMs,
+    faults: place.faults,
   });
   try {
     await watchdog.ready;
@@ -54,9 +56,10 @@ export async function init(options: InitOptions = {}): Promise<World> {
     // failure timeout; past that the survivors fail with MPI_TIMEOUT. This is the backstop: when
     // --max-restarts is exhausted the launcher stops the job at once (LAUNCH_RESTARTS).
     const deadPeerTimeoutMs = 2 * place.failureTimeoutMs + BACKOFF_MAX_MS;
-    const retryOne = place.mode === "retry-one"
-      ? (await import("./cpr/retry-one/driver.ts")).retryOneHook({ replicas: place.replicas, failureTimeoutMs: deadPeerTimeoutMs })
-      : undefined;
+    const retryOne =
+      place.mode === "retry-one"
+        ? (await import("./cpr/retry-one/driver.ts")).retryOneHook({ replicas: place.replicas, failureTimeoutMs: deadPeerTimeoutMs })
+        : undefined;
     const world = await World.join(place, { cpr, retryOne });
     watchdog.joined();
     world.onClose(() => watchdog.stop());

@@ -63,7 +63,10 @@ export class CtrlServer {
   private readonly failed = new Map<string, Error>();
   private closed = false;
 
-  private constructor(private readonly router: Router, readonly endpoint: string) {
+  private constructor(
+    private readonly router: Router,
+    readonly endpoint: string,
+  ) {
     void this.readLoop();
   }
 

@@ -44,11 +44,36 @@ const wallNow = (): number => performance.timeOrigin + performance.now();
 
 export async function hostRecoveryRun(c: HostRecoveryConfig): Promise<RecoveryParts> {
   const argv = [
-    process.execPath, path.join(c.root, "dist", "cli.js"), "run", "--json", "-n", "4", "--mode", c.mode,
+    process.execPath,
+    path.join(c.root, "dist", "cli.js"),
+    "run",
+    "--json",
+    "-n",
+    "4",
+    "--mode",
+    c.mode,
     ...(c.mode === "cpr" ? ["--checkpoint-every", "5steps", "--store", path.join(c.dir, c.name)] : ["--replicas", "1"]),
-    "--bind", c.cluster.hosts[0]!.address, "--hostfile", c.hostfile, "--rsh", netnsRshAgent, "--heartbeat", "100", "--failure-timeout", "1s",
-    "bench/programs/recovery.ts", "--global-mib", String(c.globalMib), "--local-mib", String(c.localMib),
-    "--steps", String(c.steps), "--fail-step", String(c.steps + 1), "--step-ms", String(c.stepMs),
+    "--bind",
+    c.cluster.hosts[0]!.address,
+    "--hostfile",
+    c.hostfile,
+    "--rsh",
+    netnsRshAgent,
+    "--heartbeat",
+    "100",
+    "--failure-timeout",
+    "1s",
+    "bench/programs/recovery.ts",
+    "--global-mib",
+    String(c.globalMib),
+    "--local-mib",
+    String(c.localMib),
+    "--steps",
+    String(c.steps),
+    "--fail-step",
+    String(c.steps + 1),
+    "--step-ms",
+    String(c.stepMs),
   ];
   const { command, args } = c.cluster.wrap(0, argv, c.root);
   const child = spawnChild(c.name, command, args, { cwd: c.root, env: { ...process.env, ...c.cluster.agentEnv } });
@@ -83,12 +108,13 @@ export async function hostRecoveryRun(c: HostRecoveryConfig): Promise<RecoveryPa
     if (ups.some((t) => t === undefined)) return fail("a restarted rank never said hello");
     upAt = Math.max(...(ups as number[]));
   }
-  const marks = (kind: string): { wall: number; line: string }[] => after.flatMap((e) => {
-    if (e.ev.event !== "output") return [];
-    const line = String(e.ev.line);
-    const m = new RegExp(`^recovery-bench: ${kind} ([\\d.]+)`).exec(line);
-    return m === null ? [] : [{ wall: Number(m[1]), line }];
-  });
+  const marks = (kind: string): { wall: number; line: string }[] =>
+    after.flatMap((e) => {
+      if (e.ev.event !== "output") return [];
+      const line = String(e.ev.line);
+      const m = new RegExp(`^recovery-bench: ${kind} ([\\d.]+)`).exec(line);
+      return m === null ? [] : [{ wall: Number(m[1]), line }];
+    });
   const restored = marks("restored");
   const first = marks("first");
   if (restored.length !== restartedRanks.length || first.length !== restartedRanks.length) {

@@ -58,7 +58,11 @@ export abstract class Job {
   /** Set once the job has failed; it is not used again. */
   broken: Error | undefined;
 
-  constructor(readonly name: string, readonly np: number, protected readonly env: JobEnv) {
+  constructor(
+    readonly name: string,
+    readonly np: number,
+    protected readonly env: JobEnv,
+  ) {
     this.ids = Array.from({ length: np }, (_, r) => `${name}:${r}`);
     for (const id of this.ids) env.ctrl.reset(id);
   }
@@ -133,24 +137,44 @@ export class LifelineJob extends Job {
 
   command(): string[] {
     const hosts = this.env.hosts;
-    const where = hosts === undefined
-      ? ["--transport", this.env.transport]
-      : ["--bind", hosts.addresses[0]!, "--hostfile", hosts.hostfile, "--rsh", hosts.agent];
+    const where =
+      hosts === undefined ? ["--transport", this.env.transport] : ["--bind", hosts.addresses[0]!, "--hostfile", hosts.hostfile, "--rsh", hosts.agent];
     return [
-      "dist/cli.js", "run", "-n", String(this.np), "--mode", this.mode, ...where,
-      "--results", this.resultsFile,
-      "--store", path.join(this.env.tmpDir, `${this.name}-store`),
+      "dist/cli.js",
+      "run",
+      "-n",
+      String(this.np),
+      "--mode",
+      this.mode,
+      ...where,
+      "--results",
+      this.resultsFile,
+      "--store",
+      path.join(this.env.tmpDir, `${this.name}-store`),
       "bench/programs/mpi-bench.ts",
-      "--ctrl", this.env.ctrl.endpoint, "--id", this.name, "--payload", this.env.payload,
-      "--idle-ms", String(this.env.idleMs), "--harness-pid", String(process.pid),
+      "--ctrl",
+      this.env.ctrl.endpoint,
+      "--id",
+      this.name,
+      "--payload",
+      this.env.payload,
+      "--idle-ms",
+      String(this.env.idleMs),
+      "--harness-pid",
+      String(process.pid),
       ...(this.env.cpuProf !== undefined ? ["--cpu-prof", this.env.cpuProf] : []),
     ];
   }
 
   async start(): Promise<void> {
     const hosts = this.env.hosts;
-    const { command, args } = hosts === undefined ? { command: process.execPath, args: this.command() } : hosts.wrap(0, [process.execPath, ...this.command()], this.env.root);
-    const child = spawnChild(this.name, command, args, { cwd: this.env.root, echo: this.env.echo, ...(hosts === undefined ? {} : { env: { ...process.env, ...hosts.agentEnv } }) });
+    const { command, args } =
+      hosts === undefined ? { command: process.execPath, args: this.command() } : hosts.wrap(0, [process.execPath, ...this.command()], this.env.root);
+    const child = spawnChild(this.name, command, args, {
+      cwd: this.env.root,
+      echo: this.env.echo,
+      ...(hosts === undefined ? {} : { env: { ...process.env, ...hosts.agentEnv } }),
+    });
     this.child = child;
     void child.exited.then((s) => {
       this.failAll(new Error(`${this.name}: launcher exited (code ${s.code}, signal ${s.signal})\n${child.tail()}`));
@@ -202,17 +226,37 @@ export class LifelineJob extends Job {
 export class RawJob extends Job {
   private readonly children: Child[] = [];
 
-  constructor(readonly program: "raw-pingpong" | "raw-pushpull", np: number, env: JobEnv, incarnation = 0) {
+  constructor(
+    readonly program: "raw-pingpong" | "raw-pushpull",
+    np: number,
+    env: JobEnv,
+    incarnation = 0,
+  ) {
     super(`${program === "raw-pingpong" ? "rawpp" : "rawpush"}${np}${incarnation > 0 ? `-${incarnation}` : ""}`, np, env);
   }
 
   async start(): Promise<void> {
     for (let r = 0; r < this.np; r++) {
       const args = [
-        "--import", "tsx", `bench/programs/${this.program}.ts`,
-        "--ctrl", this.env.ctrl.endpoint, "--id", this.name, "--rank", String(r), "--size", String(this.np),
-        "--transport", this.env.transport, "--dir", this.env.tmpDir, "--payload", this.env.payload,
-        "--idle-ms", String(this.env.idleMs),
+        "--import",
+        "tsx",
+        `bench/programs/${this.program}.ts`,
+        "--ctrl",
+        this.env.ctrl.endpoint,
+        "--id",
+        this.name,
+        "--rank",
+        String(r),
+        "--size",
+        String(this.np),
+        "--transport",
+        this.env.transport,
+        "--dir",
+        this.env.tmpDir,
+        "--payload",
+        this.env.payload,
+        "--idle-ms",
+        String(this.env.idleMs),
         ...(this.env.cpuProf !== undefined ? ["--cpu-prof", this.env.cpuProf] : []),
         ...(this.env.hosts !== undefined ? ["--host", this.env.hosts.addresses[r]!] : []),
       ];

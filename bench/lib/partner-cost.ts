@@ -46,11 +46,37 @@ export interface PartnerCostRun {
 
 export async function partnerCostRun(c: PartnerCostConfig): Promise<PartnerCostRun> {
   const argv = [
-    process.execPath, path.join(c.root, "dist", "cli.js"), "run", "--json", "-n", "4", "--mode", "cpr",
-    "--checkpoint-every", "5steps", "--store-scope", c.scope, "--store", path.join(c.cluster.diskPath, c.name),
-    "--bind", c.cluster.hosts[0]!.address, "--hostfile", c.hostfile, "--rsh", netnsRshAgent,
-    "bench/programs/recovery.ts", "--global-mib", String(c.globalMib), "--local-mib", String(c.localMib),
-    "--steps", String(c.steps), "--fail-step", String(c.steps + 1), "--step-ms", String(c.stepMs),
+    process.execPath,
+    path.join(c.root, "dist", "cli.js"),
+    "run",
+    "--json",
+    "-n",
+    "4",
+    "--mode",
+    "cpr",
+    "--checkpoint-every",
+    "5steps",
+    "--store-scope",
+    c.scope,
+    "--store",
+    path.join(c.cluster.diskPath, c.name),
+    "--bind",
+    c.cluster.hosts[0]!.address,
+    "--hostfile",
+    c.hostfile,
+    "--rsh",
+    netnsRshAgent,
+    "bench/programs/recovery.ts",
+    "--global-mib",
+    String(c.globalMib),
+    "--local-mib",
+    String(c.localMib),
+    "--steps",
+    String(c.steps),
+    "--fail-step",
+    String(c.steps + 1),
+    "--step-ms",
+    String(c.stepMs),
   ];
   const { command, args } = c.cluster.wrap(0, argv, c.root);
   const child = spawnChild(c.name, command, args, { cwd: c.root, env: { ...process.env, ...c.cluster.agentEnv } });
@@ -62,7 +88,8 @@ export async function partnerCostRun(c: PartnerCostConfig): Promise<PartnerCostR
   const status = await child.exited;
   clearTimeout(timer);
   if (status.code !== 0) throw new Error(`partner cost run ${c.name} (${c.scope}): exit ${status.code}\n${child.tail()}`);
-  if (lines.length < 2) throw new Error(`partner cost run ${c.name} (${c.scope}): only ${lines.length} line(s) committed; run longer (--steps)\n${child.tail()}`);
+  if (lines.length < 2)
+    throw new Error(`partner cost run ${c.name} (${c.scope}): only ${lines.length} line(s) committed; run longer (--steps)\n${child.tail()}`);
   // The first line is taken while the ranks still warm up; it is left out.
   const steady = lines.slice(1);
   return { scope: c.scope, lines: lines.length, lineMs: median(steady.map((l) => l.durationMs)), lineBytes: median(steady.map((l) => l.bytes)) };
@@ -79,12 +106,14 @@ export function renderPartnerTable(runs: readonly PartnerCostRun[], title: strin
   const mib = median(runs.map((r) => r.lineBytes)) / 2 ** 20;
   const ratio = h / s;
   return [
-    title, "",
+    title,
+    "",
     "| store scope | runs | line (median of runs' medians) | line size |",
     "|---|---|---|---|",
     `| shared (local write alone) | ${shared.length} | ${s.toFixed(0)} ms | ${mib.toFixed(1)} MiB |`,
     `| host (+ copy to a partner on the other host) | ${host.length} | ${h.toFixed(0)} ms | ${mib.toFixed(1)} MiB |`,
     "",
-    `Partner copy: ${ratio.toFixed(2)}x the local write alone (target <= 1.3: ${ratio <= 1.3 ? "met" : "NOT met"}).`, "",
+    `Partner copy: ${ratio.toFixed(2)}x the local write alone (target <= 1.3: ${ratio <= 1.3 ? "met" : "NOT met"}).`,
+    "",
   ].join("\n");
 }

@@ -140,11 +140,14 @@ export function buildCases(sizes: Sizes, only: ReadonlySet<Benchmark>): Case[] {
 /** Which raw program measures a benchmark, if any (bcast and barrier have no raw baseline). */
 export function rawProgramFor(bench: BenchName): "raw-pingpong" | "raw-pushpull" | undefined {
   switch (bench) {
-    case "pingpong": return "raw-pingpong";
+    case "pingpong":
+      return "raw-pingpong";
     case "stream":
-    case "allreduce": return "raw-pushpull";
+    case "allreduce":
+      return "raw-pushpull";
     case "bcast":
-    case "barrier": return undefined;
+    case "barrier":
+      return undefined;
   }
 }
 
@@ -157,11 +160,14 @@ export function rawProgramFor(bench: BenchName): "raw-pingpong" | "raw-pushpull"
  */
 export function perOpSeconds(bench: BenchName, iters: number, seconds: readonly number[]): number {
   switch (bench) {
-    case "pingpong": return seconds[0]! / (2 * iters);
-    case "stream": return seconds[0]! / iters;
+    case "pingpong":
+      return seconds[0]! / (2 * iters);
+    case "stream":
+      return seconds[0]! / iters;
     case "allreduce":
     case "bcast":
-    case "barrier": return Math.max(...seconds) / iters;
+    case "barrier":
+      return Math.max(...seconds) / iters;
   }
 }
 

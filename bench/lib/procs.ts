@@ -20,7 +20,11 @@ export class Child {
   /** Extra pids to kill with this child (e.g. ranks that might have left its process group). */
   readonly relatedPids = new Set<number>();
 
-  constructor(readonly name: string, readonly proc: ChildProcess, private readonly echo: boolean) {
+  constructor(
+    readonly name: string,
+    readonly proc: ChildProcess,
+    private readonly echo: boolean,
+  ) {
     live.add(this);
     const onData = (stream: string) => {
       let partial = "";
@@ -57,7 +61,10 @@ export class Child {
   }
 
   tail(n = 20): string {
-    return this.tailLines.slice(-n).map((l) => `    ${this.name}: ${l}`).join("\n");
+    return this.tailLines
+      .slice(-n)
+      .map((l) => `    ${this.name}: ${l}`)
+      .join("\n");
   }
 
   /** SIGTERM to the group, SIGKILL after `graceMs`; also kills `relatedPids`. */

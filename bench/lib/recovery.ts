@@ -53,11 +53,15 @@ export async function launchJson(root: string, name: string, argv: readonly stri
   const child = spawnChild(name, "bash", ["-c", `${quoted}; rc=$?; times >&2; exit $rc`], { cwd: root });
   const events: LaunchEvent[] = [];
   let cpuS: number | undefined;
-  onJsonLines(child.proc.stderr!, (ev) => events.push(ev as LaunchEvent), (line) => {
-    // `times`: the shell's own line, then its children's "<m>m<s>s <m>m<s>s" (user, system).
-    const t = /^(\d+)m([\d.]+)s (\d+)m([\d.]+)s$/.exec(line);
-    if (t !== null) cpuS = Number(t[1]) * 60 + Number(t[2]) + Number(t[3]) * 60 + Number(t[4]);
-  });
+  onJsonLines(
+    child.proc.stderr!,
+    (ev) => events.push(ev as LaunchEvent),
+    (line) => {
+      // `times`: the shell's own line, then its children's "<m>m<s>s <m>m<s>s" (user, system).
+      const t = /^(\d+)m([\d.]+)s (\d+)m([\d.]+)s$/.exec(line);
+      if (t !== null) cpuS = Number(t[1]) * 60 + Number(t[2]) + Number(t[3]) * 60 + Number(t[4]);
+    },
+  );
   const status = await child.waitOrKill(timeoutMs);
   return { code: status.code, events, spawnToExitMs: performance.now() - t0, cpuS, tail: child.tail() };
 }
@@ -107,12 +111,33 @@ const VICTIM = 1;
 /** One run of the recovery program with rank 1 killed; its recovery in parts. */
 export async function recoveryRun(c: RecoveryConfig): Promise<RecoveryParts> {
   const cold = c.mode === "retry-one" && c.spare === false;
-  const modeFlags = c.mode === "cpr" ? ["--mode", "cpr", "--checkpoint-every", c.checkpointEvery ?? "5steps", "--store", path.join(c.dir, c.name)] : ["--mode", "retry-one", ...(cold ? ["--no-spare"] : [])];
-  const r = await launchJson(c.root, c.name, [
-    "-n", String(c.np), ...modeFlags, "--inject", `${VICTIM}@step:${c.failStep}`,
-    "bench/programs/recovery.ts", "--global-mib", String(c.globalMib), "--local-mib", String(c.localMib),
-    "--steps", String(c.steps), "--fail-step", String(c.failStep), "--step-ms", String(c.stepMs),
-  ], c.timeoutMs ?? 300_000);
+  const modeFlags =
+    c.mode === "cpr"
+      ? ["--mode", "cpr", "--checkpoint-every", c.checkpointEvery ?? "5steps", "--store", path.join(c.dir, c.name)]
+      : ["--mode", "retry-one", ...(cold ? ["--no-spare"] : [])];
+  const r = await launchJson(
+    c.root,
+    c.name,
+    [
+      "-n",
+      String(c.np),
+      ...modeFlags,
+      "--inject",
+      `${VICTIM}@step:${c.failStep}`,
+      "bench/programs/recovery.ts",
+      "--global-mib",
+      String(c.globalMib),
+      "--local-mib",
+      String(c.localMib),
+      "--steps",
+      String(c.steps),
+      "--fail-step",
+      String(c.failStep),
+      "--step-ms",
+      String(c.stepMs),
+    ],
+    c.timeoutMs ?? 300_000,
+  );
   const fail = (what: string): never => {
     throw new Error(`recovery run ${c.name} (${c.mode}): ${what}\n${r.tail}`);
   };
@@ -180,7 +205,9 @@ export function renderRecoveryTable(runs: readonly RecoveryParts[], title: strin
     const m = (k: "detectMs" | "restartMs" | "loadMs" | "catchUpMs" | "totalMs"): string => (median(rs.map((x) => x[k])) / 1000).toFixed(2);
     const n = rs[0]!.restarted;
     const what = rs[0]!.mode === "retry-one" ? `${n} rank${n === 1 ? "" : "s"}` : `all ${n}`;
-    lines.push(`| ${variant} | ${rs.length} | ${what} | ${m("detectMs")} | ${m("restartMs")} | ${m("loadMs")} | ${m("catchUpMs")} | ${m("totalMs")} | ${rs.map((r) => `${r.restoredStep} (${r.failStep})`).join(", ")} |`);
+    lines.push(
+      `| ${variant} | ${rs.length} | ${what} | ${m("detectMs")} | ${m("restartMs")} | ${m("loadMs")} | ${m("catchUpMs")} | ${m("totalMs")} | ${rs.map((r) => `${r.restoredStep} (${r.failStep})`).join(", ")} |`,
+    );
   }
   return `${lines.join("\n")}\n`;
 }

@@ -93,7 +93,8 @@ const TITLES: Record<Benchmark, string> = {
   allreduce: "Allreduce, Float64Array sum, per op, slowest rank (us); raw = hand-written ring",
   bcast: "Bcast from rank 0, per op, slowest rank (us); no raw baseline",
   barrier: "Barrier, per op, slowest rank (us); no raw baseline",
-  "retry-one": "Allreduce, Float64Array sum, per op, slowest rank (us): Lifeline job under --mode retry-one vs Lifeline job under --mode none, both in this run",
+  "retry-one":
+    "Allreduce, Float64Array sum, per op, slowest rank (us): Lifeline job under --mode retry-one vs Lifeline job under --mode none, both in this run",
 };
 
 function row(cells: string[]): string {
@@ -152,7 +153,10 @@ export function renderTables(results: readonly CaseResult[], transport: string):
   if (targets.length > 0) {
     const met = targets.filter((r) => r.target!.met === true).length;
     const noisy = targets.filter((r) => r.target!.withinNoise === true).length;
-    out.push(`Targets met: ${met} of ${targets.length}.${noisy > 0 ? ` * = ${noisy} verdict(s) within noise: the interquartile range of the paired ratios reaches across the threshold.` : ""}`, "");
+    out.push(
+      `Targets met: ${met} of ${targets.length}.${noisy > 0 ? ` * = ${noisy} verdict(s) within noise: the interquartile range of the paired ratios reaches across the threshold.` : ""}`,
+      "",
+    );
   }
   return out.join("\n");
 }

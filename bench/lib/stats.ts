@@ -36,25 +36,21 @@ export interface Calibration {
  * the scaled count once, rescaling if it is off by more than 2× (a probe hit by a burst of
  * other load). An operation slower than the target runs once.
  */
-export async function calibrate(
-  runBlock: (iters: number) => Promise<number>,
-  opts: { targetS: number; itersMax: number },
-): Promise<Calibration> {
+export async function calibrate(runBlock: (iters: number) => Promise<number>, opts: { targetS: number; itersMax: number }): Promise<Calibration> {
   const probes: [number, number][] = [];
   const probe = async (iters: number): Promise<number> => {
     const seconds = await runBlock(iters);
     probes.push([iters, seconds]);
     return seconds;
   };
-  const scale = (iters: number, seconds: number): number =>
-    Math.min(opts.itersMax, Math.max(1, Math.round((iters * opts.targetS) / Math.max(seconds, 1e-9))));
+  const scale = (iters: number, seconds: number): number => Math.min(opts.itersMax, Math.max(1, Math.round((iters * opts.targetS) / Math.max(seconds, 1e-9))));
   await probe(1); // thrown away
   let iters = 1;
   let seconds: number;
   for (;;) {
     seconds = await probe(iters);
     if (seconds >= opts.targetS / 5 || iters >= opts.itersMax) break;
-    const grow = seconds <= 0 ? 10 : Math.ceil((opts.targetS / 4) / seconds);
+    const grow = seconds <= 0 ? 10 : Math.ceil(opts.targetS / 4 / seconds);
     iters = Math.min(opts.itersMax, iters * Math.min(10, Math.max(2, grow)));
   }
   const scaled = scale(iters, seconds);

@@ -12,7 +12,12 @@ import { init } from "lifeline";
 import { startProfile } from "../lib/profile.ts";
 
 const { values } = parseArgs({
-  options: { bytes: { type: "string", default: "16777216" }, iters: { type: "string", default: "40" }, warmup: { type: "string", default: "5" }, "cpu-prof": { type: "string" } },
+  options: {
+    bytes: { type: "string", default: "16777216" },
+    iters: { type: "string", default: "40" },
+    warmup: { type: "string", default: "5" },
+    "cpu-prof": { type: "string" },
+  },
 });
 const n = Math.max(1, Math.floor(Number(values.bytes) / 8));
 const iters = Number(values.iters);

@@ -169,7 +169,7 @@ async function sweep(): Promise<void> {
   const rows: Row[] = [];
   for (const bench of benches) {
     if ((bench === "pingpong" || bench === "stream") && size < 2) continue;
-    const sizes = bench === "barrier" ? [0] : sizesArg ?? (bench === "bcast" ? FULL_SIZES.bcast : FULL_SIZES[bench]);
+    const sizes = bench === "barrier" ? [0] : (sizesArg ?? (bench === "bcast" ? FULL_SIZES.bcast : FULL_SIZES[bench]));
     for (const bytes of sizes) {
       const c: Case = { bench, np: size, bytes, label: sizeLabel(bytes) };
       // Every rank takes every decision from the same allgathered times, so they agree.
@@ -187,8 +187,15 @@ async function sweep(): Promise<void> {
         perOpS.push(lastPerOpS);
       }
       const row: Row = {
-        bench, np: size, bytes, size: c.label, iters: cal.iters, unit: unitOf(bench),
-        median: display(c, median(perOpS)), spread: spread(perOpS), perOpS,
+        bench,
+        np: size,
+        bytes,
+        size: c.label,
+        iters: cal.iters,
+        unit: unitOf(bench),
+        median: display(c, median(perOpS)),
+        spread: spread(perOpS),
+        perOpS,
       };
       rows.push(row);
       if (rank === 0) process.stderr.write(`mpi-bench: ${bench} np ${size} ${c.label}: ${row.median.toPrecision(4)} ${row.unit}\n`);

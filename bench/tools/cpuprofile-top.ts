@@ -62,7 +62,9 @@ function summarize(file: string, top: number): void {
     if (area(cf) !== "idle") fns.set(label(cf), (fns.get(label(cf)) ?? 0) + us);
   }
   const busyUs = totalUs - (areas.get("idle") ?? 0);
-  process.stdout.write(`\n== ${path.basename(file)}: ${(totalUs / 1e6).toFixed(2)} s profiled, main thread busy ${(busyUs / 1e6).toFixed(2)} s (${((100 * busyUs) / totalUs).toFixed(0)}%)\n`);
+  process.stdout.write(
+    `\n== ${path.basename(file)}: ${(totalUs / 1e6).toFixed(2)} s profiled, main thread busy ${(busyUs / 1e6).toFixed(2)} s (${((100 * busyUs) / totalUs).toFixed(0)}%)\n`,
+  );
   process.stdout.write("  by area (self time, share of busy):\n");
   for (const [a, us] of [...areas].filter(([a]) => a !== "idle").sort((x, y) => y[1] - x[1])) {
     process.stdout.write(`    ${a.padEnd(32)} ${(us / 1000).toFixed(0).padStart(8)} ms  ${((100 * us) / busyUs).toFixed(1).padStart(5)}%\n`);

@@ -58,7 +58,11 @@ async function exchange(mine: Record<string, string>): Promise<Record<string, st
 async function setup(): Promise<Map<Variant, Link>> {
   if (side === 0) {
     await ctrl.bind(transport === "ipc" ? `ipc://${dir}/ctrl` : "tcp://127.0.0.1:0");
-    const child = spawn(process.execPath, ["--import", "tsx", fileURLToPath(import.meta.url), "--role", "echo", "--transport", transport, "--dir", dir, "--ctrl", ctrl.lastEndpoint!], { stdio: ["pipe", "inherit", "inherit"] });
+    const child = spawn(
+      process.execPath,
+      ["--import", "tsx", fileURLToPath(import.meta.url), "--role", "echo", "--transport", transport, "--dir", dir, "--ctrl", ctrl.lastEndpoint!],
+      { stdio: ["pipe", "inherit", "inherit"] },
+    );
     process.on("exit", () => child.kill("SIGKILL"));
   } else {
     ctrl.connect(args.get("ctrl")!);
@@ -85,7 +89,20 @@ async function setup(): Promise<Map<Variant, Link>> {
     const t = transports.get(v)!;
     t.connect(peer, theirs[v]!);
     let seq = 0;
-    const constHeader = encodeHeader({ kind: Kind.app, flags: 0, encoding: 2, jobKey: JOB_KEY, source: side, tag: 7, channelSeq: 0, epoch: 0, collSeq: 0, signature: 0, arrayType: 9, attempt: 0 });
+    const constHeader = encodeHeader({
+      kind: Kind.app,
+      flags: 0,
+      encoding: 2,
+      jobKey: JOB_KEY,
+      source: side,
+      tag: 7,
+      channelSeq: 0,
+      epoch: 0,
+      collSeq: 0,
+      signature: 0,
+      arrayType: 9,
+      attempt: 0,
+    });
     const waiting: ((x: unknown) => void)[] = [];
     const queued: unknown[] = [];
     const matcher = new Matcher<{ source: number; tag: number; data: unknown }>(2);
@@ -94,17 +111,35 @@ async function setup(): Promise<Map<Variant, Link>> {
       if (w !== undefined) w(x);
       else queued.push(x);
     };
-    t.start((frames) => {
-      if (v === "transport") return deliver(frames[1]);
-      const h = decodeHeader(frames[0], { jobKey: JOB_KEY, size: 2 });
-      const data = decodeBody(h.encoding, h.arrayType, frames.slice(1));
-      if (v === "+wire") return deliver(data);
-      matcher.arrive({ source: h.source, tag: h.tag, data });
-    }, (err) => { throw err; });
+    t.start(
+      (frames) => {
+        if (v === "transport") return deliver(frames[1]);
+        const h = decodeHeader(frames[0], { jobKey: JOB_KEY, size: 2 });
+        const data = decodeBody(h.encoding, h.arrayType, frames.slice(1));
+        if (v === "+wire") return deliver(data);
+        matcher.arrive({ source: h.source, tag: h.tag, data });
+      },
+      (err) => {
+        throw err;
+      },
+    );
     const send = (d: Float64Array): Promise<void> => {
       if (v === "transport") return t.send(peer, [constHeader, new Uint8Array(d.buffer, d.byteOffset, d.byteLength)]);
       const body = encodeBody(d, { copy: true });
-      const header = encodeHeader({ kind: Kind.app, flags: 0, encoding: body.encoding, jobKey: JOB_KEY, source: side, tag: 7, channelSeq: seq++, epoch: 0, collSeq: 0, signature: 0, arrayType: body.arrayType, attempt: 0 });
+      const header = encodeHeader({
+        kind: Kind.app,
+        flags: 0,
+        encoding: body.encoding,
+        jobKey: JOB_KEY,
+        source: side,
+        tag: 7,
+        channelSeq: seq++,
+        epoch: 0,
+        collSeq: 0,
+        signature: 0,
+        arrayType: body.arrayType,
+        attempt: 0,
+      });
       return t.send(peer, [header, ...body.frames]);
     };
     const recv = (): Promise<unknown> => {
@@ -124,7 +159,11 @@ async function setup(): Promise<Map<Variant, Link>> {
   return links;
 }
 
-interface Sample { oneWayUs: number; cpuUs: number; loopUs: number }
+interface Sample {
+  oneWayUs: number;
+  cpuUs: number;
+  loopUs: number;
+}
 
 async function main(): Promise<void> {
   const links = await setup();
@@ -179,7 +218,9 @@ async function main(): Promise<void> {
     out.push("| variant | one-way us | vs raw | CPU us/msg (2 procs) | main-loop active us/msg (2 procs) |");
     out.push("| --- | ---: | ---: | ---: | ---: |");
     for (const v of VARIANTS) {
-      out.push(`| ${v} | ${med(v, "oneWayUs").toFixed(1)} | ${(med(v, "oneWayUs") / med("raw-pair", "oneWayUs")).toFixed(2)}x | ${med(v, "cpuUs").toFixed(1)} | ${med(v, "loopUs").toFixed(1)} |`);
+      out.push(
+        `| ${v} | ${med(v, "oneWayUs").toFixed(1)} | ${(med(v, "oneWayUs") / med("raw-pair", "oneWayUs")).toFixed(2)}x | ${med(v, "cpuUs").toFixed(1)} | ${med(v, "loopUs").toFixed(1)} |`,
+      );
     }
   }
   await ctrl.send(JSON.stringify({ v: "quit", n: 0 }));

@@ -22,8 +22,11 @@ import { median } from "../lib/stats.ts";
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
 const { values } = parseArgs({
   options: {
-    np: { type: "string", default: "4" }, sizes: { type: "string", default: "4194304,16777216,41943040" }, iters: { type: "string", default: "40" },
-    rounds: { type: "string", default: "3" }, modes: { type: "string", default: "none,retry-one" },
+    np: { type: "string", default: "4" },
+    sizes: { type: "string", default: "4194304,16777216,41943040" },
+    iters: { type: "string", default: "40" },
+    rounds: { type: "string", default: "3" },
+    modes: { type: "string", default: "none,retry-one" },
   },
 });
 const np = Number(values.np);
@@ -32,21 +35,50 @@ const modes = values.modes.split(",");
 const rounds = Number(values.rounds);
 const dir = mkdtempSync(path.join(os.tmpdir(), "mode-ab-"));
 
-interface Run { ms: number; cpuMs: number }
+interface Run {
+  ms: number;
+  cpuMs: number;
+}
 
 function runOnce(mode: string, bytes: number): Run {
   const results = path.join(dir, "r.json");
   const flags = mode === "cpr" ? ["--mode", "cpr", "--store", path.join(dir, "store"), "--checkpoint-every", "1000000s"] : ["--mode", mode];
-  execFileSync(process.execPath, [path.join(ROOT, "dist/cli.js"), "run", "-n", String(np), ...flags, "--quiet", "--results", results,
-    "bench/programs/allreduce-loop.ts", "--bytes", String(bytes), "--iters", values.iters], { cwd: ROOT, stdio: ["ignore", "ignore", "inherit"], timeout: 600_000 });
+  execFileSync(
+    process.execPath,
+    [
+      path.join(ROOT, "dist/cli.js"),
+      "run",
+      "-n",
+      String(np),
+      ...flags,
+      "--quiet",
+      "--results",
+      results,
+      "bench/programs/allreduce-loop.ts",
+      "--bytes",
+      String(bytes),
+      "--iters",
+      values.iters,
+    ],
+    { cwd: ROOT, stdio: ["ignore", "ignore", "inherit"], timeout: 600_000 },
+  );
   const doc = JSON.parse(readFileSync(results, "utf8")) as { ranks: { medianMs: number; cpuMsPerIter: number }[] };
   return { ms: Math.max(...doc.ranks.map((r) => r.medianMs)), cpuMs: doc.ranks.reduce((s, r) => s + r.cpuMsPerIter, 0) };
 }
 
 try {
-  const lines = [`### allreduce + checkpoint per iteration, ${np} ranks, one job at a time (median of ${rounds} rounds; load ${os.loadavg()[0]!.toFixed(2)})`, "",
-    `| size | ${modes.map((m) => `${m} ms | ${m} CPU ms`).join(" | ")} | ${modes.slice(1).map((m) => `${m}/${modes[0]} time | CPU`).join(" | ")} |`,
-    `| --- | ${modes.map(() => "---: | ---:").join(" | ")} | ${modes.slice(1).map(() => "---: | ---:").join(" | ")} |`];
+  const lines = [
+    `### allreduce + checkpoint per iteration, ${np} ranks, one job at a time (median of ${rounds} rounds; load ${os.loadavg()[0]!.toFixed(2)})`,
+    "",
+    `| size | ${modes.map((m) => `${m} ms | ${m} CPU ms`).join(" | ")} | ${modes
+      .slice(1)
+      .map((m) => `${m}/${modes[0]} time | CPU`)
+      .join(" | ")} |`,
+    `| --- | ${modes.map(() => "---: | ---:").join(" | ")} | ${modes
+      .slice(1)
+      .map(() => "---: | ---:")
+      .join(" | ")} |`,
+  ];
   for (const bytes of sizes) {
     const by = new Map<string, Run[]>(modes.map((m) => [m, []]));
     for (let k = 0; k < rounds; k++) {
@@ -57,8 +89,16 @@ try {
       }
     }
     const med = (m: string, f: (r: Run) => number): number => median(by.get(m)!.map(f));
-    lines.push(`| ${sizeLabel(bytes)} | ${modes.map((m) => `${med(m, (r) => r.ms).toFixed(1)} | ${med(m, (r) => r.cpuMs).toFixed(1)}`).join(" | ")} | ` +
-      `${modes.slice(1).map((m) => `${(med(m, (r) => r.ms) / med(modes[0]!, (r) => r.ms)).toFixed(2)}x | ${(med(m, (r) => r.cpuMs) / med(modes[0]!, (r) => r.cpuMs)).toFixed(2)}x`).join(" | ")} |`);
+    lines.push(
+      `| ${sizeLabel(bytes)} | ${modes.map((m) => `${med(m, (r) => r.ms).toFixed(1)} | ${med(m, (r) => r.cpuMs).toFixed(1)}`).join(" | ")} | ` +
+        `${modes
+          .slice(1)
+          .map(
+            (m) =>
+              `${(med(m, (r) => r.ms) / med(modes[0]!, (r) => r.ms)).toFixed(2)}x | ${(med(m, (r) => r.cpuMs) / med(modes[0]!, (r) => r.cpuMs)).toFixed(2)}x`,
+          )
+          .join(" | ")} |`,
+    );
   }
   process.stdout.write(`\n${lines.join("\n")}\n`);
 } finally {

@@ -31,7 +31,9 @@ const ctrl = new Pair({ linger: 0 });
 async function main(): Promise<void> {
   if (side === 0) {
     await ctrl.bind(`ipc://${dir}/ctrl`);
-    const child = spawn(process.execPath, ["--import", "tsx", fileURLToPath(import.meta.url), "--role", "recv", "--dir", dir], { stdio: ["pipe", "inherit", "inherit"] });
+    const child = spawn(process.execPath, ["--import", "tsx", fileURLToPath(import.meta.url), "--role", "recv", "--dir", dir], {
+      stdio: ["pipe", "inherit", "inherit"],
+    });
     process.on("exit", () => child.kill("SIGKILL"));
   } else {
     ctrl.connect(`ipc://${dir}/ctrl`);
@@ -46,14 +48,32 @@ async function main(): Promise<void> {
   let waiter: (() => void) | undefined;
   let count = 0;
   let want = 0;
-  t.start((frames) => {
-    const h = decodeHeader(frames[0], { jobKey: JOB_KEY, size: 2 });
-    decodeBody(h.encoding, h.arrayType, frames.slice(1));
-    if (++count === want) waiter?.();
-  }, (err) => { throw err; });
+  t.start(
+    (frames) => {
+      const h = decodeHeader(frames[0], { jobKey: JOB_KEY, size: 2 });
+      decodeBody(h.encoding, h.arrayType, frames.slice(1));
+      if (++count === want) waiter?.();
+    },
+    (err) => {
+      throw err;
+    },
+  );
   const lfSend = (data: Float64Array | number, copy: boolean): Promise<void> => {
     const body = encodeBody(data, { copy });
-    const header = encodeHeader({ kind: Kind.app, flags: 0, encoding: body.encoding, jobKey: JOB_KEY, source: side, tag: 1, channelSeq: 0, epoch: 0, collSeq: 0, signature: 0, arrayType: body.arrayType, attempt: 0 });
+    const header = encodeHeader({
+      kind: Kind.app,
+      flags: 0,
+      encoding: body.encoding,
+      jobKey: JOB_KEY,
+      source: side,
+      tag: 1,
+      channelSeq: 0,
+      epoch: 0,
+      collSeq: 0,
+      signature: 0,
+      arrayType: body.arrayType,
+      attempt: 0,
+    });
     return t.send(1 - side, [header, ...body.frames]);
   };
   const lfExpect = (n: number): Promise<void> => {

@@ -51,7 +51,11 @@ async function setup(): Promise<Map<Variant, Link>> {
   const links = new Map<Variant, Link>();
   if (side === 0) {
     await ctrl.bind(addr("ctrl"));
-    const child = spawn(process.execPath, ["--import", "tsx", fileURLToPath(import.meta.url), "--role", "echo", "--transport", transport, "--dir", dir, "--ctrl", ctrl.lastEndpoint!], { stdio: ["pipe", "inherit", "inherit"] });
+    const child = spawn(
+      process.execPath,
+      ["--import", "tsx", fileURLToPath(import.meta.url), "--role", "echo", "--transport", transport, "--dir", dir, "--ctrl", ctrl.lastEndpoint!],
+      { stdio: ["pipe", "inherit", "inherit"] },
+    );
     process.on("exit", () => child.kill("SIGKILL"));
   } else {
     ctrl.connect(args.get("ctrl")!);

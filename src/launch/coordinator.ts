@@ -85,10 +85,16 @@ export class Coordinator {
 
   constructor(private readonly opts: CoordinatorOptions) {
     this.machine = new Membership({
-      size: opts.size, jobKey: opts.jobKey, mode: opts.mode, hosts: opts.hosts,
-      identity: controlIdentity, heartbeatIdentity,
-      rendezvousTimeoutMs: opts.rendezvousTimeoutMs, warningsMax: opts.warningsMax,
-      tableFor: opts.tableFor, prepareTables: opts.beforeTables !== undefined,
+      size: opts.size,
+      jobKey: opts.jobKey,
+      mode: opts.mode,
+      hosts: opts.hosts,
+      identity: controlIdentity,
+      heartbeatIdentity,
+      rendezvousTimeoutMs: opts.rendezvousTimeoutMs,
+      warningsMax: opts.warningsMax,
+      tableFor: opts.tableFor,
+      prepareTables: opts.beforeTables !== undefined,
     });
     // mandatory: a send to a rank that is gone fails (and is reported) instead of vanishing;
     // sendTimeout bounds a send to a rank whose queue is full, so one stuck rank cannot
@@ -122,7 +128,10 @@ export class Coordinator {
     if (this.opts.transport === "ipc") {
       const path = join(this.opts.runDir, "coordinator");
       if (Buffer.byteLength(path) > IPC_PATH_MAX) {
-        throw new LifelineError("LAUNCH_SPAWN", `ipc path ${path} is longer than ${IPC_PATH_MAX} bytes; set TMPDIR to a shorter directory or use --transport tcp`);
+        throw new LifelineError(
+          "LAUNCH_SPAWN",
+          `ipc path ${path} is longer than ${IPC_PATH_MAX} bytes; set TMPDIR to a shorter directory or use --transport tcp`,
+        );
       }
       address = `ipc://${path}`;
     } else {
@@ -135,7 +144,7 @@ export class Coordinator {
       throw new LifelineError("LAUNCH_SPAWN", `coordinator cannot bind ${address}: ${errorMessage(err)}`, { cause: err });
     }
     this.endpointValue = this.router.lastEndpoint ?? address;
-    this.run({ kind: "start", nowMs: performance.now() });
+    void this.run({ kind: "start", nowMs: performance.now() });
     this.readLoop = this.receive();
     return this.endpointValue;
   }
@@ -153,7 +162,7 @@ export class Coordinator {
    * counts (no finalize, no release), until {@link restartRound}.
    */
   endRound(): void {
-    this.run({ kind: "round-over" });
+    void this.run({ kind: "round-over" });
   }
 
   /**
@@ -162,7 +171,7 @@ export class Coordinator {
    * from the old attempts' identities are ignored from now on.
    */
   restartRound(attempts: readonly number[]): void {
-    this.run({ kind: "restart-round", attempts, nowMs: performance.now() });
+    void this.run({ kind: "restart-round", attempts, nowMs: performance.now() });
   }
 
   /**
@@ -170,7 +179,7 @@ export class Coordinator {
    * and it counts as down until a restarted incarnation says hello.
    */
   rankDown(rank: number, attempt: number): void {
-    this.run({ kind: "rank-down", rank, attempt });
+    void this.run({ kind: "rank-down", rank, attempt });
   }
 
   /**
@@ -179,23 +188,23 @@ export class Coordinator {
    * its new endpoint. Nobody else re-handshakes.
    */
   restartRank(rank: number, attempt: number): void {
-    this.run({ kind: "restart-rank", rank, attempt });
+    void this.run({ kind: "restart-rank", rank, attempt });
   }
 
   /** Sends one message to rank `rank`'s current incarnation (if it said hello). */
   sendToRank(rank: number, msg: CoordinatorToRank): void {
-    this.run({ kind: "send", rank, msg });
+    void this.run({ kind: "send", rank, msg });
   }
 
   /** Sends `msg` to every rank that said hello in the current round. */
   broadcast(msg: CoordinatorToRank): void {
-    this.run({ kind: "broadcast", msg });
+    void this.run({ kind: "broadcast", msg });
   }
 
   /** Closes the Router. Safe to call more than once. */
   async close(): Promise<void> {
     if (this.machine.phase === "closed") return;
-    this.run({ kind: "close" });
+    void this.run({ kind: "close" });
     // Pending sends are abandoned: close() with linger 0 drops them, which is what we want
     // when the job is over (ranks that still wait are killed by the supervisor).
     this.router.close();
@@ -210,7 +219,8 @@ export class Coordinator {
   // ---- the machine's effects ------------------------------------------------------------
 
   /**
-   * Feeds one input and carries out its effects in order; returns the sends it began. An
+   * Feeds one input and carries out its effects in order; returns the sends it began (they
+   * never reject: a failed send is a warning). An
    * event handler may call back in (e.g. abort on a rank's abort): that input's effects are
    * carried out at once, as a direct call would.
    */
@@ -237,10 +247,12 @@ export class Coordinator {
         return undefined;
       case "prepare-tables":
         this.opts.beforeTables!().then(
-          () => { this.run({ kind: "tables-prepared", round: eff.round }); },
+          () => {
+            void this.run({ kind: "tables-prepared", round: eff.round });
+          },
           (err: unknown) => {
             const code = err instanceof LifelineError ? err.code : "LAUNCH_SPAWN";
-            this.run({ kind: "tables-failed", round: eff.round, code, message: errorMessage(err) });
+            void this.run({ kind: "tables-failed", round: eff.round, code, message: errorMessage(err) });
           },
         );
         return undefined;
@@ -259,12 +271,15 @@ export class Coordinator {
     this.rendezvousTimer = undefined;
     this.timerDueMs = due;
     if (due === undefined) return;
-    this.rendezvousTimer = setTimeout(() => {
-      // A timer that fired a little early is armed again by run() for the rest.
-      this.rendezvousTimer = undefined;
-      this.timerDueMs = undefined;
-      this.run({ kind: "tick", nowMs: performance.now() });
-    }, Math.max(0, due - performance.now()));
+    this.rendezvousTimer = setTimeout(
+      () => {
+        // A timer that fired a little early is armed again by run() for the rest.
+        this.rendezvousTimer = undefined;
+        this.timerDueMs = undefined;
+        void this.run({ kind: "tick", nowMs: performance.now() });
+      },
+      Math.max(0, due - performance.now()),
+    );
   }
 
   // ---- receiving ------------------------------------------------------------------------
@@ -292,17 +307,20 @@ export class Coordinator {
     // A Dealer sends one frame; tolerate a leading empty delimiter (REQ-style peers).
     const payload = body.length === 2 && body[0]!.length === 0 ? body[1] : body.length === 1 ? body[0] : undefined;
     if (payload === undefined) {
-      this.run({ kind: "stray", message: `ignored a ${body.length}-frame message from ${printable(identity)} on the control channel (not a lifeline rank?)` });
+      void this.run({
+        kind: "stray",
+        message: `ignored a ${body.length}-frame message from ${printable(identity)} on the control channel (not a lifeline rank?)`,
+      });
       return;
     }
     let msg: RankToCoordinator;
     try {
       msg = decodeControl(payload) as RankToCoordinator;
     } catch (err) {
-      this.run({ kind: "stray", message: `ignored garbage from ${printable(identity)} on the control channel: ${errorMessage(err)}` });
+      void this.run({ kind: "stray", message: `ignored garbage from ${printable(identity)} on the control channel: ${errorMessage(err)}` });
       return;
     }
-    this.run({ kind: "message", identity, msg });
+    void this.run({ kind: "message", identity, msg });
   }
 
   // ---- sending --------------------------------------------------------------------------
@@ -322,7 +340,10 @@ export class Coordinator {
         // A rank that already exited cannot receive its abort/release; that is expected
         // during a teardown, so only other cases are worth a warning.
         if (!quiet && !this.tearingDown()) {
-          this.opts.onEvent({ kind: "warning", message: `could not send ${msg.t} to ${rank === undefined ? printable(identity) : `rank ${rank}`}: ${errorMessage(err)}` });
+          this.opts.onEvent({
+            kind: "warning",
+            message: `could not send ${msg.t} to ${rank === undefined ? printable(identity) : `rank ${rank}`}: ${errorMessage(err)}`,
+          });
         }
       }
     });

@@ -63,7 +63,10 @@ export class CprRestartPolicy implements RestartPolicy {
   /** Per-host stores: parts fetched from partner copies, by rank, for the tables. */
   private fetched = new Map<number, Uint8Array>();
   /** Per-host stores: the answers awaited from the ranks before the tables go out. */
-  private awaiting: { kind: "held"; rank: number; done: (parts: HostReport["parts"]) => void } | { kind: "copy"; rank: number; of: number; epoch: number; done: (part: Uint8Array | undefined, error: string | undefined) => void } | undefined;
+  private awaiting:
+    | { kind: "held"; rank: number; done: (parts: HostReport["parts"]) => void }
+    | { kind: "copy"; rank: number; of: number; epoch: number; done: (part: Uint8Array | undefined, error: string | undefined) => void }
+    | undefined;
   /** Per-host stores: ends the wait of a preparation under way (a restart began). */
   private cancelPrepare: (() => void) | undefined;
   /** Per-host stores: the commit record of each line made durable, for its `cpr-committed`. */
@@ -72,7 +75,10 @@ export class CprRestartPolicy implements RestartPolicy {
   /** The initiator of the current attempt and the manifest writes it asks for. */
   private readonly driver: InitiatorDriver;
 
-  constructor(private readonly config: RunConfig, private readonly claim: StoreClaim) {
+  constructor(
+    private readonly config: RunConfig,
+    private readonly claim: StoreClaim,
+  ) {
     this.perHost = config.storeScope === "host";
     this.driver = new InitiatorDriver(() => claim.manifest, {
       keepLines: config.keepLines,
@@ -88,7 +94,8 @@ export class CprRestartPolicy implements RestartPolicy {
       onLineCommitted: (eff) => {
         this.ctx?.report({ kind: "line-committed", epoch: eff.epoch, durationMs: Math.round(eff.durationMs), bytes: eff.bytes });
       },
-      onAborted: (epoch, reason) => this.ctx?.report({ kind: "warning", message: `recovery line ${epoch} aborted: ${reason}; the last committed line stays in force` }),
+      onAborted: (epoch, reason) =>
+        this.ctx?.report({ kind: "warning", message: `recovery line ${epoch} aborted: ${reason}; the last committed line stays in force` }),
       onAbortNotRecorded: (epoch, err) => this.ctx?.report({ kind: "warning", message: `could not record the abort of line ${epoch}: ${err.message}` }),
     });
   }
@@ -117,15 +124,24 @@ export class CprRestartPolicy implements RestartPolicy {
       const line = choice.line;
       if (line === undefined) {
         if (this.config.resume === "resume") {
-          throw new LifelineError("LAUNCH_RESUME", `--resume: no recovery line in ${this.config.store} verifies (see the warnings above); run with --fresh to start the job from the beginning`);
+          throw new LifelineError(
+            "LAUNCH_RESUME",
+            `--resume: no recovery line in ${this.config.store} verifies (see the warnings above); run with --fresh to start the job from the beginning`,
+          );
         }
         ctx.report({ kind: "warning", message: `no recovery line of job ${this.claim.job.id} verifies; run ${this.claim.job.run} starts from the beginning` });
       } else {
         this.restoreLine = line;
         this.resumedFrom = line.epoch;
         ctx.report({
-          kind: "job-resuming", job: this.claim.job.id, run: this.claim.job.run, epoch: line.epoch,
-          lineTime: formatTime(line.timeMs), lineRun: line.job?.run, previousState: action.job.state, previousExitCode: action.job.exitCode,
+          kind: "job-resuming",
+          job: this.claim.job.id,
+          run: this.claim.job.run,
+          epoch: line.epoch,
+          lineTime: formatTime(line.timeMs),
+          lineRun: line.job?.run,
+          previousState: action.job.state,
+          previousExitCode: action.job.exitCode,
         });
       }
     } else {
@@ -139,7 +155,10 @@ export class CprRestartPolicy implements RestartPolicy {
     const discard = action.discard;
     if (discard.length === 0) return;
     const newest = discard[discard.length - 1]!;
-    ctx.report({ kind: "warning", message: `discarding the ${discard.length} recovery line(s) in ${this.config.store} (newest: line ${newest.epoch}, committed ${formatTime(newest.timeMs)}): ${action.why ?? "starting over"}` });
+    ctx.report({
+      kind: "warning",
+      message: `discarding the ${discard.length} recovery line(s) in ${this.config.store} (newest: line ${newest.epoch}, committed ${formatTime(newest.timeMs)}): ${action.why ?? "starting over"}`,
+    });
     for (const line of discard) await this.claim.manifest.abortLine(line.epoch);
   }
 
@@ -180,7 +199,10 @@ export class CprRestartPolicy implements RestartPolicy {
         const i = reports.findIndex((rep) => rep.rank === lost.holder);
         const rep = reports[i]!;
         reports[i] = { ...rep, parts: rep.parts.filter((p) => !(p.where === lost.where && p.ref.rank === lost.ref.rank && p.ref.epoch === lost.ref.epoch)) };
-        ctx.report({ kind: "warning", message: `rank ${lost.holder} could not send rank ${lost.ref.rank}'s part of line ${lost.ref.epoch} (${lost.where}): ${lost.error}` });
+        ctx.report({
+          kind: "warning",
+          message: `rank ${lost.holder} could not send rank ${lost.ref.rank}'s part of line ${lost.ref.epoch} (${lost.where}): ${lost.error}`,
+        });
       }
     }
     await manifest.prune(this.config.keepLines);
@@ -188,14 +210,27 @@ export class CprRestartPolicy implements RestartPolicy {
     this.restoreLine = line;
     if (start.kind === "resume") {
       if (line === undefined) {
-        if (this.config.resume === "resume") throw new LifelineError("LAUNCH_RESUME", `--resume: no recovery line of job ${this.claim.job.id} is complete on the hosts of this run (see the warnings above); run with --fresh to start the job from the beginning`);
-        ctx.report({ kind: "warning", message: `no recovery line of job ${this.claim.job.id} is complete on these hosts; run ${this.claim.job.run} starts from the beginning` });
+        if (this.config.resume === "resume")
+          throw new LifelineError(
+            "LAUNCH_RESUME",
+            `--resume: no recovery line of job ${this.claim.job.id} is complete on the hosts of this run (see the warnings above); run with --fresh to start the job from the beginning`,
+          );
+        ctx.report({
+          kind: "warning",
+          message: `no recovery line of job ${this.claim.job.id} is complete on these hosts; run ${this.claim.job.run} starts from the beginning`,
+        });
       } else {
         this.resumedFrom = line.epoch;
         const action = this.claim.action as Extract<StoreClaim["action"], { kind: "resume" }>;
         ctx.report({
-          kind: "job-resuming", job: this.claim.job.id, run: this.claim.job.run, epoch: line.epoch,
-          lineTime: formatTime(line.timeMs), lineRun: line.job?.run, previousState: action.job.state, previousExitCode: action.job.exitCode,
+          kind: "job-resuming",
+          job: this.claim.job.id,
+          run: this.claim.job.run,
+          epoch: line.epoch,
+          lineTime: formatTime(line.timeMs),
+          lineRun: line.job?.run,
+          previousState: action.job.state,
+          previousExitCode: action.job.exitCode,
         });
       }
     } else if (start.kind === "restart") {
@@ -229,19 +264,33 @@ export class CprRestartPolicy implements RestartPolicy {
    * Fetches the partner copies the chosen line needs into {@link fetched}. Resolves to the copy
    * that could not be fetched (the choice must be made again), or undefined when all arrived.
    */
-  private async fetchCopies(line: LineRecord, sources: readonly PartSource[]): Promise<{ holder: number; where: string; ref: PartRef; error: string } | undefined> {
+  private async fetchCopies(
+    line: LineRecord,
+    sources: readonly PartSource[],
+  ): Promise<{ holder: number; where: string; ref: PartRef; error: string } | undefined> {
     for (let r = 0; r < sources.length; r++) {
       const src = sources[r]!;
       if (src.kind !== "copy") continue;
       const ref = line.parts[r]!;
-      const answer = await this.await_<{ part: Uint8Array | undefined; error: string | undefined }>(`rank ${src.holder}'s copy of rank ${r}'s part of line ${line.epoch}`, (resolve) => {
-        this.awaiting = { kind: "copy", rank: src.holder, of: r, epoch: line.epoch, done: (part, error) => resolve({ part, error }) };
-        this.ctx!.send(src.holder, { t: "cpr-fetch", of: r, ref: { rank: ref.rank, epoch: ref.epoch, checksum: ref.checksum, bytes: ref.bytes }, where: src.where });
-      });
+      const answer = await this.await_<{ part: Uint8Array | undefined; error: string | undefined }>(
+        `rank ${src.holder}'s copy of rank ${r}'s part of line ${line.epoch}`,
+        (resolve) => {
+          this.awaiting = { kind: "copy", rank: src.holder, of: r, epoch: line.epoch, done: (part, error) => resolve({ part, error }) };
+          this.ctx!.send(src.holder, {
+            t: "cpr-fetch",
+            of: r,
+            ref: { rank: ref.rank, epoch: ref.epoch, checksum: ref.checksum, bytes: ref.bytes },
+            where: src.where,
+          });
+        },
+      );
       if (answer.part === undefined) return { holder: src.holder, where: src.where, ref, error: answer.error ?? "no bytes" };
       this.fetched.set(r, answer.part);
       const what = src.where.startsWith("held-by-") ? "the partner copy" : "its own part store";
-      this.ctx?.report({ kind: "warning", message: `rank ${r}'s part of line ${line.epoch} is not on its host: restoring it from ${what} on rank ${src.holder}'s host (${src.where})` });
+      this.ctx?.report({
+        kind: "warning",
+        message: `rank ${r}'s part of line ${line.epoch} is not on its host: restoring it from ${what} on rank ${src.holder}'s host (${src.where})`,
+      });
     }
     return undefined;
   }
@@ -290,20 +339,27 @@ export class CprRestartPolicy implements RestartPolicy {
     const record = this.records.get(msg.epoch);
     this.records.clear();
     if (record === undefined) return msg;
-    const line = { epoch: record.epoch, timeMs: record.timeMs, parts: record.parts.map((p) => ({ ...p })), ...(record.job === undefined ? {} : { job: record.job }) };
+    const line = {
+      epoch: record.epoch,
+      timeMs: record.timeMs,
+      parts: record.parts.map((p) => ({ ...p })),
+      ...(record.job === undefined ? {} : { job: record.job }),
+    };
     return { ...msg, line, job: { ...this.claim.job } };
   }
 
   onReady(): void {
     const every = this.config.checkpointEvery.kind === "time" ? { ms: this.config.checkpointEvery.ms } : { steps: this.config.checkpointEvery.steps };
-    this.driver.start(new CprInitiator({
-      size: this.config.size,
-      every,
-      committedEpoch: this.restoreLine?.epoch ?? 0,
-      keepLines: this.config.keepLines,
-      phaseTimeoutMs: PHASE_TIMEOUT_MS,
-      nowMs: this.now(),
-    }));
+    this.driver.start(
+      new CprInitiator({
+        size: this.config.size,
+        every,
+        committedEpoch: this.restoreLine?.epoch ?? 0,
+        keepLines: this.config.keepLines,
+        phaseTimeoutMs: PHASE_TIMEOUT_MS,
+        nowMs: this.now(),
+      }),
+    );
   }
 
   onStep(rank: number, steps: number): void {
@@ -352,12 +408,20 @@ export class CprRestartPolicy implements RestartPolicy {
     if (line === undefined) return hostFields;
     const ref = line.parts[rank]!;
     const part = this.fetched.get(rank);
-    return { ...hostFields, restore: { epoch: line.epoch, ref: { rank: ref.rank, epoch: ref.epoch, checksum: ref.checksum, bytes: ref.bytes }, ...(part === undefined ? {} : { part }) } };
+    return {
+      ...hostFields,
+      restore: {
+        epoch: line.epoch,
+        ref: { rank: ref.rank, epoch: ref.epoch, checksum: ref.checksum, bytes: ref.bytes },
+        ...(part === undefined ? {} : { part }),
+      },
+    };
   }
 
   summary(): Record<string, unknown> {
     return {
-      linesCommitted: [...this.committed], rollbacks: [...this.rollbacks],
+      linesCommitted: [...this.committed],
+      rollbacks: [...this.rollbacks],
       ...(this.resumedFrom === undefined ? {} : { resumedFrom: this.resumedFrom }),
     };
   }
@@ -379,7 +443,10 @@ export class CprRestartPolicy implements RestartPolicy {
       const kept = (await manifest.list()).map((l) => l.epoch);
       await this.withRankStores((stores) => Promise.all(stores.map((s) => s.retain(kept, { dropNewer: true }))));
     } catch (err) {
-      this.ctx?.report({ kind: "warning", message: `could not delete the parts of unfinished lines: ${(err as Error).message} (the next run of this job deletes them)` });
+      this.ctx?.report({
+        kind: "warning",
+        message: `could not delete the parts of unfinished lines: ${(err as Error).message} (the next run of this job deletes them)`,
+      });
     } finally {
       const problem = await endRun(this.claim, { state: end.ok ? "finished" : end.interrupted ? "stopped" : "failed", exitCode: end.exitCode });
       if (problem !== undefined) this.ctx?.report({ kind: "warning", message: problem });

@@ -16,9 +16,7 @@ import { describeTrigger, firedWhy, type PlannedFault } from "./drill-spec.ts";
 import type { JobEvent } from "./progress.ts";
 
 /** One thing that happened in a run, at `t` ms after the run started. */
-export type RecordedEvent =
-  | { t: number; ev: JobEvent }
-  | { t: number; ev: { kind: "rank-output"; rank: number; stream: "stdout" | "stderr"; line: string } };
+export type RecordedEvent = { t: number; ev: JobEvent } | { t: number; ev: { kind: "rank-output"; rank: number; stream: "stdout" | "stderr"; line: string } };
 
 /** How one run ended (the parts of a JobOutcome a drill keeps). */
 export interface RunResult {
@@ -60,10 +58,7 @@ export interface FaultReport {
 }
 
 /** One run's verdict against the reference. */
-export type Verdict =
-  | { kind: "identical" }
-  | { kind: "differs"; ranks: number[] }
-  | { kind: "failed"; message: string };
+export type Verdict = { kind: "identical" } | { kind: "differs"; ranks: number[] } | { kind: "failed"; message: string };
 
 /** One run of a drill, recorded and analysed. */
 export interface DrillRun {
@@ -102,7 +97,7 @@ export const FIRED_LINE = /injected fault: (?:killing|freezing) this rank \((.+?
 
 /** Loose view of an event, for kinds that recovery protocols may add (line commits, restores). */
 function fields(ev: RecordedEvent["ev"]): Record<string, unknown> {
-  return ev as unknown as Record<string, unknown>;
+  return ev;
 }
 
 /** A committed recovery line, when the run's mode reports them. */
@@ -254,7 +249,8 @@ export function analyzeFaults(events: readonly RecordedEvent[], faults: readonly
       const restored = restoredStepsOf(stepsAtEpoch[r.fault.rank]!, r.restoreEpoch);
       r.workLostSteps = Math.max(0, r.stepsAtHit - restored);
     }
-    if (r.interruptedMs !== undefined) r.note = `a later fault struck ${Math.round(r.interruptedMs - (r.detectedMs ?? r.interruptedMs))} ms after detection, before this one had recovered`;
+    if (r.interruptedMs !== undefined)
+      r.note = `a later fault struck ${Math.round(r.interruptedMs - (r.detectedMs ?? r.interruptedMs))} ms after detection, before this one had recovered`;
     else if (r.recoveredMs === undefined) r.note = "restarted, but did not get back to the point of the fault";
   }
   return reports;
@@ -466,10 +462,14 @@ svg text { font: 11px system-ui, sans-serif; fill: #333; }
 <div style="margin-top:6px"><code>${esc(report.command)}</code></div>
 <div style="margin-top:4px">${report.size} rank${report.size === 1 ? "" : "s"} · mode ${esc(report.mode)} · seed ${report.seed}</div>
 <h2>Faults</h2>
-${rows.length === 0 ? "<p>No faults were injected (the faulty runs re-run the program and compare).</p>" : `<table id="faults">
+${
+  rows.length === 0
+    ? "<p>No faults were injected (the faulty runs re-run the program and compare).</p>"
+    : `<table id="faults">
 <tr><th>run</th><th>fault</th><th>rank</th><th>trigger</th><th>hit at</th><th>steps done</th><th>detected by</th><th>detection ms</th><th>restart ms</th><th>recovery ms</th><th>rolled back to</th><th>work lost (steps)</th><th>run verdict</th></tr>
 ${rows.join("\n")}
-</table>`}
+</table>`
+}
 <h2>Runs</h2>
 <table id="runs">
 <tr><th>run</th><th>mode</th><th>seed</th><th>wall time</th><th>restarts</th><th>verdict</th></tr>
@@ -501,7 +501,8 @@ function faultRow(run: DrillRun, f: FaultReport): string {
   const verdict = run.verdict === undefined ? "" : run.verdict.kind === "identical" ? "identical" : run.verdict.kind === "differs" ? "differs" : "failed";
   const cls = verdict === "identical" ? "ok" : "bad";
   const trigger = f.hitMs === undefined ? `${describeTrigger(f.fault.trigger)} (did not fire)` : describeTrigger(f.fault.trigger);
-  const recovery = f.recoveredMs === undefined && f.note !== undefined && f.hitMs !== undefined ? `<td>${esc(f.note)}</td>` : cell(span(f.detectedMs, f.recoveredMs));
+  const recovery =
+    f.recoveredMs === undefined && f.note !== undefined && f.hitMs !== undefined ? `<td>${esc(f.note)}</td>` : cell(span(f.detectedMs, f.recoveredMs));
   return (
     `<tr><td>${esc(run.label)}</td><td>${f.fault.index}</td><td>${f.fault.rank}</td><td>${esc(trigger)}${f.fault.attempt > 0 ? ` (attempt ${f.fault.attempt})` : ""}</td>` +
     `<td class="num">${f.hitMs === undefined ? "—" : secs(f.hitMs)}</td>${cell(f.stepsAtHit)}<td>${esc(f.cause ?? "—")}</td>${cell(span(f.hitMs, f.detectedMs))}` +
@@ -516,11 +517,17 @@ function renderRun(run: DrillRun, size: number, scaleMs: number, referenceWallMs
   const height = TOP + size * LANE_H + AXIS_H;
   const width = LEFT + PLOT_W + RIGHT;
   const parts: string[] = [];
-  const extra = referenceWallMs === undefined || run.verdict === undefined ? "" : ` · wall ${secs(run.result.wallMs)} (${run.result.wallMs >= referenceWallMs ? "+" : "−"}${secs(Math.abs(run.result.wallMs - referenceWallMs))} vs the reference)`;
-  const title = run.verdict === undefined
-    ? `${run.label} (mode ${run.mode}) · wall ${secs(run.result.wallMs)}`
-    : `${run.label} (mode ${run.mode}${run.seed === undefined ? "" : `, seed ${run.seed}`}): ${describeVerdict(run.verdict, size)}${extra}`;
-  parts.push(`<text class="run-title" x="4" y="16" style="font-weight:600;font-size:13px;fill:${run.verdict === undefined || run.verdict.kind === "identical" ? "#222" : COLORS.fault}">${esc(title)}</text>`);
+  const extra =
+    referenceWallMs === undefined || run.verdict === undefined
+      ? ""
+      : ` · wall ${secs(run.result.wallMs)} (${run.result.wallMs >= referenceWallMs ? "+" : "−"}${secs(Math.abs(run.result.wallMs - referenceWallMs))} vs the reference)`;
+  const title =
+    run.verdict === undefined
+      ? `${run.label} (mode ${run.mode}) · wall ${secs(run.result.wallMs)}`
+      : `${run.label} (mode ${run.mode}${run.seed === undefined ? "" : `, seed ${run.seed}`}): ${describeVerdict(run.verdict, size)}${extra}`;
+  parts.push(
+    `<text class="run-title" x="4" y="16" style="font-weight:600;font-size:13px;fill:${run.verdict === undefined || run.verdict.kind === "identical" ? "#222" : COLORS.fault}">${esc(title)}</text>`,
+  );
 
   // Lanes: one row per rank, a bar per attempt.
   const segments = rankSegments(run.events, size, endMs);
@@ -537,10 +544,16 @@ function renderRun(run: DrillRun, size: number, scaleMs: number, referenceWallMs
       // Process start-up (spawn until init()) is hatched: it is not the program's work.
       const upTo = Math.min(seg.upAt ?? seg.to, seg.to);
       if (upTo > seg.from) {
-        parts.push(`<rect x="${f1(x0)}" y="${y + 7}" width="${f1(Math.max(1, x(upTo) - x0))}" height="${LANE_H - 14}" fill="url(#startup)" stroke="#9fb3c8"><title>rank ${rank}, attempt ${seg.attempt}: starting (${Math.round(upTo - seg.from)} ms until init())</title></rect>`);
+        parts.push(
+          `<rect x="${f1(x0)}" y="${y + 7}" width="${f1(Math.max(1, x(upTo) - x0))}" height="${LANE_H - 14}" fill="url(#startup)" stroke="#9fb3c8"><title>rank ${rank}, attempt ${seg.attempt}: starting (${Math.round(upTo - seg.from)} ms until init())</title></rect>`,
+        );
       }
-      if (seg.end === "finalized") parts.push(`<circle cx="${f1(x(seg.to))}" cy="${y + LANE_H / 2}" r="4" fill="${COLORS.finalized}"><title>rank ${rank} finalized</title></circle>`);
-      if (seg.end === "stopped") parts.push(`<rect x="${f1(x(seg.to) - 3)}" y="${y + LANE_H / 2 - 3}" width="6" height="6" fill="${COLORS.stopped}"><title>rank ${rank} stopped by the launcher at ${secs(seg.to)}</title></rect>`);
+      if (seg.end === "finalized")
+        parts.push(`<circle cx="${f1(x(seg.to))}" cy="${y + LANE_H / 2}" r="4" fill="${COLORS.finalized}"><title>rank ${rank} finalized</title></circle>`);
+      if (seg.end === "stopped")
+        parts.push(
+          `<rect x="${f1(x(seg.to) - 3)}" y="${y + LANE_H / 2 - 3}" width="6" height="6" fill="${COLORS.stopped}"><title>rank ${rank} stopped by the launcher at ${secs(seg.to)}</title></rect>`,
+        );
     }
   }
 
@@ -552,15 +565,21 @@ function renderRun(run: DrillRun, size: number, scaleMs: number, referenceWallMs
     const newEpoch = ev.epoch !== epochOf[ev.rank];
     epochOf[ev.rank] = ev.epoch;
     if (newEpoch) {
-      parts.push(`<rect x="${f1(x(t) - 1.5)}" y="${y + 3}" width="3" height="${LANE_H - 6}" fill="${COLORS.checkpoint}"><title>rank ${ev.rank}: epoch ${ev.epoch} at step ${ev.steps} (${secs(t)})</title></rect>`);
+      parts.push(
+        `<rect x="${f1(x(t) - 1.5)}" y="${y + 3}" width="3" height="${LANE_H - 6}" fill="${COLORS.checkpoint}"><title>rank ${ev.rank}: epoch ${ev.epoch} at step ${ev.steps} (${secs(t)})</title></rect>`,
+      );
     } else {
-      parts.push(`<line x1="${f1(x(t))}" x2="${f1(x(t))}" y1="${y + 9}" y2="${y + LANE_H - 9}" stroke="${COLORS.step}" stroke-width="1"><title>rank ${ev.rank}: ${ev.steps} steps (${secs(t)})</title></line>`);
+      parts.push(
+        `<line x1="${f1(x(t))}" x2="${f1(x(t))}" y1="${y + 9}" y2="${y + LANE_H - 9}" stroke="${COLORS.step}" stroke-width="1"><title>rank ${ev.rank}: ${ev.steps} steps (${secs(t)})</title></line>`,
+      );
     }
   }
 
   // Committed lines: across every lane.
   for (const c of lineCommits(run.events)) {
-    parts.push(`<line x1="${f1(x(c.t))}" x2="${f1(x(c.t))}" y1="${TOP - 4}" y2="${TOP + size * LANE_H}" stroke="${COLORS.commit}" stroke-width="1.5" stroke-dasharray="4 3"><title>line ${c.epoch} committed at ${secs(c.t)}</title></line>`);
+    parts.push(
+      `<line x1="${f1(x(c.t))}" x2="${f1(x(c.t))}" y1="${TOP - 4}" y2="${TOP + size * LANE_H}" stroke="${COLORS.commit}" stroke-width="1.5" stroke-dasharray="4 3"><title>line ${c.epoch} committed at ${secs(c.t)}</title></line>`,
+    );
     parts.push(`<text x="${f1(x(c.t) + 2)}" y="${TOP - 6}" style="fill:${COLORS.commit}">L${c.epoch}</text>`);
   }
 
@@ -572,13 +591,20 @@ function renderRun(run: DrillRun, size: number, scaleMs: number, referenceWallMs
     const band = (from: number | undefined, to: number | undefined, color: string, what: string): void => {
       if (from === undefined || to === undefined) return;
       const w = Math.max(2, x(to) - x(from));
-      parts.push(`<rect x="${f1(x(from))}" y="${mid - 5}" width="${f1(w)}" height="10" fill="${color}" opacity="0.9"><title>${esc(what)}: ${Math.round(to - from)} ms</title></rect>`);
+      parts.push(
+        `<rect x="${f1(x(from))}" y="${mid - 5}" width="${f1(w)}" height="10" fill="${color}" opacity="0.9"><title>${esc(what)}: ${Math.round(to - from)} ms</title></rect>`,
+      );
     };
     band(f.hitMs, f.detectedMs, COLORS.detection, `fault ${f.fault.index}: detection (${f.cause ?? "exit"})`);
     const stop = f.interruptedMs;
     band(f.detectedMs, min(f.upMs, stop), COLORS.restart, `fault ${f.fault.index}: restart`);
     if (stop === undefined || (f.upMs !== undefined && f.upMs < stop)) {
-      band(f.upMs, f.recoveredMs ?? stop, COLORS.recovery, `fault ${f.fault.index}: redoing ${f.workLostSteps ?? "?"} lost steps${stop === undefined ? "" : " (interrupted by a later fault)"}`);
+      band(
+        f.upMs,
+        f.recoveredMs ?? stop,
+        COLORS.recovery,
+        `fault ${f.fault.index}: redoing ${f.workLostSteps ?? "?"} lost steps${stop === undefined ? "" : " (interrupted by a later fault)"}`,
+      );
     }
     const hx = x(f.hitMs);
     parts.push(
@@ -593,7 +619,9 @@ function renderRun(run: DrillRun, size: number, scaleMs: number, referenceWallMs
     ].filter((s) => s !== undefined);
     const label = `✕${f.fault.index} ${describeTrigger(f.fault.trigger)}${cost.length > 0 ? ` · ${cost.join(" · ")}` : ""}`;
     // A white halo keeps the label legible over the bars it crosses.
-    parts.push(`<text x="${f1(hx + 8)}" y="${y + 6}" style="fill:${COLORS.fault};font-weight:600;paint-order:stroke;stroke:#fff;stroke-width:3px">${esc(label)}</text>`);
+    parts.push(
+      `<text x="${f1(hx + 8)}" y="${y + 6}" style="fill:${COLORS.fault};font-weight:600;paint-order:stroke;stroke:#fff;stroke-width:3px">${esc(label)}</text>`,
+    );
   }
 
   // Time axis.
@@ -602,9 +630,13 @@ function renderRun(run: DrillRun, size: number, scaleMs: number, referenceWallMs
   const tick = niceTick(scaleMs);
   for (let t = 0; t <= scaleMs + 1e-9; t += tick) {
     parts.push(`<line x1="${f1(x(t))}" x2="${f1(x(t))}" y1="${axisY}" y2="${axisY + 4}" stroke="#999"/>`);
-    parts.push(`<text x="${f1(x(t))}" y="${axisY + 16}" text-anchor="middle">${t >= 1000 || tick >= 1000 ? `${(t / 1000).toFixed(tick < 1000 ? 1 : 0)}s` : `${t}ms`}</text>`);
+    parts.push(
+      `<text x="${f1(x(t))}" y="${axisY + 16}" text-anchor="middle">${t >= 1000 || tick >= 1000 ? `${(t / 1000).toFixed(tick < 1000 ? 1 : 0)}s` : `${t}ms`}</text>`,
+    );
   }
-  parts.push(`<line x1="${f1(x(endMs))}" x2="${f1(x(endMs))}" y1="${TOP - 2}" y2="${axisY}" stroke="#555" stroke-dasharray="2 2"><title>run ended at ${secs(endMs)}</title></line>`);
+  parts.push(
+    `<line x1="${f1(x(endMs))}" x2="${f1(x(endMs))}" y1="${TOP - 2}" y2="${axisY}" stroke="#555" stroke-dasharray="2 2"><title>run ended at ${secs(endMs)}</title></line>`,
+  );
   parts.push(`<text x="${f1(x(endMs) + 4)}" y="${axisY - 4}">end ${secs(endMs)}</text>`);
 
   return `<section class="run" id="run-${run.index}">

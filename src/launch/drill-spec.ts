@@ -30,8 +30,7 @@ export const RANDOM_KILLS_MAX = 64;
 /** One `--kill` as written, parsed. */
 export type KillSpec =
   /** A fault on a named rank; `trigger` is in LIFELINE_FAULTS form without `@attempt`. */
-  | { kind: "rank"; text: string; rank: number; trigger: string; attempt: number | undefined }
-  | { kind: "random"; text: string; count: number };
+  { kind: "rank"; text: string; rank: number; trigger: string; attempt: number | undefined } | { kind: "random"; text: string; count: number };
 
 /** One fault planned for a faulty run: which rank, which trigger, in which attempt. */
 export interface PlannedFault {

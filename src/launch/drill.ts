@@ -87,7 +87,8 @@ export function resolveDrillConfig(flags: DrillFlags, ctx: { cwd: string; comman
     problems.push(...err.message.split("\n").map((l) => l.replace(/^- /, "")));
   };
   if ((flags.inject ?? []).length > 0) problems.push("drill takes its faults from --kill (e.g. --kill 1@step:5), not --inject");
-  if (flags.resume === true || flags.fresh === true) problems.push(`drill runs every job in a fresh store of its own, so ${flags.resume === true ? "--resume" : "--fresh"} does not apply`);
+  if (flags.resume === true || flags.fresh === true)
+    problems.push(`drill runs every job in a fresh store of its own, so ${flags.resume === true ? "--resume" : "--fresh"} does not apply`);
   let run: RunConfig | undefined;
   try {
     run = resolveRunConfig({ ...flags, inject: [] }, ctx);
@@ -152,10 +153,28 @@ export async function runDrill(config: DrillConfig, io: DrillIo): Promise<DrillO
       (faultCount === 0 ? "without faults (re-run and compare)" : `with ${faultCount} fault${faultCount === 1 ? "" : "s"} each`) +
       ` · seed ${config.seed}`,
   );
-  out.json({ event: "drill-starting", app: base.app, size: base.size, mode: base.mode, seed: config.seed, repeat: config.repeat, kills: config.kills.map((k) => k.text) });
+  out.json({
+    event: "drill-starting",
+    app: base.app,
+    size: base.size,
+    mode: base.mode,
+    seed: config.seed,
+    repeat: config.repeat,
+    kills: config.kills.map((k) => k.text),
+  });
 
   const finish = async (pass: boolean, exitCode: number, summary: string): Promise<DrillOutcome> => {
-    const report: DrillReport = { app: base.app, appArgs: base.appArgs, size: base.size, mode: base.mode, seed: config.seed, command: config.command, runs, pass, summary };
+    const report: DrillReport = {
+      app: base.app,
+      appArgs: base.appArgs,
+      size: base.size,
+      mode: base.mode,
+      seed: config.seed,
+      command: config.command,
+      runs,
+      pass,
+      summary,
+    };
     if (config.reportPath !== undefined) {
       try {
         await writeFile(config.reportPath, renderHtml(report));
@@ -211,7 +230,9 @@ export async function runDrill(config: DrillConfig, io: DrillIo): Promise<DrillO
     }
     out.info(
       `run ${k + 1} (${label}, mode ${base.mode}, seed ${seed}): ` +
-        (faults.length === 0 ? "no faults" : faults.map((f) => `fault ${f.index}: rank ${f.rank} @ ${describeTrigger(f.trigger)}${f.attempt > 0 ? ` (attempt ${f.attempt})` : ""}`).join("; ")),
+        (faults.length === 0
+          ? "no faults"
+          : faults.map((f) => `fault ${f.index}: rank ${f.rank} @ ${describeTrigger(f.trigger)}${f.attempt > 0 ? ` (attempt ${f.attempt})` : ""}`).join("; ")),
     );
     const run = await executeRun({ ...base, faults: perRank, resultsPath: undefined }, { index: k + 1, label, mode: base.mode, seed, faults }, config, io, out);
     run.verdict = verdictOf(run, reference.result.results);
@@ -226,7 +247,11 @@ export async function runDrill(config: DrillConfig, io: DrillIo): Promise<DrillO
   const faulty = runs.slice(1);
   const bad = faulty.filter((r) => r.verdict?.kind !== "identical");
   if (bad.length === 0) {
-    return finish(true, 0, `PASS: ${faulty.length === 1 ? "the faulty run's" : `all ${faulty.length} faulty runs'`} results are bit-identical to the reference run's`);
+    return finish(
+      true,
+      0,
+      `PASS: ${faulty.length === 1 ? "the faulty run's" : `all ${faulty.length} faulty runs'`} results are bit-identical to the reference run's`,
+    );
   }
   const first = bad[0]!;
   const v = first.verdict!;
@@ -234,7 +259,11 @@ export async function runDrill(config: DrillConfig, io: DrillIo): Promise<DrillO
     v.kind === "differs"
       ? `results differ from the reference on rank${v.ranks.length === 1 ? "" : "s"} ${v.ranks.join(", ")}`
       : `failed: ${v.kind === "failed" ? v.message : ""}`;
-  return finish(false, 1, `FAIL: ${bad.length} of ${faulty.length} faulty run${faulty.length === 1 ? "" : "s"} did not reproduce the reference; ${first.label} (seed ${first.seed}) ${what}`);
+  return finish(
+    false,
+    1,
+    `FAIL: ${bad.length} of ${faulty.length} faulty run${faulty.length === 1 ? "" : "s"} did not reproduce the reference; ${first.label} (seed ${first.seed}) ${what}`,
+  );
 }
 
 /** Runs one job through runJob with a recording reporter and analyses its faults. */
@@ -291,7 +320,11 @@ class RecordingReporter implements Reporter {
   private readonly start = performance.now();
   private stderrKept = 0;
 
-  constructor(private readonly run: number, private readonly faults: readonly PlannedFault[], private readonly out: DrillOutput) {}
+  constructor(
+    private readonly run: number,
+    private readonly faults: readonly PlannedFault[],
+    private readonly out: DrillOutput,
+  ) {}
 
   event(ev: JobEvent): void {
     const t = this.now();
@@ -308,7 +341,9 @@ class RecordingReporter implements Reporter {
         this.out.live(`  ${secs(t)} stopping the job: ${ev.reason.split("\n")[0]}`);
         break;
       case "job-finished":
-        this.out.live(`  ${secs(t)} job ${ev.ok ? "finished" : `failed (exit ${ev.exitCode})`}: ${ev.finalized}/${ev.size} ranks finalized${ev.restarts > 0 ? `, ${ev.restarts} restart${ev.restarts === 1 ? "" : "s"}` : ""}`);
+        this.out.live(
+          `  ${secs(t)} job ${ev.ok ? "finished" : `failed (exit ${ev.exitCode})`}: ${ev.finalized}/${ev.size} ranks finalized${ev.restarts > 0 ? `, ${ev.restarts} restart${ev.restarts === 1 ? "" : "s"}` : ""}`,
+        );
         break;
       default:
         break;
@@ -331,7 +366,9 @@ class RecordingReporter implements Reporter {
     this.out.json({ event: "output", run: this.run, rank, stream, line, t: Math.round(t) });
     if (fired !== null) {
       const f = this.faults.find((p) => p.rank === rank && (p.trigger === fired[2] || p.trigger === `hang:${fired[2]}`));
-      this.out.live(`  ${secs(t)} fault${f === undefined ? "" : ` ${f.index}`} hit rank ${rank} (${fired[1] === "killing" ? "killed" : "frozen"} at ${describeTrigger(fired[2]!)})`);
+      this.out.live(
+        `  ${secs(t)} fault${f === undefined ? "" : ` ${f.index}`} hit rank ${rank} (${fired[1] === "killing" ? "killed" : "frozen"} at ${describeTrigger(fired[2]!)})`,
+      );
     }
   }
 
@@ -346,7 +383,10 @@ class RecordingReporter implements Reporter {
 class DrillOutput {
   private readonly style: "json" | "quiet" | "plain";
 
-  constructor(config: DrillConfig, private readonly stderr: OutStream) {
+  constructor(
+    config: DrillConfig,
+    private readonly stderr: OutStream,
+  ) {
     this.style = config.run.json ? "json" : config.run.quiet ? "quiet" : "plain";
   }
 

@@ -38,10 +38,18 @@ export type LauncherKind = (typeof LAUNCHERS)[number];
  * @example
  * launcherHosts("slurm", undefined, process.env); // { hosts: [{ host: "node1", slots: 2 }, …], slurmJobId: "42" }
  */
-export function launcherHosts(kind: LauncherKind, hostfile: HostSlots[] | undefined, env: NodeJS.ProcessEnv): { hosts: HostSlots[] | undefined; slurmJobId?: string } {
+export function launcherHosts(
+  kind: LauncherKind,
+  hostfile: HostSlots[] | undefined,
+  env: NodeJS.ProcessEnv,
+): { hosts: HostSlots[] | undefined; slurmJobId?: string } {
   switch (kind) {
     case "local":
-      if (hostfile !== undefined) throw new LifelineError("LAUNCH_USAGE", "--launcher local runs every rank on this host, so it has no use for --hostfile: drop one of them (--hostfile alone starts ranks through --rsh)");
+      if (hostfile !== undefined)
+        throw new LifelineError(
+          "LAUNCH_USAGE",
+          "--launcher local runs every rank on this host, so it has no use for --hostfile: drop one of them (--hostfile alone starts ranks through --rsh)",
+        );
       return { hosts: undefined };
     case "rsh":
       if (hostfile === undefined) throw new LifelineError("LAUNCH_USAGE", "--launcher rsh starts ranks on the hosts of a --hostfile: give one");
@@ -83,7 +91,11 @@ export function parseHostfile(text: string, file: string): HostSlots[] {
     else hosts.push({ host: host!, slots });
   });
   if (problems.length === 0 && hosts.length === 0) problems.push(`${file} names no host`);
-  if (problems.length > 0) throw new LifelineError("LAUNCH_USAGE", problems.length === 1 ? problems[0]! : `--hostfile has ${problems.length} problems:\n${problems.map((p) => `- ${p}`).join("\n")}`);
+  if (problems.length > 0)
+    throw new LifelineError(
+      "LAUNCH_USAGE",
+      problems.length === 1 ? problems[0]! : `--hostfile has ${problems.length} problems:\n${problems.map((p) => `- ${p}`).join("\n")}`,
+    );
   return hosts;
 }
 
@@ -98,10 +110,17 @@ export class Placement {
   private readonly used: number[];
   private readonly suspect = new Set<number>();
 
-  constructor(readonly hosts: readonly HostSlots[], size: number, source: "hostfile" | "allocation" = "hostfile") {
+  constructor(
+    readonly hosts: readonly HostSlots[],
+    size: number,
+    source: "hostfile" | "allocation" = "hostfile",
+  ) {
     const total = hosts.reduce((n, h) => n + h.slots, 0);
     if (total < size) {
-      const fix = source === "hostfile" ? "add hosts or slots (host slots=N)" : "allocate more nodes or tasks per node (salloc -N/--ntasks-per-node), or give a --hostfile";
+      const fix =
+        source === "hostfile"
+          ? "add hosts or slots (host slots=N)"
+          : "allocate more nodes or tasks per node (salloc -N/--ntasks-per-node), or give a --hostfile";
       throw new LifelineError("LAUNCH_USAGE", `the ${source} has ${total} slot${total === 1 ? "" : "s"} for ${size} ranks; ${fix}, or use fewer ranks`);
     }
     this.at = [];

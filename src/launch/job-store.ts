@@ -82,7 +82,10 @@ export function decideClaim(
   if (lines.length === 0) {
     if (want === "resume") {
       const what = job === undefined ? "no recovery line" : `no recovery line${same ? "" : ` (its job record is of ${describeIdentity(job)})`}`;
-      return { kind: "refuse", message: `--resume: the store ${ctx.location} holds ${what}, so there is nothing to resume. Run without --resume to start the job from the beginning.` };
+      return {
+        kind: "refuse",
+        message: `--resume: the store ${ctx.location} holds ${what}, so there is nothing to resume. Run without --resume to start the job from the beginning.`,
+      };
     }
     return { kind: "fresh", discard: [], why: undefined, continues: same && job.state !== "finished" ? job : undefined };
   }
@@ -107,12 +110,20 @@ export function decideClaim(
         message: `--resume: the job in the store ${ctx.location} (${job.id}) finished at ${clock(job.endedMs ?? job.runStartedMs)}; there is nothing to resume. Run without --resume to run it again from the beginning.`,
       };
     }
-    return { kind: "fresh", discard: lines, why: `they belong to run ${job.run} of this job, which finished at ${clock(job.endedMs ?? job.runStartedMs)}`, continues: undefined };
+    return {
+      kind: "fresh",
+      discard: lines,
+      why: `they belong to run ${job.run} of this job, which finished at ${clock(job.endedMs ?? job.runStartedMs)}`,
+      continues: undefined,
+    };
   }
   if (job.state === "running" && ctx.alive(job)) {
     // Its launcher holds the manifest, so claimStore cannot get here; a record copied from
     // elsewhere could.
-    return { kind: "refuse", message: `the store ${ctx.location} is in use: run ${job.run} of job ${job.id} is running (launcher pid ${job.launcher.pid} on ${job.launcher.host})` };
+    return {
+      kind: "refuse",
+      message: `the store ${ctx.location} is in use: run ${job.run} of job ${job.id} is running (launcher pid ${job.launcher.pid} on ${job.launcher.host})`,
+    };
   }
   return { kind: "resume", job };
 }
@@ -147,7 +158,8 @@ async function adoptReplica(root: string, manifest: LineManifest): Promise<strin
     return undefined;
   }
   let best: { job: JobRecord; lines: LineRecord[]; from: string } | undefined;
-  const newer = (a: LineRecord, b: LineRecord): boolean => (a.job?.run ?? 0) !== (b.job?.run ?? 0) ? (a.job?.run ?? 0) > (b.job?.run ?? 0) : a.epoch > b.epoch;
+  const newer = (a: LineRecord, b: LineRecord): boolean =>
+    (a.job?.run ?? 0) !== (b.job?.run ?? 0) ? (a.job?.run ?? 0) > (b.job?.run ?? 0) : a.epoch > b.epoch;
   for (const name of names) {
     let copy: LineManifest | undefined;
     try {
@@ -164,7 +176,8 @@ async function adoptReplica(root: string, manifest: LineManifest): Promise<strin
   }
   if (best === undefined) return undefined;
   await manifest.putJob(best.job);
-  for (const l of best.lines) await manifest.commitLine(l.epoch, l.parts, { ...(l.job === undefined ? {} : { job: l.job }), ...(l.meta === undefined ? {} : { meta: l.meta }) });
+  for (const l of best.lines)
+    await manifest.commitLine(l.epoch, l.parts, { ...(l.job === undefined ? {} : { job: l.job }), ...(l.meta === undefined ? {} : { meta: l.meta }) });
   return `this host's manifest in ${root} was empty: took job ${best.job.id}'s ${best.lines.length} commit record(s) from the copy kept in ${best.from} (rank ${best.from.slice("replica-".length)} ran here)`;
 }
 
@@ -186,7 +199,11 @@ export async function claimStore(config: RunConfig, opts: { jobIdBase: string; n
     manifest = await store.openManifest();
   } catch (err) {
     if (isLifelineError(err, "STORE_LOCKED")) {
-      throw new LifelineError("STORE_LOCKED", `the store ${config.store} is in use by another running job; wait for it to end, or choose another --store (${err.message})`, { cause: err });
+      throw new LifelineError(
+        "STORE_LOCKED",
+        `the store ${config.store} is in use by another running job; wait for it to end, or choose another --store (${err.message})`,
+        { cause: err },
+      );
     }
     throw err;
   }
@@ -216,9 +233,10 @@ export async function claimStore(config: RunConfig, opts: { jobIdBase: string; n
       state: "running",
     };
     await manifest.putJob(job);
-    const programChanged = action.kind === "resume" && action.job.programSha256 !== sha
-      ? `${me.app} changed since run ${action.job.run} of this job wrote its lines (sha-256 ${action.job.programSha256.slice(0, 12)}… then, ${sha.slice(0, 12)}… now); resuming anyway: the program must still read the state those lines hold`
-      : undefined;
+    const programChanged =
+      action.kind === "resume" && action.job.programSha256 !== sha
+        ? `${me.app} changed since run ${action.job.run} of this job wrote its lines (sha-256 ${action.job.programSha256.slice(0, 12)}… then, ${sha.slice(0, 12)}… now); resuming anyway: the program must still read the state those lines hold`
+        : undefined;
     return { manifest, job, action, programChanged, adopted };
   } catch (err) {
     await manifest.close().catch(() => undefined);
@@ -235,7 +253,10 @@ export async function claimStore(config: RunConfig, opts: { jobIdBase: string; n
  * @example
  * const problem = await endRun(claim, { state: "finished", exitCode: 0 });
  */
-export async function endRun(claim: StoreClaim, end: { state: "finished" | "failed" | "stopped"; exitCode: number; nowMs?: number }): Promise<string | undefined> {
+export async function endRun(
+  claim: StoreClaim,
+  end: { state: "finished" | "failed" | "stopped"; exitCode: number; nowMs?: number },
+): Promise<string | undefined> {
   try {
     await claim.manifest.putJob({ ...claim.job, state: end.state, endedMs: end.nowMs ?? Date.now(), exitCode: end.exitCode });
     return undefined;
@@ -273,11 +294,14 @@ function holdsText(held: StoreHolding, ctx: { alive: (job: JobRecord) => boolean
   const lines = `${held.lines.length} recovery line${held.lines.length === 1 ? "" : "s"} (newest: line ${newest.epoch}, ${formatBytes(bytes)}, committed ${clock(newest.timeMs)})`;
   const job = held.job;
   if (job === undefined) return lines;
-  const how = job.state === "finished"
-    ? `finished at ${clock(job.endedMs ?? job.runStartedMs)}`
-    : job.state === "running"
-      ? (ctx.alive(job) ? `running (launcher pid ${job.launcher.pid})` : `ended without finishing (its launcher, pid ${job.launcher.pid} on ${job.launcher.host}, is gone)`)
-      : `${job.state} at ${clock(job.endedMs ?? job.runStartedMs)} with exit code ${job.exitCode ?? "?"}`;
+  const how =
+    job.state === "finished"
+      ? `finished at ${clock(job.endedMs ?? job.runStartedMs)}`
+      : job.state === "running"
+        ? ctx.alive(job)
+          ? `running (launcher pid ${job.launcher.pid})`
+          : `ended without finishing (its launcher, pid ${job.launcher.pid} on ${job.launcher.host}, is gone)`
+        : `${job.state} at ${clock(job.endedMs ?? job.runStartedMs)} with exit code ${job.exitCode ?? "?"}`;
   return `${lines} of job ${job.id} (run ${job.run}, ${how})`;
 }
 

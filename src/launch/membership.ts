@@ -253,7 +253,10 @@ export class Membership {
         if (this.linksValue[input.rank]?.up === true) this.send(input.rank, input.msg);
         break;
       case "broadcast":
-        if (this.phaseValue === "running") this.linksValue.forEach((l, r) => { if (l.up) this.send(r, input.msg); });
+        if (this.phaseValue === "running")
+          this.linksValue.forEach((l, r) => {
+            if (l.up) this.send(r, input.msg);
+          });
         break;
       case "close":
         this.phaseValue = "closed";
@@ -276,7 +279,9 @@ export class Membership {
     if (this.phaseValue === "closed" || this.phaseValue === "new") return;
     this.phaseValue = "aborted";
     this.deadlineMs = undefined;
-    this.linksValue.forEach((l, r) => { if (l.up) this.send(r, { t: "abort", code, message }); });
+    this.linksValue.forEach((l, r) => {
+      if (l.up) this.send(r, { t: "abort", code, message });
+    });
   }
 
   /** See the `round-over` input. */
@@ -298,7 +303,10 @@ export class Membership {
    * the old attempts' identities are not accepted from now on.
    */
   private restartRound(attempts: readonly number[], nowMs: number): void {
-    assert(this.phaseValue === "running" || this.phaseValue === "rendezvous" || this.phaseValue === "restarting" || this.phaseValue === "released", `restartRound in phase ${this.phaseValue}`);
+    assert(
+      this.phaseValue === "running" || this.phaseValue === "rendezvous" || this.phaseValue === "restarting" || this.phaseValue === "released",
+      `restartRound in phase ${this.phaseValue}`,
+    );
     assert.equal(attempts.length, this.opts.size, "restartRound needs an attempt per rank");
     this.byIdentity.clear();
     this.helloCount = 0;
@@ -328,7 +336,9 @@ export class Membership {
       this.finalizedCount--;
     }
     // Quiet: another rank dying at the same moment cannot take the news (it is told by its own death).
-    this.linksValue.forEach((l, r) => { if (l.up && r !== rank) this.send(r, { t: "peer-down", rank, attempt }, true); });
+    this.linksValue.forEach((l, r) => {
+      if (l.up && r !== rank) this.send(r, { t: "peer-down", rank, attempt }, true);
+    });
   }
 
   /**
@@ -351,7 +361,17 @@ export class Membership {
 
   /** The link of incarnation `attempt` of `rank` before its hello. */
   private incarnation(rank: number, attempt: number): RankLink {
-    return { attempt, identity: this.opts.identity(rank, attempt), up: false, pid: undefined, endpoint: undefined, steps: 0, epoch: 0, finalized: false, result: undefined };
+    return {
+      attempt,
+      identity: this.opts.identity(rank, attempt),
+      up: false,
+      pid: undefined,
+      endpoint: undefined,
+      steps: 0,
+      epoch: 0,
+      finalized: false,
+      result: undefined,
+    };
   }
 
   private onTick(nowMs: number): void {
@@ -382,9 +402,12 @@ export class Membership {
     // that freezes during its start-up is caught by --failure-timeout, not the rendezvous timeout.
     // An incarnation declared dead (rank-down) gets no lease even before its successor starts:
     // cut off by a partition that heals, it must still end itself.
-    const rank = msg.t === "heartbeat" && identity === this.opts.heartbeatIdentity(msg.rank, msg.attempt)
-      ? (this.linksValue[msg.rank]?.attempt === msg.attempt && !this.gone.has(identity) ? msg.rank : undefined)
-      : this.byIdentity.get(identity);
+    const rank =
+      msg.t === "heartbeat" && identity === this.opts.heartbeatIdentity(msg.rank, msg.attempt)
+        ? this.linksValue[msg.rank]?.attempt === msg.attempt && !this.gone.has(identity)
+          ? msg.rank
+          : undefined
+        : this.byIdentity.get(identity);
     if (rank === undefined) {
       if (this.gone.has(identity)) return;
       this.warn(`ignored a ${msg.t} message from ${printable(identity)}, which has not said hello`);
@@ -479,15 +502,20 @@ export class Membership {
     this.rejoining.delete(msg.rank);
     this.down.delete(msg.rank);
     this.linkUp(identity, msg);
-    this.send(msg.rank, this.tableOf(msg.rank, {
-      endpoints: this.linksValue.map((l) => l.endpoint ?? ""),
-      // A rank restarted but not back yet is still its dead incarnation here: its `peer` (the
-      // new attempt) follows once it says hello.
-      attempts: this.linksValue.map((l, r) => (this.rejoining.has(r) ? l.attempt - 1 : l.attempt)),
-      down: [...this.down].sort((a, b) => a - b),
-    }));
+    this.send(
+      msg.rank,
+      this.tableOf(msg.rank, {
+        endpoints: this.linksValue.map((l) => l.endpoint ?? ""),
+        // A rank restarted but not back yet is still its dead incarnation here: its `peer` (the
+        // new attempt) follows once it says hello.
+        attempts: this.linksValue.map((l, r) => (this.rejoining.has(r) ? l.attempt - 1 : l.attempt)),
+        down: [...this.down].sort((a, b) => a - b),
+      }),
+    );
     const peer: CoordinatorToRank = { t: "peer", rank: msg.rank, endpoint: msg.endpoint, attempt: msg.attempt };
-    this.linksValue.forEach((l, r) => { if (l.up && r !== msg.rank) this.send(r, peer, true); });
+    this.linksValue.forEach((l, r) => {
+      if (l.up && r !== msg.rank) this.send(r, peer, true);
+    });
   }
 
   private onAllUp(): void {
@@ -510,7 +538,9 @@ export class Membership {
   /** Rank `rank`'s table: what every table of the job carries, `fields`, and the owner's extras. */
   private tableOf(rank: number, fields: Pick<TableMessage, "endpoints" | "attempts" | "down">): TableMessage {
     return {
-      t: "table", jobKey: this.opts.jobKey, ...fields,
+      t: "table",
+      jobKey: this.opts.jobKey,
+      ...fields,
       ...(this.opts.hosts === undefined ? {} : { hosts: [...this.opts.hosts] }),
       ...(this.opts.mode === undefined ? {} : { mode: this.opts.mode }),
       ...this.opts.tableFor?.(rank),
@@ -589,14 +619,21 @@ function malformed(msg: RankToCoordinator, size: number): string | undefined {
       // The initiator checks the rest of the message; an epoch is what every one of them needs.
       return isCount(m.epoch) ? undefined : `${msg.t} needs an epoch count`;
     case "cpr-held": {
-      const ok = Array.isArray(m.parts) && m.parts.every((x: unknown) => x !== null && typeof x === "object" && isPartRef((x as { ref?: unknown }).ref) && typeof (x as { where?: unknown }).where === "string");
+      const ok =
+        Array.isArray(m.parts) &&
+        m.parts.every(
+          (x: unknown) =>
+            x !== null && typeof x === "object" && isPartRef((x as { ref?: unknown }).ref) && typeof (x as { where?: unknown }).where === "string",
+        );
       return ok ? undefined : "cpr-held needs a list of parts, each a part reference and where it is";
     }
     case "cpr-copy":
       if (!isRank(m.of) || !isCount(m.epoch)) return "cpr-copy needs of (a rank) and an epoch count";
       return m.part instanceof Uint8Array || typeof m.error === "string" ? undefined : "cpr-copy needs the part's bytes or an error";
     case "retry-caught-up":
-      return isCount(m.attempt) && isCount(m.restored) && isCount(m.version) && isCount(m.seqno) && isCount(m.replayed) ? undefined : "retry-caught-up needs attempt, restored, version, seqno and replayed counts";
+      return isCount(m.attempt) && isCount(m.restored) && isCount(m.version) && isCount(m.seqno) && isCount(m.replayed)
+        ? undefined
+        : "retry-caught-up needs attempt, restored, version, seqno and replayed counts";
     default:
       return `unknown message type ${JSON.stringify((msg as { t: unknown }).t)}`;
   }
@@ -615,5 +652,7 @@ function isPartRef(v: unknown): boolean {
  * printable("r1.0"); // '"r1.0"'
  */
 export function printable(identity: string): string {
-  return /^[\x20-\x7e]{1,64}$/.test(identity) ? JSON.stringify(identity) : `a peer with binary id ${Buffer.from(identity, "latin1").toString("hex").slice(0, 32)}`;
+  return /^[\x20-\x7e]{1,64}$/.test(identity)
+    ? JSON.stringify(identity)
+    : `a peer with binary id ${Buffer.from(identity, "latin1").toString("hex").slice(0, 32)}`;
 }

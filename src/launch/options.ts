@@ -17,7 +17,6 @@ import { MODES, type Mode } from "../mpi/env.ts";
 import { parseFaults } from "../mpi/faults.ts";
 import { launcherHosts, LAUNCHERS, parseHostfile, Placement, type HostSlots, type LauncherKind } from "./hosts.ts";
 
-
 /** `cpr` is the default mode (docs/cli.md). */
 export const DEFAULT_MODE: Mode = "cpr";
 
@@ -267,17 +266,27 @@ export function resolveRunConfig(flags: RunFlags, ctx: { cwd: string; env?: Node
   const keepLines = flags.keepLines === undefined ? DEFAULTS.keepLines : check(() => parseCount(flags.keepLines!, "--keep-lines", 1, 1000));
   const maxRestarts = flags.maxRestarts === undefined ? DEFAULTS.maxRestarts : check(() => parseCount(flags.maxRestarts!, "--max-restarts", 0, 1_000_000));
   const replicas = flags.replicas === undefined ? DEFAULTS.replicas : check(() => parseCount(flags.replicas!, "--replicas", 0, 1_000));
-  const restartResetMs = flags.restartReset === undefined ? undefined : check(() => bounded(parseDuration(flags.restartReset!, "--restart-reset"), "--restart-reset", flags.restartReset!, 1, 30 * 86_400_000));
-  const errorFile = flags.errorFile === undefined ? undefined : check(() => {
-    if (flags.errorFile!.trim() === "") throw usage("--error-file needs a file name");
-    const path = resolve(ctx.cwd, flags.errorFile!);
-    if (existsSync(path) && statSync(path).isDirectory()) throw usage(`--error-file ${JSON.stringify(flags.errorFile)} is a directory; give a file name`);
-    return path;
-  });
-  const heartbeatMs = flags.heartbeat === undefined ? DEFAULTS.heartbeatMs : check(() => bounded(parseDuration(flags.heartbeat!, "--heartbeat"), "--heartbeat", flags.heartbeat!, 10, 3_600_000));
-  const failureTimeoutMs = flags.failureTimeout === undefined
-    ? Math.max(DEFAULTS.failureTimeoutMs, 2 * (heartbeatMs ?? DEFAULTS.heartbeatMs))
-    : check(() => bounded(parseDuration(flags.failureTimeout!, "--failure-timeout"), "--failure-timeout", flags.failureTimeout!, 1, 86_400_000));
+  const restartResetMs =
+    flags.restartReset === undefined
+      ? undefined
+      : check(() => bounded(parseDuration(flags.restartReset!, "--restart-reset"), "--restart-reset", flags.restartReset!, 1, 30 * 86_400_000));
+  const errorFile =
+    flags.errorFile === undefined
+      ? undefined
+      : check(() => {
+          if (flags.errorFile!.trim() === "") throw usage("--error-file needs a file name");
+          const path = resolve(ctx.cwd, flags.errorFile!);
+          if (existsSync(path) && statSync(path).isDirectory()) throw usage(`--error-file ${JSON.stringify(flags.errorFile)} is a directory; give a file name`);
+          return path;
+        });
+  const heartbeatMs =
+    flags.heartbeat === undefined
+      ? DEFAULTS.heartbeatMs
+      : check(() => bounded(parseDuration(flags.heartbeat!, "--heartbeat"), "--heartbeat", flags.heartbeat!, 10, 3_600_000));
+  const failureTimeoutMs =
+    flags.failureTimeout === undefined
+      ? Math.max(DEFAULTS.failureTimeoutMs, 2 * (heartbeatMs ?? DEFAULTS.heartbeatMs))
+      : check(() => bounded(parseDuration(flags.failureTimeout!, "--failure-timeout"), "--failure-timeout", flags.failureTimeout!, 1, 86_400_000));
   if (heartbeatMs !== undefined && failureTimeoutMs !== undefined && failureTimeoutMs < 2 * heartbeatMs) {
     problems.push(
       `--failure-timeout (${failureTimeoutMs} ms) must be at least twice --heartbeat (${heartbeatMs} ms), so that one late heartbeat is not taken for a failure`,
@@ -285,14 +294,19 @@ export function resolveRunConfig(flags: RunFlags, ctx: { cwd: string; env?: Node
   }
   // Ranks report steps at most every 200 ms (src/mpi/world.ts), so shorter bounds would see
   // a busy rank as stuck.
-  const stuckTimeoutMs = flags.stuckTimeout === undefined ? undefined : check(() => bounded(parseDuration(flags.stuckTimeout!, "--stuck-timeout"), "--stuck-timeout", flags.stuckTimeout!, 1_000, 30 * 86_400_000));
-  const rendezvousTimeoutMs = flags.rendezvousTimeout === undefined
-    ? DEFAULTS.rendezvousTimeoutMs
-    : check(() => bounded(parseDuration(flags.rendezvousTimeout!, "--rendezvous-timeout"), "--rendezvous-timeout", flags.rendezvousTimeout!, 1, 86_400_000));
+  const stuckTimeoutMs =
+    flags.stuckTimeout === undefined
+      ? undefined
+      : check(() => bounded(parseDuration(flags.stuckTimeout!, "--stuck-timeout"), "--stuck-timeout", flags.stuckTimeout!, 1_000, 30 * 86_400_000));
+  const rendezvousTimeoutMs =
+    flags.rendezvousTimeout === undefined
+      ? DEFAULTS.rendezvousTimeoutMs
+      : check(() => bounded(parseDuration(flags.rendezvousTimeout!, "--rendezvous-timeout"), "--rendezvous-timeout", flags.rendezvousTimeout!, 1, 86_400_000));
 
-  const startTimeoutMs = flags.startTimeout === undefined
-    ? Math.max(DEFAULTS.startTimeoutMs, failureTimeoutMs ?? 0)
-    : check(() => bounded(parseDuration(flags.startTimeout!, "--start-timeout"), "--start-timeout", flags.startTimeout!, 100, 86_400_000));
+  const startTimeoutMs =
+    flags.startTimeout === undefined
+      ? Math.max(DEFAULTS.startTimeoutMs, failureTimeoutMs ?? 0)
+      : check(() => bounded(parseDuration(flags.startTimeout!, "--start-timeout"), "--start-timeout", flags.startTimeout!, 100, 86_400_000));
   if (flags.startTimeout !== undefined && startTimeoutMs !== undefined && rendezvousTimeoutMs !== undefined && startTimeoutMs >= rendezvousTimeoutMs) {
     problems.push(
       `--start-timeout (${startTimeoutMs} ms) must be shorter than --rendezvous-timeout (${rendezvousTimeoutMs} ms): a rank slow to start is restarted within the time the whole job has to start`,
@@ -300,7 +314,9 @@ export function resolveRunConfig(flags: RunFlags, ctx: { cwd: string; env?: Node
   }
 
   if (flags.resume === true && flags.fresh === true) {
-    problems.push("--resume and --fresh contradict each other: --resume continues the job from its newest recovery line, --fresh discards the lines and starts over");
+    problems.push(
+      "--resume and --fresh contradict each other: --resume continues the job from its newest recovery line, --fresh discards the lines and starts over",
+    );
   }
   if ((flags.resume === true || flags.fresh === true) && mode !== undefined && mode !== "cpr") {
     const flag = flags.resume === true ? "--resume" : "--fresh";
@@ -321,60 +337,87 @@ export function resolveRunConfig(flags: RunFlags, ctx: { cwd: string; env?: Node
     const remote = flags.hostfile !== undefined || (launcher !== undefined && launcher !== "local");
     const t = flags.transport ?? (flags.bind !== undefined || remote ? "tcp" : DEFAULTS.transport);
     if (t !== "ipc" && t !== "tcp") throw usage(`--transport ${JSON.stringify(t)} must be ipc or tcp`);
-    if (t === "ipc" && flags.bind !== undefined) throw usage(`--bind ${JSON.stringify(flags.bind)} is for --transport tcp (ipc endpoints are files in a private directory and bind no address)`);
+    if (t === "ipc" && flags.bind !== undefined)
+      throw usage(`--bind ${JSON.stringify(flags.bind)} is for --transport tcp (ipc endpoints are files in a private directory and bind no address)`);
     return t;
   });
-  const hostfile = flags.hostfile === undefined ? undefined : check(() => {
-    const path = resolve(ctx.cwd, flags.hostfile!);
-    let text: string;
-    try {
-      text = readFileSync(path, "utf8");
-    } catch (err) {
-      throw usage(`--hostfile ${JSON.stringify(flags.hostfile)}: cannot read ${path} (${(err as NodeJS.ErrnoException).code ?? (err as Error).message})`);
-    }
-    const parsed = parseHostfile(text, flags.hostfile!);
-    if (size !== undefined) new Placement(parsed, size); // enough slots?
-    return parsed;
-  });
+  const hostfile =
+    flags.hostfile === undefined
+      ? undefined
+      : check(() => {
+          const path = resolve(ctx.cwd, flags.hostfile!);
+          let text: string;
+          try {
+            text = readFileSync(path, "utf8");
+          } catch (err) {
+            throw usage(`--hostfile ${JSON.stringify(flags.hostfile)}: cannot read ${path} (${(err as NodeJS.ErrnoException).code ?? (err as Error).message})`);
+          }
+          const parsed = parseHostfile(text, flags.hostfile!);
+          if (size !== undefined) new Placement(parsed, size); // enough slots?
+          return parsed;
+        });
   // A hostfile that could not be read is a problem already; the launcher's hosts wait for it.
-  const placed = launcher === undefined || (flags.hostfile !== undefined && hostfile === undefined) ? undefined : check(() => {
-    const found = launcherHosts(launcher, hostfile, ctx.env ?? process.env);
-    if (launcher === "slurm" && hostfile === undefined && size !== undefined) new Placement(found.hosts!, size, "allocation"); // enough slots?
-    return found;
-  });
+  const placed =
+    launcher === undefined || (flags.hostfile !== undefined && hostfile === undefined)
+      ? undefined
+      : check(() => {
+          const found = launcherHosts(launcher, hostfile, ctx.env ?? process.env);
+          if (launcher === "slurm" && hostfile === undefined && size !== undefined) new Placement(found.hosts!, size, "allocation"); // enough slots?
+          return found;
+        });
   const hosts = placed?.hosts;
   if (flags.hostfile !== undefined && flags.bind === undefined) {
     problems.push("--hostfile needs --bind: the interface or address (of this host) on which ranks on the other hosts reach the coordinator");
   } else if (launcher === "slurm" && flags.bind === undefined) {
-    problems.push("--launcher slurm needs --bind: the interface (e.g. eth0, ib0, present on every node) on which ranks on the allocation's nodes reach the coordinator on this host");
+    problems.push(
+      "--launcher slurm needs --bind: the interface (e.g. eth0, ib0, present on every node) on which ranks on the allocation's nodes reach the coordinator on this host",
+    );
   }
-  if (launcher === "slurm" && flags.rsh !== undefined) problems.push("--rsh is the agent of --launcher rsh; --launcher slurm starts ranks with srun: drop --rsh");
-  const rsh = (flags.rsh ?? DEFAULTS.rsh).trim().split(/\s+/).filter((w) => w !== "");
+  if (launcher === "slurm" && flags.rsh !== undefined)
+    problems.push("--rsh is the agent of --launcher rsh; --launcher slurm starts ranks with srun: drop --rsh");
+  const rsh = (flags.rsh ?? DEFAULTS.rsh)
+    .trim()
+    .split(/\s+/)
+    .filter((w) => w !== "");
   // Ranks on several hosts: each host's own disk, with partner copies, unless told the store is shared.
-  const storeScope = flags.storeScope === undefined ? (hosts === undefined ? "shared" : "host") : check(() => {
-    if (flags.storeScope !== "shared" && flags.storeScope !== "host") throw usage(`--store-scope ${JSON.stringify(flags.storeScope)}: expected shared (one directory every rank reaches) or host (a directory on each host, parts copied to a partner on another host)`);
-    return flags.storeScope;
-  });
-  if (rsh.length === 0) problems.push("--rsh needs a command (e.g. ssh, or \"ssh -p 2222\")");
-  const bindAddress = flags.bind === undefined ? undefined : check(() => {
-    const r = resolveBind(flags.bind!);
-    if ("problem" in r) throw usage(`--bind ${JSON.stringify(flags.bind)}: ${r.problem}`);
-    return r.address;
-  });
+  const storeScope =
+    flags.storeScope === undefined
+      ? hosts === undefined
+        ? "shared"
+        : "host"
+      : check(() => {
+          if (flags.storeScope !== "shared" && flags.storeScope !== "host")
+            throw usage(
+              `--store-scope ${JSON.stringify(flags.storeScope)}: expected shared (one directory every rank reaches) or host (a directory on each host, parts copied to a partner on another host)`,
+            );
+          return flags.storeScope;
+        });
+  if (rsh.length === 0) problems.push('--rsh needs a command (e.g. ssh, or "ssh -p 2222")');
+  const bindAddress =
+    flags.bind === undefined
+      ? undefined
+      : check(() => {
+          const r = resolveBind(flags.bind!);
+          if ("problem" in r) throw usage(`--bind ${JSON.stringify(flags.bind)}: ${r.problem}`);
+          return r.address;
+        });
 
   if (flags.json === true && flags.quiet === true) {
     problems.push("--json and --quiet cannot be combined: --json is for machines, which can filter its events themselves");
   }
 
-  const resultsPath = flags.results === undefined ? undefined : check(() => {
-    if (flags.results!.trim() === "") throw usage("--results needs a file name");
-    const path = resolve(ctx.cwd, flags.results!);
-    // Checked now rather than after a long job: a missing directory would lose every result.
-    const dir = dirname(path);
-    if (!existsSync(dir) || !statSync(dir).isDirectory()) throw usage(`--results ${JSON.stringify(flags.results)}: directory ${dir} does not exist`);
-    if (existsSync(path) && statSync(path).isDirectory()) throw usage(`--results ${JSON.stringify(flags.results)} is a directory; give a file name`);
-    return path;
-  });
+  const resultsPath =
+    flags.results === undefined
+      ? undefined
+      : check(() => {
+          if (flags.results!.trim() === "") throw usage("--results needs a file name");
+          const path = resolve(ctx.cwd, flags.results!);
+          // Checked now rather than after a long job: a missing directory would lose every result.
+          const dir = dirname(path);
+          if (!existsSync(dir) || !statSync(dir).isDirectory()) throw usage(`--results ${JSON.stringify(flags.results)}: directory ${dir} does not exist`);
+          if (existsSync(path) && statSync(path).isDirectory()) throw usage(`--results ${JSON.stringify(flags.results)} is a directory; give a file name`);
+          return path;
+        });
 
   const faults: string[] = size === undefined ? [] : new Array<string>(size).fill("");
   for (const text of flags.inject ?? []) {
@@ -389,7 +432,9 @@ export function resolveRunConfig(flags: RunFlags, ctx: { cwd: string; env?: Node
     if (!statSync(path).isFile()) throw usage(`app ${JSON.stringify(flags.app)} is not a file`);
     const ext = extname(path);
     if (!(TS_EXTENSIONS as readonly string[]).includes(ext) && !(JS_EXTENSIONS as readonly string[]).includes(ext)) {
-      throw usage(`app ${JSON.stringify(flags.app)}: lifeline runs TypeScript (${TS_EXTENSIONS.join(" ")}) or JavaScript (${JS_EXTENSIONS.join(" ")}) programs, not ${JSON.stringify(ext || "files without an extension")}`);
+      throw usage(
+        `app ${JSON.stringify(flags.app)}: lifeline runs TypeScript (${TS_EXTENSIONS.join(" ")}) or JavaScript (${JS_EXTENSIONS.join(" ")}) programs, not ${JSON.stringify(ext || "files without an extension")}`,
+      );
     }
     return path;
   });

@@ -40,7 +40,16 @@ export type JobEvent =
    * at `lineTime` by run `lineRun`; the run before ended `previousState` (`running`: its
    * launcher was killed) with `previousExitCode`.
    */
-  | { kind: "job-resuming"; job: string; run: number; epoch: number; lineTime: string; lineRun: number | undefined; previousState: string; previousExitCode: number | undefined }
+  | {
+      kind: "job-resuming";
+      job: string;
+      run: number;
+      epoch: number;
+      lineTime: string;
+      lineRun: number | undefined;
+      previousState: string;
+      previousExitCode: number | undefined;
+    }
   /** `warm`: a spare process, started earlier, took the rank's place (retry-one). */
   | { kind: "rank-spawned"; rank: number; attempt: number; pid: number; warm?: boolean; host?: string }
   /** retry-one: a warm spare process is ready for the next restart (see --no-spare). */
@@ -158,7 +167,10 @@ class JsonReporter implements Reporter {
   private readonly pendingStep = new Map<number, Extract<JobEvent, { kind: "rank-step" }>>();
   private stepTimer: NodeJS.Timeout | undefined;
 
-  constructor(private readonly opts: ReporterOptions, private readonly elapsedMs: () => number) {
+  constructor(
+    private readonly opts: ReporterOptions,
+    private readonly elapsedMs: () => number,
+  ) {
     this.lastStepEmit = new Array<number>(opts.size).fill(-Infinity);
   }
 
@@ -282,11 +294,16 @@ class HumanReporter implements Reporter {
         this.info(`job ${ev.job}: starting ${ev.size} rank${plural(ev.size)} of ${ev.app} (mode ${ev.mode})`);
         break;
       case "job-resuming": {
-        const before = ev.previousState === "running"
-          ? "its launcher died"
-          : ev.previousState === "stopped" ? "it was interrupted" : `it failed${ev.previousExitCode === undefined ? "" : ` with exit code ${ev.previousExitCode}`}`;
+        const before =
+          ev.previousState === "running"
+            ? "its launcher died"
+            : ev.previousState === "stopped"
+              ? "it was interrupted"
+              : `it failed${ev.previousExitCode === undefined ? "" : ` with exit code ${ev.previousExitCode}`}`;
         this.lineEpoch = ev.epoch;
-        this.info(`resuming job ${ev.job} (run ${ev.run}) from recovery line ${ev.epoch}, committed ${ev.lineTime}${ev.lineRun === undefined ? "" : ` by run ${ev.lineRun}`} (the run before ended without finishing: ${before}); --fresh would start over`);
+        this.info(
+          `resuming job ${ev.job} (run ${ev.run}) from recovery line ${ev.epoch}, committed ${ev.lineTime}${ev.lineRun === undefined ? "" : ` by run ${ev.lineRun}`} (the run before ended without finishing: ${before}); --fresh would start over`,
+        );
         break;
       }
       case "rank-spawned":
@@ -301,7 +318,9 @@ class HumanReporter implements Reporter {
           const r = this.recovering;
           this.recovering = undefined;
           const back = r.epoch === 0 ? "restarted from the beginning (no line was committed)" : `rolled back to epoch ${r.epoch}`;
-          this.info(`recovered from ${r.failures.join("; ")}: ${back}, every rank running again ${secs(this.elapsedMs() - r.sinceMs)} after the failure was detected`);
+          this.info(
+            `recovered from ${r.failures.join("; ")}: ${back}, every rank running again ${secs(this.elapsedMs() - r.sinceMs)} after the failure was detected`,
+          );
         }
         break;
       case "rank-step":
@@ -330,7 +349,8 @@ class HumanReporter implements Reporter {
         break;
       case "job-stopping":
         this.flushFailuresAsErrors();
-        if (ev.stderrTail !== undefined && ev.rank !== undefined) this.error(`stopping the job: ${ev.reason}${errorSuffix(ev.reason, ev.error, ev.stderrTail)}`);
+        if (ev.stderrTail !== undefined && ev.rank !== undefined)
+          this.error(`stopping the job: ${ev.reason}${errorSuffix(ev.reason, ev.error, ev.stderrTail)}`);
         else if (ev.reason.startsWith("interrupted")) this.info(`stopping the job: ${ev.reason}`);
         else this.error(`stopping the job: ${ev.reason}`);
         break;
@@ -357,7 +377,9 @@ class HumanReporter implements Reporter {
             sinceMs: Math.min(...failures.map((f) => f.atMs)),
           };
         }
-        this.info(`recovery ${ev.restarts}: every rank restarts (attempt ${ev.attempt}) ${ev.epoch === 0 ? "from the beginning (no line committed yet)" : `from recovery line ${ev.epoch}`}`);
+        this.info(
+          `recovery ${ev.restarts}: every rank restarts (attempt ${ev.attempt}) ${ev.epoch === 0 ? "from the beginning (no line committed yet)" : `from recovery line ${ev.epoch}`}`,
+        );
         break;
       }
       case "rank-restarting": {
@@ -371,7 +393,9 @@ class HumanReporter implements Reporter {
           const f = pending.ev;
           this.info(`failure detected: ${failureText(f)}`);
         }
-        this.info(`restarting rank ${ev.rank} alone (attempt ${ev.attempt}) in ${ev.delayMs} ms, restart ${ev.restarts} of at most ${ev.maxRestarts}; the other ranks keep running`);
+        this.info(
+          `restarting rank ${ev.rank} alone (attempt ${ev.attempt}) in ${ev.delayMs} ms, restart ${ev.restarts} of at most ${ev.maxRestarts}; the other ranks keep running`,
+        );
         break;
       }
       case "rank-caught-up": {
@@ -472,11 +496,7 @@ class HumanReporter implements Reporter {
     if (this.lineEpoch > 0) parts.push(`epoch ${this.lineEpoch}`);
     if (this.restarts > 0) parts.push(`${this.restarts} restart${plural(this.restarts)}`);
     if (this.steps.some((s) => s > 0)) {
-      parts.push(
-        size <= STATUS_RANKS_LISTED_MAX
-          ? `steps ${this.steps.join(" ")}`
-          : `steps ${Math.min(...this.steps)}..${Math.max(...this.steps)}`,
-      );
+      parts.push(size <= STATUS_RANKS_LISTED_MAX ? `steps ${this.steps.join(" ")}` : `steps ${Math.min(...this.steps)}..${Math.max(...this.steps)}`);
     }
     parts.push(secs(this.elapsedMs()));
     const text = parts.join(" · ");
@@ -525,7 +545,11 @@ function resultPreview(results: readonly unknown[]): string[] {
 }
 
 function secs(ms: number): string {
-  return ms < 10_000 ? `${(ms / 1000).toFixed(2)}s` : ms < 600_000 ? `${(ms / 1000).toFixed(1)}s` : `${Math.floor(ms / 60_000)}m${Math.round((ms % 60_000) / 1000)}s`;
+  return ms < 10_000
+    ? `${(ms / 1000).toFixed(2)}s`
+    : ms < 600_000
+      ? `${(ms / 1000).toFixed(1)}s`
+      : `${Math.floor(ms / 60_000)}m${Math.round((ms % 60_000) / 1000)}s`;
 }
 
 function plural(n: number): string {

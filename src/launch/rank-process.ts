@@ -104,7 +104,11 @@ export function resolveTsxLoader(): string {
     const resolveFn = (import.meta as { resolve?: (s: string) => string }).resolve;
     tsxLoaderUrl = typeof resolveFn === "function" ? resolveFn("tsx") : pathToFileURL(createRequire(import.meta.url).resolve("tsx")).href;
   } catch (err) {
-    throw new LifelineError("LAUNCH_SPAWN", `cannot find the tsx loader that lifeline uses to run .ts apps: ${errorMessage(err)}. Reinstall lifeline, or compile the app to .js.`, { cause: err });
+    throw new LifelineError(
+      "LAUNCH_SPAWN",
+      `cannot find the tsx loader that lifeline uses to run .ts apps: ${errorMessage(err)}. Reinstall lifeline, or compile the app to .js.`,
+      { cause: err },
+    );
   }
   return tsxLoaderUrl;
 }
@@ -324,7 +328,9 @@ export function runBounded(argv: readonly string[]): void {
  */
 export function spawnRemoteRank(spec: RankSpawnSpec, site: RemoteSite, sink: RankOutputSink): Promise<RankProcess> {
   const { command, args } = rankCommand(spec.app, spec.appArgs);
-  const vars = Object.entries(spec.env).flatMap(([k, v]) => (k.startsWith("LIFELINE_") && v !== undefined && k !== "LIFELINE_WATCH_FD" && k !== "LIFELINE_RUN_DIR" ? [`${k}=${v}`] : []));
+  const vars = Object.entries(spec.env).flatMap(([k, v]) =>
+    k.startsWith("LIFELINE_") && v !== undefined && k !== "LIFELINE_WATCH_FD" && k !== "LIFELINE_RUN_DIR" ? [`${k}=${v}`] : [],
+  );
   const id = site.idWords === "" ? "" : ` ${site.idWords}`;
   const line = `echo ${REMOTE_PID_PREFIX}$$${id}; cd ${shellQuote([spec.cwd])} && exec ${shellQuote(["env", ...vars, command, ...args])}`;
   const argv = site.command(line, spec.rank);
@@ -332,9 +338,21 @@ export function spawnRemoteRank(spec: RankSpawnSpec, site: RemoteSite, sink: Ran
   return new Promise((resolve, reject) => {
     let child: ChildProcess;
     try {
-      child = spawn(argv[0]!, argv.slice(1), { cwd: spec.cwd, stdio: ["ignore", "pipe", "pipe"], detached: true, windowsHide: true, ...(env === undefined ? {} : { env }) });
+      child = spawn(argv[0]!, argv.slice(1), {
+        cwd: spec.cwd,
+        stdio: ["ignore", "pipe", "pipe"],
+        detached: true,
+        windowsHide: true,
+        ...(env === undefined ? {} : { env }),
+      });
     } catch (err) {
-      reject(new LifelineError("LAUNCH_SPAWN", `cannot start rank ${spec.rank} on ${site.host}: ${site.failed(err instanceof Error ? err : new Error(errorMessage(err)))}`, { cause: err }));
+      reject(
+        new LifelineError(
+          "LAUNCH_SPAWN",
+          `cannot start rank ${spec.rank} on ${site.host}: ${site.failed(err instanceof Error ? err : new Error(errorMessage(err)))}`,
+          { cause: err },
+        ),
+      );
       return;
     }
     const onError = (err: Error): void => {
@@ -360,12 +378,17 @@ export class SpareProcess {
   /** Resolves when the spare is warm (it wrote its byte on the watch pipe). */
   readonly ready: Promise<void>;
 
-  constructor(private readonly child: ChildProcess, readonly pid: number) {
+  constructor(
+    private readonly child: ChildProcess,
+    readonly pid: number,
+  ) {
     child.once("exit", () => {
       this.ended = true;
     });
     let resolve!: () => void;
-    this.ready = new Promise((r) => { resolve = r; });
+    this.ready = new Promise((r) => {
+      resolve = r;
+    });
     this.onReady = () => resolve();
     const watch = child.stdio[3] as NodeJS.ReadableStream | null;
     watch?.on("error", () => undefined);

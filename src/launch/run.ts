@@ -51,18 +51,30 @@ const STOP_SIGNALS: readonly NodeJS.Signals[] = ["SIGINT", "SIGTERM", "SIGHUP"];
 export async function runJob(config: RunConfig, io: RunIo): Promise<JobOutcome> {
   // Random, and unrelated to the job id that is printed and kept in the store.
   const jobKey = randomBytes(4).readUInt32LE(0);
-  const name = basename(config.app, extname(config.app)).replace(/[^A-Za-z0-9_.-]/g, "_").slice(0, 32);
+  const name = basename(config.app, extname(config.app))
+    .replace(/[^A-Za-z0-9_.-]/g, "_")
+    .slice(0, 32);
   // Only cpr keeps recovery lines; the other modes leave the store's lines alone.
   const claim: StoreClaim | undefined = config.mode === "cpr" ? await claimStore(config, { jobIdBase: name }) : undefined;
   const jobId = claim?.job.id ?? `${name}-${randomBytes(4).toString("hex")}`;
   const runDir = makeRunDir();
-  const reporter = io.reporter ?? createReporter({
-    style: pickStyle({ json: config.json, quiet: config.quiet, stderr: io.stderr, env: io.env }),
-    stdout: io.stdout,
-    stderr: io.stderr,
-    size: config.size,
+  const reporter =
+    io.reporter ??
+    createReporter({
+      style: pickStyle({ json: config.json, quiet: config.quiet, stderr: io.stderr, env: io.env }),
+      stdout: io.stdout,
+      stderr: io.stderr,
+      size: config.size,
+    });
+  const supervisor = new Supervisor(config, {
+    reporter,
+    runDir,
+    jobId,
+    jobKey,
+    baseEnv: io.env,
+    ...(io.random === undefined ? {} : { random: io.random }),
+    ...(claim === undefined ? {} : { claim }),
   });
-  const supervisor = new Supervisor(config, { reporter, runDir, jobId, jobKey, baseEnv: io.env, ...(io.random === undefined ? {} : { random: io.random }), ...(claim === undefined ? {} : { claim }) });
 
   const handleSignals = io.handleSignals ?? true;
   const onSignal = (signal: NodeJS.Signals): void => supervisor.interrupt(signal);
@@ -101,7 +113,13 @@ export async function runJob(config: RunConfig, io: RunIo): Promise<JobOutcome> 
     } catch (err) {
       // The job ran, but its results are lost: that is a failure the exit code must show.
       const error = isLifelineError(err) ? err : new LifelineError("LAUNCH_USAGE", errorMessage(err), { cause: err });
-      outcome = { ...outcome, ok: false, exitCode: outcome.exitCode === 0 ? 1 : outcome.exitCode, error: outcome.error ?? error, summary: outcome.summary ?? error.message };
+      outcome = {
+        ...outcome,
+        ok: false,
+        exitCode: outcome.exitCode === 0 ? 1 : outcome.exitCode,
+        error: outcome.error ?? error,
+        summary: outcome.summary ?? error.message,
+      };
       reporter.event({ kind: "warning", message: error.message });
     }
   }

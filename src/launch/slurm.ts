@@ -50,7 +50,10 @@ export function parseTasksPerNode(text: string, variable = "SLURM_TASKS_PER_NODE
     const tasks = m === null ? NaN : Number(m[1]);
     const repeat = m === null ? NaN : m[2] === undefined ? 1 : Number(m[2]);
     if (!Number.isSafeInteger(tasks) || tasks < 1 || !Number.isSafeInteger(repeat) || repeat < 1 || counts.length + repeat > 100_000) {
-      throw new LifelineError("LAUNCH_USAGE", `${variable}=${JSON.stringify(text)} is not Slurm's tasks-per-node list (counts such as 2(x3),1); is it set by Slurm?`);
+      throw new LifelineError(
+        "LAUNCH_USAGE",
+        `${variable}=${JSON.stringify(text)} is not Slurm's tasks-per-node list (counts such as 2(x3),1); is it set by Slurm?`,
+      );
     }
     for (let i = 0; i < repeat; i++) counts.push(tasks);
   }
@@ -62,16 +65,26 @@ export function parseTasksPerNode(text: string, variable = "SLURM_TASKS_PER_NODE
  * comma-separated list of names needs no expanding). Throws `LAUNCH_USAGE`.
  */
 export function scontrolHostnames(nodelist: string, env: NodeJS.ProcessEnv = process.env): string[] {
-  if (!/[[\]]/.test(nodelist)) return nodelist.split(",").map((n) => n.trim()).filter((n) => n !== "");
+  if (!/[[\]]/.test(nodelist))
+    return nodelist
+      .split(",")
+      .map((n) => n.trim())
+      .filter((n) => n !== "");
   let out: string;
   try {
     out = execFileSync("scontrol", ["show", "hostnames", nodelist], { encoding: "utf8", env, timeout: SCONTROL_TIMEOUT_MS, stdio: ["ignore", "pipe", "pipe"] });
   } catch (err) {
     const e = err as { code?: string; stderr?: string };
-    const why = e.code === "ENOENT" ? "scontrol is not on PATH (Slurm's client commands are needed on this host)" : (e.stderr ?? "").trim() || errorMessage(err);
-    throw new LifelineError("LAUNCH_USAGE", `cannot expand the allocation's node list ${JSON.stringify(nodelist)} with scontrol show hostnames: ${why}`, { cause: err });
+    const why =
+      e.code === "ENOENT" ? "scontrol is not on PATH (Slurm's client commands are needed on this host)" : (e.stderr ?? "").trim() || errorMessage(err);
+    throw new LifelineError("LAUNCH_USAGE", `cannot expand the allocation's node list ${JSON.stringify(nodelist)} with scontrol show hostnames: ${why}`, {
+      cause: err,
+    });
   }
-  return out.split("\n").map((l) => l.trim()).filter((l) => l !== "");
+  return out
+    .split("\n")
+    .map((l) => l.trim())
+    .filter((l) => l !== "");
 }
 
 /**
@@ -100,17 +113,26 @@ export function slurmAllocation(env: NodeJS.ProcessEnv, expand: (nodelist: strin
   const jobId = slurmJobId(env);
   const nodelist = env.SLURM_JOB_NODELIST ?? env.SLURM_NODELIST;
   if (nodelist === undefined || nodelist.trim() === "") {
-    throw new LifelineError("LAUNCH_USAGE", `SLURM_JOB_ID is ${jobId} but SLURM_JOB_NODELIST is not set: start lifeline with salloc or sbatch (which set both), or give the nodes with --hostfile`);
+    throw new LifelineError(
+      "LAUNCH_USAGE",
+      `SLURM_JOB_ID is ${jobId} but SLURM_JOB_NODELIST is not set: start lifeline with salloc or sbatch (which set both), or give the nodes with --hostfile`,
+    );
   }
   const perNodeVar = env.SLURM_TASKS_PER_NODE !== undefined ? "SLURM_TASKS_PER_NODE" : "SLURM_JOB_CPUS_PER_NODE";
   const perNodeText = env[perNodeVar];
   if (perNodeText === undefined) {
-    throw new LifelineError("LAUNCH_USAGE", `SLURM_JOB_ID is ${jobId} but neither SLURM_TASKS_PER_NODE nor SLURM_JOB_CPUS_PER_NODE is set: lifeline takes each node's slots from them; give the nodes and slots with --hostfile instead`);
+    throw new LifelineError(
+      "LAUNCH_USAGE",
+      `SLURM_JOB_ID is ${jobId} but neither SLURM_TASKS_PER_NODE nor SLURM_JOB_CPUS_PER_NODE is set: lifeline takes each node's slots from them; give the nodes and slots with --hostfile instead`,
+    );
   }
   const slots = parseTasksPerNode(perNodeText, perNodeVar);
   const names = expand(nodelist.trim());
   if (names.length !== slots.length) {
-    throw new LifelineError("LAUNCH_USAGE", `the allocation lists ${names.length} node${names.length === 1 ? "" : "s"} (${nodelist}) but ${perNodeVar}=${perNodeText} counts ${slots.length}: give the nodes and slots with --hostfile`);
+    throw new LifelineError(
+      "LAUNCH_USAGE",
+      `the allocation lists ${names.length} node${names.length === 1 ? "" : "s"} (${nodelist}) but ${perNodeVar}=${perNodeText} counts ${slots.length}: give the nodes and slots with --hostfile`,
+    );
   }
   return { jobId, hosts: names.map((host, i) => ({ host, slots: slots[i]! })) };
 }
@@ -126,8 +148,19 @@ export const SLURM_STEP_WORDS = "${SLURM_JOB_ID}.${SLURM_STEP_ID}";
  */
 export function srunCommand(opts: { jobId: string; host: string; rank: number; line: string }): string[] {
   return [
-    "srun", `--jobid=${opts.jobId}`, `--nodelist=${opts.host}`, "--nodes=1", "--ntasks=1", "--overlap", "--kill-on-bad-exit=0",
-    "--input=none", "--quiet", `--job-name=lifeline-rank-${opts.rank}`, "sh", "-c", opts.line,
+    "srun",
+    `--jobid=${opts.jobId}`,
+    `--nodelist=${opts.host}`,
+    "--nodes=1",
+    "--ntasks=1",
+    "--overlap",
+    "--kill-on-bad-exit=0",
+    "--input=none",
+    "--quiet",
+    `--job-name=lifeline-rank-${opts.rank}`,
+    "sh",
+    "-c",
+    opts.line,
   ];
 }
 

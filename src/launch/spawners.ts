@@ -87,7 +87,10 @@ export class LocalRankLauncher implements RankLauncher {
 export class RshRankLauncher implements RankLauncher {
   readonly kind = "rsh";
 
-  constructor(private readonly agent: readonly string[], readonly hosts: readonly HostSlots[]) {}
+  constructor(
+    private readonly agent: readonly string[],
+    readonly hosts: readonly HostSlots[],
+  ) {}
 
   start(spec: RankSpawnSpec, host: string | undefined, sink: RankOutputSink): Promise<RankProcess> {
     return host === undefined ? noHost(this.kind) : spawnRemoteRank(spec, this.site(host), sink);
@@ -109,7 +112,10 @@ export class RshRankLauncher implements RankLauncher {
 export class SlurmRankLauncher implements RankLauncher {
   readonly kind = "slurm";
 
-  constructor(readonly jobId: string, readonly hosts: readonly HostSlots[]) {}
+  constructor(
+    readonly jobId: string,
+    readonly hosts: readonly HostSlots[],
+  ) {}
 
   start(spec: RankSpawnSpec, host: string | undefined, sink: RankOutputSink): Promise<RankProcess> {
     return host === undefined ? noHost(this.kind) : spawnRemoteRank(spec, this.site(host), sink);

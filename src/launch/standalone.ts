@@ -45,11 +45,21 @@ const STOP_SIGNALS: readonly NodeJS.Signals[] = ["SIGINT", "SIGTERM", "SIGHUP"];
  * Rejects, before anything listens, when the store cannot be claimed (`LAUNCH_RESUME`,
  * `STORE_*`) or the address cannot be bound (`LAUNCH_SPAWN`).
  */
-export async function runStandalone(config: RunConfig & { port: number }, io: { stdout: OutStream; stderr: OutStream; env: NodeJS.ProcessEnv; handleSignals?: boolean }): Promise<number> {
-  const name = basename(config.app, extname(config.app)).replace(/[^A-Za-z0-9_.-]/g, "_").slice(0, 32);
+export async function runStandalone(
+  config: RunConfig & { port: number },
+  io: { stdout: OutStream; stderr: OutStream; env: NodeJS.ProcessEnv; handleSignals?: boolean },
+): Promise<number> {
+  const name = basename(config.app, extname(config.app))
+    .replace(/[^A-Za-z0-9_.-]/g, "_")
+    .slice(0, 32);
   const claim: StoreClaim | undefined = config.mode === "cpr" ? await claimStore(config, { jobIdBase: name }) : undefined;
   const jobId = claim?.job.id ?? `${name}-${randomBytes(4).toString("hex")}`;
-  const reporter = createReporter({ style: pickStyle({ json: config.json, quiet: config.quiet, stderr: io.stderr, env: io.env }), stdout: io.stdout, stderr: io.stderr, size: config.size });
+  const reporter = createReporter({
+    style: pickStyle({ json: config.json, quiet: config.quiet, stderr: io.stderr, env: io.env }),
+    stdout: io.stdout,
+    stderr: io.stderr,
+    size: config.size,
+  });
   const policy = claim === undefined ? undefined : new CprRestartPolicy(config, claim);
   const startMs = performance.now();
   const now = (): number => performance.now() - startMs;
@@ -115,7 +125,10 @@ export async function runStandalone(config: RunConfig & { port: number }, io: { 
           fail({ code: "LAUNCH_RANK_FAILED", message: `rank ${ev.rank} aborted the job: ${ev.code}: ${ev.message}`, rank: ev.rank });
           return;
         case "rendezvous-timeout":
-          fail({ code: "LAUNCH_RENDEZVOUS", message: `rank${ev.missing.length === 1 ? "" : "s"} ${ev.missing.join(", ")} did not join within ${ev.timeoutMs} ms (--rendezvous-timeout): has the engine started them, with LIFELINE_COORDINATOR=${coordinator.endpoint}?` });
+          fail({
+            code: "LAUNCH_RENDEZVOUS",
+            message: `rank${ev.missing.length === 1 ? "" : "s"} ${ev.missing.join(", ")} did not join within ${ev.timeoutMs} ms (--rendezvous-timeout): has the engine started them, with LIFELINE_COORDINATOR=${coordinator.endpoint}?`,
+          });
           return;
         case "tables-failed":
           fail({ code: ev.code as LifelineErrorCode, message: ev.message });
@@ -138,19 +151,33 @@ export async function runStandalone(config: RunConfig & { port: number }, io: { 
   };
   const handleSignals = io.handleSignals ?? true;
   if (handleSignals) for (const s of STOP_SIGNALS) process.on(s, onSignal);
-  const tick = setInterval(() => {
-    if (stop !== undefined) return;
-    for (const s of detector.check(now())) {
-      const what = s.kind === "heartbeat" ? `sent no heartbeat for ${Math.round(s.silentMs)} ms (--failure-timeout ${config.failureTimeoutMs} ms): dead, frozen or unreachable` : `reached no step boundary for ${Math.round(s.silentMs)} ms (--stuck-timeout)`;
-      fail({ code: s.kind === "heartbeat" ? "LAUNCH_HEARTBEAT" : "LAUNCH_STUCK", message: `rank ${s.rank} ${what}; the engine that started the ranks restarts the job`, rank: s.rank });
-    }
-  }, Math.max(20, Math.min(250, Math.floor(config.failureTimeoutMs / 4))));
+  const tick = setInterval(
+    () => {
+      if (stop !== undefined) return;
+      for (const s of detector.check(now())) {
+        const what =
+          s.kind === "heartbeat"
+            ? `sent no heartbeat for ${Math.round(s.silentMs)} ms (--failure-timeout ${config.failureTimeoutMs} ms): dead, frozen or unreachable`
+            : `reached no step boundary for ${Math.round(s.silentMs)} ms (--stuck-timeout)`;
+        fail({
+          code: s.kind === "heartbeat" ? "LAUNCH_HEARTBEAT" : "LAUNCH_STUCK",
+          message: `rank ${s.rank} ${what}; the engine that started the ranks restarts the job`,
+          rank: s.rank,
+        });
+      }
+    },
+    Math.max(20, Math.min(250, Math.floor(config.failureTimeoutMs / 4))),
+  );
   tick.unref();
 
   try {
     // The recovery line is chosen (and the ranks' stores are tidied) before anything listens:
     // the engine's ranks may be waiting already, and must get the line in their table.
-    await policy?.attach({ broadcast: (msg) => coordinator.broadcast(msg), send: (rank, msg) => coordinator.sendToRank(rank, msg), report: (ev) => reporter.event(ev) });
+    await policy?.attach({
+      broadcast: (msg) => coordinator.broadcast(msg),
+      send: (rank, msg) => coordinator.sendToRank(rank, msg),
+      report: (ev) => reporter.event(ev),
+    });
     const endpoint = await coordinator.start();
     reporter.event({ kind: "job-starting", job: jobId, size: config.size, mode: config.mode, app: config.app, coordinator: endpoint, transport: "tcp" });
     await over;
@@ -162,21 +189,37 @@ export async function runStandalone(config: RunConfig & { port: number }, io: { 
   }
   const ok = stop === undefined && finalized.every(Boolean);
   const exitCode = ok ? 0 : interruptedBy !== undefined ? 128 + (osConstants.signals[interruptedBy] ?? 0) : 1;
-  await policy?.close({ ok, exitCode, interrupted: interruptedBy !== undefined }).catch((err: unknown) => reporter.event({ kind: "warning", message: errorMessage(err) }));
+  await policy
+    ?.close({ ok, exitCode, interrupted: interruptedBy !== undefined })
+    .catch((err: unknown) => reporter.event({ kind: "warning", message: errorMessage(err) }));
   await coordinator.close();
   const wallMs = Math.round(now());
   const error = stop === undefined ? undefined : new LifelineError(stop.code, stop.message);
   if (config.resultsPath !== undefined) {
     await writeResultsFile(config.resultsPath, {
-      ranks: results, restarts: 0, mode: config.mode, size: config.size, wallMs, exitCode, job: jobId,
+      ranks: results,
+      restarts: 0,
+      mode: config.mode,
+      size: config.size,
+      wallMs,
+      exitCode,
+      job: jobId,
       ...(claim === undefined ? {} : { run: claim.job.run }),
       ...(policy === undefined ? {} : { recovery: policy.summary() }),
       error: error === undefined ? undefined : { code: error.code, message: error.message },
     }).catch((err: unknown) => reporter.event({ kind: "warning", message: `cannot write --results: ${errorMessage(err)}` }));
   }
   reporter.event({
-    kind: "job-finished", ok, exitCode, wallMs, size: config.size, finalized: finalized.filter(Boolean).length, restarts: 0,
-    error: error === undefined ? undefined : { code: error.code, message: error.message }, results, resultsPath: config.resultsPath,
+    kind: "job-finished",
+    ok,
+    exitCode,
+    wallMs,
+    size: config.size,
+    finalized: finalized.filter(Boolean).length,
+    restarts: 0,
+    error: error === undefined ? undefined : { code: error.code, message: error.message },
+    results,
+    resultsPath: config.resultsPath,
   });
   reporter.close();
   return exitCode;

@@ -24,7 +24,7 @@
 import { mkdirSync, renameSync, rmSync, writeFileSync } from "node:fs";
 import { constants as osConstants } from "node:os";
 import { dirname, join } from "node:path";
-import { EXIT_COORDINATOR_LOST, type CoordinatorToRank, type RankToCoordinator } from "../mpi/control.ts";
+import { EXIT_COORDINATOR_LOST } from "../mpi/control.ts";
 import { LifelineError, errorMessage, isLifelineError, type LifelineErrorCode } from "../errors.ts";
 import { ENV, type Mode } from "../mpi/env.ts";
 import { backoffDelayMs, RestartBudget } from "./backoff.ts";
@@ -35,7 +35,7 @@ import { FailureDetector, type Suspicion } from "./detector.ts";
 import type { StoreClaim } from "./job-store.ts";
 import { RetryOnePolicy } from "./retry-one-policy.ts";
 import type { RunConfig } from "./options.ts";
-import type { JobEvent, Reporter } from "./progress.ts";
+import type { Reporter } from "./progress.ts";
 import { addressOf, Placement } from "./hosts.ts";
 import { spawnSpare, type RankExit, type RankOutputSink, type RankProcess, type RankSpawnSpec, type SpareProcess } from "./rank-process.ts";
 import { rankLauncherFor, type RankLauncher } from "./spawners.ts";
@@ -181,8 +181,13 @@ export class Supervisor {
   /** Each rank's host at the start, for every table of the job (retry-one's replica placement). */
   private readonly initialHosts: number[] | undefined;
 
-  constructor(private readonly config: RunConfig, private readonly deps: SupervisorDeps) {
-    this.policy = deps.policy ?? (config.mode === "cpr" ? new CprRestartPolicy(config, claimOf(deps)) : config.mode === "retry-one" ? new RetryOnePolicy() : policyFor(config.mode));
+  constructor(
+    private readonly config: RunConfig,
+    private readonly deps: SupervisorDeps,
+  ) {
+    this.policy =
+      deps.policy ??
+      (config.mode === "cpr" ? new CprRestartPolicy(config, claimOf(deps)) : config.mode === "retry-one" ? new RetryOnePolicy() : policyFor(config.mode));
     this.progressed = new Array<boolean>(config.size).fill(false);
     this.launcher = rankLauncherFor(config);
     this.placement = this.launcher.hosts === undefined ? undefined : new Placement(this.launcher.hosts, config.size);
@@ -190,7 +195,12 @@ export class Supervisor {
     this.procs = new Array<RankProcess | undefined>(config.size).fill(undefined);
     this.finalized = new Array<boolean>(config.size).fill(false);
     this.results = new Array<unknown>(config.size).fill(undefined);
-    this.detector = new FailureDetector({ size: config.size, failureTimeoutMs: config.failureTimeoutMs, stuckTimeoutMs: config.stuckTimeoutMs, startTimeoutMs: config.startTimeoutMs });
+    this.detector = new FailureDetector({
+      size: config.size,
+      failureTimeoutMs: config.failureTimeoutMs,
+      stuckTimeoutMs: config.stuckTimeoutMs,
+      startTimeoutMs: config.startTimeoutMs,
+    });
     this.budget = new RestartBudget({ maxRestarts: config.maxRestarts, resetAfterMs: config.restartResetMs });
     this.errorFile = config.errorFile ?? join(config.store, ERROR_FILE_NAME);
   }
@@ -229,7 +239,10 @@ export class Supervisor {
         coordinator: endpoint,
         transport: this.config.transport,
       });
-      const tickMs = Math.max(20, Math.min(250, Math.floor(Math.min(this.config.failureTimeoutMs, this.config.stuckTimeoutMs ?? Infinity, this.config.startTimeoutMs) / 4)));
+      const tickMs = Math.max(
+        20,
+        Math.min(250, Math.floor(Math.min(this.config.failureTimeoutMs, this.config.stuckTimeoutMs ?? Infinity, this.config.startTimeoutMs) / 4)),
+      );
       this.detectorTimer = setInterval(() => this.onTick(), tickMs);
       this.detectorTimer.unref();
       await this.policy.attach?.({
@@ -252,11 +265,12 @@ export class Supervisor {
     await this.failureReported;
     await this.errorFileWritten;
     // Let the last forwarded lines through before the summary is printed.
-    await withTimeout(Promise.all(this.procs.map((p) => p?.closed)), FINAL_DRAIN_WAIT_MS);
+    await withTimeout(Promise.all(this.procs.flatMap((p) => (p === undefined ? [] : [p.closed]))), FINAL_DRAIN_WAIT_MS);
     this.stopTimers();
     this.dropSpare();
     const ending = this.outcome();
-    await this.policy.close?.({ ok: ending.ok, exitCode: ending.exitCode, interrupted: this.interruptedBy !== undefined })
+    await this.policy
+      .close?.({ ok: ending.ok, exitCode: ending.exitCode, interrupted: this.interruptedBy !== undefined })
       .catch((err: unknown) => this.deps.reporter.event({ kind: "warning", message: errorMessage(err) }));
     await coordinator.close();
     return this.outcome();
@@ -277,7 +291,10 @@ export class Supervisor {
     this.interruptedBy = signal;
     this.interruptedAtMs = now;
     this.deps.reporter.event({ kind: "job-stopping", reason: `interrupted by ${signal}; stopping the ranks (${signal} again kills them at once)` });
-    this.fail({ kind: "interrupted", rank: undefined, code: "LAUNCH_INTERRUPTED", message: `interrupted by ${signal}`, exitStatus: undefined }, INTERRUPT_GRACE_MS);
+    this.fail(
+      { kind: "interrupted", rank: undefined, code: "LAUNCH_INTERRUPTED", message: `interrupted by ${signal}`, exitStatus: undefined },
+      INTERRUPT_GRACE_MS,
+    );
   }
 
   /** SIGKILLs every rank's process group, synchronously: for a launcher that is going down. */
@@ -363,7 +380,14 @@ export class Supervisor {
       // if one is there: its start-up is already done.
       const started = await Promise.allSettled(
         this.procs.map((_, rank) => {
-          const spec = { rank, attempt, app: this.config.app, appArgs: this.config.appArgs, env: this.rankEnv(rank, attempt, coordinator), cwd: this.config.cwd };
+          const spec = {
+            rank,
+            attempt,
+            app: this.config.app,
+            appArgs: this.config.appArgs,
+            env: this.rankEnv(rank, attempt, coordinator),
+            cwd: this.config.cwd,
+          };
           const spare = attempt > 0 ? this.takeSpare() : undefined;
           if (spare !== undefined) return Promise.resolve(this.adopt(spare.assign(spec, this.outputSink()), true));
           return this.startProcess(spec).then((proc) => this.adopt(proc));
@@ -388,7 +412,14 @@ export class Supervisor {
     this.progressed[proc.rank] = false;
     // Watched afresh from its start: it must join within --start-timeout.
     this.detector.started(proc.rank, this.nowMs());
-    this.deps.reporter.event({ kind: "rank-spawned", rank: proc.rank, attempt: proc.attempt, pid: proc.pid, ...(warm ? { warm } : {}), ...(proc.remote === undefined ? {} : { host: proc.remote.host }) });
+    this.deps.reporter.event({
+      kind: "rank-spawned",
+      rank: proc.rank,
+      attempt: proc.attempt,
+      pid: proc.pid,
+      ...(warm ? { warm } : {}),
+      ...(proc.remote === undefined ? {} : { host: proc.remote.host }),
+    });
     void proc.exited.then((exit) => this.onExit(proc, exit));
     // A failure or interrupt while this rank was starting already swept the others.
     if (this.stopping) proc.terminate(FAIL_FAST_GRACE_MS);
@@ -408,7 +439,7 @@ export class Supervisor {
     env[ENV.attempt] = String(attempt);
     env[ENV.transport] = this.config.transport;
     // A rank on a host named by its address binds that address; otherwise --bind (an interface).
-    const bind = this.placement === undefined ? this.config.bind : addressOf(this.placement.hostOf(rank)) ?? this.config.bind;
+    const bind = this.placement === undefined ? this.config.bind : (addressOf(this.placement.hostOf(rank)) ?? this.config.bind);
     if (bind !== undefined) env[ENV.bind] = bind;
     env[ENV.runDir] = this.deps.runDir;
     env[ENV.watchFd] = "3";
@@ -476,11 +507,22 @@ export class Supervisor {
         this.releaseTimer.unref();
         return;
       case "caught-up":
-        this.deps.reporter.event({ kind: "rank-caught-up", rank: ev.rank, attempt: ev.attempt, restored: ev.restored, version: ev.version, seqno: ev.seqno, replayed: ev.replayed });
+        this.deps.reporter.event({
+          kind: "rank-caught-up",
+          rank: ev.rank,
+          attempt: ev.attempt,
+          restored: ev.restored,
+          version: ev.version,
+          seqno: ev.seqno,
+          replayed: ev.replayed,
+        });
         return;
       case "rank-abort": {
         const proc = this.procs[ev.rank];
-        const code = ev.code.startsWith("MPI_") || ev.code.startsWith("CPR_") || ev.code.startsWith("STORE_") || ev.code.startsWith("LAUNCH_") ? (ev.code as LifelineErrorCode) : "LAUNCH_RANK_FAILED";
+        const code =
+          ev.code.startsWith("MPI_") || ev.code.startsWith("CPR_") || ev.code.startsWith("STORE_") || ev.code.startsWith("LAUNCH_")
+            ? (ev.code as LifelineErrorCode)
+            : "LAUNCH_RANK_FAILED";
         this.rankFailed({
           kind: "abort",
           rank: ev.rank,
@@ -609,7 +651,11 @@ export class Supervisor {
       case "restart":
         if (this.budget.exhausted(now)) {
           // A policy without its own limit: --max-restarts still holds.
-          this.fail({ ...failure, code: "LAUNCH_RESTARTS", message: `${failure.message}; giving up after ${counted} restart(s) (--max-restarts ${this.config.maxRestarts}); ${this.historyText()}` });
+          this.fail({
+            ...failure,
+            code: "LAUNCH_RESTARTS",
+            message: `${failure.message}; giving up after ${counted} restart(s) (--max-restarts ${this.config.maxRestarts}); ${this.historyText()}`,
+          });
           return;
         }
         this.budget.restarted(now);
@@ -653,7 +699,7 @@ export class Supervisor {
     // deliver a finalize, which must not release a job that is restarting.
     this.coordinator?.endRound();
     for (const p of this.procs) if (p?.alive) p.kill();
-    await Promise.all(this.procs.map((p) => p?.exited));
+    await Promise.all(this.procs.flatMap((p) => (p === undefined ? [] : [p.exited])));
     if (delayMs > 0) await new Promise((resolve) => setTimeout(resolve, delayMs));
     if (this.stopping) {
       this.restarting = false;
@@ -664,7 +710,13 @@ export class Supervisor {
       await this.policy.prepareRestart?.(attempt);
     } catch (err) {
       this.restarting = false;
-      this.fail({ kind: "spawn", rank: undefined, code: isLifelineError(err) ? err.code : "LAUNCH_SPAWN", message: `cannot restart the job: ${errorMessage(err)}`, exitStatus: undefined });
+      this.fail({
+        kind: "spawn",
+        rank: undefined,
+        code: isLifelineError(err) ? err.code : "LAUNCH_SPAWN",
+        message: `cannot restart the job: ${errorMessage(err)}`,
+        exitStatus: undefined,
+      });
       return;
     }
     this.finalized.fill(false);
@@ -715,7 +767,7 @@ export class Supervisor {
       });
     }
     for (const p of old) if (p?.alive) p.kill();
-    await Promise.all(old.map((p) => p?.exited));
+    await Promise.all(old.flatMap((p) => (p === undefined ? [] : [p.exited])));
     if (delayMs > 0) await new Promise((resolve) => setTimeout(resolve, delayMs));
     if (this.stopping) {
       for (const r of ranks) this.replacing.delete(r);
@@ -723,24 +775,39 @@ export class Supervisor {
       return;
     }
     try {
-      await Promise.all(ranks.map((r, i) => {
-        const attempt = (old[i]?.attempt ?? 0) + 1;
-        this.coordinator!.restartRank(r, attempt);
-        this.placement?.move(r, { suspect: suspectsHost(failure) });
-        const spec = { rank: r, attempt, app: this.config.app, appArgs: this.config.appArgs, env: this.rankEnv(r, attempt, this.coordinator!.endpoint), cwd: this.config.cwd };
-        // The warm spare if one is ready (start-up already done), else a fresh process.
-        const spare = this.takeSpare();
-        return (spare !== undefined ? Promise.resolve(spare.assign(spec, this.outputSink())) : this.startProcess(spec)).then((proc) => {
-          const warm = spare !== undefined;
-          this.finalized[r] = false;
-          this.results[r] = undefined;
-          this.replacing.delete(r);
-          this.adopt(proc, warm);
-        });
-      }));
+      await Promise.all(
+        ranks.map((r, i) => {
+          const attempt = (old[i]?.attempt ?? 0) + 1;
+          this.coordinator!.restartRank(r, attempt);
+          this.placement?.move(r, { suspect: suspectsHost(failure) });
+          const spec = {
+            rank: r,
+            attempt,
+            app: this.config.app,
+            appArgs: this.config.appArgs,
+            env: this.rankEnv(r, attempt, this.coordinator!.endpoint),
+            cwd: this.config.cwd,
+          };
+          // The warm spare if one is ready (start-up already done), else a fresh process.
+          const spare = this.takeSpare();
+          return (spare !== undefined ? Promise.resolve(spare.assign(spec, this.outputSink())) : this.startProcess(spec)).then((proc) => {
+            const warm = spare !== undefined;
+            this.finalized[r] = false;
+            this.results[r] = undefined;
+            this.replacing.delete(r);
+            this.adopt(proc, warm);
+          });
+        }),
+      );
     } catch (err) {
       for (const r of ranks) this.replacing.delete(r);
-      this.fail({ kind: "spawn", rank: undefined, code: isLifelineError(err) ? err.code : "LAUNCH_SPAWN", message: `cannot restart rank(s) ${ranks.join(", ")}: ${errorMessage(err)}`, exitStatus: undefined });
+      this.fail({
+        kind: "spawn",
+        rank: undefined,
+        code: isLifelineError(err) ? err.code : "LAUNCH_SPAWN",
+        message: `cannot restart rank(s) ${ranks.join(", ")}: ${errorMessage(err)}`,
+        exitStatus: undefined,
+      });
     }
     this.checkAllExited();
   }
@@ -819,7 +886,9 @@ export class Supervisor {
     const tail = proc?.stderrTail() ?? [];
     if (failure.kind !== "interrupted") this.recordFailure(failure, action, proc, tail, detectedMs);
     this.failureDetail =
-      tail.length === 0 ? failure.message : `${failure.message}\nlast ${tail.length} stderr line${tail.length === 1 ? "" : "s"} of rank ${failure.rank}:\n${tail.map((l) => `  | ${l}`).join("\n")}`;
+      tail.length === 0
+        ? failure.message
+        : `${failure.message}\nlast ${tail.length} stderr line${tail.length === 1 ? "" : "s"} of rank ${failure.rank}:\n${tail.map((l) => `  | ${l}`).join("\n")}`;
     const error = proc?.errorLine();
     if (failure.rank !== undefined && RANK_FAULT_KINDS.includes(failure.kind)) {
       const exit = proc?.exit;
@@ -834,7 +903,13 @@ export class Supervisor {
         ...(error === undefined ? {} : { error }),
       });
     } else if (failure.kind !== "interrupted") {
-      this.deps.reporter.event({ kind: "job-stopping", reason: failure.message, rank: failure.rank, stderrTail: proc === undefined ? undefined : tail, ...(error === undefined ? {} : { error }) });
+      this.deps.reporter.event({
+        kind: "job-stopping",
+        reason: failure.message,
+        rank: failure.rank,
+        stderrTail: proc === undefined ? undefined : tail,
+        ...(error === undefined ? {} : { error }),
+      });
     }
   }
 
@@ -894,7 +969,15 @@ export class Supervisor {
   private outcome(): JobOutcome {
     const finalizedCount = this.finalized.filter(Boolean).length;
     const wallMs = Math.round(this.nowMs());
-    const base = { wallMs, size: this.config.size, finalizedCount, results: [...this.results], restarts: this.restarts, pids: [...this.pids], recovery: this.policy.summary?.() };
+    const base = {
+      wallMs,
+      size: this.config.size,
+      finalizedCount,
+      results: [...this.results],
+      restarts: this.restarts,
+      pids: [...this.pids],
+      recovery: this.policy.summary?.(),
+    };
     if (this.failure === undefined) {
       const allZero = this.procs.every((p) => p?.exit?.code === 0);
       if (finalizedCount === this.config.size && allZero) {
@@ -934,7 +1017,7 @@ export const ERROR_FILE_NAME = "errors.json";
 function recordCause(failure: RankFailure, exit: RankExit | undefined): FailureRecord["cause"] {
   switch (failure.kind) {
     case "exit":
-      return exit?.signal != null ? "signal" : "exit-code";
+      return (exit?.signal ?? null) !== null ? "signal" : "exit-code";
     case "heartbeat":
     case "stuck":
     case "start":
@@ -952,7 +1035,7 @@ function recordCause(failure: RankFailure, exit: RankExit | undefined): FailureR
 
 /** A failure's cause in a few words: "killed by SIGKILL", "exit code 3", "heartbeat", "stuck". */
 function causeText(failure: RankFailure, exit: RankExit | undefined): string {
-  if (failure.kind === "exit") return exit?.signal != null ? `killed by ${exit.signal}` : `exit code ${exit?.code ?? "?"}`;
+  if (failure.kind === "exit") return exit?.signal !== undefined && exit.signal !== null ? `killed by ${exit.signal}` : `exit code ${exit?.code ?? "?"}`;
   if (failure.kind === "heartbeat") return "no heartbeat (frozen or unreachable)";
   if (failure.kind === "stuck") return "stuck (no step boundary)";
   if (failure.kind === "start") return "did not join within --start-timeout";

@@ -51,7 +51,7 @@ for (const t of parseFaults(data.faults)) {
 
 if (data.heartbeatMs > 0 && pipe !== undefined) {
   const beat = Buffer.from([1]);
-  const tick = (): void => void pipe!.write(beat);
+  const tick = (): void => void pipe.write(beat);
   tick(); // at once: a rank that freezes while it is still starting up is watched too
   timers.push(setInterval(tick, data.heartbeatMs));
   parentPort?.postMessage("ready");
@@ -66,7 +66,14 @@ if (data.heartbeatMs > 0 && pipe !== undefined) {
   const tick = (): void => {
     if (sending) return;
     sending = true;
-    socket.send(beat).then(() => { sending = false; }, () => { sending = false; });
+    socket.send(beat).then(
+      () => {
+        sending = false;
+      },
+      () => {
+        sending = false;
+      },
+    );
   };
   tick();
   timers.push(setInterval(tick, data.heartbeatMs));
@@ -92,24 +99,29 @@ if (data.heartbeatMs > 0 && pipe !== undefined) {
   })();
   const leaseTimeoutMs = data.failureTimeoutMs ?? 0;
   if (leaseTimeoutMs > 0) {
-    timers.push(setInterval(() => {
-      if (leaseMs === undefined || performance.now() - leaseMs < leaseTimeoutMs) return;
-      const silentMs = Math.round(performance.now() - leaseMs);
-      leaseMs = undefined;
-      // This thread's socket goes first: a process that exits while a worker holds a ZeroMQ
-      // socket aborts in the addon's teardown.
-      for (const t of timers) clearTimeout(t);
-      for (const close of closers.splice(0)) close();
-      parentPort?.postMessage({ t: "coordinator-lost", silentMs, coordinator: data.coordinator });
-      // The main thread exits at once (EXIT_COORDINATOR_LOST) unless it is busy in a
-      // synchronous loop; then the process ends anyway, by a signal of its own (SIGUSR2:
-      // 128 + 12 = 140) so that the cause stays visible, and by SIGKILL if the program
-      // catches that one.
-      setTimeout(() => {
-        process.kill(data.pid, "SIGUSR2");
-        setTimeout(die, LOST_EXIT_GRACE_MS);
-      }, LOST_EXIT_GRACE_MS);
-    }, Math.max(10, Math.min(data.heartbeatMs, leaseTimeoutMs / 4))));
+    timers.push(
+      setInterval(
+        () => {
+          if (leaseMs === undefined || performance.now() - leaseMs < leaseTimeoutMs) return;
+          const silentMs = Math.round(performance.now() - leaseMs);
+          leaseMs = undefined;
+          // This thread's socket goes first: a process that exits while a worker holds a ZeroMQ
+          // socket aborts in the addon's teardown.
+          for (const t of timers) clearTimeout(t);
+          for (const close of closers.splice(0)) close();
+          parentPort?.postMessage({ t: "coordinator-lost", silentMs, coordinator: data.coordinator });
+          // The main thread exits at once (EXIT_COORDINATOR_LOST) unless it is busy in a
+          // synchronous loop; then the process ends anyway, by a signal of its own (SIGUSR2:
+          // 128 + 12 = 140) so that the cause stays visible, and by SIGKILL if the program
+          // catches that one.
+          setTimeout(() => {
+            process.kill(data.pid, "SIGUSR2");
+            setTimeout(die, LOST_EXIT_GRACE_MS);
+          }, LOST_EXIT_GRACE_MS);
+        },
+        Math.max(10, Math.min(data.heartbeatMs, leaseTimeoutMs / 4)),
+      ),
+    );
   }
   parentPort?.postMessage("ready");
 } else {

@@ -29,14 +29,19 @@ export type BindResolution = { readonly address: string } | { readonly problem: 
  * if ("problem" in r) throw new Error(r.problem);
  */
 export function resolveBind(spec: string, interfaces: NodeJS.Dict<NetworkInterfaceInfo[]> = networkInterfaces()): BindResolution {
-  const ipv4 = Object.entries(interfaces).flatMap(([name, infos]) => (infos ?? []).filter((i) => i.family === "IPv4").map((i) => ({ name, address: i.address })));
+  const ipv4 = Object.entries(interfaces).flatMap(([name, infos]) =>
+    (infos ?? []).filter((i) => i.family === "IPv4").map((i) => ({ name, address: i.address })),
+  );
   const available = ipv4.length === 0 ? "none" : ipv4.map((i) => `${i.name} ${i.address}`).join(", ");
   const text = spec.trim();
   if (text === "") return { problem: `an empty address; name an interface or an IPv4 address of this host (${available})` };
   if (text === "0.0.0.0" || text === "*" || text === "::") {
-    return { problem: `${JSON.stringify(text)} would listen on every interface and is no address a peer can connect to; name one interface or address (${available})` };
+    return {
+      problem: `${JSON.stringify(text)} would listen on every interface and is no address a peer can connect to; name one interface or address (${available})`,
+    };
   }
-  if (isIPv6(text) || isIPv6(text.replace(/^\[|\]$/g, ""))) return { problem: `${JSON.stringify(text)} is an IPv6 address; only IPv4 is supported so far (${available})` };
+  if (isIPv6(text) || isIPv6(text.replace(/^\[|\]$/g, "")))
+    return { problem: `${JSON.stringify(text)} is an IPv6 address; only IPv4 is supported so far (${available})` };
   if (isIPv4(text)) {
     return ipv4.some((i) => i.address === text)
       ? { address: text }
@@ -45,5 +50,9 @@ export function resolveBind(spec: string, interfaces: NodeJS.Dict<NetworkInterfa
   const own = ipv4.find((i) => i.name === text);
   if (own !== undefined) return { address: own.address };
   const known = interfaces[text] !== undefined;
-  return { problem: known ? `interface ${text} has no IPv4 address (${available})` : `${JSON.stringify(text)} is neither an IPv4 address nor an interface of this host (${available})` };
+  return {
+    problem: known
+      ? `interface ${text} has no IPv4 address (${available})`
+      : `${JSON.stringify(text)} is neither an IPv4 address nor an interface of this host (${available})`,
+  };
 }

@@ -20,7 +20,10 @@ export class BouncePool {
    * @param classesPerOctave block sizes per power of two: 1 = powers of two (up to 2x the
    *   bytes asked for); 8 = at most 1/8 more than asked for (for large, repeating sizes).
    */
-  constructor(private readonly maxPooledBytes: number, private readonly classesPerOctave = 1) {}
+  constructor(
+    private readonly maxPooledBytes: number,
+    private readonly classesPerOctave = 1,
+  ) {}
 
   /** The block size that serves `bytes`. */
   private blockSize(bytes: number): number {

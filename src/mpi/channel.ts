@@ -109,9 +109,18 @@ export class Channel {
     // Protocol frames are the layer's own talk: not part of any channel's message sequence,
     // not stamped with an epoch.
     const h: Header = {
-      kind, flags: 0, encoding: body.encoding, jobKey: this.jobKey, source: this.rank, tag,
-      channelSeq: kind === Kind.protocol ? 0 : this.channelSeqOut[dest]!++, epoch: 0,
-      collSeq: kind === Kind.app ? this.appSeqOut[dest]!++ : collSeq, signature, arrayType: body.arrayType, attempt: this.attempt,
+      kind,
+      flags: 0,
+      encoding: body.encoding,
+      jobKey: this.jobKey,
+      source: this.rank,
+      tag,
+      channelSeq: kind === Kind.protocol ? 0 : this.channelSeqOut[dest]!++,
+      epoch: 0,
+      collSeq: kind === Kind.app ? this.appSeqOut[dest]!++ : collSeq,
+      signature,
+      arrayType: body.arrayType,
+      attempt: this.attempt,
     };
     if (kind !== Kind.protocol) this.stamper.stamp(h, dest);
     return h;
@@ -344,7 +353,9 @@ export class Channel {
 
   warnGarbage(err: unknown): void {
     if (this.garbageWarnings++ < GARBAGE_WARNINGS_MAX) {
-      this.host.warn(`lifeline: rank ${this.rank}: dropping a malformed frame: ${(err as Error).message}${this.garbageWarnings === GARBAGE_WARNINGS_MAX ? " (further warnings suppressed)" : ""}`);
+      this.host.warn(
+        `lifeline: rank ${this.rank}: dropping a malformed frame: ${(err as Error).message}${this.garbageWarnings === GARBAGE_WARNINGS_MAX ? " (further warnings suppressed)" : ""}`,
+      );
     }
   }
 
@@ -356,7 +367,11 @@ export class Channel {
   }
 
   restoreCounters(lib: Pick<LibState, "channelSeqOut" | "appSeqOut">): void {
-    lib.channelSeqOut.forEach((n, d) => { this.channelSeqOut[d] = n; });
-    lib.appSeqOut?.forEach((n, d) => { this.appSeqOut[d] = n; });
+    lib.channelSeqOut.forEach((n, d) => {
+      this.channelSeqOut[d] = n;
+    });
+    lib.appSeqOut?.forEach((n, d) => {
+      this.appSeqOut[d] = n;
+    });
   }
 }

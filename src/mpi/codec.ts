@@ -18,15 +18,39 @@ import { LifelineError } from "../errors.ts";
 import { Encoding } from "./wire.ts";
 
 type TypedArray =
-  | Int8Array | Uint8Array | Uint8ClampedArray | Int16Array | Uint16Array | Int32Array | Uint32Array
-  | Float32Array | Float64Array | BigInt64Array | BigUint64Array;
+  | Int8Array
+  | Uint8Array
+  | Uint8ClampedArray
+  | Int16Array
+  | Uint16Array
+  | Int32Array
+  | Uint32Array
+  | Float32Array
+  | Float64Array
+  | BigInt64Array
+  | BigUint64Array;
 
-type TypedArrayCtor = { new (buffer: ArrayBufferLike, byteOffset: number, length: number): TypedArray; new (length: number): TypedArray; BYTES_PER_ELEMENT: number };
+type TypedArrayCtor = {
+  new (buffer: ArrayBufferLike, byteOffset: number, length: number): TypedArray;
+  new (length: number): TypedArray;
+  BYTES_PER_ELEMENT: number;
+};
 
 /** Type codes on the wire (header byte 36 / frame reference). 12 is Node's Buffer. */
 const CTORS: readonly (TypedArrayCtor | undefined)[] = [
-  undefined, Int8Array, Uint8Array, Uint8ClampedArray, Int16Array, Uint16Array, Int32Array, Uint32Array,
-  Float32Array, Float64Array, BigInt64Array, BigUint64Array, Uint8Array,
+  undefined,
+  Int8Array,
+  Uint8Array,
+  Uint8ClampedArray,
+  Int16Array,
+  Uint16Array,
+  Int32Array,
+  Uint32Array,
+  Float32Array,
+  Float64Array,
+  BigInt64Array,
+  BigUint64Array,
+  Uint8Array,
 ] as TypedArrayCtor[];
 const BUFFER_CODE = 12;
 
@@ -35,18 +59,30 @@ export function typedArrayCode(v: unknown): number {
   if (!ArrayBuffer.isView(v) || v instanceof DataView) return 0;
   if (Buffer.isBuffer(v)) return BUFFER_CODE;
   switch ((v as object).constructor) {
-    case Int8Array: return 1;
-    case Uint8Array: return 2;
-    case Uint8ClampedArray: return 3;
-    case Int16Array: return 4;
-    case Uint16Array: return 5;
-    case Int32Array: return 6;
-    case Uint32Array: return 7;
-    case Float32Array: return 8;
-    case Float64Array: return 9;
-    case BigInt64Array: return 10;
-    case BigUint64Array: return 11;
-    default: return 0; // a subclass we do not know: msgpack it like any object
+    case Int8Array:
+      return 1;
+    case Uint8Array:
+      return 2;
+    case Uint8ClampedArray:
+      return 3;
+    case Int16Array:
+      return 4;
+    case Uint16Array:
+      return 5;
+    case Int32Array:
+      return 6;
+    case Uint32Array:
+      return 7;
+    case Float32Array:
+      return 8;
+    case Float64Array:
+      return 9;
+    case BigInt64Array:
+      return 10;
+    case BigUint64Array:
+      return 11;
+    default:
+      return 0; // a subclass we do not know: msgpack it like any object
   }
 }
 
@@ -88,9 +124,18 @@ export function typedArrayFrom(code: number, buf: Buffer): TypedArray | Buffer {
 
 // ---- msgpack boxes for what plain msgpack would flatten ------------------------------------
 
-class FrameRef { constructor(readonly index: number, readonly code: number) {} }
-class MapBox { constructor(readonly entries: unknown[]) {} }
-class SetBox { constructor(readonly values: unknown[]) {} }
+class FrameRef {
+  constructor(
+    readonly index: number,
+    readonly code: number,
+  ) {}
+}
+class MapBox {
+  constructor(readonly entries: unknown[]) {}
+}
+class SetBox {
+  constructor(readonly values: unknown[]) {}
+}
 class NegZero {}
 
 /** Frames of the message being decoded; msgpackr's extension readers are synchronous. */
@@ -99,7 +144,8 @@ let decodingFrames: Buffer[] = [];
 // Extension type numbers 0x4c.. ("L"): registered for our private classes only, so a user's
 // own use of msgpackr in the same process is unaffected.
 addExtension({
-  Class: FrameRef, type: 0x4c,
+  Class: FrameRef,
+  type: 0x4c,
   write: (r: FrameRef) => [r.index, r.code],
   read: ([index, code]: [number, number]) => {
     const frame = decodingFrames[index];
@@ -122,7 +168,12 @@ const packr = new Packr({ useRecords: false, structuredClone: false, moreTypes: 
 const DEPTH_MAX = 256;
 
 class EncodePathError extends Error {
-  constructor(readonly path: string[], readonly reason: string) { super(reason); }
+  constructor(
+    readonly path: string[],
+    readonly reason: string,
+  ) {
+    super(reason);
+  }
 }
 
 /**
@@ -131,10 +182,17 @@ class EncodePathError extends Error {
  */
 function scan(v: unknown, depth: number): boolean {
   switch (typeof v) {
-    case "number": return v === 0 && 1 / v < 0;
-    case "string": case "boolean": case "undefined": case "bigint": return false;
-    case "function": throw new EncodePathError([], "a function cannot be sent");
-    case "symbol": throw new EncodePathError([], "a symbol cannot be sent");
+    case "number":
+      return v === 0 && 1 / v < 0;
+    case "string":
+    case "boolean":
+    case "undefined":
+    case "bigint":
+      return false;
+    case "function":
+      throw new EncodePathError([], "a function cannot be sent");
+    case "symbol":
+      throw new EncodePathError([], "a symbol cannot be sent");
   }
   if (v === null) return false;
   if (depth > DEPTH_MAX) throw new EncodePathError([], `data is cyclic or nested deeper than ${DEPTH_MAX} levels`);
@@ -153,7 +211,8 @@ function scan(v: unknown, depth: number): boolean {
     return needs;
   }
   if (v instanceof Map) {
-    let key: unknown, inKey = true;
+    let key: unknown,
+      inKey = true;
     try {
       for (const [k, x] of v) {
         key = k;
@@ -287,7 +346,12 @@ export function encodeValue(data: unknown, alloc?: (bytes: number) => Buffer): B
   const headBytes = 6 + 4 * body.frames.length;
   const total = headBytes + byteLengthOf(body.frames);
   const out = alloc === undefined ? Buffer.allocUnsafe(total) : alloc(total);
-  writeValueHead(out, body.encoding, body.arrayType, body.frames.map((f) => f.byteLength));
+  writeValueHead(
+    out,
+    body.encoding,
+    body.arrayType,
+    body.frames.map((f) => f.byteLength),
+  );
   let off = headBytes;
   for (const f of body.frames) {
     out.set(f, off);

@@ -78,7 +78,9 @@ export class CollectiveRegistry {
   begin(signature: number, call: string, nowMs: number): ActiveCollective {
     const seq = this.nextSeq++;
     let fail!: (err: LifelineError) => void;
-    const failed = new Promise<never>((_, reject) => { fail = reject; });
+    const failed = new Promise<never>((_, reject) => {
+      fail = reject;
+    });
     failed.catch(() => undefined); // observed through recv(); never an unhandled rejection
     const c: ActiveCollective = { seq, signature, call, startedMs: nowMs, nextQueryMs: nowMs + QUERY_AFTER_MS, fail, failed };
     this.active.set(seq, c);
@@ -160,7 +162,16 @@ export class CollectiveRegistry {
       }
     }
     const got = new Promise<Arrival>((resolve, reject) => {
-      this.waiters.set(key, { resolve: (a) => { try { resolve(check(a)); } catch (err) { reject(err); } }, reject });
+      this.waiters.set(key, {
+        resolve: (a) => {
+          try {
+            resolve(check(a));
+          } catch (err) {
+            reject(err);
+          }
+        },
+        reject,
+      });
     });
     return Promise.race([got, c.failed]);
   }

@@ -63,13 +63,28 @@ export interface CollectiveIo {
 /** Typed arrays at or above this size use the ring algorithms (when the op allows). */
 export const RING_BYTES_MIN = 64 * 1024;
 
-type TA = Float64Array | Float32Array | Int32Array | Uint32Array | Int16Array | Uint16Array | Int8Array | Uint8Array
-  | Uint8ClampedArray | BigInt64Array | BigUint64Array;
+type TA =
+  | Float64Array
+  | Float32Array
+  | Int32Array
+  | Uint32Array
+  | Int16Array
+  | Uint16Array
+  | Int8Array
+  | Uint8Array
+  | Uint8ClampedArray
+  | BigInt64Array
+  | BigUint64Array;
 
 const asBody = (a: Arrival): EncodedBody => ({ encoding: a.header.encoding, arrayType: a.header.arrayType, frames: a.frames });
 const decode = (a: Arrival): unknown => decodeBody(a.header.encoding, a.header.arrayType, a.frames);
 /** Decodes a body we also forward: the program gets a copy, never the forwarded buffers. */
-const decodeCopy = (a: Arrival): unknown => decodeBody(a.header.encoding, a.header.arrayType, a.frames.map((f) => Buffer.from(f)));
+const decodeCopy = (a: Arrival): unknown =>
+  decodeBody(
+    a.header.encoding,
+    a.header.arrayType,
+    a.frames.map((f) => Buffer.from(f)),
+  );
 
 /**
  * A chunk of `arr` as a message body: a view of `arr`, or a copy. ZeroMQ reads a sent buffer
@@ -84,7 +99,7 @@ function viewOf(a: Arrival, like: TA, expectLength: number): TA {
   if (a.header.encoding !== Encoding.typedArray || a.header.arrayType !== typedArrayCode(like)) {
     throw new LifelineError("MPI_COLLECTIVE_MISMATCH", `rank ${a.header.source} sent a chunk of another type than ${like.constructor.name}`);
   }
-  const v = typedArrayFrom(a.header.arrayType, a.frames[0]!) as TA;
+  const v = typedArrayFrom(a.header.arrayType, a.frames[0]!);
   if (v.length !== expectLength) {
     throw new LifelineError("MPI_COLLECTIVE_MISMATCH", `rank ${a.header.source} sent a chunk of ${v.length} elements, expected ${expectLength}`);
   }
@@ -92,6 +107,11 @@ function viewOf(a: Arrival, like: TA, expectLength: number): TA {
 }
 
 const chunkStart = (n: number, p: number, i: number): number => Math.floor((i * n) / p);
+
+/** acc.set(chunk, at) for a chunk of acc's own type (viewOf checked it; the union's set() cannot say so). */
+function setChunk(acc: TA, chunk: TA, at: number): void {
+  (acc as unknown as { set(a: TA, offset: number): void }).set(chunk, at);
+}
 
 // ---- barrier -------------------------------------------------------------------------------
 
@@ -149,7 +169,7 @@ function highestPowerOfTwoBelow(n: number): number {
 // ---- allreduce / reduce --------------------------------------------------------------------
 
 function useRing(data: unknown, op: ReduceOp, size: number): data is TA {
-  return size > 1 && isTypedArray(data) && isBuiltinOp(op) && (data as TA).byteLength >= RING_BYTES_MIN && (data as TA).length >= size;
+  return size > 1 && isTypedArray(data) && isBuiltinOp(op) && data.byteLength >= RING_BYTES_MIN && data.length >= size;
 }
 
 /** Up to this many ranks, a small allreduce is one round of direct exchange. */
@@ -258,7 +278,8 @@ async function recursiveDoubling(io: CollectiveIo, data: unknown, op: ReduceOp, 
 async function ringReduceScatter(io: CollectiveIo, acc: TA, op: ReduceOp): Promise<void> {
   const { rank, size } = io;
   const n = acc.length;
-  const next = (rank + 1) % size, prev = (rank - 1 + size) % size;
+  const next = (rank + 1) % size,
+    prev = (rank - 1 + size) % size;
   for (let s = 0; s < size - 1; s++) {
     const sendChunk = (rank - s + size) % size;
     const recvChunk = (rank - s - 1 + size) % size;
@@ -270,7 +291,8 @@ async function ringReduceScatter(io: CollectiveIo, acc: TA, op: ReduceOp): Promi
     // lack that causality: a copy. (A retry-one execution that is abandoned stops writing: its
     // receives fail.)
     const sent = io.send(next, s, rawBody(acc, chunkStart(n, size, sendChunk), chunkStart(n, size, sendChunk + 1), io.liveOnly !== true));
-    const from = chunkStart(n, size, recvChunk), to = chunkStart(n, size, recvChunk + 1);
+    const from = chunkStart(n, size, recvChunk),
+      to = chunkStart(n, size, recvChunk + 1);
     const theirs = viewOf(await io.recv(prev, s), acc, to - from);
     // Built-in ops are commutative bit for bit; the partial sum from upstream goes first.
     combineInto(acc.subarray(from, to), theirs, op, false);
@@ -283,7 +305,8 @@ async function ringAllreduce(io: CollectiveIo, data: TA, op: ReduceOp): Promise<
   const acc = data.slice() as TA;
   const n = acc.length;
   await ringReduceScatter(io, acc, op);
-  const next = (rank + 1) % size, prev = (rank - 1 + size) % size;
+  const next = (rank + 1) % size,
+    prev = (rank - 1 + size) % size;
   // Allgather: forward what we receive (buffers the program never sees), copy it into acc.
   const mine = (rank + 1) % size;
   // Always a copy: acc goes to the program, which may change it before the successor has this.
@@ -295,9 +318,10 @@ async function ringAllreduce(io: CollectiveIo, data: TA, op: ReduceOp): Promise<
     const base = size - 1;
     const sent = io.send(next, base + s, outgoing);
     const recvChunk = (rank - s + size) % size;
-    const from = chunkStart(n, size, recvChunk), to = chunkStart(n, size, recvChunk + 1);
+    const from = chunkStart(n, size, recvChunk),
+      to = chunkStart(n, size, recvChunk + 1);
     const arrival = await io.recv(prev, base + s);
-    acc.set(viewOf(arrival, acc, to - from) as any, from);
+    setChunk(acc, viewOf(arrival, acc, to - from), from);
     parts[recvChunk] = arrival.frames[0]!;
     outgoing = asBody(arrival);
     await sent;
@@ -320,7 +344,8 @@ async function halvingDoublingAllreduce(io: CollectiveIo, data: TA, op: ReduceOp
   const acc = data.slice() as TA;
   const n = acc.length;
   const at = (block: number): number => chunkStart(n, size, block);
-  let lo = 0, hi = size;
+  let lo = 0,
+    hi = size;
   let step = 0;
   for (let dist = size >> 1; dist >= 1; dist >>= 1, step++) {
     const partner = rank ^ dist;
@@ -340,7 +365,7 @@ async function halvingDoublingAllreduce(io: CollectiveIo, data: TA, op: ReduceOp
   // Block `rank` is final. Finished blocks as immutable buffers: ours copied once (acc goes to
   // the program, which may change it while ZeroMQ still reads), the others as received.
   const parts: Buffer[] = new Array(size);
-  parts[rank] = bytesOf(acc.subarray(at(rank), at(rank + 1)), true) as Buffer;
+  parts[rank] = bytesOf(acc.subarray(at(rank), at(rank + 1)), true);
   const code = typedArrayCode(acc);
   for (let dist = 1; dist < size; dist <<= 1, step++) {
     const partner = rank ^ dist;
@@ -348,11 +373,14 @@ async function halvingDoublingAllreduce(io: CollectiveIo, data: TA, op: ReduceOp
     const [theirLo, theirHi] = partner < rank ? [lo - dist, lo] : [hi, hi + dist];
     const arrival = await io.recv(partner, step);
     if (arrival.header.encoding !== Encoding.typedArray || arrival.header.arrayType !== code || arrival.frames.length !== theirHi - theirLo) {
-      throw new LifelineError("MPI_COLLECTIVE_MISMATCH", `rank ${partner} sent ${arrival.frames.length} finished blocks of another shape than ${acc.constructor.name}`);
+      throw new LifelineError(
+        "MPI_COLLECTIVE_MISMATCH",
+        `rank ${partner} sent ${arrival.frames.length} finished blocks of another shape than ${acc.constructor.name}`,
+      );
     }
     for (let b = theirLo; b < theirHi; b++) {
       const frame = arrival.frames[b - theirLo]!;
-      acc.set(viewOf({ header: arrival.header, frames: [frame] }, acc, at(b + 1) - at(b)) as any, at(b));
+      setChunk(acc, viewOf({ header: arrival.header, frames: [frame] }, acc, at(b + 1) - at(b)), at(b));
       parts[b] = frame;
     }
     lo = Math.min(lo, theirLo);
@@ -381,8 +409,9 @@ export async function reduce<T>(io: CollectiveIo, data: T, op: ReduceOp, root: n
     for (let r = 0; r < size; r++) {
       if (r === root) continue;
       const c = (r + 1) % size;
-      const from = chunkStart(n, size, c), to = chunkStart(n, size, c + 1);
-      acc.set(viewOf(await io.recv(r, step), acc, to - from) as any, from);
+      const from = chunkStart(n, size, c),
+        to = chunkStart(n, size, c + 1);
+      setChunk(acc, viewOf(await io.recv(r, step), acc, to - from), from);
     }
     return acc as unknown as T;
   }
@@ -427,11 +456,9 @@ export async function gather<T>(io: CollectiveIo, data: T, root: number): Promis
 }
 
 export async function scatter<T>(io: CollectiveIo, items: readonly T[] | undefined, root: number): Promise<T> {
-  const { rank, size } = io;
+  const { rank } = io;
   if (rank !== root) return decode(await io.recv(root, 0)) as T;
-  await Promise.all(
-    items!.map((item, r) => (r === root ? undefined : io.send(r, 0, encodeBody(item, { copy: true })))),
-  );
+  await Promise.all(items!.flatMap((item, r) => (r === root ? [] : [io.send(r, 0, encodeBody(item, { copy: true }))])));
   return items![root]!;
 }
 
@@ -439,7 +466,8 @@ export async function allgather<T>(io: CollectiveIo, data: T): Promise<T[]> {
   const { rank, size } = io;
   const out: T[] = new Array(size);
   out[rank] = data;
-  const next = (rank + 1) % size, prev = (rank - 1 + size) % size;
+  const next = (rank + 1) % size,
+    prev = (rank - 1 + size) % size;
   let outgoing = encodeBody(data, { copy: true });
   for (let s = 0; s < size - 1; s++) {
     const sent = io.send(next, s, outgoing);

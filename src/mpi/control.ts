@@ -57,28 +57,32 @@ export type CoordinatorToRank =
    * it; absent on a fresh start (and on a restart before the first line).
    */
   | {
-    t: "table"; jobKey: number; endpoints: string[]; attempts: number[];
-    restore?: {
-      epoch: number; ref: PartRefWire;
-      /** Per-host stores: the part itself, fetched from its partner copy (this host lost it). */
-      part?: Uint8Array;
-    };
-    /**
-     * Per-host stores (cpr): the rank that keeps a copy of this rank's parts, on another host,
-     * and the committed lines to keep (every other part goes, also newer ones).
-     */
-    partner?: number;
-    keep?: number[];
-    /** retry-one: ranks down right now (dead, not running again yet). */
-    down?: number[];
-    /**
-     * A job across hosts: each rank's host (an index) at the job's start, the same in every
-     * table of the job; retry-one places replicas on other hosts first.
-     */
-    hosts?: number[];
-    /** The job's recovery mode; a rank started for another one refuses to run (MPI_INIT). */
-    mode?: string;
-  }
+      t: "table";
+      jobKey: number;
+      endpoints: string[];
+      attempts: number[];
+      restore?: {
+        epoch: number;
+        ref: PartRefWire;
+        /** Per-host stores: the part itself, fetched from its partner copy (this host lost it). */
+        part?: Uint8Array;
+      };
+      /**
+       * Per-host stores (cpr): the rank that keeps a copy of this rank's parts, on another host,
+       * and the committed lines to keep (every other part goes, also newer ones).
+       */
+      partner?: number;
+      keep?: number[];
+      /** retry-one: ranks down right now (dead, not running again yet). */
+      down?: number[];
+      /**
+       * A job across hosts: each rank's host (an index) at the job's start, the same in every
+       * table of the job; retry-one places replicas on other hosts first.
+       */
+      hosts?: number[];
+      /** The job's recovery mode; a rank started for another one refuses to run (MPI_INIT). */
+      mode?: string;
+    }
   /** One peer's endpoint changed (it was restarted). */
   | { t: "peer"; rank: number; endpoint: string; attempt: number }
   /** retry-one: incarnation `attempt` of `rank` died (sent at once, before any restart). */
@@ -94,10 +98,13 @@ export type CoordinatorToRank =
   | { t: "cpr-stop"; epoch: number }
   /** Line `epoch` is committed; parts of epochs not in `keep` may be deleted. */
   | {
-    t: "cpr-committed"; epoch: number; keep: number[];
-    /** Per-host stores: the commit record and the job record, kept on every host. */
-    line?: LineRecordWire; job?: Record<string, unknown>;
-  }
+      t: "cpr-committed";
+      epoch: number;
+      keep: number[];
+      /** Per-host stores: the commit record and the job record, kept on every host. */
+      line?: LineRecordWire;
+      job?: Record<string, unknown>;
+    }
   /** Per-host stores, before the table: report every part your host's store holds (`cpr-held`). */
   | { t: "cpr-inventory" }
   /** Per-host stores, before the table: send part `ref` from database `where` of your host's store (`cpr-copy`). */
@@ -113,10 +120,20 @@ export type CoordinatorToRank =
   | { t: "lease" };
 
 /** A part of a recovery line as messages name it (src/store/types.ts PartRef). */
-export interface PartRefWire { rank: number; epoch: number; checksum: number; bytes: number }
+export interface PartRefWire {
+  rank: number;
+  epoch: number;
+  checksum: number;
+  bytes: number;
+}
 
 /** A commit record as messages carry it (src/store/types.ts LineRecord, without meta). */
-export interface LineRecordWire { epoch: number; timeMs: number; parts: PartRefWire[]; job?: { id: string; run: number } }
+export interface LineRecordWire {
+  epoch: number;
+  timeMs: number;
+  parts: PartRefWire[];
+  job?: { id: string; run: number };
+}
 
 export type ControlMessage = RankToCoordinator | CoordinatorToRank;
 

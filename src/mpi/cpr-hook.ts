@@ -13,7 +13,7 @@
  * @example
  * const world = await World.join(place, { cpr: (access, host) => new CoordinatedDriver(access, host, partsFactory) });
  */
-import type { CoordinatorToRank } from "./control.ts";
+import type { CoordinatorToRank, RankToCoordinator } from "./control.ts";
 import type { Host } from "./host.ts";
 import type { Header } from "./wire.ts";
 
@@ -62,7 +62,7 @@ export interface CprWorldAccess {
   /** Sends one protocol frame (kind protocol, not counted on any channel) to a peer. */
   sendProtocol(dest: number, tag: number, body: unknown): void;
   /** Sends a control message to the coordinator. */
-  sendControl(msg: import("./control.ts").RankToCoordinator): void;
+  sendControl(msg: RankToCoordinator): void;
   /** Fails this rank's pending and future calls and asks the coordinator to stop the job. */
   fatal(code: "CPR_PROTOCOL" | "CPR_REPLAY" | "CPR_CHECKPOINT" | "CPR_RESTORE", message: string): void;
 }

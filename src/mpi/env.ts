@@ -80,17 +80,19 @@ function intFrom(name: string, raw: string | undefined): number | undefined {
 
 /** Resolves this process's place from explicit options first, then the environment. */
 export function resolveRankPlace(opts: InitOptions, env: NodeJS.ProcessEnv): RankPlace {
-  const rank = opts.rank
-    ?? intFrom(ENV.rank, env[ENV.rank])
-    ?? intFrom("OMPI_COMM_WORLD_RANK", env.OMPI_COMM_WORLD_RANK)
-    ?? intFrom("PMI_RANK", env.PMI_RANK)
-    ?? intFrom("SLURM_PROCID", env.SLURM_PROCID)
-    ?? intFrom("JOB_COMPLETION_INDEX", env.JOB_COMPLETION_INDEX);
-  const size = opts.size
-    ?? intFrom(ENV.size, env[ENV.size])
-    ?? intFrom("OMPI_COMM_WORLD_SIZE", env.OMPI_COMM_WORLD_SIZE)
-    ?? intFrom("PMI_SIZE", env.PMI_SIZE)
-    ?? intFrom("SLURM_NTASKS", env.SLURM_NTASKS);
+  const rank =
+    opts.rank ??
+    intFrom(ENV.rank, env[ENV.rank]) ??
+    intFrom("OMPI_COMM_WORLD_RANK", env.OMPI_COMM_WORLD_RANK) ??
+    intFrom("PMI_RANK", env.PMI_RANK) ??
+    intFrom("SLURM_PROCID", env.SLURM_PROCID) ??
+    intFrom("JOB_COMPLETION_INDEX", env.JOB_COMPLETION_INDEX);
+  const size =
+    opts.size ??
+    intFrom(ENV.size, env[ENV.size]) ??
+    intFrom("OMPI_COMM_WORLD_SIZE", env.OMPI_COMM_WORLD_SIZE) ??
+    intFrom("PMI_SIZE", env.PMI_SIZE) ??
+    intFrom("SLURM_NTASKS", env.SLURM_NTASKS);
   const coordinator = opts.coordinator ?? env[ENV.coordinator];
   const missing: string[] = [];
   if (rank === undefined) missing.push(`${ENV.rank} (or OMPI_COMM_WORLD_RANK, PMI_RANK, SLURM_PROCID, JOB_COMPLETION_INDEX)`);

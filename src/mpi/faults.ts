@@ -114,7 +114,11 @@ export class FaultPlan {
   private readonly active: FaultTrigger[];
   private timer: NodeJS.Timeout | undefined;
 
-  constructor(triggers: readonly FaultTrigger[], attempt: number, private readonly act = fire) {
+  constructor(
+    triggers: readonly FaultTrigger[],
+    attempt: number,
+    private readonly act = fire,
+  ) {
     this.active = triggers.filter((t) => t.attempt === attempt);
     for (const t of this.active) {
       if (t.kind === "time") {

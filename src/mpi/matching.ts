@@ -155,12 +155,18 @@ export class Matcher<E extends Envelope> {
 
   /** All queued messages in arrival order, left in place (channel state for a checkpoint). */
   queuedInOrder(): E[] {
-    return this.bySource.flat().sort((a, b) => a.arrival - b.arrival).map((q) => q.env);
+    return this.bySource
+      .flat()
+      .sort((a, b) => a.arrival - b.arrival)
+      .map((q) => q.env);
   }
 
   /** All queued messages in arrival order, removed (channel state for a checkpoint). */
   drainQueued(): E[] {
-    const all = this.bySource.flat().sort((a, b) => a.arrival - b.arrival).map((q) => q.env);
+    const all = this.bySource
+      .flat()
+      .sort((a, b) => a.arrival - b.arrival)
+      .map((q) => q.env);
     for (const q of this.bySource) q.length = 0;
     this.queued = 0;
     return all;

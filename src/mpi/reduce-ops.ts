@@ -16,6 +16,7 @@ import type { ReduceOp, ReduceOpName } from "./types.ts";
 
 export const OP_NAMES: readonly ReduceOpName[] = ["sum", "prod", "min", "max", "land", "lor", "band", "bor"];
 
+// eslint-disable-next-line @typescript-eslint/no-explicit-any -- elements are numbers or bigints, combined by source-text kernels
 type Arr = { length: number; [i: number]: any };
 
 /** Validates an op argument; throws TypeError for anything that is not a known name or a function. */
@@ -70,9 +71,12 @@ function kernel(op: ReduceOpName, acc: Arr): Kernel {
   let k = kernels.get(key);
   if (k === undefined) {
     const big = type === "BigInt64Array" || type === "BigUint64Array";
-    // eslint-disable-next-line @typescript-eslint/no-implied-eval -- one compiled loop per (op, type), see OP_BODY
+
     k = new Function(
-      "acc", "other", "from", "to",
+      "acc",
+      "other",
+      "from",
+      "to",
       `"use strict"; const one = ${big ? "1n" : "1"}, zero = ${big ? "0n" : "0"}; for (let i = from; i < to; i++) { ${OP_BODY[op]} }`,
     ) as Kernel;
     kernels.set(key, k);
@@ -95,23 +99,34 @@ export function combineInto(acc: Arr, other: Arr, op: ReduceOp, accFirst: boolea
 }
 
 function scalar(a: unknown, b: unknown, op: ReduceOpName): unknown {
-  const ta = typeof a, tb = typeof b;
+  const ta = typeof a,
+    tb = typeof b;
   if (ta === "boolean" && tb === "boolean") {
-    if (op === "land") return (a as boolean) && (b as boolean);
-    if (op === "lor") return (a as boolean) || (b as boolean);
+    if (op === "land") return (a as boolean) && b;
+    if (op === "lor") return a || b;
     throw opError(op, "booleans");
   }
   if (ta !== tb || (ta !== "number" && ta !== "bigint")) {
     throw opError(op, ta === tb ? describe(a) : `${describe(a)} and ${describe(b)} together`);
   }
-  const x = a as any, y = b as any;
+  // Both numbers or both bigints (checked above): the operators below apply to either.
+  // eslint-disable-next-line @typescript-eslint/no-explicit-any
+  const x = a as any;
+  // eslint-disable-next-line @typescript-eslint/no-explicit-any
+  const y = b as any;
   switch (op) {
-    case "sum": return x + y;
-    case "prod": return x * y;
-    case "min": return ta === "number" ? Math.min(x, y) : (y < x ? y : x);
-    case "max": return ta === "number" ? Math.max(x, y) : (y > x ? y : x);
-    case "land": return ta === "bigint" ? (x && y ? 1n : 0n) : (x && y ? 1 : 0);
-    case "lor": return ta === "bigint" ? (x || y ? 1n : 0n) : (x || y ? 1 : 0);
+    case "sum":
+      return x + y;
+    case "prod":
+      return x * y;
+    case "min":
+      return ta === "number" ? Math.min(x, y) : y < x ? y : x;
+    case "max":
+      return ta === "number" ? Math.max(x, y) : y > x ? y : x;
+    case "land":
+      return ta === "bigint" ? (x && y ? 1n : 0n) : x && y ? 1 : 0;
+    case "lor":
+      return ta === "bigint" ? (x || y ? 1n : 0n) : x || y ? 1 : 0;
     case "band":
       if (ta === "number" && !(Number.isInteger(x) && Number.isInteger(y))) throw opError(op, "non-integer numbers");
       return ta === "bigint" ? x & y : Number(BigInt(x) & BigInt(y));
@@ -127,14 +142,15 @@ function scalar(a: unknown, b: unknown, op: ReduceOpName): unknown {
  */
 export function combine(lower: unknown, higher: unknown, op: ReduceOp): unknown {
   if (isTypedArray(lower) || isTypedArray(higher)) {
-    const a = lower as Arr & ArrayBufferView, b = higher as Arr & ArrayBufferView;
+    const a = lower as Arr & ArrayBufferView,
+      b = higher as Arr & ArrayBufferView;
     if (typedArrayCode(a) !== typedArrayCode(b) || a.length !== b.length) {
       throw new LifelineError(
         "MPI_COLLECTIVE_MISMATCH",
         `reduction over ${describe(a)}(${a.length}) and ${describe(b)}(${b.length}): every rank must pass the same type and length`,
       );
     }
-    const out = (a as any).slice() as Arr;
+    const out = (a as unknown as { slice(): Arr }).slice();
     combineInto(out, b, op, true);
     return out;
   }

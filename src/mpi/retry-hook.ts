@@ -28,9 +28,7 @@ export interface RetryCollIdentity {
 }
 
 /** How a collective call goes on: run it on the wire as given, or take this (encoded) result. */
-export type RetryDecision =
-  | { readonly run: { readonly wireSeq: number; readonly viewId: number; readonly purgeBelow: number } }
-  | { readonly result: Buffer };
+export type RetryDecision = { readonly run: { readonly wireSeq: number; readonly viewId: number; readonly purgeBelow: number } } | { readonly result: Buffer };
 
 /** What World lets the retry-one driver do. */
 export interface RetryWorldAccess {

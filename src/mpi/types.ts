@@ -30,6 +30,7 @@ export type ReduceOpName = "sum" | "prod" | "min" | "max" | "land" | "lor" | "ba
  * values whole. It must be associative; reductions always combine in a fixed order, so it need
  * not be commutative for results to be reproducible.
  */
+// eslint-disable-next-line @typescript-eslint/no-explicit-any -- a user op combines whatever the program reduces
 export type ReduceOp = ReduceOpName | ((a: any, b: any) => any);
 
 export interface CollectiveOptions {

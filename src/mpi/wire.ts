@@ -133,9 +133,9 @@ export function decodeHeader(b: Buffer | undefined, expect: { jobKey: number | "
     throw new LifelineError("MPI_DECODE", `frame names source rank ${source}, outside 0..${expect.size - 1}`);
   }
   return {
-    kind: kind as Kind,
+    kind: kind,
     flags: b[6]!,
-    encoding: encoding as Encoding,
+    encoding: encoding,
     jobKey,
     source,
     tag: i32(b, 16),

@@ -37,8 +37,16 @@ import { checkOp, isBuiltinOp } from "./reduce-ops.ts";
 import { asImpl, RequestImpl, waitAll, waitAny } from "./request.ts";
 import type { RetryOneHookFactory } from "./retry-hook.ts";
 import {
-  ANY_SOURCE, ANY_TAG, type CollectiveOptions, type Message, type ReduceOp, type Request, type Restored, type Status,
-  TAG_MAX, type WorldApi,
+  ANY_SOURCE,
+  ANY_TAG,
+  type CollectiveOptions,
+  type Message,
+  type ReduceOp,
+  type Request,
+  type Restored,
+  type Status,
+  TAG_MAX,
+  type WorldApi,
 } from "./types.ts";
 import { type Header, Kind } from "./wire.ts";
 
@@ -64,7 +72,10 @@ function shapeOf(data: unknown): string {
 
 function callSite(): string {
   // Frames: callSite ← collective method ← user code. The user's frame identifies the call.
-  const lines = (new Error().stack ?? "").split("\n").slice(1).map((l) => l.trim());
+  const lines = (new Error().stack ?? "")
+    .split("\n")
+    .slice(1)
+    .map((l) => l.trim());
   const user = lines.find((l) => !l.includes("/src/mpi/") && !l.includes("/dist/mpi/") && !l.includes("node:internal"));
   return user ?? lines.join("|");
 }
@@ -120,7 +131,11 @@ export class World implements WorldApi {
    * Joins with a given host (the simulator's). `makeHost` receives the control-message handler
    * the host must call for every message from the coordinator.
    */
-  static async joinWith(place: RankPlace, makeHost: (onControl: (msg: CoordinatorToRank) => void) => Host | Promise<Host>, opts: JoinOptions = {}): Promise<World> {
+  static async joinWith(
+    place: RankPlace,
+    makeHost: (onControl: (msg: CoordinatorToRank) => void) => Host | Promise<Host>,
+    opts: JoinOptions = {},
+  ): Promise<World> {
     const world = new World(place);
     await world.connect(await makeHost((msg) => world.onControl(msg)), opts);
     return world;
@@ -132,12 +147,16 @@ export class World implements WorldApi {
   /** A message from the coordinator. */
   private onControl(msg: CoordinatorToRank): void {
     switch (msg.t) {
-      case "table": this.gotTable(msg); break;
+      case "table":
+        this.gotTable(msg);
+        break;
       case "peer":
         if (msg.rank !== this.rank) this.host.transport.connect(msg.rank, msg.endpoint);
         this.modeImpl.onControl(msg);
         break;
-      case "release": this.released?.resolve(); break;
+      case "release":
+        this.released?.resolve();
+        break;
       case "abort": {
         const err = new LifelineError("MPI_ABORTED", `the job was aborted: ${msg.message}`);
         this.failJoin(err);
@@ -159,26 +178,39 @@ export class World implements WorldApi {
     this.host = host;
     this.control = host.control;
     this.channel = new Channel({
-      rank: this.rank, size: this.size, attempt: this.attempt, host,
+      rank: this.rank,
+      size: this.size,
+      attempt: this.attempt,
+      host,
       deliver: (header, body, rawHeader, classify) => this.arrive(header, body, rawHeader, classify),
     });
     // The runner asks the mode for its query scope and liveness on every use; the adapter is
     // set right below, before anything runs.
     const modeOf = (): NoneMode => this.modeImpl;
     this.runner = new CollectiveRunner({
-      rank: this.rank, size: this.size, host, channel: this.channel,
+      rank: this.rank,
+      size: this.size,
+      host,
+      channel: this.channel,
       failure: () => this.failure,
       fatal: (err, c) => this.fatal(err, c),
       scope: {
-        get viewId() { return modeOf().viewId; },
-        get queriesPaused() { return modeOf().queriesPaused; },
-        get liveOnly() { return modeOf().liveOnly; },
+        get viewId() {
+          return modeOf().viewId;
+        },
+        get queriesPaused() {
+          return modeOf().queriesPaused;
+        },
+        get liveOnly() {
+          return modeOf().liveOnly;
+        },
       },
     });
     const core = this.modeCore();
     if (this.mode === "cpr" && opts.cpr !== undefined) this.modeImpl = new CprMode(core, opts.cpr);
     else if (this.mode === "retry-one") {
-      if (opts.retryOne === undefined) throw new LifelineError("MPI_INIT", "mode retry-one needs its protocol driver (World.join's retryOne option); use init()");
+      if (opts.retryOne === undefined)
+        throw new LifelineError("MPI_INIT", "mode retry-one needs its protocol driver (World.join's retryOne option); use init()");
       this.modeImpl = new RetryOneMode(core, opts.retryOne);
     } else this.modeImpl = new NoneMode(core);
     this.channel.stamper = this.modeImpl;
@@ -186,18 +218,33 @@ export class World implements WorldApi {
 
   /** What the mode's adapter may use of this communicator. */
   private modeCore(): ModeCore {
+    // eslint-disable-next-line @typescript-eslint/no-this-alias -- the literal's accessors need the World
     const self = this;
     return {
-      rank: this.rank, size: this.size, attempt: this.attempt, mode: this.mode,
-      host: this.host, channel: this.channel, runner: this.runner, matcher: this.matcher,
-      get versions() { return self.versions; },
-      set versions(v: number) { self.versions = v; },
+      rank: this.rank,
+      size: this.size,
+      attempt: this.attempt,
+      mode: this.mode,
+      host: this.host,
+      channel: this.channel,
+      runner: this.runner,
+      matcher: this.matcher,
+      get versions() {
+        return self.versions;
+      },
+      set versions(v: number) {
+        self.versions = v;
+      },
       failure: () => this.failure,
       sendControl: (msg) => void this.control.send(msg).catch(() => undefined),
       fatal: (err) => this.fatal(err),
       failPending: (err) => this.failPending(err),
-      recvCompletedFromLog: () => { this.outstandingRecvs--; },
-      resetCollectiveCount: () => { this.collSinceCheckpoint = 0; },
+      recvCompletedFromLog: () => {
+        this.outstandingRecvs--;
+      },
+      resetCollectiveCount: () => {
+        this.collSinceCheckpoint = 0;
+      },
       reportStep: (force) => this.reportStep(force),
     };
   }
@@ -211,7 +258,10 @@ export class World implements WorldApi {
       this.failJoin = reject;
     });
     const timer = host.after(RENDEZVOUS_TIMEOUT_MS, () =>
-      this.failJoin(new LifelineError("MPI_INIT", `no endpoint table from the coordinator at ${this.place.coordinator} within ${RENDEZVOUS_TIMEOUT_MS / 1000} s`)));
+      this.failJoin(
+        new LifelineError("MPI_INIT", `no endpoint table from the coordinator at ${this.place.coordinator} within ${RENDEZVOUS_TIMEOUT_MS / 1000} s`),
+      ),
+    );
     let t: Extract<CoordinatorToRank, { t: "table" }>;
     try {
       await this.control.send({ t: "hello", rank, attempt, pid: host.pid, endpoint: transport.endpoint, size: this.size });
@@ -228,18 +278,26 @@ export class World implements WorldApi {
     }
     if (t.mode !== undefined && t.mode !== this.mode) {
       await this.closeSockets();
-      throw new LifelineError("MPI_INIT", `the coordinator runs the job in mode ${t.mode}, but this rank was started for mode ${this.mode}: set LIFELINE_MODE=${t.mode}`);
+      throw new LifelineError(
+        "MPI_INIT",
+        `the coordinator runs the job in mode ${t.mode}, but this rank was started for mode ${this.mode}: set LIFELINE_MODE=${t.mode}`,
+      );
     }
     this.channel.jobKey = t.jobKey;
     // retry-one: a rank that is down has no endpoint yet; a `peer` message brings it.
-    t.endpoints.forEach((ep, r) => { if (r !== rank && ep !== "") transport.connect(r, ep); });
+    t.endpoints.forEach((ep, r) => {
+      if (r !== rank && ep !== "") transport.connect(r, ep);
+    });
     try {
       await this.modeImpl.beforeStart(t);
     } catch (err) {
       await this.closeSockets();
       throw err;
     }
-    transport.start((frames) => this.channel.onFrames(frames), (err) => this.abortLocal(new LifelineError("MPI_ABORTED", `receive loop failed: ${(err as Error).message}`, { cause: err })));
+    transport.start(
+      (frames) => this.channel.onFrames(frames),
+      (err) => this.abortLocal(new LifelineError("MPI_ABORTED", `receive loop failed: ${(err as Error).message}`, { cause: err })),
+    );
     this.runner.start();
     try {
       await this.modeImpl.afterStart();
@@ -363,7 +421,10 @@ export class World implements WorldApi {
     } catch (err) {
       sent = Promise.reject(err);
     }
-    sent.then(() => req.complete(), (e) => req.fail(e));
+    sent.then(
+      () => req.complete(),
+      (e) => req.fail(e),
+    );
     return req;
   }
 
@@ -395,7 +456,9 @@ export class World implements WorldApi {
     }
     this.outstandingRecvs++;
     const waiter: Waiter<AppEnvelope> = {
-      source: src, tag: tg, consume: true,
+      source: src,
+      tag: tg,
+      consume: true,
       onMatch: (env) => {
         this.pending.delete(req as RequestImpl<unknown>);
         if (req.settled) {
@@ -436,7 +499,10 @@ export class World implements WorldApi {
     if (ticket?.replay?.k === "iprobe") return ticket.replay.found ? { source: ticket.replay.source, tag: ticket.replay.tag } : undefined;
     const env = this.matcher.peek(src, tg);
     if (ticket !== undefined) {
-      this.modeImpl.logNondet(ticket.ordinal, env === undefined ? { k: "iprobe", source: -1, tag: -1, found: false } : { k: "iprobe", source: env.source, tag: env.tag, found: true });
+      this.modeImpl.logNondet(
+        ticket.ordinal,
+        env === undefined ? { k: "iprobe", source: -1, tag: -1, found: false } : { k: "iprobe", source: env.source, tag: env.tag, found: true },
+      );
     }
     return env === undefined ? undefined : { source: env.source, tag: env.tag };
   }
@@ -466,7 +532,9 @@ export class World implements WorldApi {
     const req = new RequestImpl<Status>();
     this.pending.add(req as RequestImpl<unknown>);
     this.matcher.post({
-      source: src, tag: tg, consume: false,
+      source: src,
+      tag: tg,
+      consume: false,
       onMatch: (env) => req.complete(found(env)),
     });
     return req.wait().finally(() => this.pending.delete(req as RequestImpl<unknown>));
@@ -482,7 +550,8 @@ export class World implements WorldApi {
     if (ticket?.replay?.k === "any") {
       const index = ticket.replay.index;
       const r = reqs[index];
-      if (r === undefined) return Promise.reject(new LifelineError("CPR_REPLAY", `replay: waitAny was logged returning index ${index}, but it got ${reqs.length} requests`));
+      if (r === undefined)
+        return Promise.reject(new LifelineError("CPR_REPLAY", `replay: waitAny was logged returning index ${index}, but it got ${reqs.length} requests`));
       return r.wait().then((value) => ({ index, value }));
     }
     const p = waitAny(reqs);
@@ -537,7 +606,10 @@ export class World implements WorldApi {
     if (b !== true && typeof b !== "string") throw new TypeError(`opts.bootstrap must be true or a string, not ${JSON.stringify(b)}`);
     const key = b === true ? `${kind}@${callSite()}` : b;
     if (this.versions > 0 || this.steps > 0) {
-      throw new LifelineError("MPI_BOOTSTRAP", `bootstrap ${kind} ${JSON.stringify(key)} called after the first checkpoint(); bootstrap collectives must run before the main loop`);
+      throw new LifelineError(
+        "MPI_BOOTSTRAP",
+        `bootstrap ${kind} ${JSON.stringify(key)} called after the first checkpoint(); bootstrap collectives must run before the main loop`,
+      );
     }
     if (this.bootstrapKeys.has(key)) {
       throw new LifelineError("MPI_BOOTSTRAP", `bootstrap key ${JSON.stringify(key)} used twice in one run; give each bootstrap collective its own key`);
@@ -582,7 +654,9 @@ export class World implements WorldApi {
       return Promise.reject(err);
     }
     const label = opLabel(checked);
-    return this.modeImpl.bootstrapped(key, () => this.collective("allreduce", [label, shapeOf(data)], (io) => coll.allreduce(io, data, checked), `allreduce:${label}`, -1, data, key));
+    return this.modeImpl.bootstrapped(key, () =>
+      this.collective("allreduce", [label, shapeOf(data)], (io) => coll.allreduce(io, data, checked), `allreduce:${label}`, -1, data, key),
+    );
   }
 
   gather<T>(data: T, root = 0): Promise<T[] | undefined> {
@@ -656,10 +730,7 @@ export class World implements WorldApi {
     }
     const active = this.runner.colls.activeCount;
     if (active > 0) {
-      throw new LifelineError(
-        "CPR_CHECKPOINT",
-        `checkpoint() with ${active} collective(s) still running; await every collective before a checkpoint location`,
-      );
+      throw new LifelineError("CPR_CHECKPOINT", `checkpoint() with ${active} collective(s) still running; await every collective before a checkpoint location`);
     }
     this.steps++;
     this.collSinceCheckpoint = 0;
@@ -690,7 +761,9 @@ export class World implements WorldApi {
     this.modeImpl.finalize();
     this.finalized = true;
     this.reportStep(true);
-    const released = new Promise<void>((resolve, reject) => { this.released = { resolve, reject }; });
+    const released = new Promise<void>((resolve, reject) => {
+      this.released = { resolve, reject };
+    });
     await this.control.send({ t: "finalize", rank: this.rank, result: encoded });
     try {
       await released;

@@ -18,9 +18,7 @@
  * @example
  * const ops: KvOp[] = [{ type: "put", key: "line/…", value: rec }, { type: "del", key: "abort/…" }];
  */
-export type KvOp =
-  | { readonly type: "put"; readonly key: string; readonly value: Buffer }
-  | { readonly type: "del"; readonly key: string };
+export type KvOp = { readonly type: "put"; readonly key: string; readonly value: Buffer } | { readonly type: "del"; readonly key: string };
 
 /**
  * A key-value database with string keys in byte order.

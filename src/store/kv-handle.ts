@@ -22,7 +22,10 @@ export abstract class KvHandle {
   /** How errors name this handle, e.g. "the line manifest". */
   private readonly handleName: string;
 
-  protected constructor(protected readonly kv: KvDb, opts: { what: string; readOnly?: boolean | undefined; onClose?: (() => void) | undefined }) {
+  protected constructor(
+    protected readonly kv: KvDb,
+    opts: { what: string; readOnly?: boolean | undefined; onClose?: (() => void) | undefined },
+  ) {
     this.location = kv.location;
     this.handleName = opts.what;
     this.readOnly = opts.readOnly ?? false;

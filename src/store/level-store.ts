@@ -106,7 +106,8 @@ export class LevelRecoveryStore implements RecoveryStore {
     this.location = resolve(dir);
     this.nowMs = opts?.nowMs ?? Date.now;
     this.snapshot = opts?.snapshot ?? false;
-    if (this.snapshot && opts?.readOnly === false) throw new TypeError("LevelRecoveryStore: a snapshot is read-only; do not pass readOnly: false with snapshot: true");
+    if (this.snapshot && opts?.readOnly === false)
+      throw new TypeError("LevelRecoveryStore: a snapshot is read-only; do not pass readOnly: false with snapshot: true");
     this.readOnly = this.snapshot || (opts?.readOnly ?? false);
   }
 
@@ -143,10 +144,12 @@ export class LevelRecoveryStore implements RecoveryStore {
     } catch (err) {
       throw storeError(err, "listing the store's ranks", this.location);
     }
-    return names.flatMap((n) => {
-      const m = RANK_DIR_RE.exec(n);
-      return m === null ? [] : [Number(m[1])];
-    }).sort((a, b) => a - b);
+    return names
+      .flatMap((n) => {
+        const m = RANK_DIR_RE.exec(n);
+        return m === null ? [] : [Number(m[1])];
+      })
+      .sort((a, b) => a - b);
   }
 
   /**
@@ -180,9 +183,14 @@ export class LevelRecoveryStore implements RecoveryStore {
       }
       if (marker !== undefined) {
         let parsed: unknown;
-        try { parsed = JSON.parse(marker); } catch { parsed = undefined; }
+        try {
+          parsed = JSON.parse(marker);
+        } catch {
+          parsed = undefined;
+        }
         const p = parsed as { format?: unknown; version?: unknown } | undefined;
-        if (p?.format !== "lifeline-store") throw corrupt(`the store marker ${join(root, STORE_MARKER)} is unreadable; if this is a Lifeline store, it is damaged: move it aside`);
+        if (p?.format !== "lifeline-store")
+          throw corrupt(`the store marker ${join(root, STORE_MARKER)} is unreadable; if this is a Lifeline store, it is damaged: move it aside`);
         if (p.version !== 1) throw corrupt(`the store at ${root} has format version ${String(p.version)}, this Lifeline reads version 1`);
         return;
       }
@@ -190,7 +198,9 @@ export class LevelRecoveryStore implements RecoveryStore {
       if (this.readOnly) throw notAStore(`the directory has no ${STORE_MARKER} file`);
       if (foreign.length > 0) {
         const shown = foreign.slice(0, 3).join(", ") + (foreign.length > 3 ? ", ..." : "");
-        throw notAStore(`the directory is not empty (${shown}) and has no ${STORE_MARKER} file; refusing to write into it. Choose a new or empty --store directory.`);
+        throw notAStore(
+          `the directory is not empty (${shown}) and has no ${STORE_MARKER} file; refusing to write into it. Choose a new or empty --store directory.`,
+        );
       }
       // Written under a temporary name and renamed, so a reader never sees half a marker.
       const tmp = join(root, `${STORE_MARKER}.tmp-${randomBytes(4).toString("hex")}`);
@@ -327,7 +337,9 @@ class LevelKv implements KvDb {
   }
 
   private async reopenThen<T>(op: (db: Level<string, Buffer>) => Promise<T>): Promise<T> {
-    this.reopening ??= this.reopen().finally(() => { this.reopening = undefined; });
+    this.reopening ??= this.reopen().finally(() => {
+      this.reopening = undefined;
+    });
     await this.reopening;
     const db = this.db;
     if (this.closed || db === undefined) throw notOpen(`${this.what} (${this.location})`);
@@ -335,7 +347,10 @@ class LevelKv implements KvDb {
   }
 
   private track<T>(p: Promise<T>): Promise<T> {
-    const settled = p.then(() => undefined, () => undefined);
+    const settled = p.then(
+      () => undefined,
+      () => undefined,
+    );
     this.inflight.add(settled);
     void settled.then(() => this.inflight.delete(settled));
     return p;

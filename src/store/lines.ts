@@ -182,14 +182,21 @@ export async function listLinesIn(store: RecoveryStore, opts?: { verify?: boolea
         }
       }
       if (elsewhere.length > 0 && notes.length === 0) {
-        notes.push(`the part${elsewhere.length === 1 ? "" : "s"} of rank${elsewhere.length === 1 ? "" : "s"} ${elsewhere.join(", ")} ${elsewhere.length === 1 ? "is" : "are"} not on this host (a per-host store: run \`lifeline lines\` on ${elsewhere.length === 1 ? "that rank's host" : "those ranks' hosts"})`);
+        notes.push(
+          `the part${elsewhere.length === 1 ? "" : "s"} of rank${elsewhere.length === 1 ? "" : "s"} ${elsewhere.join(", ")} ${elsewhere.length === 1 ? "is" : "are"} not on this host (a per-host store: run \`lifeline lines\` on ${elsewhere.length === 1 ? "that rank's host" : "those ranks' hosts"})`,
+        );
       } else if (elsewhere.length > 0) {
         notes.push(`rank${elsewhere.length === 1 ? "" : "s"} ${elsewhere.join(", ")}: not on this host`);
       }
       rows.push({
-        epoch: line.epoch, timeMs: line.timeMs, ranks: line.parts.length - elsewhere.length, ranksTotal: line.parts.length,
+        epoch: line.epoch,
+        timeMs: line.timeMs,
+        ranks: line.parts.length - elsewhere.length,
+        ranksTotal: line.parts.length,
         bytes: line.parts.filter((p) => !elsewhere.includes(p.rank)).reduce((sum, p) => sum + p.bytes, 0),
-        state: notes.length === 0 ? "committed" : elsewhere.length > 0 && notes.length === 1 ? "spread" : "corrupt", job: line.job, notes,
+        state: notes.length === 0 ? "committed" : elsewhere.length > 0 && notes.length === 1 ? "spread" : "corrupt",
+        job: line.job,
+        notes,
       });
     }
     if (rows.some((r) => r.state === "corrupt")) {
@@ -210,8 +217,12 @@ export async function listLinesIn(store: RecoveryStore, opts?: { verify?: boolea
     const abortedSet = new Set(aborted);
     for (const [epoch, parts] of partial) {
       rows.push({
-        epoch, timeMs: Math.max(...parts.map((p) => p.timeMs)), ranks: parts.length, ranksTotal: rankNumbers.length,
-        bytes: parts.reduce((sum, p) => sum + p.bytes, 0), state: "partial",
+        epoch,
+        timeMs: Math.max(...parts.map((p) => p.timeMs)),
+        ranks: parts.length,
+        ranksTotal: rankNumbers.length,
+        bytes: parts.reduce((sum, p) => sum + p.bytes, 0),
+        state: "partial",
         notes: abortedSet.has(epoch) ? ["aborted"] : [],
       });
     }
@@ -250,12 +261,20 @@ export function formatLines(report: LinesReport): string {
   const jobId = report.job?.id;
   const runOf = (r: LineRow): string => (r.job === undefined ? "-" : r.job.id === jobId ? String(r.job.run) : `${r.job.id}/${r.job.run}`);
   const table = report.rows.map((r) => [
-    String(r.epoch), formatTime(r.timeMs), r.ranks === r.ranksTotal ? String(r.ranks) : `${r.ranks}/${r.ranksTotal}`,
-    formatBytes(r.bytes), runOf(r), r.state + (r.notes.includes("aborted") ? " (aborted)" : ""),
+    String(r.epoch),
+    formatTime(r.timeMs),
+    r.ranks === r.ranksTotal ? String(r.ranks) : `${r.ranks}/${r.ranksTotal}`,
+    formatBytes(r.bytes),
+    runOf(r),
+    r.state + (r.notes.includes("aborted") ? " (aborted)" : ""),
   ]);
   const widths = header.map((h, i) => Math.max(h.length, ...table.map((row) => row[i]!.length)));
   const right = [true, false, true, true, true, false];
-  const fmt = (row: string[]): string => row.map((cell, i) => (right[i] ? cell.padStart(widths[i]!) : cell.padEnd(widths[i]!))).join("  ").trimEnd();
+  const fmt = (row: string[]): string =>
+    row
+      .map((cell, i) => (right[i] ? cell.padStart(widths[i]!) : cell.padEnd(widths[i]!)))
+      .join("  ")
+      .trimEnd();
   const out: string[] = [];
   if (report.job !== undefined) out.push(jobLine(report.job, report.launcherAlive === true));
   out.push(`recovery lines in ${report.location}:`);
@@ -307,6 +326,9 @@ export function formatBytes(n: number): string {
   const units = ["KiB", "MiB", "GiB", "TiB"];
   let v = n / 1024;
   let i = 0;
-  while (v >= 1024 && i < units.length - 1) { v /= 1024; i++; }
+  while (v >= 1024 && i < units.length - 1) {
+    v /= 1024;
+    i++;
+  }
   return `${v.toFixed(1)} ${units[i]}`;
 }

@@ -18,8 +18,21 @@ import { isLifelineError } from "../errors.ts";
 import type { KvDb, KvOp } from "./backend.ts";
 import { KvHandle } from "./kv-handle.ts";
 import {
-  ABORT_PREFIX, FORMAT_VERSION, JOB_KEY, LINE_PREFIX, abortKey, bytesField, checkEpoch, checksumField, corrupt,
-  decodeRecord, encodeRecord, epochOfKey, lineKey, storeError, uintField,
+  ABORT_PREFIX,
+  FORMAT_VERSION,
+  JOB_KEY,
+  LINE_PREFIX,
+  abortKey,
+  bytesField,
+  checkEpoch,
+  checksumField,
+  corrupt,
+  decodeRecord,
+  encodeRecord,
+  epochOfKey,
+  lineKey,
+  storeError,
+  uintField,
 } from "./records.ts";
 import { META_BYTES_MAX, type JobRecord, type LineJob, type LineManifest, type LineRecord, type PartRef } from "./types.ts";
 
@@ -84,19 +97,28 @@ export class KvLineManifest extends KvHandle implements LineManifest {
       }
       const timeMs = this.nowMs();
       const record = encodeRecord({
-        v: FORMAT_VERSION, epoch, timeMs,
+        v: FORMAT_VERSION,
+        epoch,
+        timeMs,
         parts: sorted.map((p) => [p.rank, p.checksum, p.bytes]),
         meta: meta ?? null,
         job: job === undefined ? null : [job.id, job.run],
       });
       try {
         // The commit point of the whole line: one synced batch.
-        await this.kv.write([{ type: "put", key: lineKey(epoch), value: record }, { type: "del", key: abortKey(epoch) }], { sync: true });
+        await this.kv.write(
+          [
+            { type: "put", key: lineKey(epoch), value: record },
+            { type: "del", key: abortKey(epoch) },
+          ],
+          { sync: true },
+        );
       } catch (err) {
         throw storeError(err, `committing line ${epoch}`, this.location);
       }
       return {
-        epoch, timeMs,
+        epoch,
+        timeMs,
         parts: sorted.map((p) => ({ rank: p.rank, epoch, checksum: p.checksum, bytes: p.bytes })),
         meta: meta === undefined ? undefined : Buffer.from(meta),
         job: job === undefined ? undefined : { id: job.id, run: job.run },
@@ -111,7 +133,13 @@ export class KvLineManifest extends KvHandle implements LineManifest {
     return this.serial(async () => {
       try {
         const marker = encodeRecord({ v: FORMAT_VERSION, epoch, timeMs: this.nowMs() });
-        await this.kv.write([{ type: "del", key: lineKey(epoch) }, { type: "put", key: abortKey(epoch), value: marker }], { sync: true });
+        await this.kv.write(
+          [
+            { type: "del", key: lineKey(epoch) },
+            { type: "put", key: abortKey(epoch), value: marker },
+          ],
+          { sync: true },
+        );
       } catch (err) {
         throw storeError(err, `aborting line ${epoch}`, this.location);
       }
@@ -203,7 +231,8 @@ export class KvLineManifest extends KvHandle implements LineManifest {
     const row = (await this.kv.scan(LINE_PREFIX, { reverse: true, limit: 1 }))[0];
     if (row === undefined) return undefined;
     const epoch = epochOfKey(row[0], LINE_PREFIX);
-    if (epoch === undefined) throw corrupt(`the line manifest ${this.location} holds a malformed key ${JSON.stringify(row[0])}; move the store aside and start fresh`);
+    if (epoch === undefined)
+      throw corrupt(`the line manifest ${this.location} holds a malformed key ${JSON.stringify(row[0])}; move the store aside and start fresh`);
     return epoch;
   }
 
@@ -246,7 +275,9 @@ const JOB_STATES: readonly JobRecord["state"][] = ["running", "finished", "faile
 
 /** The fields of a job record as stored, checked (TypeError for a caller's bad record). */
 function checkJob(job: JobRecord): Record<string, unknown> {
-  const bad = (field: string): never => { throw new TypeError(`putJob: job.${field} is malformed`); };
+  const bad = (field: string): never => {
+    throw new TypeError(`putJob: job.${field} is malformed`);
+  };
   const str = (v: unknown, field: string): string => (typeof v === "string" ? v : bad(field));
   const uint = (v: unknown, field: string): number => (typeof v === "number" && Number.isSafeInteger(v) && v >= 0 ? v : bad(field));
   if (job === null || typeof job !== "object") throw new TypeError("putJob: job must be a JobRecord");
@@ -255,10 +286,20 @@ function checkJob(job: JobRecord): Record<string, unknown> {
   if (job.launcher === null || typeof job.launcher !== "object") bad("launcher");
   if (job.id === "") bad("id");
   return {
-    id: str(job.id, "id"), app: str(job.app, "app"), args: [...job.args], size: uint(job.size, "size"), mode: str(job.mode, "mode"),
-    programSha256: str(job.programSha256, "programSha256"), createdMs: uint(job.createdMs, "createdMs"), run: uint(job.run, "run"),
-    runStartedMs: uint(job.runStartedMs, "runStartedMs"), launcherPid: uint(job.launcher.pid, "launcher.pid"), launcherHost: str(job.launcher.host, "launcher.host"),
-    state: job.state, endedMs: job.endedMs === undefined ? null : uint(job.endedMs, "endedMs"), exitCode: job.exitCode === undefined ? null : uint(job.exitCode, "exitCode"),
+    id: str(job.id, "id"),
+    app: str(job.app, "app"),
+    args: [...job.args],
+    size: uint(job.size, "size"),
+    mode: str(job.mode, "mode"),
+    programSha256: str(job.programSha256, "programSha256"),
+    createdMs: uint(job.createdMs, "createdMs"),
+    run: uint(job.run, "run"),
+    runStartedMs: uint(job.runStartedMs, "runStartedMs"),
+    launcherPid: uint(job.launcher.pid, "launcher.pid"),
+    launcherHost: str(job.launcher.host, "launcher.host"),
+    state: job.state,
+    endedMs: job.endedMs === undefined ? null : uint(job.endedMs, "endedMs"),
+    exitCode: job.exitCode === undefined ? null : uint(job.exitCode, "exitCode"),
   };
 }
 
@@ -276,10 +317,19 @@ function decodeJob(value: Buffer, what: string): JobRecord {
   const state = rec["state"];
   if (!JOB_STATES.includes(state as JobRecord["state"])) throw corrupt(`${what}: field state is ${JSON.stringify(state)}`);
   return {
-    id: str("id"), app: str("app"), args: args as string[], size: uintField(rec, "size", what), mode: str("mode"),
-    programSha256: str("programSha256"), createdMs: uintField(rec, "createdMs", what), run: uintField(rec, "run", what),
-    runStartedMs: uintField(rec, "runStartedMs", what), launcher: { pid: uintField(rec, "launcherPid", what), host: str("launcherHost") },
-    state: state as JobRecord["state"], endedMs: optUint("endedMs"), exitCode: optUint("exitCode"),
+    id: str("id"),
+    app: str("app"),
+    args: args,
+    size: uintField(rec, "size", what),
+    mode: str("mode"),
+    programSha256: str("programSha256"),
+    createdMs: uintField(rec, "createdMs", what),
+    run: uintField(rec, "run", what),
+    runStartedMs: uintField(rec, "runStartedMs", what),
+    launcher: { pid: uintField(rec, "launcherPid", what), host: str("launcherHost") },
+    state: state as JobRecord["state"],
+    endedMs: optUint("endedMs"),
+    exitCode: optUint("exitCode"),
   };
 }
 
@@ -290,7 +340,8 @@ function checkParts(epoch: number, parts: readonly PartRef[]): PartRef[] {
     if (p === null || typeof p !== "object") throw new TypeError(`commitLine: parts[${i}] is not a PartRef`);
     if (!Number.isInteger(p.rank) || p.rank < 0) throw new RangeError(`commitLine: parts[${i}].rank is not a non-negative integer`);
     if (p.epoch !== epoch) throw new RangeError(`commitLine: rank ${p.rank}'s part is of line ${String(p.epoch)}, not ${epoch}`);
-    if (!Number.isInteger(p.checksum) || p.checksum < 0 || p.checksum > 0xffffffff) throw new RangeError(`commitLine: rank ${p.rank}'s checksum is not a 32-bit unsigned integer`);
+    if (!Number.isInteger(p.checksum) || p.checksum < 0 || p.checksum > 0xffffffff)
+      throw new RangeError(`commitLine: rank ${p.rank}'s checksum is not a 32-bit unsigned integer`);
     if (!Number.isSafeInteger(p.bytes) || p.bytes < 0) throw new RangeError(`commitLine: rank ${p.rank}'s byte count is not a non-negative integer`);
   });
   const sorted = [...parts].sort((a, b) => a.rank - b.rank);

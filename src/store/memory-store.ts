@@ -89,7 +89,13 @@ export class MemoryRecoveryStore implements RecoveryStore, StoreFaults {
     }
     const kv = new MapKv(path, data.kv);
     const blobs = new MemoryBlobDir(`${this.location}/rank-${rank}/blobs`, data);
-    const holder: Holder = { invalidate: () => undefined, kill: () => { kv.kill(); blobs.kill(); } };
+    const holder: Holder = {
+      invalidate: () => undefined,
+      kill: () => {
+        kv.kill();
+        blobs.kill();
+      },
+    };
     this.locks.set(path, holder);
     try {
       const parts = await KvRankPartStore.open({ rank, kv, blobs, nowMs: this.nowMs, gc: true, onClose: () => this.locks.delete(path) });
@@ -187,7 +193,10 @@ function flipByte(buf: Buffer, at: number): void {
 /** {@link KvDb} over a sorted-on-read map. Killed handles fail like closed ones. */
 class MapKv implements KvDb {
   private dead = false;
-  constructor(readonly location: string, private readonly map: Map<string, Buffer>) {}
+  constructor(
+    readonly location: string,
+    private readonly map: Map<string, Buffer>,
+  ) {}
 
   kill(): void {
     this.dead = true;
@@ -228,7 +237,10 @@ class MapKv implements KvDb {
 /** {@link BlobDir} over a map of "files" (header and payload in one buffer). */
 class MemoryBlobDir implements BlobDir {
   private dead = false;
-  constructor(readonly location: string, private readonly data: RankData) {}
+  constructor(
+    readonly location: string,
+    private readonly data: RankData,
+  ) {}
 
   kill(): void {
     this.dead = true;

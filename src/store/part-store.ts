@@ -23,9 +23,25 @@ import type { BlobDir, KvDb, KvOp } from "./backend.ts";
 import { KvHandle } from "./kv-handle.ts";
 import { crc32, formatChecksum } from "./checksum.ts";
 import {
-  BLOB_HEADER_BYTES, BLOB_NAME_RE, FORMAT_VERSION, PART_PREFIX, blobHeader, blobName, bytesField,
-  checkEpoch, checkRank, checksumField, corrupt, decodeRecord, encodeRecord, epochKeyPart, epochOfKey,
-  notOpen, parseBlobHeader, partKey, storeError, uintField,
+  BLOB_HEADER_BYTES,
+  BLOB_NAME_RE,
+  FORMAT_VERSION,
+  PART_PREFIX,
+  blobHeader,
+  blobName,
+  bytesField,
+  checkEpoch,
+  checkRank,
+  checksumField,
+  corrupt,
+  decodeRecord,
+  encodeRecord,
+  epochKeyPart,
+  epochOfKey,
+  parseBlobHeader,
+  partKey,
+  storeError,
+  uintField,
 } from "./records.ts";
 import { INLINE_BYTES_MAX, type PartCheck, type PartInfo, type PartRef, type RankPartStore } from "./types.ts";
 
@@ -123,7 +139,12 @@ export class KvRankPartStore extends KvHandle implements RankPartStore {
         }
         const ref: PartRef = { rank: this.rank, epoch, checksum, bytes: bytes.byteLength };
         const record = encodeRecord({
-          v: FORMAT_VERSION, rank: this.rank, epoch, checksum, bytes: bytes.byteLength, timeMs,
+          v: FORMAT_VERSION,
+          rank: this.rank,
+          epoch,
+          checksum,
+          bytes: bytes.byteLength,
+          timeMs,
           blob: blob ?? null,
           data: blob === undefined ? bytes : null,
         });
@@ -146,9 +167,12 @@ export class KvRankPartStore extends KvHandle implements RankPartStore {
     this.ensureOpen();
     const loaded = await this.load(epoch, undefined);
     switch (loaded.kind) {
-      case "ok": return loaded.data;
-      case "missing": return undefined;
-      case "corrupt": throw corrupt(loaded.message);
+      case "ok":
+        return loaded.data;
+      case "missing":
+        return undefined;
+      case "corrupt":
+        throw corrupt(loaded.message);
     }
   }
 
@@ -157,7 +181,8 @@ export class KvRankPartStore extends KvHandle implements RankPartStore {
     this.ensureOpen();
     const loaded = await this.load(ref.epoch, ref);
     switch (loaded.kind) {
-      case "ok": return loaded.data;
+      case "ok":
+        return loaded.data;
       case "missing":
       case "corrupt":
         throw corrupt(`${loaded.message}. Recover from an older committed line (latestLine() falls back by itself), or move the store aside to start fresh.`);
@@ -233,7 +258,10 @@ export class KvRankPartStore extends KvHandle implements RankPartStore {
       const blob = this.blobOfRecord(key, value);
       return blob === undefined ? [] : [blob];
     });
-    await this.kv.write(rows.map(([key]): KvOp => ({ type: "del", key })), { sync: true });
+    await this.kv.write(
+      rows.map(([key]): KvOp => ({ type: "del", key })),
+      { sync: true },
+    );
     await this.blobs.remove(blobs);
     return rows.map(([key]) => epochOfKey(key, PART_PREFIX)!);
   }
@@ -319,7 +347,8 @@ export class KvRankPartStore extends KvHandle implements RankPartStore {
     if (expected !== undefined && (expected.checksum !== record.checksum || expected.bytes !== record.bytes)) {
       return {
         kind: "corrupt",
-        message: `${what} does not match the commit record: the store holds ${record.bytes} bytes with crc32 ${formatChecksum(record.checksum)}, ` +
+        message:
+          `${what} does not match the commit record: the store holds ${record.bytes} bytes with crc32 ${formatChecksum(record.checksum)}, ` +
           `the line was committed with ${expected.bytes} bytes with crc32 ${formatChecksum(expected.checksum)} (the part was rewritten after the commit)`,
       };
     }
@@ -343,12 +372,16 @@ export class KvRankPartStore extends KvHandle implements RankPartStore {
       if (header.rank !== this.rank || header.epoch !== epoch || header.bytes !== record.bytes) {
         return {
           kind: "corrupt",
-          message: `${what} is damaged: blob file ${where} describes rank ${header.rank}, line ${header.epoch}, ${header.bytes} bytes; ` +
+          message:
+            `${what} is damaged: blob file ${where} describes rank ${header.rank}, line ${header.epoch}, ${header.bytes} bytes; ` +
             `its record says rank ${this.rank}, line ${epoch}, ${record.bytes} bytes`,
         };
       }
       if (file.payload.length !== record.bytes) {
-        return { kind: "corrupt", message: `${what} is damaged: blob file ${where} holds ${file.payload.length} bytes after its header, expected ${record.bytes} (truncated or appended to)` };
+        return {
+          kind: "corrupt",
+          message: `${what} is damaged: blob file ${where} holds ${file.payload.length} bytes after its header, expected ${record.bytes} (truncated or appended to)`,
+        };
       }
       data = file.payload;
     }

@@ -43,11 +43,17 @@ export const ABORT_PREFIX = "abort/";
 export const JOB_KEY = "job";
 
 /** Key of rank's part record of `epoch` (see {@link epochKeyPart}). */
-export function partKey(epoch: number): string { return PART_PREFIX + epochKeyPart(epoch); }
+export function partKey(epoch: number): string {
+  return PART_PREFIX + epochKeyPart(epoch);
+}
 /** Key of line `epoch`'s commit record (see {@link epochKeyPart}). */
-export function lineKey(epoch: number): string { return LINE_PREFIX + epochKeyPart(epoch); }
+export function lineKey(epoch: number): string {
+  return LINE_PREFIX + epochKeyPart(epoch);
+}
 /** Key of line `epoch`'s abort marker (see {@link epochKeyPart}). */
-export function abortKey(epoch: number): string { return ABORT_PREFIX + epochKeyPart(epoch); }
+export function abortKey(epoch: number): string {
+  return ABORT_PREFIX + epochKeyPart(epoch);
+}
 
 /**
  * The epoch in a key made by the functions above, or `undefined` if it is not one.

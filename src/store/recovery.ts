@@ -57,11 +57,10 @@ export async function latestLine(manifest: LineManifest, verify: PartVerifier): 
     if (problems.length === 0) chosen = line;
     else skipped.push({ epoch: line.epoch, problems });
   }
-  const fallback = chosen === undefined
-    ? "no older committed line verifies: the job starts from the beginning"
-    : `falling back to line ${chosen.epoch}`;
-  const warnings = skipped.map(({ epoch, problems }) =>
-    `recovery line ${epoch} is unusable, ${fallback}: ` + problems.map((p) => (p.kind === "ok" ? "" : p.message)).join("; "));
+  const fallback = chosen === undefined ? "no older committed line verifies: the job starts from the beginning" : `falling back to line ${chosen.epoch}`;
+  const warnings = skipped.map(
+    ({ epoch, problems }) => `recovery line ${epoch} is unusable, ${fallback}: ` + problems.map((p) => (p.kind === "ok" ? "" : p.message)).join("; "),
+  );
   return { line: chosen, skipped, warnings };
 }
 
@@ -78,7 +77,11 @@ export function localVerifier(ranks: readonly RankPartStore[]): PartVerifier {
   return async (ref) => {
     const store = byRank.get(ref.rank);
     if (store === undefined) {
-      return { kind: "missing", ref, message: `rank ${ref.rank}'s part of line ${ref.epoch} (crc32 ${formatChecksum(ref.checksum)}) is missing: no part store for rank ${ref.rank}` };
+      return {
+        kind: "missing",
+        ref,
+        message: `rank ${ref.rank}'s part of line ${ref.epoch} (crc32 ${formatChecksum(ref.checksum)}) is missing: no part store for rank ${ref.rank}`,
+      };
     }
     return store.checkPart(ref);
   };
@@ -123,7 +126,9 @@ export async function recoverLocal(manifest: LineManifest, ranks: readonly RankP
   const sizes = new Set((await manifest.list()).map((l) => l.parts.length));
   const wrong = [...sizes].filter((n) => n !== ranks.length);
   if (wrong.length > 0) {
-    throw new RangeError(`recoverLocal: the store ${manifest.location} holds lines of a ${wrong.join("/")}-rank job, this job has ${ranks.length} ranks; use the same number of ranks or another store`);
+    throw new RangeError(
+      `recoverLocal: the store ${manifest.location} holds lines of a ${wrong.join("/")}-rank job, this job has ${ranks.length} ranks; use the same number of ranks or another store`,
+    );
   }
   const choice = await latestLine(manifest, localVerifier(ranks));
   for (const { epoch } of choice.skipped) await manifest.abortLine(epoch);

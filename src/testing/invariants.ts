@@ -59,7 +59,10 @@ export function clusterInvariants(cluster: SimCluster): ClusterInvariants {
     try {
       // A small body may travel inline after the 40-byte header, in the same frame.
       const first = d.frames[0];
-      h = decodeHeader(first !== undefined && first.length > HEADER_BYTES ? first.subarray(0, HEADER_BYTES) : first, { jobKey: coordinator.jobKey, size: cluster.size });
+      h = decodeHeader(first !== undefined && first.length > HEADER_BYTES ? first.subarray(0, HEADER_BYTES) : first, {
+        jobKey: coordinator.jobKey,
+        size: cluster.size,
+      });
     } catch (err) {
       return net.violation(`${d.src} sent ${d.dst} a frame with a bad header: ${(err as Error).message}`);
     }
@@ -75,7 +78,9 @@ export function clusterInvariants(cluster: SimCluster): ClusterInvariants {
     // counters, and skips the early messages its peers already hold (suppressed, never sent).
     const strict = src.attempt === 0 && !retry;
     if (strict ? h.channelSeq !== (want ?? 0) : want !== undefined && h.channelSeq < want) {
-      net.violation(`channel ${d.src}→rank ${dst.rank}: message numbered #${h.channelSeq} arrived where #${want ?? 0} was next (a message lost, repeated or numbered out of order)`);
+      net.violation(
+        `channel ${d.src}→rank ${dst.rank}: message numbered #${h.channelSeq} arrived where #${want ?? 0} was next (a message lost, repeated or numbered out of order)`,
+      );
     }
     expectSeq.set(key, h.channelSeq + 1);
     let counts = arrived.get(d.dst);
@@ -99,14 +104,22 @@ export function clusterInvariants(cluster: SimCluster): ClusterInvariants {
         });
       }
       if (coordinator.phase === "released") {
-        assert(coordinator.links.every((l) => l.finalized), "released before every rank finalized");
+        assert(
+          coordinator.links.every((l) => l.finalized),
+          "released before every rank finalized",
+        );
       }
       cluster.ends.forEach((e, r) => {
         if (e.kind === "finalized") assert(coordinator.links[r]!.finalized, `rank ${r}'s finalize() returned but the coordinator has no result`);
       });
     },
     onLine(line: CommittedLine) {
-      checkLine(line, cluster.size, (rank) => atCheckpoint.get(`${rank}/${line.record.epoch}`), (m) => net.violations.push(m));
+      checkLine(
+        line,
+        cluster.size,
+        (rank) => atCheckpoint.get(`${rank}/${line.record.epoch}`),
+        (m) => net.violations.push(m),
+      );
     },
     atEnd() {
       this.afterStep();
@@ -114,8 +127,10 @@ export function clusterInvariants(cluster: SimCluster): ClusterInvariants {
         cluster.ends.forEach((e, r) => {
           assert(finishedOk(e, coordinator.links[r]!.finalized), `job released but rank ${r} ended ${JSON.stringify(e)}`);
           if (e.kind === "finalized") {
-            assert(isDeepStrictEqual(e.returned, coordinator.links[r]!.result) || sameDigest(e.returned, coordinator.links[r]!.result),
-              `rank ${r}: the coordinator's result differs from what the program returned`);
+            assert(
+              isDeepStrictEqual(e.returned, coordinator.links[r]!.result) || sameDigest(e.returned, coordinator.links[r]!.result),
+              `rank ${r}: the coordinator's result differs from what the program returned`,
+            );
           }
         });
       }
@@ -143,7 +158,10 @@ const seqOf = (f: RawFrame): { source: number; seq: number } => ({ source: f.hea
  *   log is [arrived, S) and the early list is [S, arrived).
  */
 export function checkLine(
-  line: CommittedLine, size: number, seen: (rank: number) => { attempt: number; arrived: number[] } | undefined, fail: (message: string) => void,
+  line: CommittedLine,
+  size: number,
+  seen: (rank: number) => { attempt: number; arrived: number[] } | undefined,
+  fail: (message: string) => void,
 ): void {
   const epoch = line.record.epoch;
   const parts = line.parts.map((b) => decodeValue(b) as PartView);
@@ -155,9 +173,15 @@ export function checkLine(
       if (s === r) continue;
       const where = `line ${epoch}, channel ${s}→${r}`;
       const sent = libs[s]!.channelSeqOut[r]!;
-      const late = part.late.map(seqOf).filter((x) => x.source === s).map((x) => x.seq);
+      const late = part.late
+        .map(seqOf)
+        .filter((x) => x.source === s)
+        .map((x) => x.seq);
       const early = part.early.filter(([src]) => src === s).map(([, seq]) => seq);
-      const held = [...libs[r]!.unexpected, ...libs[r]!.collInbox].map(seqOf).filter((x) => x.source === s).map((x) => x.seq);
+      const held = [...libs[r]!.unexpected, ...libs[r]!.collInbox]
+        .map(seqOf)
+        .filter((x) => x.source === s)
+        .map((x) => x.seq);
       if (new Set(late).size !== late.length) fail(`${where}: a late message is logged twice (${late.join(",")})`);
       if (new Set(early).size !== early.length) fail(`${where}: an early id is listed twice (${early.join(",")})`);
       for (const q of late) if (q >= sent) fail(`${where}: late message #${q} was not sent before the sender's checkpoint (sent ${sent})`);
@@ -167,7 +191,8 @@ export function checkLine(
       }
       for (const q of early) if (q < sent) fail(`${where}: early id #${q} was sent before the sender's checkpoint (sent ${sent})`);
       for (const q of held) {
-        if (q >= sent && !early.includes(q)) fail(`${where}: orphan #${q} held in the receiver's state, sent after the sender's checkpoint and not listed as early`);
+        if (q >= sent && !early.includes(q))
+          fail(`${where}: orphan #${q} held in the receiver's state, sent after the sender's checkpoint and not listed as early`);
         if (sorted.length > 0 && q >= sorted[0]!) fail(`${where}: #${q} held before the checkpoint but late #${sorted[0]} arrived after it`);
       }
       const snap = seen(r);
@@ -175,8 +200,10 @@ export function checkLine(
         const got = snap.arrived[s]!;
         const wantLate = Array.from({ length: Math.max(0, sent - got) }, (_, i) => got + i);
         const wantEarly = Array.from({ length: Math.max(0, got - sent) }, (_, i) => sent + i);
-        if (sorted.join(",") !== wantLate.join(",")) fail(`${where}: late log ${sorted.join(",")}, but #${wantLate.join(",")} were in flight (arrived ${got}, sent ${sent})`);
-        if ([...early].sort((a, b) => a - b).join(",") !== wantEarly.join(",")) fail(`${where}: early ids ${early.join(",")}, but #${wantEarly.join(",")} crossed the line backwards (arrived ${got}, sent ${sent})`);
+        if (sorted.join(",") !== wantLate.join(","))
+          fail(`${where}: late log ${sorted.join(",")}, but #${wantLate.join(",")} were in flight (arrived ${got}, sent ${sent})`);
+        if ([...early].sort((a, b) => a - b).join(",") !== wantEarly.join(","))
+          fail(`${where}: early ids ${early.join(",")}, but #${wantEarly.join(",")} crossed the line backwards (arrived ${got}, sent ${sent})`);
       }
     }
   }

@@ -259,20 +259,21 @@ async function ip(args: readonly string[]): Promise<void> {
 async function startInit(netns: string, disk: string, diskMb: number): Promise<number> {
   const script = `mount -t tmpfs -o size=${diskMb}m,mode=0755 tmpfs "$1" && echo ready && exec sleep 1000000`;
   const child = spawn("ip", ["netns", "exec", netns, "unshare", "--mount", "--propagation", "private", "--fork", "sh", "-c", script, "init", disk], {
-    stdio: ["ignore", "pipe", "pipe"], detached: true,
+    stdio: ["ignore", "pipe", "pipe"],
+    detached: true,
   });
   child.unref();
   const ready = await new Promise<boolean>((resolve) => {
     let out = "";
-    child.stdout!.setEncoding("utf8").on("data", (c: string) => {
+    child.stdout.setEncoding("utf8").on("data", (c: string) => {
       out += c;
       if (out.includes("ready")) resolve(true);
     });
     child.on("exit", () => resolve(false));
     setTimeout(() => resolve(false), 10_000).unref();
   });
-  child.stdout!.destroy();
-  child.stderr!.destroy();
+  child.stdout.destroy();
+  child.stderr.destroy();
   if (!ready) throw new Error(`the init of test host ${netns} did not start (mount of its tmpfs disk failed?)`);
   // The sleep is the process whose namespaces commands enter. "ready" comes just before the
   // shell execs it, which may take a moment on a loaded machine: look until it is there.

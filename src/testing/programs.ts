@@ -137,11 +137,21 @@ function genColl(prng: Prng, size: number, bigChance: number): CollSpec {
     } else {
       data = prng.pick<DataKind>(["int", "float", "string", "f64", "i32"]);
       switch (data) {
-        case "int": op = prng.pick(["sum", "prod", "min", "max", "band", "bor", "land", "lor"]); break;
-        case "float": case "f64": op = prng.pick(["sum", "prod", "min", "max"]); break;
-        case "i32": op = prng.pick(["sum", "min", "max", "band", "bor"]); break;
-        case "string": op = "concat"; break;
-        default: break;
+        case "int":
+          op = prng.pick(["sum", "prod", "min", "max", "band", "bor", "land", "lor"]);
+          break;
+        case "float":
+        case "f64":
+          op = prng.pick(["sum", "prod", "min", "max"]);
+          break;
+        case "i32":
+          op = prng.pick(["sum", "min", "max", "band", "bor"]);
+          break;
+        case "string":
+          op = "concat";
+          break;
+        default:
+          break;
       }
     }
   }
@@ -184,20 +194,31 @@ export function makeData(kind: DataKind, len: number, key: number): unknown {
   const p = new Prng(key);
   const int = (): number => p.rangeInclusive(-50, 50);
   switch (kind) {
-    case "int": return p.rangeInclusive(0, 7);
-    case "float": return Math.round(p.float() * 1000) / 100 + 0.5;
-    case "string": return `s${key % 997}:${int()}`;
-    case "object": return {
-      k: key % 1000,
-      arr: Array.from({ length: len }, int),
-      m: new Map<string, unknown>([["a", int()], ["b", [true, null, "x"]]]),
-      big: BigInt(int()) * 1_000_000_007n,
-      nested: { f: new Float64Array(len).map(() => p.float()), s: new Set([1, 2]) },
-    };
-    case "f64": return new Float64Array(len).map(() => Math.round(p.float() * 100) / 8);
-    case "i32": return new Int32Array(len).map(() => int());
-    case "u8": return new Uint8Array(len).map(() => p.index(256));
-    case "bigF64": return new Float64Array(BIG_F64).map((_, i) => (i % 17) + (key % 5));
+    case "int":
+      return p.rangeInclusive(0, 7);
+    case "float":
+      return Math.round(p.float() * 1000) / 100 + 0.5;
+    case "string":
+      return `s${key % 997}:${int()}`;
+    case "object":
+      return {
+        k: key % 1000,
+        arr: Array.from({ length: len }, int),
+        m: new Map<string, unknown>([
+          ["a", int()],
+          ["b", [true, null, "x"]],
+        ]),
+        big: BigInt(int()) * 1_000_000_007n,
+        nested: { f: new Float64Array(len).map(() => p.float()), s: new Set([1, 2]) },
+      };
+    case "f64":
+      return new Float64Array(len).map(() => Math.round(p.float() * 100) / 8);
+    case "i32":
+      return new Int32Array(len).map(() => int());
+    case "u8":
+      return new Uint8Array(len).map(() => p.index(256));
+    case "bigF64":
+      return new Float64Array(BIG_F64).map((_, i) => (i % 17) + (key % 5));
   }
 }
 
@@ -304,7 +325,10 @@ async function runRound(world: World, ctx: RankContext, spec: ProgramSpec, opInd
         const n = incoming.filter((m) => m.src === s).length;
         const got: Message[] = [];
         for (let i = 0; i < n; i++) got.push(await world.recv(s, ANY_TAG));
-        out.push(s, got.map((g) => [g.tag, g.data]));
+        out.push(
+          s,
+          got.map((g) => [g.tag, g.data]),
+        );
       }
       break;
     }
@@ -372,22 +396,32 @@ function runColl(world: World, spec: ProgramSpec, opIndex: number, c: CollSpec):
   const mine = (extra = 0): unknown => makeData(c.data, c.len, mix32(spec.seed, opIndex, c.salt, me, extra));
   const op: ReduceOp = c.op === "concat" ? concat : (c.op as ReduceOp);
   switch (c.kind) {
-    case "barrier": return world.barrier();
-    case "bcast": return world.bcast(me === c.root ? mine() : null, c.root);
-    case "reduce": return world.reduce(mine(), op, c.root);
-    case "allreduce": return world.allreduce(mine(), op);
-    case "gather": return world.gather(mine(), c.root);
-    case "scatter": return world.scatter(me === c.root ? Array.from({ length: world.size }, (_, i) => mine(i + 1)) : undefined, c.root);
-    case "allgather": return world.allgather(mine());
-    case "alltoall": return world.alltoall(Array.from({ length: world.size }, (_, i) => mine(i + 1)));
+    case "barrier":
+      return world.barrier();
+    case "bcast":
+      return world.bcast(me === c.root ? mine() : null, c.root);
+    case "reduce":
+      return world.reduce(mine(), op, c.root);
+    case "allreduce":
+      return world.allreduce(mine(), op);
+    case "gather":
+      return world.gather(mine(), c.root);
+    case "scatter":
+      return world.scatter(me === c.root ? Array.from({ length: world.size }, (_, i) => mine(i + 1)) : undefined, c.root);
+    case "allgather":
+      return world.allgather(mine());
+    case "alltoall":
+      return world.alltoall(Array.from({ length: world.size }, (_, i) => mine(i + 1)));
   }
 }
 
 /** Runs one operation and returns what goes into its digest. */
 export async function runOp(world: World, ctx: RankContext, spec: ProgramSpec, i: number, op: Op): Promise<unknown[]> {
   switch (op.kind) {
-    case "p2p": return runRound(world, ctx, spec, i, op.round);
-    case "coll": return [await runColl(world, spec, i, op.coll)];
+    case "p2p":
+      return runRound(world, ctx, spec, i, op.round);
+    case "coll":
+      return [await runColl(world, spec, i, op.coll)];
     case "collPair": {
       const a = runColl(world, spec, i, op.a);
       const b = runColl(world, spec, i * 1000 + 1, op.b);
@@ -400,7 +434,8 @@ export async function runOp(world: World, ctx: RankContext, spec: ProgramSpec, i
       const r = await runRound(world, ctx, spec, i, op.round);
       return [await c, r];
     }
-    case "nondet": return [world.nondet(() => mix32(spec.seed, world.rank, op.salt))];
+    case "nondet":
+      return [world.nondet(() => mix32(spec.seed, world.rank, op.salt))];
     case "nondetRoute": {
       const dest = world.nondet(ctx.environment) % world.size;
       const plan = await world.alltoall(Array.from<unknown, number>({ length: world.size }, (_, d) => (d === dest ? 1 : 0)));
@@ -413,7 +448,8 @@ export async function runOp(world: World, ctx: RankContext, spec: ProgramSpec, i
       }
       return [await world.allreduce(got, "sum")];
     }
-    case "checkpoint": return ["checkpoint"];
+    case "checkpoint":
+      return ["checkpoint"];
   }
 }
 
@@ -435,17 +471,26 @@ export function programOf(spec: ProgramSpec): SimProgram {
 
 /** A one-line description of a program, for failure messages. */
 export function describeProgram(spec: ProgramSpec): string {
-  return spec.ops.map((op, i) => {
-    switch (op.kind) {
-      case "p2p": return `${i}:p2p(${op.round.msgs.length} msgs; ${op.round.recvStyle.join("/")})`;
-      case "coll": return `${i}:${op.coll.kind}(root ${op.coll.root}, ${op.coll.op}, ${op.coll.data})`;
-      case "collPair": return `${i}:pair(${op.a.kind}, ${op.b.kind})`;
-      case "overlap": return `${i}:overlap(${op.coll.kind} + ${op.round.msgs.length} msgs)`;
-      case "nondet": return `${i}:nondet`;
-      case "nondetRoute": return `${i}:nondetRoute`;
-      case "checkpoint": return `${i}:checkpoint`;
-    }
-  }).join(" ");
+  return spec.ops
+    .map((op, i) => {
+      switch (op.kind) {
+        case "p2p":
+          return `${i}:p2p(${op.round.msgs.length} msgs; ${op.round.recvStyle.join("/")})`;
+        case "coll":
+          return `${i}:${op.coll.kind}(root ${op.coll.root}, ${op.coll.op}, ${op.coll.data})`;
+        case "collPair":
+          return `${i}:pair(${op.a.kind}, ${op.b.kind})`;
+        case "overlap":
+          return `${i}:overlap(${op.coll.kind} + ${op.round.msgs.length} msgs)`;
+        case "nondet":
+          return `${i}:nondet`;
+        case "nondetRoute":
+          return `${i}:nondetRoute`;
+        case "checkpoint":
+          return `${i}:checkpoint`;
+      }
+    })
+    .join(" ");
 }
 
 // ---- mismatch injection -----------------------------------------------------------------------
@@ -475,12 +520,17 @@ export function injectMismatch(spec: ProgramSpec, prng: Prng, kinds: readonly Mi
   let changed: CollSpec;
   switch (mismatch) {
     case "root":
-      changed = { ...c, kind: c.kind === "bcast" || c.kind === "gather" || c.kind === "scatter" || c.kind === "reduce" ? c.kind : "bcast", root: (c.root + 1) % spec.size };
+      changed = {
+        ...c,
+        kind: c.kind === "bcast" || c.kind === "gather" || c.kind === "scatter" || c.kind === "reduce" ? c.kind : "bcast",
+        root: (c.root + 1) % spec.size,
+      };
       break;
     case "op":
-      changed = c.kind === "reduce" || c.kind === "allreduce"
-        ? { ...c, data: "f64", op: c.op === "max" ? "min" : "max" }
-        : { ...c, kind: "allreduce", data: "f64", op: "max" };
+      changed =
+        c.kind === "reduce" || c.kind === "allreduce"
+          ? { ...c, data: "f64", op: c.op === "max" ? "min" : "max" }
+          : { ...c, kind: "allreduce", data: "f64", op: "max" };
       break;
     case "length":
       changed = { ...c, kind: c.kind === "reduce" ? "reduce" : "allreduce", data: "f64", op: "sum", len: c.len + 1 };
@@ -491,9 +541,21 @@ export function injectMismatch(spec: ProgramSpec, prng: Prng, kinds: readonly Mi
     }
   }
   const ops = [...spec.ops];
-  const other: Op[] = mismatch === "skip" ? [] : mismatch === "extra" ? [ops[opIndex]!, { kind: "coll", coll: { ...c, kind: "barrier" } }] : [{ kind: "coll", coll: changed }];
+  const other: Op[] =
+    mismatch === "skip" ? [] : mismatch === "extra" ? [ops[opIndex]!, { kind: "coll", coll: { ...c, kind: "barrier" } }] : [{ kind: "coll", coll: changed }];
   // The other ranks must also see the changed data shape where the shape is what differs.
-  const base: Op = mismatch === "op" || mismatch === "length" ? { kind: "coll", coll: { ...changed, op: mismatch === "op" ? (changed.op === "max" ? "min" : "max") : "sum", len: mismatch === "length" ? c.len : changed.len, kind: changed.kind } } : ops[opIndex]!;
+  const base: Op =
+    mismatch === "op" || mismatch === "length"
+      ? {
+          kind: "coll",
+          coll: {
+            ...changed,
+            op: mismatch === "op" ? (changed.op === "max" ? "min" : "max") : "sum",
+            len: mismatch === "length" ? c.len : changed.len,
+            kind: changed.kind,
+          },
+        }
+      : ops[opIndex]!;
   const baseOps = [...ops];
   baseOps[opIndex] = base;
   const oddOps = [...ops];

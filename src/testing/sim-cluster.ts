@@ -34,7 +34,15 @@ import { MemoryRecoveryStore } from "../store/memory-store.ts";
 import { recoverLocal } from "../store/recovery.ts";
 import { KEEP_LINES_DEFAULT, type LineManifest, type LineRecord, type RankPartStore } from "../store/types.ts";
 import { BACKOFF_BASE_MS, BACKOFF_MAX_MS } from "../launch/backoff.ts";
-import { type CoordinatorEvent, Membership, type MembershipEffect, type MembershipInput, type MembershipPhase, type RankLink, type TableMessage } from "../launch/membership.ts";
+import {
+  type CoordinatorEvent,
+  Membership,
+  type MembershipEffect,
+  type MembershipInput,
+  type MembershipPhase,
+  type RankLink,
+  type TableMessage,
+} from "../launch/membership.ts";
 import { type ClusterInvariants, clusterInvariants, parseRankNode } from "./invariants.ts";
 import { Prng } from "./prng.ts";
 import { simHost } from "./sim-host.ts";
@@ -185,7 +193,14 @@ export interface SimOutcome {
   /** cpr: the epochs of each rank's parts left in the store at the end. */
   readonly partsLeft: readonly (readonly number[])[];
   /** retry-one: restarted ranks' reports that they caught up, in order. */
-  readonly caughtUp: readonly { readonly rank: number; readonly attempt: number; readonly restored: number; readonly version: number; readonly seqno: number; readonly replayed: number }[];
+  readonly caughtUp: readonly {
+    readonly rank: number;
+    readonly attempt: number;
+    readonly restored: number;
+    readonly version: number;
+    readonly seqno: number;
+    readonly replayed: number;
+  }[];
   /** Each rank's attempt at the end. */
   readonly attempts: readonly number[];
   /** The last events and the ranks' ends, for a failure message. */
@@ -221,9 +236,19 @@ export class SimCoordinator {
   /** Sees every event of the membership machine first (the cluster's failure detector). */
   observer: (ev: CoordinatorEvent) => void = () => undefined;
 
-  constructor(private readonly net: SimNetwork, private readonly size: number, readonly jobKey: number, private readonly cpr: SimCprOptions | undefined, hosts?: readonly number[]) {
+  constructor(
+    private readonly net: SimNetwork,
+    private readonly size: number,
+    readonly jobKey: number,
+    private readonly cpr: SimCprOptions | undefined,
+    hosts?: readonly number[],
+  ) {
     this.membership = new Membership({
-      size, jobKey, hosts, identity: rankNode, heartbeatIdentity: heartbeatNode,
+      size,
+      jobKey,
+      hosts,
+      identity: rankNode,
+      heartbeatIdentity: heartbeatNode,
       tableFor: (rank) => this.restoreOf(rank),
     });
     const node = net.addNode(COORDINATOR);
@@ -282,7 +307,8 @@ export class SimCoordinator {
 
   private onMessage(from: string, msg: RankToCoordinator): void {
     const link = this.links[msg.rank];
-    if (msg.t === "finalize" && link?.identity === from && link.up && link.finalized) this.net.violation(`rank ${msg.rank} finalized twice in attempt ${link.attempt}`);
+    if (msg.t === "finalize" && link?.identity === from && link.up && link.finalized)
+      this.net.violation(`rank ${msg.rank} finalized twice in attempt ${link.attempt}`);
     this.input({ kind: "message", identity: from, msg });
   }
 
@@ -337,7 +363,8 @@ export class SimCoordinator {
     const line = this.restoreLine;
     const ref = line?.parts[rank];
     return line !== undefined && ref !== undefined
-      ? { restore: { epoch: line.epoch, ref: { rank: ref.rank, epoch: ref.epoch, checksum: ref.checksum, bytes: ref.bytes } } } : {};
+      ? { restore: { epoch: line.epoch, ref: { rank: ref.rank, epoch: ref.epoch, checksum: ref.checksum, bytes: ref.bytes } } }
+      : {};
   }
 
   /** retry-one: incarnation `attempt` of `rank` died; the others are told at once if `tell`. */
@@ -353,10 +380,16 @@ export class SimCoordinator {
 
   private startInitiator(): void {
     if (this.cpr === undefined) return;
-    this.driver.start(new CprInitiator({
-      size: this.size, every: this.cpr.every, committedEpoch: this.restoreLine?.epoch ?? 0,
-      keepLines: this.cpr.keepLines ?? KEEP_LINES_DEFAULT, phaseTimeoutMs: this.cpr.phaseTimeoutMs ?? PHASE_TIMEOUT_MS, nowMs: this.net.now,
-    }));
+    this.driver.start(
+      new CprInitiator({
+        size: this.size,
+        every: this.cpr.every,
+        committedEpoch: this.restoreLine?.epoch ?? 0,
+        keepLines: this.cpr.keepLines ?? KEEP_LINES_DEFAULT,
+        phaseTimeoutMs: this.cpr.phaseTimeoutMs ?? PHASE_TIMEOUT_MS,
+        nowMs: this.net.now,
+      }),
+    );
     this.tick ??= this.net.timer(COORDINATOR, CPR_TICK_MS, CPR_TICK_MS, () => this.driver.input({ kind: "tick", nowMs: this.net.now }));
   }
 
@@ -395,28 +428,53 @@ export class SimCoordinator {
  * written (for the line invariants) and, with `slow`, makes every operation take one
  * scheduler event before and after it (a disk that takes time).
  */
-function simParts(inner: RankPartStore, net: SimNetwork, node: string, disk: { slow: boolean; reach: (() => Promise<void>) | undefined }, written: Map<string, Buffer>, fail: ((epoch: number) => boolean) | undefined): PartStoreLike {
-  const step = (): Promise<void> => (!disk.slow ? Promise.resolve() : new Promise((resolve) => {
-    // A dead process's I/O never completes.
-    if (net.node(node).alive) net.defer(node, resolve);
-  }));
+function simParts(
+  inner: RankPartStore,
+  net: SimNetwork,
+  node: string,
+  disk: { slow: boolean; reach: (() => Promise<void>) | undefined },
+  written: Map<string, Buffer>,
+  fail: ((epoch: number) => boolean) | undefined,
+): PartStoreLike {
+  const step = (): Promise<void> =>
+    !disk.slow
+      ? Promise.resolve()
+      : new Promise((resolve) => {
+          // A dead process's I/O never completes.
+          if (net.node(node).alive) net.defer(node, resolve);
+        });
   const reach = disk.reach;
-  const hop = reach === undefined ? step : async (): Promise<void> => {
-    await reach();
-    await step();
-  };
+  const hop =
+    reach === undefined
+      ? step
+      : async (): Promise<void> => {
+          await reach();
+          await step();
+        };
   return {
     async putPart(epoch, bytes) {
       await hop();
-      if (fail?.(epoch) === true) throw new LifelineError("STORE_IO", `rank ${inner.rank}: writing its part of line ${epoch}: ENOSPC: no space left on device (simulated)`);
+      if (fail?.(epoch) === true)
+        throw new LifelineError("STORE_IO", `rank ${inner.rank}: writing its part of line ${epoch}: ENOSPC: no space left on device (simulated)`);
       const r = await inner.putPart(epoch, bytes);
       written.set(`${r.rank}/${r.epoch}/${r.checksum}`, Buffer.from(bytes));
       await hop();
       return r;
     },
-    async readPart(ref) { await hop(); const r = await inner.readPart(ref); await hop(); return r; },
-    async retain(keep, opts) { await hop(); return inner.retain(keep, opts); },
-    async dropParts(epochs) { await hop(); return inner.dropParts(epochs); },
+    async readPart(ref) {
+      await hop();
+      const r = await inner.readPart(ref);
+      await hop();
+      return r;
+    },
+    async retain(keep, opts) {
+      await hop();
+      return inner.retain(keep, opts);
+    },
+    async dropParts(epochs) {
+      await hop();
+      return inner.dropParts(epochs);
+    },
     close: () => inner.close(),
   };
 }
@@ -498,10 +556,10 @@ export class SimCluster {
       traceMax: opts.traceMax ?? 64,
     });
     const jobKey = (this.prng.fork(JOB_KEY_SALT).next() | 1) >>> 0;
-    const cpr = opts.mode === "cpr" ? opts.cpr ?? { every: { ms: 100 } } : undefined;
+    const cpr = opts.mode === "cpr" ? (opts.cpr ?? { every: { ms: 100 } }) : undefined;
     this.coordinator = new SimCoordinator(this.net, opts.size, jobKey, cpr, opts.hosts);
     if (cpr !== undefined) this.store = new MemoryRecoveryStore({ name: `sim-${opts.seed}`, nowMs: () => this.net.now });
-    this.ends = Array.from({ length: opts.size }, () => ({ kind: "running" }) as RankEnd);
+    this.ends = Array.from({ length: opts.size }, () => ({ kind: "running" }));
     this.worlds = new Array(opts.size).fill(undefined);
     this.invariants = clusterInvariants(this);
     this.lastHeardMs = new Array<number | undefined>(opts.size).fill(undefined);
@@ -512,7 +570,8 @@ export class SimCluster {
       };
       this.net.dataObservers.push((d) => {
         const src = parseRankNode(d.src);
-        if (src.attempt < this.coordinator.links[src.rank]!.attempt || this.isolated.some((i) => i.rank === src.rank && i.attempt === src.attempt)) this.staleFrames++;
+        if (src.attempt < this.coordinator.links[src.rank]!.attempt || this.isolated.some((i) => i.rank === src.rank && i.attempt === src.attempt))
+          this.staleFrames++;
       });
     }
   }
@@ -526,7 +585,7 @@ export class SimCluster {
   }
 
   private get retryOne(): SimRetryOneOptions | undefined {
-    return this.opts.mode === "retry-one" ? this.opts.retryOne ?? {} : undefined;
+    return this.opts.mode === "retry-one" ? (this.opts.retryOne ?? {}) : undefined;
   }
 
   /** The ranks' watchdogs and the detector (always with partitions). */
@@ -535,13 +594,24 @@ export class SimCluster {
   }
 
   private get cpr(): SimCprOptions | undefined {
-    return this.opts.mode === "cpr" ? this.opts.cpr ?? { every: { ms: 100 } } : undefined;
+    return this.opts.mode === "cpr" ? (this.opts.cpr ?? { every: { ms: 100 } }) : undefined;
   }
 
   private place(rank: number, attempt: number): RankPlace {
     return {
-      rank, size: this.opts.size, coordinator: COORDINATOR, job: `sim-${this.opts.seed}`, mode: this.opts.mode, store: "memory",
-      attempt, transport: "tcp", runDir: undefined, faults: "", watchFd: undefined, heartbeatMs: 500, failureTimeoutMs: this.retryOne?.failureTimeoutMs ?? 5000,
+      rank,
+      size: this.opts.size,
+      coordinator: COORDINATOR,
+      job: `sim-${this.opts.seed}`,
+      mode: this.opts.mode,
+      store: "memory",
+      attempt,
+      transport: "tcp",
+      runDir: undefined,
+      faults: "",
+      watchFd: undefined,
+      heartbeatMs: 500,
+      failureTimeoutMs: this.retryOne?.failureTimeoutMs ?? 5000,
     };
   }
 
@@ -555,30 +625,56 @@ export class SimCluster {
     const cpr = this.cpr;
     // The store is shared over the network: behind a partition, a process's I/O waits for the heal.
     const reach = this.opts.partitions === undefined ? undefined : () => reachable(this.net, node);
-    const hook = store === undefined || cpr === undefined ? undefined : coordinatedHook(async () => {
-      if (reach !== undefined) await reach();
-      const parts = await store.openRank(rank);
-      const fail = cpr.failPartWrite;
-      return simParts(parts, this.net, node, { slow: cpr.slowDisk === true, reach }, this.written, fail === undefined ? undefined : (epoch) => fail(rank, epoch));
-    });
+    const hook =
+      store === undefined || cpr === undefined
+        ? undefined
+        : coordinatedHook(async () => {
+            if (reach !== undefined) await reach();
+            const parts = await store.openRank(rank);
+            const fail = cpr.failPartWrite;
+            return simParts(
+              parts,
+              this.net,
+              node,
+              { slow: cpr.slowDisk === true, reach },
+              this.written,
+              fail === undefined ? undefined : (epoch) => fail(rank, epoch),
+            );
+          });
     const lease = this.lease;
     const run = async (): Promise<unknown> => {
-      const world = await World.joinWith(this.place(rank, attempt), (onControl) => simHost({
-        net: this.net, rank, attempt, onControl,
-        onExit: (code) => {
-          this.stopWatchdog(rank, attempt);
-          // Behind a partition the launcher hears of the exit only once the cut heals (its link
-          // to the host is cut); meanwhile its detector may find the rank silent.
-          if (this.net.isCut(node)) {
-            this.unreported.push({ rank, attempt, code });
-            return;
-          }
-          this.onRankDied(rank, attempt, { kind: "exited", code });
+      const world = await World.joinWith(
+        this.place(rank, attempt),
+        (onControl) =>
+          simHost({
+            net: this.net,
+            rank,
+            attempt,
+            onControl,
+            onExit: (code) => {
+              this.stopWatchdog(rank, attempt);
+              // Behind a partition the launcher hears of the exit only once the cut heals (its link
+              // to the host is cut); meanwhile its detector may find the rank silent.
+              if (this.net.isCut(node)) {
+                this.unreported.push({ rank, attempt, code });
+                return;
+              }
+              this.onRankDied(rank, attempt, { kind: "exited", code });
+            },
+            onWarn: (line) => this.rankWarnings.push(line),
+            watchdog: lease === undefined ? undefined : { ...lease, onLost: (silentMs) => this.leaseEnds.push({ rank, attempt, silentMs }) },
+            onDeadFrame: () => {
+              this.deadFrames++;
+            },
+          }),
+        {
+          cpr: hook,
+          retryOne:
+            this.retryOne === undefined
+              ? undefined
+              : retryOneHook({ replicas: this.retryOne.replicas ?? 2, failureTimeoutMs: this.retryOne.failureTimeoutMs ?? 5000 }),
         },
-        onWarn: (line) => this.rankWarnings.push(line),
-        watchdog: lease === undefined ? undefined : { ...lease, onLost: (silentMs) => this.leaseEnds.push({ rank, attempt, silentMs }) },
-        onDeadFrame: () => { this.deadFrames++; },
-      }), { cpr: hook, retryOne: this.retryOne === undefined ? undefined : retryOneHook({ replicas: this.retryOne.replicas ?? 2, failureTimeoutMs: this.retryOne.failureTimeoutMs ?? 5000 }) });
+      );
       this.worlds[rank] = world;
       const returned = await this.opts.program(world, ctx);
       await world.finalize(returned);
@@ -667,7 +763,9 @@ export class SimCluster {
     const caughtUp = (r: number): boolean => links[r]!.attempt === 0 || this.coordinator.caughtUp.some((c) => c.rank === r && c.attempt === links[r]!.attempt);
     if (this.opts.mode === "retry-one" && !links.every((l, r) => l.up && caughtUp(r))) return;
     if (links.some((l, r) => this.net.isCut(rankNode(r, l.attempt)))) return;
-    const live = this.ends.flatMap((e, r) => (e.kind === "running" && links[r]!.up && this.net.node(rankNode(r, links[r]!.attempt)).alive && !this.net.isCut(rankNode(r, links[r]!.attempt)) ? [r] : []));
+    const live = this.ends.flatMap((e, r) =>
+      e.kind === "running" && links[r]!.up && this.net.node(rankNode(r, links[r]!.attempt)).alive && !this.net.isCut(rankNode(r, links[r]!.attempt)) ? [r] : [],
+    );
     if (live.length === 0) return;
     const victim = this.faultPrng.pick(live);
     const hosts = this.opts.hosts;
@@ -745,18 +843,26 @@ export class SimCluster {
     const delay = Math.min(BACKOFF_MAX_MS, BACKOFF_BASE_MS * 2 ** (this.restarts - 1));
     const stopped = this.coordinator.beginRestart();
     // Armed now (not after the commit chain settles), so the scheduler sees the pending restart.
-    this.net.timer(COORDINATOR, delay, undefined, () => void stopped.then(() => this.prepareRestart()).catch((err: unknown) => {
-      if (isLifelineError(err, "STORE_LOCKED") && this.opts.partitions !== undefined) {
-        // An old incarnation back from a partition holds its part store (a shared store): the
-        // launcher cannot read the line and fails the job, as cpr-policy.ts does.
-        this.restartPending = false;
-        this.restartFailure = err.code;
-        this.failure = `cannot restart the job: ${err.message}`;
-        this.coordinator.abortAll(err.code, this.failure);
-        return;
-      }
-      this.net.violations.push(`restart failed: ${(err as Error).stack ?? String(err)}`);
-    }));
+    this.net.timer(
+      COORDINATOR,
+      delay,
+      undefined,
+      () =>
+        void stopped
+          .then(() => this.prepareRestart())
+          .catch((err: unknown) => {
+            if (isLifelineError(err, "STORE_LOCKED") && this.opts.partitions !== undefined) {
+              // An old incarnation back from a partition holds its part store (a shared store): the
+              // launcher cannot read the line and fails the job, as cpr-policy.ts does.
+              this.restartPending = false;
+              this.restartFailure = err.code;
+              this.failure = `cannot restart the job: ${err.message}`;
+              this.coordinator.abortAll(err.code, this.failure);
+              return;
+            }
+            this.net.violations.push(`restart failed: ${(err as Error).stack ?? String(err)}`);
+          }),
+    );
   }
 
   /** retry-one: only `rank` starts again (attempt + 1) after a back-off; the others keep running. */
@@ -852,12 +958,16 @@ export class SimCluster {
     this.invariants.atEnd();
     for (const { rank, attempt } of this.isolated) {
       // The incarnation declared dead while cut off ended by itself (its lease lapsed).
-      if (this.net.node(rankNode(rank, attempt)).alive) this.net.violation(`rank ${rank} attempt ${attempt}, declared dead while cut off, still runs at the end`);
+      if (this.net.node(rankNode(rank, attempt)).alive)
+        this.net.violation(`rank ${rank} attempt ${attempt}, declared dead while cut off, still runs at the end`);
     }
     const partsLeft = await this.partsLeft();
     // An abort that reaches the coordinator after the release still fails the job: a rank found
     // an error (e.g. a stray collective message) in a job that was about to be called a success.
-    const allReleased = this.coordinator.phase === "released" && this.ends.every((e, r) => finishedOk(e, this.coordinator.links[r]!.finalized)) && this.coordinator.aborts.length === 0;
+    const allReleased =
+      this.coordinator.phase === "released" &&
+      this.ends.every((e, r) => finishedOk(e, this.coordinator.links[r]!.finalized)) &&
+      this.coordinator.aborts.length === 0;
     const status: SimOutcome["status"] = hang ? "hang" : allReleased ? "ok" : "failed";
     return {
       status,
@@ -915,7 +1025,9 @@ export class SimCluster {
       const line = { record, parts };
       this.lines.push(line);
       this.invariants.onLine(line);
-    })().catch((err: unknown) => { this.net.violations.push(`committed line ${epoch}: ${(err as Error).message}`); });
+    })().catch((err: unknown) => {
+      this.net.violations.push(`committed line ${epoch}: ${(err as Error).message}`);
+    });
   }
 
   private report(status: string): string {

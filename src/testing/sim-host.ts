@@ -163,12 +163,18 @@ function startWatchdog(opts: SimHostOptions, dog: NonNullable<SimHostOptions["wa
   net.timer(id, checkMs, checkMs, () => {
     if (leaseMs === undefined || net.now - leaseMs < dog.failureTimeoutMs) return;
     const silentMs = net.now - leaseMs;
-    opts.onWarn(`lifeline: rank ${rank}: the coordinator has not answered for ${silentMs} ms (--failure-timeout); ending this rank (exit ${EXIT_COORDINATOR_LOST})`);
+    opts.onWarn(
+      `lifeline: rank ${rank}: the coordinator has not answered for ${silentMs} ms (--failure-timeout); ending this rank (exit ${EXIT_COORDINATOR_LOST})`,
+    );
     // The process exits: what its sockets still hold goes out, nothing more runs.
     net.exit(id);
     net.exit(rankNode(rank, attempt));
     dog.onLost(silentMs);
     opts.onExit(EXIT_COORDINATOR_LOST);
   });
-  return { joined: () => { leaseMs ??= net.now; } };
+  return {
+    joined: () => {
+      leaseMs ??= net.now;
+    },
+  };
 }

@@ -185,8 +185,14 @@ export class SimNetwork {
   addNode(id: string): SimNode {
     assert(!this.nodes.has(id), `node ${id} added twice`);
     const node: SimNode = {
-      id, alive: true, onFrames: undefined, onError: undefined, onControl: undefined,
-      dataClosed: false, controlClosed: false, defers: [],
+      id,
+      alive: true,
+      onFrames: undefined,
+      onError: undefined,
+      onControl: undefined,
+      dataClosed: false,
+      controlClosed: false,
+      defers: [],
     };
     this.nodes.set(id, node);
     return node;
@@ -266,7 +272,11 @@ export class SimNetwork {
     assert(delayMs >= 0 && (periodMs === undefined || periodMs > 0), `bad timer ${delayMs}/${periodMs}`);
     const t: SimTimerEntry = { id: this.timerIds++, node: nodeId, dueMs: this.nowMs + delayMs, periodMs, fn, stopped: false };
     this.timers.push(t);
-    return { stop: () => { t.stopped = true; } };
+    return {
+      stop: () => {
+        t.stopped = true;
+      },
+    };
   }
 
   /**
@@ -348,15 +358,22 @@ export class SimNetwork {
 
   /** The last events, oldest first, one per line. */
   traceText(): string {
-    return this.trace.map((e) => {
-      switch (e.kind) {
-        case "deliver": return `${e.atMs}ms deliver ${e.channel} #${e.seq}`;
-        case "defer": return `${e.atMs}ms defer ${e.node}`;
-        case "timer": return `${e.atMs}ms timer ${e.node} #${e.id}`;
-        case "advance": return `${e.atMs}ms advance`;
-        case "external": return `${e.atMs}ms ${e.what}`;
-      }
-    }).join("\n");
+    return this.trace
+      .map((e) => {
+        switch (e.kind) {
+          case "deliver":
+            return `${e.atMs}ms deliver ${e.channel} #${e.seq}`;
+          case "defer":
+            return `${e.atMs}ms defer ${e.node}`;
+          case "timer":
+            return `${e.atMs}ms timer ${e.node} #${e.id}`;
+          case "advance":
+            return `${e.atMs}ms advance`;
+          case "external":
+            return `${e.atMs}ms ${e.what}`;
+        }
+      })
+      .join("\n");
   }
 
   private deliverable(ch: Channel): boolean {
@@ -371,8 +388,10 @@ export class SimNetwork {
 
   private readyEvents(): Ready[] {
     const out: Ready[] = [];
-    for (const ch of this.channels.values()) if (this.deliverable(ch)) out.push({ kind: "channel", ch, gid: ch.queue[0]!.gid, sinceMs: ch.queue[0]!.deliverAtMs });
-    for (const node of this.nodes.values()) if (node.alive && node.defers.length > 0) out.push({ kind: "defer", node, gid: node.defers[0]!.gid, sinceMs: node.defers[0]!.atMs });
+    for (const ch of this.channels.values())
+      if (this.deliverable(ch)) out.push({ kind: "channel", ch, gid: ch.queue[0]!.gid, sinceMs: ch.queue[0]!.deliverAtMs });
+    for (const node of this.nodes.values())
+      if (node.alive && node.defers.length > 0) out.push({ kind: "defer", node, gid: node.defers[0]!.gid, sinceMs: node.defers[0]!.atMs });
     return out;
   }
 
@@ -400,9 +419,12 @@ export class SimNetwork {
     this.timers = this.timers.filter((t) => !t.stopped);
     const ready = this.readyEvents();
     const next = this.nextTimeMs();
-    const advance = next !== undefined && (ready.length === 0 || (
-      this.opts.policy === "random" && this.opts.prng.chance(this.opts.advanceChance ?? 0)
-      && next - Math.min(...ready.map((r) => r.sinceMs)) <= (this.opts.latencyMaxMs ?? 1000)));
+    const advance =
+      next !== undefined &&
+      (ready.length === 0 ||
+        (this.opts.policy === "random" &&
+          this.opts.prng.chance(this.opts.advanceChance ?? 0) &&
+          next - Math.min(...ready.map((r) => r.sinceMs)) <= (this.opts.latencyMaxMs ?? 1000)));
     if (advance) {
       this.steps++;
       return this.advanceTo(next);
@@ -413,8 +435,10 @@ export class SimNetwork {
     if (this.opts.policy === "fifo") {
       ev = ready.reduce((a, b) => (b.gid < a.gid ? b : a));
     } else {
-      const sticky = this.lastChannel !== undefined && this.opts.prng.chance(this.opts.stickyChance ?? 0)
-        ? ready.find((r) => r.kind === "channel" && r.ch.key === this.lastChannel) : undefined;
+      const sticky =
+        this.lastChannel !== undefined && this.opts.prng.chance(this.opts.stickyChance ?? 0)
+          ? ready.find((r) => r.kind === "channel" && r.ch.key === this.lastChannel)
+          : undefined;
       ev = sticky ?? this.opts.prng.pick(ready);
     }
     if (ev.kind === "defer") {
@@ -433,7 +457,8 @@ export class SimNetwork {
     if (t > this.nowMs) this.nowMs = t;
     let due: SimTimerEntry | undefined;
     for (const timer of this.timers) {
-      if (!timer.stopped && timer.dueMs <= this.nowMs && (due === undefined || timer.dueMs < due.dueMs || (timer.dueMs === due.dueMs && timer.id < due.id))) due = timer;
+      if (!timer.stopped && timer.dueMs <= this.nowMs && (due === undefined || timer.dueMs < due.dueMs || (timer.dueMs === due.dueMs && timer.id < due.id)))
+        due = timer;
     }
     if (due === undefined) {
       this.record({ kind: "advance", atMs: this.nowMs });

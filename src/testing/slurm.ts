@@ -34,7 +34,7 @@ import { execFile, type ChildProcess, type SpawnOptions } from "node:child_proce
 import { randomBytes } from "node:crypto";
 import { existsSync } from "node:fs";
 import { mkdir, mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
-import { hostname, tmpdir } from "node:os";
+import { hostname } from "node:os";
 import { join } from "node:path";
 import { promisify } from "node:util";
 import { clusterSupport, TestCluster } from "./netns.ts";
@@ -58,7 +58,8 @@ export async function slurmSupport(): Promise<string | undefined> {
       missing.push(tool);
     }
   }
-  if (missing.length > 0) return `${missing.join(", ")} ${missing.length === 1 ? "is" : "are"} not installed (Debian: slurmctld slurmd slurm-client munge; scripts/install-test-deps.sh)`;
+  if (missing.length > 0)
+    return `${missing.join(", ")} ${missing.length === 1 ? "is" : "are"} not installed (Debian: slurmctld slurmd slurm-client munge; scripts/install-test-deps.sh)`;
   return undefined;
 }
 
@@ -154,8 +155,16 @@ export class SlurmTestCluster {
     await writeFile(join(d, "cgroup.conf"), "CgroupPlugin=cgroup/v1\n");
     await writeFile(join(d, "plugstack.conf"), "");
 
-    this.daemon(0, ["munged", "--foreground", "--force", `--key-file=${join(d, "munge.key")}`, `--socket=${this.mungeSocket}`,
-      `--pid-file=${join(d, "munged.pid")}`, `--log-file=${join(d, "munged.log")}`, `--seed-file=${join(d, "munged.seed")}`]);
+    this.daemon(0, [
+      "munged",
+      "--foreground",
+      "--force",
+      `--key-file=${join(d, "munge.key")}`,
+      `--socket=${this.mungeSocket}`,
+      `--pid-file=${join(d, "munged.pid")}`,
+      `--log-file=${join(d, "munged.log")}`,
+      `--seed-file=${join(d, "munged.seed")}`,
+    ]);
     await this.waitFor(() => existsSync(this.mungeSocket), "munged did not create its socket");
     this.daemon(0, ["slurmctld", "-D", "-i"]);
     for (let i = 0; i < this.nodes.length; i++) this.daemon(i, ["slurmd", "-D", "-N", this.nodes[i]!]);
@@ -230,10 +239,12 @@ export class SlurmTestCluster {
   /** The last lines of the daemons' logs, for a set-up that failed. */
   private async logTails(): Promise<string> {
     const files = ["munged.log", "slurmctld.log", ...this.nodes.map((n) => `slurmd-${n}.log`)];
-    const parts = await Promise.all(files.map(async (f) => {
-      const text = await readFile(join(this.dir, f), "utf8").catch(() => "");
-      return text === "" ? "" : `\n--- ${f}\n${text.trim().split("\n").slice(-10).join("\n")}`;
-    }));
+    const parts = await Promise.all(
+      files.map(async (f) => {
+        const text = await readFile(join(this.dir, f), "utf8").catch(() => "");
+        return text === "" ? "" : `\n--- ${f}\n${text.trim().split("\n").slice(-10).join("\n")}`;
+      }),
+    );
     return parts.join("");
   }
 }

@@ -19,7 +19,12 @@ export async function runNoneSeed(seed: number): Promise<{ spec: ProgramSpec; re
   const knobs = prng.fork(2);
   const ref = await new SimCluster({ seed, size, mode: "none", program, policy: "fifo", stepsMax: 20_000 }).run();
   const out = await new SimCluster({
-    seed, size, mode: "none", program, policy: "random", stepsMax: 20_000,
+    seed,
+    size,
+    mode: "none",
+    program,
+    policy: "random",
+    stepsMax: 20_000,
     delayMaxMs: knobs.pick([0, 0, 2, 20, 400]),
     advanceChance: knobs.pick([0, 0.01, 0.1, 0.3]),
     stickyChance: knobs.pick([0, 0.5, 0.9]),
@@ -39,7 +44,11 @@ export async function runCprSeed(seed: number): Promise<{ spec: ProgramSpec; ref
   const knobs = prng.fork(2);
   const ref = await new SimCluster({ seed, size, mode: "none", program, policy: "fifo", stepsMax: 20_000 }).run();
   const out = await new SimCluster({
-    seed, size, mode: "cpr", program, stepsMax: 60_000,
+    seed,
+    size,
+    mode: "cpr",
+    program,
+    stepsMax: 60_000,
     cpr: {
       every: { ms: knobs.pick([20, 50, 150]) },
       keepLines: knobs.pick([1, 2, 3]),
@@ -57,15 +66,28 @@ export async function runCprSeed(seed: number): Promise<{ spec: ProgramSpec; ref
  * also while a rank is being restored or serving a restore — each restarting that rank alone.
  * A quarter of the seeds run without `peer-down` (only `peer` tells survivors of a restart).
  */
-export async function runRetryOneSeed(seed: number, opts: { bigChance?: number; hostCrash?: boolean } = {}): Promise<{ spec: ProgramSpec; ref: SimOutcome; out: SimOutcome }> {
+export async function runRetryOneSeed(
+  seed: number,
+  opts: { bigChance?: number; hostCrash?: boolean } = {},
+): Promise<{ spec: ProgramSpec; ref: SimOutcome; out: SimOutcome }> {
   const prng = new Prng(seed);
   const size = prng.rangeInclusive(2, 4);
-  const spec = generateProgram(prng.fork(1), { size, opsMax: 12, checkpointChance: 0.3, collectivesOnly: true, ...(opts.bigChance === undefined ? {} : { bigChance: opts.bigChance }) });
+  const spec = generateProgram(prng.fork(1), {
+    size,
+    opsMax: 12,
+    checkpointChance: 0.3,
+    collectivesOnly: true,
+    ...(opts.bigChance === undefined ? {} : { bigChance: opts.bigChance }),
+  });
   const program = programOf(spec);
   const knobs = prng.fork(2);
   const ref = await new SimCluster({ seed, size, mode: "none", program, policy: "fifo", stepsMax: 20_000 }).run();
   const out = await new SimCluster({
-    seed, size, mode: "retry-one", program, stepsMax: 60_000,
+    seed,
+    size,
+    mode: "retry-one",
+    program,
+    stepsMax: 60_000,
     retryOne: { replicas: knobs.pick([1, 2, 3]), maxRestarts: 10, failureTimeoutMs: 60_000, peerDown: !knobs.chance(0.25) },
     // One crash at a time is always covered (replicas ≥ 1); crashes may still overlap a recovery.
     ...recoveryKnobs(knobs),
@@ -109,11 +131,17 @@ export async function runPartitionSeed(seed: number, mode: "retry-one" | "cpr"):
   const program = programOf(spec);
   const knobs = prng.fork(2);
   const ref = await new SimCluster({ seed, size, mode: "none", program, policy: "fifo", stepsMax: 20_000 }).run();
-  const modeOptions = mode === "cpr"
-    ? { cpr: { every: { ms: knobs.pick([20, 50, 150]) }, keepLines: knobs.pick([1, 2, 3]), maxRestarts: 10 } }
-    : { retryOne: { replicas: knobs.pick([1, 2, 3]), maxRestarts: 10, failureTimeoutMs: 60_000 } };
+  const modeOptions =
+    mode === "cpr"
+      ? { cpr: { every: { ms: knobs.pick([20, 50, 150]) }, keepLines: knobs.pick([1, 2, 3]), maxRestarts: 10 } }
+      : { retryOne: { replicas: knobs.pick([1, 2, 3]), maxRestarts: 10, failureTimeoutMs: 60_000 } };
   const out = await new SimCluster({
-    seed, size, mode, program, stepsMax: 100_000, ...modeOptions,
+    seed,
+    size,
+    mode,
+    program,
+    stepsMax: 100_000,
+    ...modeOptions,
     delayMaxMs: knobs.pick([0, 5, 20, 100]),
     advanceChance: knobs.pick([0.05, 0.2, 0.4]),
     stickyChance: knobs.pick([0, 0.5]),

@@ -12,8 +12,26 @@ import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { describe, expect, it } from "vitest";
 import {
-  BENCHMARKS, BENCH_NAMES, FULL_SIZES, MiB, KiB, QUICK_SIZES, buildCases, caseKey, sizeLabel, describeKind, jobsOf, opOf, peerFigure, ratioOf,
-  targetFor, unitOf, type Benchmark, type Case, type JobKind, type PeersFile,
+  BENCHMARKS,
+  BENCH_NAMES,
+  FULL_SIZES,
+  MiB,
+  KiB,
+  QUICK_SIZES,
+  buildCases,
+  caseKey,
+  sizeLabel,
+  describeKind,
+  jobsOf,
+  opOf,
+  peerFigure,
+  ratioOf,
+  targetFor,
+  unitOf,
+  type Benchmark,
+  type Case,
+  type JobKind,
+  type PeersFile,
 } from "../../bench/lib/plan.ts";
 import { columnsOf, renderTables, type CaseResult, type VariantResult } from "../../bench/lib/report.ts";
 
@@ -79,8 +97,19 @@ describe("bench plan: retry-one", () => {
 
 function variant(job: string, kind: JobKind, us: number, cpuUs: number): VariantResult {
   return {
-    job, kind, iters: 10, calibration: [[1, 1e-3]], warmupPerOpS: us / 1e6, perOpS: [us / 1e6, us / 1e6], medianPerOpS: us / 1e6,
-    value: us, spread: 0.1, cpuPerOpS: [cpuUs / 1e6], medianCpuUs: cpuUs, medianLoopUs: cpuUs / 2, medianMinorFaults: 1,
+    job,
+    kind,
+    iters: 10,
+    calibration: [[1, 1e-3]],
+    warmupPerOpS: us / 1e6,
+    perOpS: [us / 1e6, us / 1e6],
+    medianPerOpS: us / 1e6,
+    value: us,
+    spread: 0.1,
+    cpuPerOpS: [cpuUs / 1e6],
+    medianCpuUs: cpuUs,
+    medianLoopUs: cpuUs / 2,
+    medianMinorFaults: 1,
   };
 }
 
@@ -89,9 +118,21 @@ function result(bench: Benchmark, bytes: number, subject: VariantResult | null, 
   const t = targetFor(c);
   const ratio = subject && baseline ? ratioOf(c, subject.medianPerOpS, baseline.medianPerOpS) : null;
   return {
-    key: caseKey(c), bench, op: opOf(bench), np: 4, bytes, label: c.label, unit: unitOf(bench),
+    key: caseKey(c),
+    bench,
+    op: opOf(bench),
+    np: 4,
+    bytes,
+    label: c.label,
+    unit: unitOf(bench),
     kinds: { subject: subject?.kind ?? null, baseline: baseline?.kind ?? null },
-    subject, baseline, ratio, ratioQ1: ratio, ratioQ3: ratio, mpiTcp: null, ratioMpiTcp: null,
+    subject,
+    baseline,
+    ratio,
+    ratioQ1: ratio,
+    ratioQ3: ratio,
+    mpiTcp: null,
+    ratioMpiTcp: null,
     target: t === undefined ? null : { text: t.text, met: ratio === null ? null : t.met(ratio), withinNoise: false },
     errors: [],
     ...extra,
@@ -101,12 +142,18 @@ function result(bench: Benchmark, bytes: number, subject: VariantResult | null, 
 describe("bench tables: retry-one", () => {
   const r1 = (us: number): VariantResult => variant("lifeline4-retry-one", "lifeline:retry-one", us, us * 2);
   const none = (us: number): VariantResult => variant("lifeline4", "lifeline:none", us, us * 2);
-  const tables = renderTables([
-    result("allreduce", 8, variant("lifeline4", "lifeline:none", 900, 1000), variant("rawpush4", "raw-pushpull", 1000, 900), { mpiTcp: 31.69, ratioMpiTcp: 28.4 }),
-    result("retry-one", 8, r1(1200), none(1000)),
-    result("retry-one", 16 * MiB, r1(220_000), none(200_000)),
-    result("retry-one", 64 * KiB, null, none(5000), { errors: ["subject (lifeline --mode retry-one): boom\nstack"] }),
-  ], "ipc");
+  const tables = renderTables(
+    [
+      result("allreduce", 8, variant("lifeline4", "lifeline:none", 900, 1000), variant("rawpush4", "raw-pushpull", 1000, 900), {
+        mpiTcp: 31.69,
+        ratioMpiTcp: 28.4,
+      }),
+      result("retry-one", 8, r1(1200), none(1000)),
+      result("retry-one", 16 * MiB, r1(220_000), none(200_000)),
+      result("retry-one", 64 * KiB, null, none(5000), { errors: ["subject (lifeline --mode retry-one): boom\nstack"] }),
+    ],
+    "ipc",
+  );
   const section = (title: string): string => {
     const from = tables.indexOf(title);
     expect(from, title).toBeGreaterThanOrEqual(0);
@@ -128,16 +175,21 @@ describe("bench tables: retry-one", () => {
 
   it("leaves the Lifeline vs raw tables as they were", () => {
     const s = section("### Allreduce, Float64Array sum, per op, slowest rank (us); raw = hand-written ring");
-    expect(s).toContain("| case | Lifeline us | raw us | L/raw (time) [IQR] | Open MPI TCP us | L/MPI-TCP | spread L / raw | CPU us/op L / raw | target | met |");
+    expect(s).toContain(
+      "| case | Lifeline us | raw us | L/raw (time) [IQR] | Open MPI TCP us | L/MPI-TCP | spread L / raw | CPU us/op L / raw | target | met |",
+    );
     expect(s).toContain("| np 4, 8 B | 900.0 | 1000 | 0.90x [0.90x–0.90x] | 31.69 | 28.4x | 10% / 10% | 1000 / 900.0 | <= 0.4x raw ring | NOT met |");
   });
 
   it("names a Lifeline mode other than none (--mode) in the Lifeline vs raw titles only", () => {
     expect(tables).not.toContain("Lifeline = ");
-    const cpr = renderTables([
-      result("allreduce", 8, variant("lifeline4-cpr", "lifeline:cpr", 900, 1000), variant("rawpush4", "raw-pushpull", 1000, 900)),
-      result("retry-one", 8, r1(1200), none(1000)),
-    ], "tcp");
+    const cpr = renderTables(
+      [
+        result("allreduce", 8, variant("lifeline4-cpr", "lifeline:cpr", 900, 1000), variant("rawpush4", "raw-pushpull", 1000, 900)),
+        result("retry-one", 8, r1(1200), none(1000)),
+      ],
+      "tcp",
+    );
     expect(cpr).toContain("raw = hand-written ring — transport tcp, Lifeline = lifeline --mode cpr\n");
     expect(cpr).toContain("both in this run — transport tcp\n");
   });

@@ -20,26 +20,65 @@ const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..")
 const tmp = mkdtempSync(path.join(os.tmpdir(), "lfbench-smoke-"));
 afterAll(() => rmSync(tmp, { recursive: true, force: true }));
 
-interface Variant { job: string; kind: string; iters: number; perOpS: number[]; medianPerOpS: number; value: number; spread: number; calibration: [number, number][] }
-interface Result {
-  key: string; bench: string; op: string; np: number; bytes: number; unit: string;
-  kinds: { subject: string | null; baseline: string | null };
-  subject: Variant | null; baseline: Variant | null;
-  ratio: number | null; mpiTcp: number | null; ratioMpiTcp: number | null;
-  target: { text: string; met: boolean | null } | null; errors: string[];
+interface Variant {
+  job: string;
+  kind: string;
+  iters: number;
+  perOpS: number[];
+  medianPerOpS: number;
+  value: number;
+  spread: number;
+  calibration: [number, number][];
 }
-interface RecoveryRun { mode: string; detectMs: number; restartMs: number; loadMs: number; catchUpMs: number; totalMs: number; restarted: number; restoredStep: number; failStep: number; replayed?: number }
+interface Result {
+  key: string;
+  bench: string;
+  op: string;
+  np: number;
+  bytes: number;
+  unit: string;
+  kinds: { subject: string | null; baseline: string | null };
+  subject: Variant | null;
+  baseline: Variant | null;
+  ratio: number | null;
+  mpiTcp: number | null;
+  ratioMpiTcp: number | null;
+  target: { text: string; met: boolean | null } | null;
+  errors: string[];
+}
+interface RecoveryRun {
+  mode: string;
+  detectMs: number;
+  restartMs: number;
+  loadMs: number;
+  catchUpMs: number;
+  totalMs: number;
+  restarted: number;
+  restoredStep: number;
+  failStep: number;
+  replayed?: number;
+}
 interface Report {
-  schema: string; durationS: number; options: { quick: boolean; reps: number }; results: Result[]; jobs: Record<string, unknown>[]; tables: string;
+  schema: string;
+  durationS: number;
+  options: { quick: boolean; reps: number };
+  results: Result[];
+  jobs: Record<string, unknown>[];
+  tables: string;
   recovery?: { runs: RecoveryRun[]; errors: string[]; targetS: number };
   partner?: { runs: { scope: string; lineMs: number }[]; errors: string[] };
 }
 
 function runBench(args: string[], timeoutMs: number): Promise<{ code: number | null; stdout: string; stderr: string }> {
   return new Promise((resolve) => {
-    const child = execFile(process.execPath, ["--import", "tsx", "bench/run.ts", ...args], { cwd: ROOT, timeout: timeoutMs, killSignal: "SIGTERM", maxBuffer: 16 << 20 }, (err, stdout, stderr) => {
-      resolve({ code: err ? ((err as { code?: number }).code ?? null) : 0, stdout, stderr });
-    });
+    const child = execFile(
+      process.execPath,
+      ["--import", "tsx", "bench/run.ts", ...args],
+      { cwd: ROOT, timeout: timeoutMs, killSignal: "SIGTERM", maxBuffer: 16 << 20 },
+      (err, stdout, stderr) => {
+        resolve({ code: err ? ((err as { code?: number }).code ?? null) : 0, stdout, stderr });
+      },
+    );
     child.stdin?.end();
   });
 }
@@ -83,58 +122,81 @@ describe("bench --quick", () => {
   }, 60_000);
 
   const built = existsSync(path.join(ROOT, "dist/cli.js")) && existsSync(path.join(ROOT, "dist/index.js"));
-  it.skipIf(!built)("Lifeline next to raw, retry-one next to none, and recovery in both modes: ratios, jobs, peers, parts and targets filled in", async () => {
-    const report = await quickReport("both", 75_000);
-    const benches = new Set(report.results.map((r) => r.bench));
-    expect([...benches].sort()).toEqual(["allreduce", "barrier", "bcast", "pingpong", "retry-one", "stream"]);
-    for (const r of report.results) {
-      expect(r.errors, r.key).toEqual([]);
-      expectVariant(r.subject, report.options.reps, `${r.key} subject`);
-      expect(r.subject!.kind).toBe(r.kinds.subject);
-      if (r.bench === "bcast" || r.bench === "barrier") {
-        expect(r.baseline).toBeNull();
-      } else {
-        expectVariant(r.baseline, report.options.reps, `${r.key} baseline`);
-        expect(r.baseline!.kind).toBe(r.kinds.baseline);
-        expect(r.ratio).toBeGreaterThan(0);
+  it.skipIf(!built)(
+    "Lifeline next to raw, retry-one next to none, and recovery in both modes: ratios, jobs, peers, parts and targets filled in",
+    async () => {
+      const report = await quickReport("both", 75_000);
+      const benches = new Set(report.results.map((r) => r.bench));
+      expect([...benches].sort()).toEqual(["allreduce", "barrier", "bcast", "pingpong", "retry-one", "stream"]);
+      for (const r of report.results) {
+        expect(r.errors, r.key).toEqual([]);
+        expectVariant(r.subject, report.options.reps, `${r.key} subject`);
+        expect(r.subject!.kind).toBe(r.kinds.subject);
+        if (r.bench === "bcast" || r.bench === "barrier") {
+          expect(r.baseline).toBeNull();
+        } else {
+          expectVariant(r.baseline, report.options.reps, `${r.key} baseline`);
+          expect(r.baseline!.kind).toBe(r.kinds.baseline);
+          expect(r.ratio).toBeGreaterThan(0);
+        }
+        if (r.bench === "retry-one") {
+          // Both sides are Lifeline jobs, told apart by mode; allreduce blocks in each.
+          expect(r.op).toBe("allreduce");
+          expect(r.kinds).toEqual({ subject: "lifeline:retry-one", baseline: "lifeline:none" });
+          expect(r.subject!.job).toBe(`lifeline${r.np}-retry-one`);
+          expect(r.baseline!.job).toBe(`lifeline${r.np}`);
+          expect(r.mpiTcp).toBeNull();
+        } else {
+          expect(r.subject!.kind).toBe("lifeline:none");
+        }
+        if (r.mpiTcp !== null) expect(r.ratioMpiTcp).toBeGreaterThan(0);
+        if (r.target !== null) expect(typeof r.target.met).toBe("boolean");
       }
-      if (r.bench === "retry-one") {
-        // Both sides are Lifeline jobs, told apart by mode; allreduce blocks in each.
-        expect(r.op).toBe("allreduce");
-        expect(r.kinds).toEqual({ subject: "lifeline:retry-one", baseline: "lifeline:none" });
-        expect(r.subject!.job).toBe(`lifeline${r.np}-retry-one`);
-        expect(r.baseline!.job).toBe(`lifeline${r.np}`);
-        expect(r.mpiTcp).toBeNull();
-      } else {
-        expect(r.subject!.kind).toBe("lifeline:none");
+      expect(report.results.filter((r) => r.bench === "retry-one").map((r) => r.key)).toEqual(["retry-one np4 8 B", "retry-one np4 64 KiB"]);
+      expect(report.tables).toContain("| case | retry-one us | none us | r1/none (time) [IQR] |");
+      const lifelineJobs = report.jobs.filter((x) => String(x.job).startsWith("lifeline"));
+      expect(lifelineJobs.map((j) => `${String(j.job)} ${String(j.mode)}`)).toContain("lifeline4-retry-one retry-one");
+      for (const j of lifelineJobs) {
+        expect(j.exitCode, JSON.stringify(j)).toBe(0);
+        expect(j.restarts ?? 0).toBe(0);
       }
-      if (r.mpiTcp !== null) expect(r.ratioMpiTcp).toBeGreaterThan(0);
-      if (r.target !== null) expect(typeof r.target.met).toBe("boolean");
-    }
-    expect(report.results.filter((r) => r.bench === "retry-one").map((r) => r.key)).toEqual(["retry-one np4 8 B", "retry-one np4 64 KiB"]);
-    expect(report.tables).toContain("| case | retry-one us | none us | r1/none (time) [IQR] |");
-    const lifelineJobs = report.jobs.filter((x) => String(x.job).startsWith("lifeline"));
-    expect(lifelineJobs.map((j) => `${String(j.job)} ${String(j.mode)}`)).toContain("lifeline4-retry-one retry-one");
-    for (const j of lifelineJobs) {
-      expect(j.exitCode, JSON.stringify(j)).toBe(0);
-      expect(j.restarts ?? 0).toBe(0);
-    }
-    // Recovery: one run per mode; the parts are finite, add up, and only retry-one keeps the survivors.
-    expect(report.recovery?.errors).toEqual([]);
-    expect(report.recovery!.runs.map((r) => r.mode).sort()).toEqual(["cpr", "retry-one"]);
-    for (const r of report.recovery!.runs) {
-      for (const k of ["detectMs", "restartMs", "loadMs", "catchUpMs", "totalMs"] as const) expect(Number.isFinite(r[k]) && r[k] >= 0, `${r.mode} ${k} = ${r[k]}`).toBe(true);
-      expect(r.detectMs + r.restartMs + r.loadMs + r.catchUpMs).toBeCloseTo(r.totalMs, 0);
-      expect(r.restarted).toBe(r.mode === "cpr" ? 4 : 1);
-      expect(r.restoredStep).toBeLessThan(r.failStep);
-    }
-    expect(report.tables).toMatch(/### Recovery, 4 ranks, \d+ MiB global \+ 1 MiB local state per rank/);
-    expect(report.tables).toMatch(/Target \(retry-one, kill → restarted rank caught up\) <= 1 s: (met|NOT met)/);
-  }, 80_000);
+      // Recovery: one run per mode; the parts are finite, add up, and only retry-one keeps the survivors.
+      expect(report.recovery?.errors).toEqual([]);
+      expect(report.recovery!.runs.map((r) => r.mode).sort()).toEqual(["cpr", "retry-one"]);
+      for (const r of report.recovery!.runs) {
+        for (const k of ["detectMs", "restartMs", "loadMs", "catchUpMs", "totalMs"] as const)
+          expect(Number.isFinite(r[k]) && r[k] >= 0, `${r.mode} ${k} = ${r[k]}`).toBe(true);
+        expect(r.detectMs + r.restartMs + r.loadMs + r.catchUpMs).toBeCloseTo(r.totalMs, 0);
+        expect(r.restarted).toBe(r.mode === "cpr" ? 4 : 1);
+        expect(r.restoredStep).toBeLessThan(r.failStep);
+      }
+      expect(report.tables).toMatch(/### Recovery, 4 ranks, \d+ MiB global \+ 1 MiB local state per rank/);
+      expect(report.tables).toMatch(/Target \(retry-one, kill → restarted rank caught up\) <= 1 s: (met|NOT met)/);
+    },
+    80_000,
+  );
 
   it("--hosts: ping-pong and allreduce across test hosts (network namespaces), Lifeline next to raw zeromq.js; recovery after a lost host", async () => {
     const out = path.join(tmp, "hosts.json");
-    const r = await runBench(["--hosts", "--quick", "--only", "pingpong,allreduce,recovery,partner", "--sizes", "8", "--np", "2", "--recovery-runs", "1", "--out", out, "--timeout-s", "170"], 180_000);
+    const r = await runBench(
+      [
+        "--hosts",
+        "--quick",
+        "--only",
+        "pingpong,allreduce,recovery,partner",
+        "--sizes",
+        "8",
+        "--np",
+        "2",
+        "--recovery-runs",
+        "1",
+        "--out",
+        out,
+        "--timeout-s",
+        "170",
+      ],
+      180_000,
+    );
     if (r.code !== 0) throw new Error(`bench exited with ${r.code}\n${r.stderr.slice(-4000)}`);
     expect(r.stderr).toMatch(/bench: 2 test hosts, 198\.18\.0\.1, 198\.18\.0\.2/);
     const report = JSON.parse(readFileSync(out, "utf8")) as Report;
@@ -148,7 +210,10 @@ describe("bench --quick", () => {
     for (const j of report.jobs.filter((x) => String(x.job).startsWith("lifeline"))) expect(j.exitCode, JSON.stringify(j)).toBe(0);
     // Host 2 of 3 lost with ranks 2 and 3: retry-one restarts those two, cpr all four, on the spare host.
     expect(report.recovery?.errors).toEqual([]);
-    expect(report.recovery!.runs.map((x) => [x.mode, x.restarted]).sort()).toEqual([["cpr", 4], ["retry-one", 2]]);
+    expect(report.recovery!.runs.map((x) => [x.mode, x.restarted]).sort()).toEqual([
+      ["cpr", 4],
+      ["retry-one", 2],
+    ]);
     for (const x of report.recovery!.runs) {
       expect(x.detectMs).toBeGreaterThan(0);
       expect(x.detectMs + x.restartMs + x.loadMs + x.catchUpMs).toBeCloseTo(x.totalMs, 0);

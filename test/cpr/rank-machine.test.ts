@@ -90,7 +90,10 @@ describe("RankMachine", () => {
     m.onControl({ t: "cpr-stop", epoch: 1 });
     m.logNondet(m.nondet("value").ordinal, { k: "value", v: 1 }); // after the stop: not logged
     const logs = m.partLogs();
-    expect(logs.nondet).toEqual([[0, { k: "value", v: 0.25 }], [1, { k: "match", source: 3, tag: 9 }]]);
+    expect(logs.nondet).toEqual([
+      [0, { k: "value", v: 0.25 }],
+      [1, { k: "match", source: 3, tag: 9 }],
+    ]);
 
     const r = new RankMachine({ rank: 0, size: 1 });
     r.restore({ epoch: 1, earlyIds: [], nondet: logs.nondet });
@@ -135,7 +138,14 @@ describe("RankMachine", () => {
 
   it("a restored rank counts the early frames it holds as arrived, so the next marker's count matches the sender's (which counts suppressed sends)", () => {
     const recv = new RankMachine({ rank: 0, size: 2 });
-    recv.restore({ epoch: 1, earlyIds: [[1, 0], [1, 1]], nondet: [] });
+    recv.restore({
+      epoch: 1,
+      earlyIds: [
+        [1, 0],
+        [1, 1],
+      ],
+      nondet: [],
+    });
     recv.arrive({ source: 1, epoch: 1, recording: false, channelSeq: 2 }, undefined);
     recv.onControl({ t: "cpr-checkpoint", epoch: 2 });
     recv.takeCheckpoint();
@@ -166,12 +176,23 @@ describe("RankMachine: polls of requests (test()/done)", () => {
     for (let i = 0; i < 10; i++) m.logNondet(m.nondet("test").ordinal, { k: "test", done: false });
     m.onControl({ t: "cpr-stop", epoch: 1 });
     const { nondet } = m.partLogs();
-    expect(nondet).toEqual([[1000, { k: "test", done: true, msg: frame }], [1010, { k: "test", done: false }]]);
+    expect(nondet).toEqual([
+      [1000, { k: "test", done: true, msg: frame }],
+      [1010, { k: "test", done: false }],
+    ]);
   });
 
   it("a restored machine replays every poll up to the log's end ('not done' where the log has no entry, the message where it has one), then runs freely", () => {
     const r = new RankMachine({ rank: 0, size: 2 });
-    r.restore({ epoch: 1, earlyIds: [], nondet: [[2, { k: "test", done: true, msg: frame }], [3, { k: "value", v: 7 }], [5, { k: "test", done: false }]] });
+    r.restore({
+      epoch: 1,
+      earlyIds: [],
+      nondet: [
+        [2, { k: "test", done: true, msg: frame }],
+        [3, { k: "value", v: 7 }],
+        [5, { k: "test", done: false }],
+      ],
+    });
     expect(r.nondet("test").replay).toEqual({ k: "test", done: false });
     expect(r.nondet("test").replay).toEqual({ k: "test", done: false });
     const done = r.nondet("test").replay;

@@ -41,26 +41,41 @@ afterAll(async () => {
 describe("collectives crossing the recovery line (--mode cpr, a rank killed later)", () => {
   KINDS.forEach((kind, i) => {
     const victim = i % NP;
-    it(`${kind}: rank ${victim} killed after a crossed line was committed; results equal --mode none`, async () => {
-      expect(reference.code, context(reference)).toBe(0);
-      const want = (reference.doc!.ranks as Record<string, string>[]).map((r) => r[kind]);
-      // Whether a line commits before the kill at step 20 depends on how fast the program runs
-      // against the initiator's rounds (a loaded machine runs rounds slowly). Every run must
-      // recover to the reference results; a run that rolled back to the beginning did not test
-      // the crossing, so the program is slowed down (a pause per point) and run again.
-      let crossed = false;
-      for (const pauseMs of ["0", "10", "40"]) {
-        const o = await runLauncher({ np: NP, program: PROGRAM, args: [kind, POINTS, pauseMs], flags: ["--mode", "cpr", "--checkpoint-every", "1steps", "--inject", `${victim}@step:20`], dir, name: `${kind}-${pauseMs}`, timeoutMs: TIMEOUT_MS });
-        expect(o.code, context(o)).toBe(0);
-        expect(o.doc!.restarts).toBe(1);
-        expect((o.doc!.ranks as Record<string, string>[]).map((r) => r[kind]), context(o)).toEqual(want);
-        // Restored from a committed line, not from the beginning: the replay crosses it.
-        if (o.doc!.recovery!.rollbacks[0]!.epoch > 0) {
-          crossed = true;
-          break;
+    it(
+      `${kind}: rank ${victim} killed after a crossed line was committed; results equal --mode none`,
+      async () => {
+        expect(reference.code, context(reference)).toBe(0);
+        const want = (reference.doc!.ranks as Record<string, string>[]).map((r) => r[kind]);
+        // Whether a line commits before the kill at step 20 depends on how fast the program runs
+        // against the initiator's rounds (a loaded machine runs rounds slowly). Every run must
+        // recover to the reference results; a run that rolled back to the beginning did not test
+        // the crossing, so the program is slowed down (a pause per point) and run again.
+        let crossed = false;
+        for (const pauseMs of ["0", "10", "40"]) {
+          const o = await runLauncher({
+            np: NP,
+            program: PROGRAM,
+            args: [kind, POINTS, pauseMs],
+            flags: ["--mode", "cpr", "--checkpoint-every", "1steps", "--inject", `${victim}@step:20`],
+            dir,
+            name: `${kind}-${pauseMs}`,
+            timeoutMs: TIMEOUT_MS,
+          });
+          expect(o.code, context(o)).toBe(0);
+          expect(o.doc!.restarts).toBe(1);
+          expect(
+            (o.doc!.ranks as Record<string, string>[]).map((r) => r[kind]),
+            context(o),
+          ).toEqual(want);
+          // Restored from a committed line, not from the beginning: the replay crosses it.
+          if (o.doc!.recovery!.rollbacks[0]!.epoch > 0) {
+            crossed = true;
+            break;
+          }
         }
-      }
-      expect(crossed, "no run committed a line before the kill, even with a 40 ms pause per point").toBe(true);
-    }, 3 * TIMEOUT_MS);
+        expect(crossed, "no run committed a line before the kill, even with a 40 ms pause per point").toBe(true);
+      },
+      3 * TIMEOUT_MS,
+    );
   });
 });

@@ -24,7 +24,14 @@ const RUN_TIMEOUT_MS = 60_000;
 interface Outcome {
   code: number | null;
   stderr: string;
-  doc: { ranks: unknown[]; restarts: number; error?: { code: string; message: string }; recovery?: { linesCommitted: number[]; rollbacks: { attempt: number; epoch: number }[] } } | undefined;
+  doc:
+    | {
+        ranks: unknown[];
+        restarts: number;
+        error?: { code: string; message: string };
+        recovery?: { linesCommitted: number[]; rollbacks: { attempt: number; epoch: number }[] };
+      }
+    | undefined;
 }
 
 let dir: string;
@@ -40,10 +47,29 @@ afterAll(async () => {
 });
 
 /** Runs the launcher; `onRankUp(pid)` sees each rank's pid (from --json events). */
-async function run(np: number, example: string, flags: readonly string[], args: readonly string[], onRankUp?: (pid: number, rank: number) => void): Promise<Outcome> {
+async function run(
+  np: number,
+  example: string,
+  flags: readonly string[],
+  args: readonly string[],
+  onRankUp?: (pid: number, rank: number) => void,
+): Promise<Outcome> {
   const n = runs++;
   const results = join(dir, `r${n}.json`);
-  const argv = [CLI, "run", "-n", String(np), "--json", "--store", join(dir, `store${n}`), "--results", results, ...flags, join("examples", `${example}.ts`), ...args];
+  const argv = [
+    CLI,
+    "run",
+    "-n",
+    String(np),
+    "--json",
+    "--store",
+    join(dir, `store${n}`),
+    "--results",
+    results,
+    ...flags,
+    join("examples", `${example}.ts`),
+    ...args,
+  ];
   const child = spawn(process.execPath, argv, { cwd: ROOT, stdio: ["ignore", "ignore", "pipe"] });
   let stderr = "";
   let partial = "";
@@ -68,7 +94,12 @@ async function run(np: number, example: string, flags: readonly string[], args: 
   return { code, stderr, doc };
 }
 
-const context = (o: Outcome): string => `exit ${o.code}\n${o.stderr.split("\n").filter((l) => !l.includes('"rank-step"')).slice(-40).join("\n")}`;
+const context = (o: Outcome): string =>
+  `exit ${o.code}\n${o.stderr
+    .split("\n")
+    .filter((l) => !l.includes('"rank-step"'))
+    .slice(-40)
+    .join("\n")}`;
 
 const CASES: { example: string; np: number; kill: string; args: string[] }[] = [
   { example: "heat", np: 4, kill: "2@step:150", args: ["--rows", "24", "--cols", "24", "--iters", "5000", "--tol", "1e-3"] },
@@ -82,45 +113,68 @@ const CASES: { example: string; np: number; kill: string; args: string[] }[] = [
 
 describe("examples under --mode cpr with a killed rank", () => {
   for (const { example, np, kill, args } of CASES) {
-    it(`${example}.ts: ${np} ranks, rank killed at ${kill}, results bit-identical to --mode none`, async () => {
-      const base = await run(np, example, ["--mode", "none"], args);
-      expect(base.code, context(base)).toBe(0);
-      const cpr = await run(np, example, ["--mode", "cpr", "--checkpoint-every", "3steps", "--inject", kill], args);
-      expect(cpr.code, context(cpr)).toBe(0);
-      expect(cpr.doc!.restarts).toBe(1);
-      expect(cpr.doc!.recovery!.rollbacks).toHaveLength(1);
-      expect(cpr.doc!.ranks).toEqual(base.doc!.ranks);
-    }, 2 * RUN_TIMEOUT_MS);
+    it(
+      `${example}.ts: ${np} ranks, rank killed at ${kill}, results bit-identical to --mode none`,
+      async () => {
+        const base = await run(np, example, ["--mode", "none"], args);
+        expect(base.code, context(base)).toBe(0);
+        const cpr = await run(np, example, ["--mode", "cpr", "--checkpoint-every", "3steps", "--inject", kill], args);
+        expect(cpr.code, context(cpr)).toBe(0);
+        expect(cpr.doc!.restarts).toBe(1);
+        expect(cpr.doc!.recovery!.rollbacks).toHaveLength(1);
+        expect(cpr.doc!.ranks).toEqual(base.doc!.ranks);
+      },
+      2 * RUN_TIMEOUT_MS,
+    );
   }
 
-  it("heat.ts: a rank SIGKILLed from outside at a random moment; identical results", async () => {
-    const args = ["--rows", "32", "--cols", "32", "--iters", "5000", "--tol", "5e-4"];
-    const base = await run(4, "heat", ["--mode", "none"], args);
-    expect(base.code, context(base)).toBe(0);
-    // Seeded: the victim and the delay are fixed per test run, printed on failure.
-    const seed = Number(process.env.SEED ?? 7);
-    const victim = seed % 4;
-    const delayMs = 300 + ((seed * 7919) % 700);
-    let killed = false;
-    const cpr = await run(4, "heat", ["--mode", "cpr", "--checkpoint-every", "2steps"], args, (pid, rank) => {
-      if (rank !== victim || killed) return;
-      killed = true;
-      setTimeout(() => { try { process.kill(pid, "SIGKILL"); } catch { /* already gone: the job finished first */ } }, delayMs);
-    });
-    expect(cpr.code, `seed ${seed}\n${context(cpr)}`).toBe(0);
-    // The kill really landed (the job runs for seconds, the kill comes within one), and was recovered.
-    expect(cpr.doc!.restarts, `seed ${seed}\n${context(cpr)}`).toBe(1);
-    expect(cpr.doc!.ranks).toEqual(base.doc!.ranks);
-  }, 2 * RUN_TIMEOUT_MS);
+  it(
+    "heat.ts: a rank SIGKILLed from outside at a random moment; identical results",
+    async () => {
+      const args = ["--rows", "32", "--cols", "32", "--iters", "5000", "--tol", "5e-4"];
+      const base = await run(4, "heat", ["--mode", "none"], args);
+      expect(base.code, context(base)).toBe(0);
+      // Seeded: the victim and the delay are fixed per test run, printed on failure.
+      const seed = Number(process.env.SEED ?? 7);
+      const victim = seed % 4;
+      const delayMs = 300 + ((seed * 7919) % 700);
+      let killed = false;
+      const cpr = await run(4, "heat", ["--mode", "cpr", "--checkpoint-every", "2steps"], args, (pid, rank) => {
+        if (rank !== victim || killed) return;
+        killed = true;
+        setTimeout(() => {
+          try {
+            process.kill(pid, "SIGKILL");
+          } catch {
+            /* already gone: the job finished first */
+          }
+        }, delayMs);
+      });
+      expect(cpr.code, `seed ${seed}\n${context(cpr)}`).toBe(0);
+      // The kill really landed (the job runs for seconds, the kill comes within one), and was recovered.
+      expect(cpr.doc!.restarts, `seed ${seed}\n${context(cpr)}`).toBe(1);
+      expect(cpr.doc!.ranks).toEqual(base.doc!.ranks);
+    },
+    2 * RUN_TIMEOUT_MS,
+  );
 
-  it("a failure before the first line restarts from the beginning; --max-restarts exhaustion fails with LAUNCH_RESTARTS", async () => {
-    const args = ["--samples", "1024", "--steps", "20", "--batch", "64"];
-    // Dies at its 1st checkpoint() in attempts 0 and 1: with --max-restarts 1 the second death is final.
-    const o = await run(2, "logreg", ["--mode", "cpr", "--checkpoint-every", "1000steps", "--max-restarts", "1", "--inject", "1@step:1", "--inject", "1@step:1@attempt=1"], args);
-    expect(o.code, context(o)).not.toBe(0);
-    expect(o.doc!.restarts).toBe(1);
-    expect(o.doc!.recovery!.rollbacks).toEqual([{ attempt: 1, epoch: 0 }]);
-    expect(o.doc!.error!.code).toBe("LAUNCH_RESTARTS");
-    expect(o.doc!.error!.message).toMatch(/--max-restarts 1/);
-  }, RUN_TIMEOUT_MS);
+  it(
+    "a failure before the first line restarts from the beginning; --max-restarts exhaustion fails with LAUNCH_RESTARTS",
+    async () => {
+      const args = ["--samples", "1024", "--steps", "20", "--batch", "64"];
+      // Dies at its 1st checkpoint() in attempts 0 and 1: with --max-restarts 1 the second death is final.
+      const o = await run(
+        2,
+        "logreg",
+        ["--mode", "cpr", "--checkpoint-every", "1000steps", "--max-restarts", "1", "--inject", "1@step:1", "--inject", "1@step:1@attempt=1"],
+        args,
+      );
+      expect(o.code, context(o)).not.toBe(0);
+      expect(o.doc!.restarts).toBe(1);
+      expect(o.doc!.recovery!.rollbacks).toEqual([{ attempt: 1, epoch: 0 }]);
+      expect(o.doc!.error!.code).toBe("LAUNCH_RESTARTS");
+      expect(o.doc!.error!.message).toMatch(/--max-restarts 1/);
+    },
+    RUN_TIMEOUT_MS,
+  );
 });

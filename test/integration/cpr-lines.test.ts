@@ -30,76 +30,106 @@ afterAll(async () => {
 });
 
 describe("lifeline lines", () => {
-  it("lists the committed lines a cpr run kept (epoch, time, ranks, bytes, state)", async () => {
-    const o = await runLauncher({ np: 2, program: "test/fixtures/cpr/crossing.ts", args: ["allreduce-ring", "120"], flags: ["--mode", "cpr", "--checkpoint-every", "1steps", "--keep-lines", "2"], dir, name: "job", timeoutMs: TIMEOUT_MS });
-    expect(o.code, context(o)).toBe(0);
-    const committed = o.doc!.recovery!.linesCommitted;
-    // How many lines commit depends on the machine's speed; at least one always does.
-    expect(committed.length, context(o)).toBeGreaterThanOrEqual(1);
-
-    const ls = spawnSync(process.execPath, [CLI, "lines", "--store", join(dir, "job.store")], { cwd: ROOT, encoding: "utf8", timeout: TIMEOUT_MS });
-    expect(ls.status, ls.stderr).toBe(0);
-    const [job, title, header, ...rows] = ls.stdout.trimEnd().split("\n");
-    expect(job).toMatch(/^job crossing-[0-9a-f]{8}: \S+crossing\.ts allreduce-ring 120 on 2 ranks \(mode cpr\); run 1 finished at \d{4}-/);
-    expect(title).toBe(`recovery lines in ${join(dir, "job.store")}:`);
-    expect(header!.trim().split(/\s+/)).toEqual(["EPOCH", "TIME", "RANKS", "BYTES", "RUN", "STATE"]);
-    const parsed = rows.map((r) => {
-      const m = /^\s+(\d+)\s+(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\s+(\S+)\s+([\d.]+ (?:B|KiB|MiB|GiB))\s+(\S+)\s+(\S.*)$/.exec(r);
-      expect(m, `row ${JSON.stringify(r)}`).not.toBeNull();
-      return { epoch: Number(m![1]), time: m![2]!, ranks: m![3]!, bytes: m![4]!, run: m![5]!, state: m![6]! };
-    });
-    const listed = parsed.filter((r) => r.state === "committed");
-    // --keep-lines 2: the (up to) two newest committed lines, every part verified, 2 ranks each.
-    expect(listed.map((r) => r.epoch)).toEqual(committed.slice(-2));
-    for (const r of listed) {
-      expect(r.ranks).toBe("2");
-      expect(r.run).toBe("1");
-      expect(r.bytes).toMatch(/KiB$/); // 2 × (128 KiB of state + the library's own)
-      expect(Math.abs(Date.parse(r.time.replace(" ", "T")) - Date.now())).toBeLessThan(5 * 60_000);
-    }
-    // A job that ended leaves only committed lines: the parts of a round in progress at the
-    // end (or of an aborted line) are deleted.
-    expect(parsed.filter((x) => x.state !== "committed")).toEqual([]);
-  }, 2 * TIMEOUT_MS);
-
-  it("lists a running job's lines without disturbing it (no lock taken)", async () => {
-    const args = ["--rows", "96", "--cols", "96", "--iters", "6000", "--tol", "0"];
-    const ref = await runLauncher({ np: 2, program: "examples/heat.ts", args, flags: ["--mode", "none"], dir, name: "heat-ref", timeoutMs: TIMEOUT_MS });
-    expect(ref.code, context(ref)).toBe(0);
-    let running = true;
-    let committed = 0;
-    const job = runLauncher({
-      np: 2, program: "examples/heat.ts", args, flags: ["--mode", "cpr", "--checkpoint-every", "100ms"], dir, name: "heat", timeoutMs: TIMEOUT_MS,
-      onEvent: (ev) => { if (ev.event === "line-committed") committed++; },
-    }).finally(() => { running = false; });
-    const listings: { code: number | null; doc: { job?: { state: string }; rows: { epoch: number; state: string }[] } | undefined; stderr: string }[] = [];
-    while (committed === 0 && running) await new Promise((r) => setTimeout(r, 20));
-    while (running) {
-      const r = await new Promise<{ code: number | null; stdout: string; stderr: string }>((resolve) => {
-        const child = spawn(process.execPath, [CLI, "lines", "--json", "--store", join(dir, "heat.store")], { cwd: ROOT, stdio: ["ignore", "pipe", "pipe"] });
-        let stdout = "";
-        let stderr = "";
-        child.stdout.setEncoding("utf8").on("data", (c: string) => { stdout += c; });
-        child.stderr.setEncoding("utf8").on("data", (c: string) => { stderr += c; });
-        child.on("close", (code) => resolve({ code, stdout, stderr }));
+  it(
+    "lists the committed lines a cpr run kept (epoch, time, ranks, bytes, state)",
+    async () => {
+      const o = await runLauncher({
+        np: 2,
+        program: "test/fixtures/cpr/crossing.ts",
+        args: ["allreduce-ring", "120"],
+        flags: ["--mode", "cpr", "--checkpoint-every", "1steps", "--keep-lines", "2"],
+        dir,
+        name: "job",
+        timeoutMs: TIMEOUT_MS,
       });
-      if (!running) break; // the job may have ended (and cleaned up) in the middle of this listing
-      listings.push({ code: r.code, doc: r.code === 0 ? JSON.parse(r.stdout) : undefined, stderr: r.stderr });
-    }
-    const o = await job;
-    expect(o.code, context(o)).toBe(0);
-    expect(o.doc!.ranks).toEqual(ref.doc!.ranks);
-    expect(o.stderr).not.toContain('"event":"warning"');
-    expect(listings.length, "the job ended before a listing finished").toBeGreaterThanOrEqual(2);
-    for (const l of listings) {
-      expect(l.code, l.stderr).toBe(0);
-      expect(l.doc!.job!.state).toBe("running");
-      const done = l.doc!.rows.filter((r) => r.state !== "partial");
-      expect(done.length).toBeGreaterThanOrEqual(1);
-      for (const r of done) expect(r.state).toBe("committed");
-    }
-    // Lines were committed between listings: the listings saw the job progress.
-    const newest = listings.map((l) => Math.max(...l.doc!.rows.filter((r) => r.state === "committed").map((r) => r.epoch)));
-    expect(newest.at(-1)!).toBeGreaterThan(newest[0]!);
-  }, 3 * TIMEOUT_MS);
+      expect(o.code, context(o)).toBe(0);
+      const committed = o.doc!.recovery!.linesCommitted;
+      // How many lines commit depends on the machine's speed; at least one always does.
+      expect(committed.length, context(o)).toBeGreaterThanOrEqual(1);
+
+      const ls = spawnSync(process.execPath, [CLI, "lines", "--store", join(dir, "job.store")], { cwd: ROOT, encoding: "utf8", timeout: TIMEOUT_MS });
+      expect(ls.status, ls.stderr).toBe(0);
+      const [job, title, header, ...rows] = ls.stdout.trimEnd().split("\n");
+      expect(job).toMatch(/^job crossing-[0-9a-f]{8}: \S+crossing\.ts allreduce-ring 120 on 2 ranks \(mode cpr\); run 1 finished at \d{4}-/);
+      expect(title).toBe(`recovery lines in ${join(dir, "job.store")}:`);
+      expect(header!.trim().split(/\s+/)).toEqual(["EPOCH", "TIME", "RANKS", "BYTES", "RUN", "STATE"]);
+      const parsed = rows.map((r) => {
+        const m = /^\s+(\d+)\s+(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\s+(\S+)\s+([\d.]+ (?:B|KiB|MiB|GiB))\s+(\S+)\s+(\S.*)$/.exec(r);
+        expect(m, `row ${JSON.stringify(r)}`).not.toBeNull();
+        return { epoch: Number(m![1]), time: m![2]!, ranks: m![3]!, bytes: m![4]!, run: m![5]!, state: m![6]! };
+      });
+      const listed = parsed.filter((r) => r.state === "committed");
+      // --keep-lines 2: the (up to) two newest committed lines, every part verified, 2 ranks each.
+      expect(listed.map((r) => r.epoch)).toEqual(committed.slice(-2));
+      for (const r of listed) {
+        expect(r.ranks).toBe("2");
+        expect(r.run).toBe("1");
+        expect(r.bytes).toMatch(/KiB$/); // 2 × (128 KiB of state + the library's own)
+        expect(Math.abs(Date.parse(r.time.replace(" ", "T")) - Date.now())).toBeLessThan(5 * 60_000);
+      }
+      // A job that ended leaves only committed lines: the parts of a round in progress at the
+      // end (or of an aborted line) are deleted.
+      expect(parsed.filter((x) => x.state !== "committed")).toEqual([]);
+    },
+    2 * TIMEOUT_MS,
+  );
+
+  it(
+    "lists a running job's lines without disturbing it (no lock taken)",
+    async () => {
+      const args = ["--rows", "96", "--cols", "96", "--iters", "6000", "--tol", "0"];
+      const ref = await runLauncher({ np: 2, program: "examples/heat.ts", args, flags: ["--mode", "none"], dir, name: "heat-ref", timeoutMs: TIMEOUT_MS });
+      expect(ref.code, context(ref)).toBe(0);
+      let running = true;
+      let committed = 0;
+      const job = runLauncher({
+        np: 2,
+        program: "examples/heat.ts",
+        args,
+        flags: ["--mode", "cpr", "--checkpoint-every", "100ms"],
+        dir,
+        name: "heat",
+        timeoutMs: TIMEOUT_MS,
+        onEvent: (ev) => {
+          if (ev.event === "line-committed") committed++;
+        },
+      }).finally(() => {
+        running = false;
+      });
+      const listings: { code: number | null; doc: { job?: { state: string }; rows: { epoch: number; state: string }[] } | undefined; stderr: string }[] = [];
+      while (committed === 0 && running) await new Promise((r) => setTimeout(r, 20));
+      while (running) {
+        const r = await new Promise<{ code: number | null; stdout: string; stderr: string }>((resolve) => {
+          const child = spawn(process.execPath, [CLI, "lines", "--json", "--store", join(dir, "heat.store")], { cwd: ROOT, stdio: ["ignore", "pipe", "pipe"] });
+          let stdout = "";
+          let stderr = "";
+          child.stdout.setEncoding("utf8").on("data", (c: string) => {
+            stdout += c;
+          });
+          child.stderr.setEncoding("utf8").on("data", (c: string) => {
+            stderr += c;
+          });
+          child.on("close", (code) => resolve({ code, stdout, stderr }));
+        });
+        if (!running) break; // the job may have ended (and cleaned up) in the middle of this listing
+        listings.push({ code: r.code, doc: r.code === 0 ? JSON.parse(r.stdout) : undefined, stderr: r.stderr });
+      }
+      const o = await job;
+      expect(o.code, context(o)).toBe(0);
+      expect(o.doc!.ranks).toEqual(ref.doc!.ranks);
+      expect(o.stderr).not.toContain('"event":"warning"');
+      expect(listings.length, "the job ended before a listing finished").toBeGreaterThanOrEqual(2);
+      for (const l of listings) {
+        expect(l.code, l.stderr).toBe(0);
+        expect(l.doc!.job!.state).toBe("running");
+        const done = l.doc!.rows.filter((r) => r.state !== "partial");
+        expect(done.length).toBeGreaterThanOrEqual(1);
+        for (const r of done) expect(r.state).toBe("committed");
+      }
+      // Lines were committed between listings: the listings saw the job progress.
+      const newest = listings.map((l) => Math.max(...l.doc!.rows.filter((r) => r.state === "committed").map((r) => r.epoch)));
+      expect(newest.at(-1)!).toBeGreaterThan(newest[0]!);
+    },
+    3 * TIMEOUT_MS,
+  );
 });

@@ -30,17 +30,29 @@ afterAll(async () => {
 });
 
 describe("polled requests under --mode cpr", () => {
-  it("a ring polling test()/done while it works, rank 1 killed after lines were committed: results equal --mode none", async () => {
-    const program = "test/fixtures/cpr/poll.ts";
-    // Rank 0 computes 30 ms without yielding at each step's start (60 ms after the restart):
-    // the others record long runs of polls, and replay a "done" before the re-sent copy.
-    const args = ["40", "256", "30"];
-    const base = await runLauncher({ np: 3, program, args, flags: ["--mode", "none"], dir, name: "none", timeoutMs: TIMEOUT_MS });
-    expect(base.code, context(base)).toBe(0);
-    const cpr = await runLauncher({ np: 3, program, args, flags: ["--mode", "cpr", "--checkpoint-every", "2steps", "--inject", "1@line:3"], dir, name: "cpr", timeoutMs: TIMEOUT_MS });
-    expect(cpr.code, context(cpr)).toBe(0);
-    expect(cpr.doc!.restarts).toBe(1);
-    expect(cpr.doc!.recovery!.rollbacks[0]!.epoch).toBeGreaterThan(0);
-    expect(cpr.doc!.ranks).toEqual(base.doc!.ranks);
-  }, 2 * TIMEOUT_MS);
+  it(
+    "a ring polling test()/done while it works, rank 1 killed after lines were committed: results equal --mode none",
+    async () => {
+      const program = "test/fixtures/cpr/poll.ts";
+      // Rank 0 computes 30 ms without yielding at each step's start (60 ms after the restart):
+      // the others record long runs of polls, and replay a "done" before the re-sent copy.
+      const args = ["40", "256", "30"];
+      const base = await runLauncher({ np: 3, program, args, flags: ["--mode", "none"], dir, name: "none", timeoutMs: TIMEOUT_MS });
+      expect(base.code, context(base)).toBe(0);
+      const cpr = await runLauncher({
+        np: 3,
+        program,
+        args,
+        flags: ["--mode", "cpr", "--checkpoint-every", "2steps", "--inject", "1@line:3"],
+        dir,
+        name: "cpr",
+        timeoutMs: TIMEOUT_MS,
+      });
+      expect(cpr.code, context(cpr)).toBe(0);
+      expect(cpr.doc!.restarts).toBe(1);
+      expect(cpr.doc!.recovery!.rollbacks[0]!.epoch).toBeGreaterThan(0);
+      expect(cpr.doc!.ranks).toEqual(base.doc!.ranks);
+    },
+    2 * TIMEOUT_MS,
+  );
 });

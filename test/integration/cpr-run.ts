@@ -41,7 +41,14 @@ export interface RunOutcome {
   code: number | null;
   stdout: string;
   stderr: string;
-  doc: { ranks: unknown[]; restarts: number; error?: { code: string; message: string }; recovery?: { linesCommitted: number[]; rollbacks: { attempt: number; epoch: number }[] } } | undefined;
+  doc:
+    | {
+        ranks: unknown[];
+        restarts: number;
+        error?: { code: string; message: string };
+        recovery?: { linesCommitted: number[]; rollbacks: { attempt: number; epoch: number }[] };
+      }
+    | undefined;
 }
 
 export interface RunSpec {
@@ -64,13 +71,30 @@ export interface RunSpec {
 
 export async function runLauncher(spec: RunSpec): Promise<RunOutcome> {
   const results = join(spec.dir, `${spec.name}.json`);
-  const argv = [CLI, "run", "-n", String(spec.np), ...(spec.human === true ? [] : ["--json"]), "--store", join(spec.dir, `${spec.name}.store`), "--results", results, ...spec.flags, spec.program, ...(spec.args ?? [])];
+  const argv = [
+    CLI,
+    "run",
+    "-n",
+    String(spec.np),
+    ...(spec.human === true ? [] : ["--json"]),
+    "--store",
+    join(spec.dir, `${spec.name}.store`),
+    "--results",
+    results,
+    ...spec.flags,
+    spec.program,
+    ...(spec.args ?? []),
+  ];
   const child = spawn(process.execPath, argv, { cwd: ROOT, stdio: ["ignore", "pipe", "pipe"] });
   if (child.pid !== undefined) spec.onSpawn?.(child.pid);
   let stdout = "";
   let stderr = "";
-  child.stdout.setEncoding("utf8").on("data", (chunk: string) => { stdout += chunk; });
-  child.stderr.setEncoding("utf8").on("data", (chunk: string) => { stderr += chunk; });
+  child.stdout.setEncoding("utf8").on("data", (chunk: string) => {
+    stdout += chunk;
+  });
+  child.stderr.setEncoding("utf8").on("data", (chunk: string) => {
+    stderr += chunk;
+  });
   if (spec.onEvent !== undefined) onJsonLines(child.stderr, spec.onEvent);
   const timer = setTimeout(() => child.kill("SIGTERM"), spec.timeoutMs);
   const code = await new Promise<number | null>((resolve, reject) => {
@@ -98,7 +122,9 @@ export interface WatchedRun {
 export function watchRun(child: ChildProcess, results: string, timeoutMs: number, onEvent?: (ev: Record<string, unknown>) => void): Promise<WatchedRun> {
   const events: Record<string, unknown>[] = [];
   let stderr = "";
-  child.stderr!.setEncoding("utf8").on("data", (chunk: string) => { stderr += chunk; });
+  child.stderr!.setEncoding("utf8").on("data", (chunk: string) => {
+    stderr += chunk;
+  });
   onJsonLines(child.stderr!, (ev) => {
     events.push(ev);
     onEvent?.(ev);
@@ -115,7 +141,14 @@ export function watchRun(child: ChildProcess, results: string, timeoutMs: number
 
 /** Each rank's host by its `rank-spawned` events (of attempt `attempt`, if given). */
 export const spawnedOn = (r: WatchedRun, attempt?: number): Record<number, string> =>
-  Object.fromEntries(r.events.filter((e) => e.event === "rank-spawned" && (attempt === undefined || e.attempt === attempt)).map((e) => [e.rank as number, e.host as string]));
+  Object.fromEntries(
+    r.events.filter((e) => e.event === "rank-spawned" && (attempt === undefined || e.attempt === attempt)).map((e) => [e.rank as number, e.host as string]),
+  );
 
 /** The tail of a run's stderr without step events, for assertion messages. */
-export const context = (o: { code: number | null; stderr: string }): string => `exit ${o.code}\n${o.stderr.split("\n").filter((l) => !l.includes('"rank-step"')).slice(-40).join("\n")}`;
+export const context = (o: { code: number | null; stderr: string }): string =>
+  `exit ${o.code}\n${o.stderr
+    .split("\n")
+    .filter((l) => !l.includes('"rank-step"'))
+    .slice(-40)
+    .join("\n")}`;

@@ -34,45 +34,66 @@ afterAll(async () => {
 });
 
 describe("cpr: warm spares take the restarted ranks' places", () => {
-  it("rank 1 killed once a spare per rank is ready: all 4 restart warm in the spares, results bit-identical, nothing left", async () => {
-    const ref = await runLauncher({ np: NP, program: PROGRAM, flags: ["--mode", "none"], args: ARGS, dir, name: `run${runs++}`, timeoutMs: TIMEOUT_MS });
-    expect(ref.code, context(ref)).toBe(0);
-    const spares: number[] = [];
-    const spawned: { rank: number; attempt: number; pid: number; warm: boolean }[] = [];
-    const o = await runLauncher({
-      np: NP, program: PROGRAM, flags: ["--mode", "cpr", "--checkpoint-every", "20steps", "--store", join(dir, "store")], args: ARGS, dir, name: `run${runs++}`, timeoutMs: TIMEOUT_MS,
-      onEvent: (ev) => {
-        if (ev.event === "rank-spawned") spawned.push({ rank: ev.rank as number, attempt: ev.attempt as number, pid: ev.pid as number, warm: ev.warm === true });
-        if (ev.event === "spare-ready") {
-          spares.push(ev.pid as number);
-          if (spares.length === NP) process.kill(spawned.find((s) => s.rank === 1 && s.attempt === 0)!.pid, "SIGKILL");
-        }
-      },
-    });
-    expect(o.code, context(o)).toBe(0);
-    expect(o.doc?.ranks, context(o)).toEqual(ref.doc?.ranks);
-    const again = spawned.filter((s) => s.attempt === 1);
-    expect(again.map((s) => s.rank).sort(), JSON.stringify(spawned)).toEqual([0, 1, 2, 3]);
-    expect(again.every((s) => s.warm)).toBe(true);
-    expect(again.map((s) => s.pid).sort()).toEqual(spares.slice(0, NP).sort());
-    expect(await waitGone([...spares, ...spawned.map((s) => s.pid)], 10_000)).toEqual([]);
-  }, 3 * TIMEOUT_MS);
+  it(
+    "rank 1 killed once a spare per rank is ready: all 4 restart warm in the spares, results bit-identical, nothing left",
+    async () => {
+      const ref = await runLauncher({ np: NP, program: PROGRAM, flags: ["--mode", "none"], args: ARGS, dir, name: `run${runs++}`, timeoutMs: TIMEOUT_MS });
+      expect(ref.code, context(ref)).toBe(0);
+      const spares: number[] = [];
+      const spawned: { rank: number; attempt: number; pid: number; warm: boolean }[] = [];
+      const o = await runLauncher({
+        np: NP,
+        program: PROGRAM,
+        flags: ["--mode", "cpr", "--checkpoint-every", "20steps", "--store", join(dir, "store")],
+        args: ARGS,
+        dir,
+        name: `run${runs++}`,
+        timeoutMs: TIMEOUT_MS,
+        onEvent: (ev) => {
+          if (ev.event === "rank-spawned")
+            spawned.push({ rank: ev.rank as number, attempt: ev.attempt as number, pid: ev.pid as number, warm: ev.warm === true });
+          if (ev.event === "spare-ready") {
+            spares.push(ev.pid as number);
+            if (spares.length === NP) process.kill(spawned.find((s) => s.rank === 1 && s.attempt === 0)!.pid, "SIGKILL");
+          }
+        },
+      });
+      expect(o.code, context(o)).toBe(0);
+      expect(o.doc?.ranks, context(o)).toEqual(ref.doc?.ranks);
+      const again = spawned.filter((s) => s.attempt === 1);
+      expect(again.map((s) => s.rank).sort(), JSON.stringify(spawned)).toEqual([0, 1, 2, 3]);
+      expect(again.every((s) => s.warm)).toBe(true);
+      expect(again.map((s) => s.pid).sort()).toEqual(spares.slice(0, NP).sort());
+      expect(await waitGone([...spares, ...spawned.map((s) => s.pid)], 10_000)).toEqual([]);
+    },
+    3 * TIMEOUT_MS,
+  );
 
-  it("--no-spare: no spare process; the restart is cold, results still bit-identical", async () => {
-    const args = ["--steps", "300"];
-    const ref = await runLauncher({ np: NP, program: PROGRAM, flags: ["--mode", "none"], args, dir, name: `run${runs++}`, timeoutMs: TIMEOUT_MS });
-    const events: string[] = [];
-    const warm: boolean[] = [];
-    const o = await runLauncher({
-      np: NP, program: PROGRAM, flags: ["--mode", "cpr", "--no-spare", "--checkpoint-every", "10steps", "--store", join(dir, "store-cold"), "--inject", "2@line:1"], args, dir, name: `run${runs++}`, timeoutMs: TIMEOUT_MS,
-      onEvent: (ev) => {
-        events.push(ev.event as string);
-        if (ev.event === "rank-spawned" && ev.attempt === 1) warm.push(ev.warm === true);
-      },
-    });
-    expect(o.code, context(o)).toBe(0);
-    expect(o.doc?.ranks, context(o)).toEqual(ref.doc?.ranks);
-    expect(events).not.toContain("spare-ready");
-    expect(warm).toEqual([false, false, false, false]);
-  }, 2 * TIMEOUT_MS);
+  it(
+    "--no-spare: no spare process; the restart is cold, results still bit-identical",
+    async () => {
+      const args = ["--steps", "300"];
+      const ref = await runLauncher({ np: NP, program: PROGRAM, flags: ["--mode", "none"], args, dir, name: `run${runs++}`, timeoutMs: TIMEOUT_MS });
+      const events: string[] = [];
+      const warm: boolean[] = [];
+      const o = await runLauncher({
+        np: NP,
+        program: PROGRAM,
+        flags: ["--mode", "cpr", "--no-spare", "--checkpoint-every", "10steps", "--store", join(dir, "store-cold"), "--inject", "2@line:1"],
+        args,
+        dir,
+        name: `run${runs++}`,
+        timeoutMs: TIMEOUT_MS,
+        onEvent: (ev) => {
+          events.push(ev.event as string);
+          if (ev.event === "rank-spawned" && ev.attempt === 1) warm.push(ev.warm === true);
+        },
+      });
+      expect(o.code, context(o)).toBe(0);
+      expect(o.doc?.ranks, context(o)).toEqual(ref.doc?.ranks);
+      expect(events).not.toContain("spare-ready");
+      expect(warm).toEqual([false, false, false, false]);
+    },
+    2 * TIMEOUT_MS,
+  );
 });

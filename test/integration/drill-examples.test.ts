@@ -21,7 +21,6 @@ beforeAll(() => {
   if (!existsSync(join(ROOT, "dist", "index.js"))) throw new Error("dist/index.js is missing: run `npm run build` first");
 });
 
-
 const DRILL_TEST_MS = 45_000;
 
 async function drill(flags: Omit<DrillFlags, "np" | "app" | "appArgs">, app: string[]): Promise<DrillOutcome & { stderr: string }> {
@@ -50,55 +49,94 @@ function expectRecovered(o: DrillOutcome & { stderr: string }, faults: number): 
 }
 
 describe("drills on every example, mode cpr", () => {
-  it("taskfarm: a worker killed at its 15th step", async () => {
-    const o = await drill({ checkpointEvery: "2steps", kill: ["1@step:15"] }, ["examples/taskfarm.ts", "--tasks", "24", "--steps", "1000", "--spin-ms", "3"]);
-    expectRecovered(o, 1);
-  }, DRILL_TEST_MS);
+  it(
+    "taskfarm: a worker killed at its 15th step",
+    async () => {
+      const o = await drill({ checkpointEvery: "2steps", kill: ["1@step:15"] }, ["examples/taskfarm.ts", "--tasks", "24", "--steps", "1000", "--spin-ms", "3"]);
+      expectRecovered(o, 1);
+    },
+    DRILL_TEST_MS,
+  );
 
-  it("token-ring: rank 1 killed at its 20th step, then rank 0 at its 10th send in the next attempt", async () => {
-    const o = await drill({ checkpointEvery: "2steps", kill: ["1@step:20", "0@send:10"] }, ["examples/token-ring.ts", "--laps", "30", "--len", "64", "--work", "100000"]);
-    expectRecovered(o, 2);
-    expect(o.report.runs[1]!.faults.map((f) => [f.rank, f.trigger, f.attempt])).toEqual([[1, "step:20", 0], [0, "send:10", 1]]);
-  }, DRILL_TEST_MS);
+  it(
+    "token-ring: rank 1 killed at its 20th step, then rank 0 at its 10th send in the next attempt",
+    async () => {
+      const o = await drill({ checkpointEvery: "2steps", kill: ["1@step:20", "0@send:10"] }, [
+        "examples/token-ring.ts",
+        "--laps",
+        "30",
+        "--len",
+        "64",
+        "--work",
+        "100000",
+      ]);
+      expectRecovered(o, 2);
+      expect(o.report.runs[1]!.faults.map((f) => [f.rank, f.trigger, f.attempt])).toEqual([
+        [1, "step:20", 0],
+        [0, "send:10", 1],
+      ]);
+    },
+    DRILL_TEST_MS,
+  );
 
-  it("boosting: rank 1 killed at its 4th step", async () => {
-    const o = await drill({ checkpointEvery: "2steps", kill: ["1@step:4"] }, ["examples/boosting.ts", "--rows", "1000", "--trees", "3", "--depth", "3"]);
-    expectRecovered(o, 1);
-  }, DRILL_TEST_MS);
+  it(
+    "boosting: rank 1 killed at its 4th step",
+    async () => {
+      const o = await drill({ checkpointEvery: "2steps", kill: ["1@step:4"] }, ["examples/boosting.ts", "--rows", "1000", "--trees", "3", "--depth", "3"]);
+      expectRecovered(o, 1);
+    },
+    DRILL_TEST_MS,
+  );
 
-  it("logreg: Rabit's mock=1,2,0,0 (first collective after rank 1's 2nd checkpoint) rolls back to a committed line", async () => {
-    // In cpr, Rabit's "version" counts checkpoints actually taken (lines), so lines must come
-    // quickly and the run must outlast two of them even on a loaded machine: a line as often
-    // as the rounds allow, and enough steps.
-    const o = await drill({ checkpointEvery: "1steps", kill: ["mock=1,2,0,0"] }, ["examples/logreg.ts", "--samples", "4096", "--steps", "3000"]);
-    expectRecovered(o, 1);
-    const [fault] = o.report.runs[1]!.faultReports;
-    expect(fault!.fault.trigger).toBe("mock:2,0");
-    expect(fault!.restoreEpoch, o.stderr).toBeGreaterThanOrEqual(1);
-    expect(fault!.workLostSteps!).toBeLessThan(fault!.stepsAtHit!);
-  }, DRILL_TEST_MS);
+  it(
+    "logreg: Rabit's mock=1,2,0,0 (first collective after rank 1's 2nd checkpoint) rolls back to a committed line",
+    async () => {
+      // In cpr, Rabit's "version" counts checkpoints actually taken (lines), so lines must come
+      // quickly and the run must outlast two of them even on a loaded machine: a line as often
+      // as the rounds allow, and enough steps.
+      const o = await drill({ checkpointEvery: "1steps", kill: ["mock=1,2,0,0"] }, ["examples/logreg.ts", "--samples", "4096", "--steps", "3000"]);
+      expectRecovered(o, 1);
+      const [fault] = o.report.runs[1]!.faultReports;
+      expect(fault!.fault.trigger).toBe("mock:2,0");
+      expect(fault!.restoreEpoch, o.stderr).toBeGreaterThanOrEqual(1);
+      expect(fault!.workLostSteps!).toBeLessThan(fault!.stepsAtHit!);
+    },
+    DRILL_TEST_MS,
+  );
 
-  it("heat: rank 0 killed at its 40th step", async () => {
-    const o = await drill({ checkpointEvery: "2steps", kill: ["0@step:40"] }, ["examples/heat.ts", "--rows", "64", "--cols", "64", "--iters", "300"]);
-    expectRecovered(o, 1);
-  }, DRILL_TEST_MS);
+  it(
+    "heat: rank 0 killed at its 40th step",
+    async () => {
+      const o = await drill({ checkpointEvery: "2steps", kill: ["0@step:40"] }, ["examples/heat.ts", "--rows", "64", "--cols", "64", "--iters", "300"]);
+      expectRecovered(o, 1);
+    },
+    DRILL_TEST_MS,
+  );
 });
 
 describe("drills in mode retry-one (only the failed rank restarts, from its peers' memory)", () => {
-  it("logreg: rank 1 killed at its 10th step restores checkpoint 9 from its peers and catches up", async () => {
-    const o = await drill({ mode: "retry-one", kill: ["1@step:10"] }, ["examples/logreg.ts", "--steps", "200"]);
-    expectRecovered(o, 1);
-    const [fault] = o.report.runs[1]!.faultReports;
-    expect(fault!.restoredFromPeers, o.stderr).toBe(true);
-    expect(fault!.restoreEpoch, o.stderr).toBe(9);
-    expect(fault!.recoveredMs, o.stderr).toBeDefined();
-    expect(fault!.workLostSteps!).toBeLessThanOrEqual(9);
-    expect(o.stderr).toMatch(/restored checkpoint 9 from its peers/);
-  }, DRILL_TEST_MS);
+  it(
+    "logreg: rank 1 killed at its 10th step restores checkpoint 9 from its peers and catches up",
+    async () => {
+      const o = await drill({ mode: "retry-one", kill: ["1@step:10"] }, ["examples/logreg.ts", "--steps", "200"]);
+      expectRecovered(o, 1);
+      const [fault] = o.report.runs[1]!.faultReports;
+      expect(fault!.restoredFromPeers, o.stderr).toBe(true);
+      expect(fault!.restoreEpoch, o.stderr).toBe(9);
+      expect(fault!.recoveredMs, o.stderr).toBeDefined();
+      expect(fault!.workLostSteps!).toBeLessThanOrEqual(9);
+      expect(o.stderr).toMatch(/restored checkpoint 9 from its peers/);
+    },
+    DRILL_TEST_MS,
+  );
 
-  it("boosting: a kill inside a bootstrap collective (mock=1,0,0,0) is recovered from the peers' bootstrap cache", async () => {
-    const o = await drill({ mode: "retry-one", kill: ["mock=1,0,0,0"] }, ["examples/boosting.ts", "--rows", "1000", "--trees", "3", "--depth", "3"]);
-    expectRecovered(o, 1);
-    expect(o.report.runs[1]!.faultReports[0]!.restoreEpoch, o.stderr).toBe(0);
-  }, DRILL_TEST_MS);
+  it(
+    "boosting: a kill inside a bootstrap collective (mock=1,0,0,0) is recovered from the peers' bootstrap cache",
+    async () => {
+      const o = await drill({ mode: "retry-one", kill: ["mock=1,0,0,0"] }, ["examples/boosting.ts", "--rows", "1000", "--trees", "3", "--depth", "3"]);
+      expectRecovered(o, 1);
+      expect(o.report.runs[1]!.faultReports[0]!.restoreEpoch, o.stderr).toBe(0);
+    },
+    DRILL_TEST_MS,
+  );
 });

@@ -23,7 +23,6 @@ beforeAll(() => {
   if (!existsSync(join(ROOT, "dist", "index.js"))) throw new Error("dist/index.js is missing: run `npm run build` first");
 });
 
-
 const DRILL_TEST_MS = 30_000;
 /** Small enough to be quick, long enough for cpr to commit lines before the faults. */
 const HEAT = ["examples/heat.ts", "--rows", "128", "--cols", "128", "--iters", "300"];
@@ -44,93 +43,129 @@ function context(o: { stderr: string }): string {
 }
 
 describe("lifeline drill, mode none", () => {
-  it("passes a deterministic program re-run without faults", async () => {
-    const o = await drill({ mode: "none" }, HEAT);
-    expect(o.exitCode, context(o)).toBe(0);
-    expect(o.pass).toBe(true);
-    expect(o.report.runs.map((r) => r.verdict?.kind)).toEqual([undefined, "identical"]);
-    expect(o.stderr).toMatch(/PASS: the faulty run's results are bit-identical to the reference run's/);
-  }, DRILL_TEST_MS);
+  it(
+    "passes a deterministic program re-run without faults",
+    async () => {
+      const o = await drill({ mode: "none" }, HEAT);
+      expect(o.exitCode, context(o)).toBe(0);
+      expect(o.pass).toBe(true);
+      expect(o.report.runs.map((r) => r.verdict?.kind)).toEqual([undefined, "identical"]);
+      expect(o.stderr).toMatch(/PASS: the faulty run's results are bit-identical to the reference run's/);
+    },
+    DRILL_TEST_MS,
+  );
 
-  it("fails when a rank is killed: mode none cannot recover", async () => {
-    const report = join(dir, "none.html");
-    const o = await drill({ mode: "none", kill: ["1@step:5"], seed: "1", report }, HEAT);
-    expect(o.exitCode, context(o)).toBe(1);
-    const [fault] = o.report.runs[1]!.faultReports;
-    expect(fault).toMatchObject({ stepsAtHit: 4, cause: "exit", note: "not recovered: mode none cannot recover" });
-    expect(fault!.detectedMs! - fault!.hitMs!).toBeLessThan(1_000);
-    expect(o.stderr).toMatch(/FAILED: mode none cannot recover: rank 1 \(pid \d+\) was killed by SIGKILL/);
-    expect(o.stderr).toMatch(/FAIL: 1 of 1 faulty run did not reproduce the reference/);
-    expect(readFileSync(report, "utf8")).toMatch(/<span class="badge fail">FAIL<\/span>/);
-  }, DRILL_TEST_MS);
+  it(
+    "fails when a rank is killed: mode none cannot recover",
+    async () => {
+      const report = join(dir, "none.html");
+      const o = await drill({ mode: "none", kill: ["1@step:5"], seed: "1", report }, HEAT);
+      expect(o.exitCode, context(o)).toBe(1);
+      const [fault] = o.report.runs[1]!.faultReports;
+      expect(fault).toMatchObject({ stepsAtHit: 4, cause: "exit", note: "not recovered: mode none cannot recover" });
+      expect(fault!.detectedMs! - fault!.hitMs!).toBeLessThan(1_000);
+      expect(o.stderr).toMatch(/FAILED: mode none cannot recover: rank 1 \(pid \d+\) was killed by SIGKILL/);
+      expect(o.stderr).toMatch(/FAIL: 1 of 1 faulty run did not reproduce the reference/);
+      expect(readFileSync(report, "utf8")).toMatch(/<span class="badge fail">FAIL<\/span>/);
+    },
+    DRILL_TEST_MS,
+  );
 
-  it("fails on a non-deterministic program without any fault, naming the ranks that differ", async () => {
-    const o = await drill({ mode: "none" }, ["examples/montecarlo.ts", "--batches", "4", "--batch-size", "20000"]);
-    expect(o.exitCode, context(o)).toBe(1);
-    expect(o.report.runs[1]!.verdict).toEqual({ kind: "differs", ranks: [0, 1] });
-    expect(o.stderr).toMatch(/RESULTS DIFFER from the reference on ranks 0, 1/);
-    expect(o.stderr).toMatch(/rank 0: reference .*\n.*this run/);
-    expect(o.stderr).toMatch(/FAIL: .* results differ from the reference on ranks 0, 1/);
-  }, DRILL_TEST_MS);
+  it(
+    "fails on a non-deterministic program without any fault, naming the ranks that differ",
+    async () => {
+      const o = await drill({ mode: "none" }, ["examples/montecarlo.ts", "--batches", "4", "--batch-size", "20000"]);
+      expect(o.exitCode, context(o)).toBe(1);
+      expect(o.report.runs[1]!.verdict).toEqual({ kind: "differs", ranks: [0, 1] });
+      expect(o.stderr).toMatch(/RESULTS DIFFER from the reference on ranks 0, 1/);
+      expect(o.stderr).toMatch(/rank 0: reference .*\n.*this run/);
+      expect(o.stderr).toMatch(/FAIL: .* results differ from the reference on ranks 0, 1/);
+    },
+    DRILL_TEST_MS,
+  );
 });
 
 describe("lifeline drill, mode cpr", () => {
   const cpr = { mode: "cpr", checkpointEvery: "100ms" } as const;
 
-  it("heat: rank 1 killed at its 5th step recovers to identical results", async () => {
-    const o = await drill({ ...cpr, kill: ["1@step:5"], seed: "1" }, HEAT);
-    expect(o.exitCode, context(o)).toBe(0);
-    const run = o.report.runs[1]!;
-    expect(run.result.restarts).toBe(1);
-    const [fault] = run.faultReports;
-    expect(fault).toMatchObject({ stepsAtHit: 4, cause: "exit" });
-    expect(fault!.upMs).toBeGreaterThan(fault!.detectedMs!);
-    expect(fault!.recoveredMs).toBeGreaterThanOrEqual(fault!.upMs!);
-    expect(fault!.workLostSteps).toBeLessThanOrEqual(4);
-  }, DRILL_TEST_MS);
+  it(
+    "heat: rank 1 killed at its 5th step recovers to identical results",
+    async () => {
+      const o = await drill({ ...cpr, kill: ["1@step:5"], seed: "1" }, HEAT);
+      expect(o.exitCode, context(o)).toBe(0);
+      const run = o.report.runs[1]!;
+      expect(run.result.restarts).toBe(1);
+      const [fault] = run.faultReports;
+      expect(fault).toMatchObject({ stepsAtHit: 4, cause: "exit" });
+      expect(fault!.upMs).toBeGreaterThan(fault!.detectedMs!);
+      expect(fault!.recoveredMs).toBeGreaterThanOrEqual(fault!.upMs!);
+      expect(fault!.workLostSteps).toBeLessThanOrEqual(4);
+    },
+    DRILL_TEST_MS,
+  );
 
-  it("heat: a kill after lines were committed rolls back to a line, not to the beginning", async () => {
-    // line:1 kills at the first checkpoint() after the first line committed, however slow
-    // the machine (a fixed step could come before the first line under load). A 512x512 grid
-    // leaves steps to do after it.
-    const o = await drill({ ...cpr, kill: ["1@line:1"], seed: "2" }, ["examples/heat.ts", "--rows", "512", "--cols", "512"]);
-    expect(o.exitCode, context(o)).toBe(0);
-    const [fault] = o.report.runs[1]!.faultReports;
-    expect(fault!.restoreEpoch, context(o)).toBeGreaterThan(0);
-    expect(fault!.workLostSteps!).toBeLessThan(fault!.stepsAtHit!);
-  }, DRILL_TEST_MS);
+  it(
+    "heat: a kill after lines were committed rolls back to a line, not to the beginning",
+    async () => {
+      // line:1 kills at the first checkpoint() after the first line committed, however slow
+      // the machine (a fixed step could come before the first line under load). A 512x512 grid
+      // leaves steps to do after it.
+      const o = await drill({ ...cpr, kill: ["1@line:1"], seed: "2" }, ["examples/heat.ts", "--rows", "512", "--cols", "512"]);
+      expect(o.exitCode, context(o)).toBe(0);
+      const [fault] = o.report.runs[1]!.faultReports;
+      expect(fault!.restoreEpoch, context(o)).toBeGreaterThan(0);
+      expect(fault!.workLostSteps!).toBeLessThan(fault!.stepsAtHit!);
+    },
+    DRILL_TEST_MS,
+  );
 
-  it("heat: random:2 (seeded) recovers twice to identical results", async () => {
-    const o = await drill({ ...cpr, kill: ["random:2"], seed: "7" }, HEAT);
-    expect(o.exitCode, context(o)).toBe(0);
-    const run = o.report.runs[1]!;
-    expect(run.faults.map((f) => f.attempt)).toEqual([0, 1]);
-    expect(run.faultReports.filter((f) => f.hitMs !== undefined).length, context(o)).toBeGreaterThanOrEqual(1);
-  }, DRILL_TEST_MS);
+  it(
+    "heat: random:2 (seeded) recovers twice to identical results",
+    async () => {
+      const o = await drill({ ...cpr, kill: ["random:2"], seed: "7" }, HEAT);
+      expect(o.exitCode, context(o)).toBe(0);
+      const run = o.report.runs[1]!;
+      expect(run.faults.map((f) => f.attempt)).toEqual([0, 1]);
+      expect(run.faultReports.filter((f) => f.hitMs !== undefined).length, context(o)).toBeGreaterThanOrEqual(1);
+    },
+    DRILL_TEST_MS,
+  );
 
-  it("logreg: rank 1 killed at its 5th step recovers to identical results", async () => {
-    const o = await drill({ ...cpr, kill: ["1@step:5"], seed: "3" }, LOGREG);
-    expect(o.exitCode, context(o)).toBe(0);
-    expect(o.report.runs[1]!.faultReports[0]!.hitMs).toBeDefined();
-  }, DRILL_TEST_MS);
+  it(
+    "logreg: rank 1 killed at its 5th step recovers to identical results",
+    async () => {
+      const o = await drill({ ...cpr, kill: ["1@step:5"], seed: "3" }, LOGREG);
+      expect(o.exitCode, context(o)).toBe(0);
+      expect(o.report.runs[1]!.faultReports[0]!.hitMs).toBeDefined();
+    },
+    DRILL_TEST_MS,
+  );
 
-  it("logreg: random:2 (seeded) recovers to identical results", async () => {
-    const o = await drill({ ...cpr, kill: ["random:2"], seed: "11" }, LOGREG);
-    expect(o.exitCode, context(o)).toBe(0);
-    expect(o.stderr).toMatch(/fault 1 \(rank \d @ (step|time):/);
-    // The line above is printed for a fault that did not fire too: at least one must have hit.
-    expect(o.report.runs[1]!.faultReports.filter((f) => f.hitMs !== undefined).length, context(o)).toBeGreaterThanOrEqual(1);
-  }, DRILL_TEST_MS);
+  it(
+    "logreg: random:2 (seeded) recovers to identical results",
+    async () => {
+      const o = await drill({ ...cpr, kill: ["random:2"], seed: "11" }, LOGREG);
+      expect(o.exitCode, context(o)).toBe(0);
+      expect(o.stderr).toMatch(/fault 1 \(rank \d @ (step|time):/);
+      // The line above is printed for a fault that did not fire too: at least one must have hit.
+      expect(o.report.runs[1]!.faultReports.filter((f) => f.hitMs !== undefined).length, context(o)).toBeGreaterThanOrEqual(1);
+    },
+    DRILL_TEST_MS,
+  );
 
-  it("a frozen rank (SIGSTOP) is caught by heartbeats and recovered", async () => {
-    const o = await drill({ ...cpr, heartbeat: "100ms", failureTimeout: "1s", kill: ["1@hang:step:100"], seed: "4" }, HEAT);
-    expect(o.exitCode, context(o)).toBe(0);
-    const [fault] = o.report.runs[1]!.faultReports;
-    expect(fault!.cause).toBe("heartbeat");
-    const detectionMs = fault!.detectedMs! - fault!.hitMs!;
-    // The detector's clock starts at the last beat heard, up to one heartbeat (100 ms) plus
-    // scheduling delay before the freeze: detection may read a little under the 1 s timeout.
-    expect(detectionMs).toBeGreaterThanOrEqual(700);
-    expect(detectionMs).toBeLessThan(3_000);
-  }, DRILL_TEST_MS);
+  it(
+    "a frozen rank (SIGSTOP) is caught by heartbeats and recovered",
+    async () => {
+      const o = await drill({ ...cpr, heartbeat: "100ms", failureTimeout: "1s", kill: ["1@hang:step:100"], seed: "4" }, HEAT);
+      expect(o.exitCode, context(o)).toBe(0);
+      const [fault] = o.report.runs[1]!.faultReports;
+      expect(fault!.cause).toBe("heartbeat");
+      const detectionMs = fault!.detectedMs! - fault!.hitMs!;
+      // The detector's clock starts at the last beat heard, up to one heartbeat (100 ms) plus
+      // scheduling delay before the freeze: detection may read a little under the 1 s timeout.
+      expect(detectionMs).toBeGreaterThanOrEqual(700);
+      expect(detectionMs).toBeLessThan(3_000);
+    },
+    DRILL_TEST_MS,
+  );
 });

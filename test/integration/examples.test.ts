@@ -47,15 +47,28 @@ async function runExample(np: number, example: string, args: readonly string[]):
   const n = runs++;
   const results = join(dir, `r${n}.json`);
   const argv = [
-    CLI, "run", "-n", String(np), "--mode", "none",
-    "--store", join(dir, `store${n}`), "--results", results,
-    join("examples", `${example}.ts`), ...args,
+    CLI,
+    "run",
+    "-n",
+    String(np),
+    "--mode",
+    "none",
+    "--store",
+    join(dir, `store${n}`),
+    "--results",
+    results,
+    join("examples", `${example}.ts`),
+    ...args,
   ];
   const child = spawn(process.execPath, argv, { cwd: ROOT, stdio: ["ignore", "pipe", "pipe"] });
   let stdout = "";
   let stderr = "";
-  child.stdout.setEncoding("utf8").on("data", (chunk: string) => { stdout += chunk; });
-  child.stderr.setEncoding("utf8").on("data", (chunk: string) => { stderr += chunk; });
+  child.stdout.setEncoding("utf8").on("data", (chunk: string) => {
+    stdout += chunk;
+  });
+  child.stderr.setEncoding("utf8").on("data", (chunk: string) => {
+    stderr += chunk;
+  });
   const timer = setTimeout(() => child.kill("SIGTERM"), RUN_TIMEOUT_MS);
   const [code, signal] = await new Promise<[number | null, NodeJS.Signals | null]>((resolve, reject) => {
     child.on("error", reject);
@@ -82,11 +95,41 @@ function expectDigests(run: RunOutcome, np: number): string[] {
 describe("examples under `lifeline run --mode none`", () => {
   const cases: { example: string; np: number; args: string[]; sameOnAllRanks: boolean; prints: RegExp }[] = [
     // A small plate converges well before the iteration limit: this also covers the tolerance stop.
-    { example: "heat", np: 4, args: ["--rows", "24", "--cols", "24", "--iters", "5000", "--tol", "1e-3"], sameOnAllRanks: false, prints: /heat: 24x24 grid on 4 ranks, [1-9]\d{0,2} iterations, residual (?:[1-9]\.\d+e-4|1\.000e-3)/ },
-    { example: "taskfarm", np: 4, args: ["--tasks", "24", "--steps", "1000", "--spin-ms", "3"], sameOnAllRanks: true, prints: /taskfarm: 24 tasks on 3 workers/ },
-    { example: "token-ring", np: 3, args: ["--laps", "30", "--len", "64", "--work", "100000"], sameOnAllRanks: false, prints: /token-ring: 30 laps on 3 ranks, 90 hops/ },
-    { example: "logreg", np: 2, args: ["--samples", "2048", "--steps", "60", "--batch", "64"], sameOnAllRanks: true, prints: /logreg: 2048 samples x 16 features on 2 ranks, 60 steps/ },
-    { example: "boosting", np: 2, args: ["--rows", "1000", "--trees", "2", "--depth", "3"], sameOnAllRanks: true, prints: /boosting: 2 trees \(depth 3, \d+ splits\) on 2 ranks/ },
+    {
+      example: "heat",
+      np: 4,
+      args: ["--rows", "24", "--cols", "24", "--iters", "5000", "--tol", "1e-3"],
+      sameOnAllRanks: false,
+      prints: /heat: 24x24 grid on 4 ranks, [1-9]\d{0,2} iterations, residual (?:[1-9]\.\d+e-4|1\.000e-3)/,
+    },
+    {
+      example: "taskfarm",
+      np: 4,
+      args: ["--tasks", "24", "--steps", "1000", "--spin-ms", "3"],
+      sameOnAllRanks: true,
+      prints: /taskfarm: 24 tasks on 3 workers/,
+    },
+    {
+      example: "token-ring",
+      np: 3,
+      args: ["--laps", "30", "--len", "64", "--work", "100000"],
+      sameOnAllRanks: false,
+      prints: /token-ring: 30 laps on 3 ranks, 90 hops/,
+    },
+    {
+      example: "logreg",
+      np: 2,
+      args: ["--samples", "2048", "--steps", "60", "--batch", "64"],
+      sameOnAllRanks: true,
+      prints: /logreg: 2048 samples x 16 features on 2 ranks, 60 steps/,
+    },
+    {
+      example: "boosting",
+      np: 2,
+      args: ["--rows", "1000", "--trees", "2", "--depth", "3"],
+      sameOnAllRanks: true,
+      prints: /boosting: 2 trees \(depth 3, \d+ splits\) on 2 ranks/,
+    },
   ];
 
   for (const { example, np, args, sameOnAllRanks, prints } of cases) {

@@ -26,7 +26,10 @@ describe("heartbeats from the watchdog thread", () => {
   it("detects a rank that freezes while it is still starting up (before it joined the job)", async () => {
     // Rank start-up (node + tsx + init) takes well over 150 ms, so the freeze hits before hello;
     // its watchdog has beaten already, so --failure-timeout applies, not the 30 s rendezvous.
-    const r = await runCli(["run", "-n", "2", "--mode", "none", "--heartbeat", "50", "--failure-timeout", "1000", "--inject", "1@hang:time:150", join(FIX, "busy.ts"), "60000"], { timeoutMs: 30_000 });
+    const r = await runCli(
+      ["run", "-n", "2", "--mode", "none", "--heartbeat", "50", "--failure-timeout", "1000", "--inject", "1@hang:time:150", join(FIX, "busy.ts"), "60000"],
+      { timeoutMs: 30_000 },
+    );
     expect(r.code).not.toBe(0);
     expect(r.stderr).toMatch(/rank 1/);
     expect(r.stderr).toMatch(/heartbeat|frozen|silent/i);
@@ -34,7 +37,10 @@ describe("heartbeats from the watchdog thread", () => {
   });
 
   it("detects a frozen rank within the failure timeout", async () => {
-    const r = await runCli(["run", "-n", "2", "--mode", "none", "--heartbeat", "100", "--failure-timeout", "1000", "--inject", "1@hang:time:300", join(FIX, "busy.ts"), "60000"], { timeoutMs: 30_000 });
+    const r = await runCli(
+      ["run", "-n", "2", "--mode", "none", "--heartbeat", "100", "--failure-timeout", "1000", "--inject", "1@hang:time:300", join(FIX, "busy.ts"), "60000"],
+      { timeoutMs: 30_000 },
+    );
     expect(r.code).not.toBe(0);
     expect(r.stderr).toMatch(/rank 1/);
     expect(r.stderr).toMatch(/heartbeat|frozen|silent/i);

@@ -56,16 +56,49 @@ afterEach(async () => {
  * Runs `lifeline run --json` on test host `host` (0-based) with the hostfile; `onEvent` sees
  * each event as it comes and may act on the cluster.
  */
-function runOnHost(host: number, name: string, flags: readonly string[], program: readonly string[], onEvent?: (ev: Record<string, unknown>) => void, hostfile = "hostfile", store = join(runs.path, `${name}.store`), timeoutMs = TIMEOUT_MS): Promise<WatchedRun> {
+function runOnHost(
+  host: number,
+  name: string,
+  flags: readonly string[],
+  program: readonly string[],
+  onEvent?: (ev: Record<string, unknown>) => void,
+  hostfile = "hostfile",
+  store = join(runs.path, `${name}.store`),
+  timeoutMs = TIMEOUT_MS,
+): Promise<WatchedRun> {
   const results = join(runs.path, `${name}.json`);
-  const argv = [process.execPath, CLI, "run", "--json", "--bind", cluster.hosts[host]!.address, "--hostfile", join(runs.path, hostfile), "--rsh", netnsRshAgent,
-    "--store", store, "--results", results, ...flags, ...program];
+  const argv = [
+    process.execPath,
+    CLI,
+    "run",
+    "--json",
+    "--bind",
+    cluster.hosts[host]!.address,
+    "--hostfile",
+    join(runs.path, hostfile),
+    "--rsh",
+    netnsRshAgent,
+    "--store",
+    store,
+    "--results",
+    results,
+    ...flags,
+    ...program,
+  ];
   const child = cluster.spawn(host, argv, { cwd: ROOT, env: { ...process.env, ...cluster.agentEnv }, stdio: ["ignore", "ignore", "pipe"] });
   return watchRun(child, results, timeoutMs - 5_000, onEvent);
 }
 
 async function reference(name: string, program: readonly string[]): Promise<unknown[]> {
-  const ref = await runLauncher({ np: 4, program: program[0]!, args: program.slice(1), flags: ["--mode", "none"], dir: runs.path, name, timeoutMs: TIMEOUT_MS });
+  const ref = await runLauncher({
+    np: 4,
+    program: program[0]!,
+    args: program.slice(1),
+    flags: ["--mode", "none"],
+    dir: runs.path,
+    name,
+    timeoutMs: TIMEOUT_MS,
+  });
   expect(ref.code, ref.stderr).toBe(0);
   return ref.doc!.ranks;
 }
@@ -106,149 +139,246 @@ async function pidsLeftOn(i: number): Promise<number[]> {
 }
 
 describe("a job across hosts", () => {
-  it("runs ranks on the hosts of the hostfile, over their own addresses; results equal a one-host run", async () => {
-    const ref = await reference("ref-logreg", LOGREG);
-    const r = await runOnHost(0, "plain", ["-n", "4", "--mode", "none"], LOGREG);
-    expect(r.code, context(r)).toBe(0);
-    expect(r.doc!.ranks).toEqual(ref);
-    expect(spawnedOn(r)).toEqual({ 0: "198.18.0.1", 1: "198.18.0.1", 2: "198.18.0.2", 3: "198.18.0.2" });
-    expect(r.events.find((e) => e.event === "job-starting")).toMatchObject({ coordinator: expect.stringMatching(/^tcp:\/\/198\.18\.0\.1:\d+$/) });
-  }, TIMEOUT_MS);
+  it(
+    "runs ranks on the hosts of the hostfile, over their own addresses; results equal a one-host run",
+    async () => {
+      const ref = await reference("ref-logreg", LOGREG);
+      const r = await runOnHost(0, "plain", ["-n", "4", "--mode", "none"], LOGREG);
+      expect(r.code, context(r)).toBe(0);
+      expect(r.doc!.ranks).toEqual(ref);
+      expect(spawnedOn(r)).toEqual({ 0: "198.18.0.1", 1: "198.18.0.1", 2: "198.18.0.2", 3: "198.18.0.2" });
+      expect(r.events.find((e) => e.event === "job-starting")).toMatchObject({ coordinator: expect.stringMatching(/^tcp:\/\/198\.18\.0\.1:\d+$/) });
+    },
+    TIMEOUT_MS,
+  );
 
-  it("retry-one: host 2 dies with its ranks and disk; they restart on the spare host alone, restored from the other host, bit-identical", async () => {
-    const ref = await reference("ref-logreg2", LOGREG);
-    // One replica each: on the plain ring rank 2's copy would sit on rank 3, on the same host,
-    // and die with it; replicas go to other hosts first, so ranks 0 and 1 hold them.
-    const r = await runOnHost(0, "retry", ["-n", "4", "--mode", "retry-one", "--replicas", "1", ...FAST], LOGREG, killAtStep(1, 2, 3));
-    expect(r.code, context(r)).toBe(0);
-    expect(r.doc!.ranks).toEqual(ref);
-    const restarted = r.events.filter((e) => e.event === "rank-spawned" && (e.attempt as number) > 0);
-    expect(restarted.map((e) => [e.rank, e.host]).sort()).toEqual([[2, "198.18.0.3"], [3, "198.18.0.3"]]);
-    expect(r.events.filter((e) => e.event === "rank-failed").every((e) => /sent no heartbeat/.test(e.reason as string))).toBe(true);
-    // Both restored a checkpoint (not the beginning) from the surviving host's replicas.
-    const caughtUp = r.events.filter((e) => e.event === "rank-caught-up");
-    expect(caughtUp.map((e) => e.rank).sort()).toEqual([2, 3]);
-    for (const e of caughtUp) expect(e.restored as number).toBeGreaterThan(0);
-  }, TIMEOUT_MS);
+  it(
+    "retry-one: host 2 dies with its ranks and disk; they restart on the spare host alone, restored from the other host, bit-identical",
+    async () => {
+      const ref = await reference("ref-logreg2", LOGREG);
+      // One replica each: on the plain ring rank 2's copy would sit on rank 3, on the same host,
+      // and die with it; replicas go to other hosts first, so ranks 0 and 1 hold them.
+      const r = await runOnHost(0, "retry", ["-n", "4", "--mode", "retry-one", "--replicas", "1", ...FAST], LOGREG, killAtStep(1, 2, 3));
+      expect(r.code, context(r)).toBe(0);
+      expect(r.doc!.ranks).toEqual(ref);
+      const restarted = r.events.filter((e) => e.event === "rank-spawned" && (e.attempt as number) > 0);
+      expect(restarted.map((e) => [e.rank, e.host]).sort()).toEqual([
+        [2, "198.18.0.3"],
+        [3, "198.18.0.3"],
+      ]);
+      expect(r.events.filter((e) => e.event === "rank-failed").every((e) => /sent no heartbeat/.test(e.reason as string))).toBe(true);
+      // Both restored a checkpoint (not the beginning) from the surviving host's replicas.
+      const caughtUp = r.events.filter((e) => e.event === "rank-caught-up");
+      expect(caughtUp.map((e) => e.rank).sort()).toEqual([2, 3]);
+      for (const e of caughtUp) expect(e.restored as number).toBeGreaterThan(0);
+    },
+    TIMEOUT_MS,
+  );
 
-  it("cpr: host 2 dies; every rank restarts from the last line, the lost ones on the spare host, bit-identical", async () => {
-    const ref = await reference("ref-heat", HEAT);
-    const kill = killAfterLines(1, 2);
-    const r = await runOnHost(0, "cpr", ["-n", "4", "--mode", "cpr", "--checkpoint-every", "100ms", ...FAST], HEAT, kill.onEvent);
-    expect(r.code, context(r)).toBe(0);
-    expect(kill.at()).toBeDefined();
-    expect(r.doc!.ranks).toEqual(ref);
-    expect(r.doc!.restarts).toBeGreaterThanOrEqual(1);
-    const rollback = (r.doc!.recovery!.rollbacks as { epoch: number }[])[0]!;
-    expect(rollback.epoch).toBeGreaterThan(0); // from a line, not from the beginning
-    expect(spawnedOn(r, 1)).toEqual({ 0: "198.18.0.1", 1: "198.18.0.1", 2: "198.18.0.3", 3: "198.18.0.3" });
-  }, TIMEOUT_MS);
+  it(
+    "cpr: host 2 dies; every rank restarts from the last line, the lost ones on the spare host, bit-identical",
+    async () => {
+      const ref = await reference("ref-heat", HEAT);
+      const kill = killAfterLines(1, 2);
+      const r = await runOnHost(0, "cpr", ["-n", "4", "--mode", "cpr", "--checkpoint-every", "100ms", ...FAST], HEAT, kill.onEvent);
+      expect(r.code, context(r)).toBe(0);
+      expect(kill.at()).toBeDefined();
+      expect(r.doc!.ranks).toEqual(ref);
+      expect(r.doc!.restarts).toBeGreaterThanOrEqual(1);
+      const rollback = (r.doc!.recovery!.rollbacks as { epoch: number }[])[0]!;
+      expect(rollback.epoch).toBeGreaterThan(0); // from a line, not from the beginning
+      expect(spawnedOn(r, 1)).toEqual({ 0: "198.18.0.1", 1: "198.18.0.1", 2: "198.18.0.3", 3: "198.18.0.3" });
+    },
+    TIMEOUT_MS,
+  );
 
-  it("the coordinator's host dies: every other rank ends itself within the failure timeout + 2 s; --resume on a survivor finishes, bit-identical", async () => {
-    const ref = await reference("ref-heat2", HEAT);
-    const kill = killAfterLines(0, 2);
-    const first = await runOnHost(0, "coordlost", ["-n", "4", "--mode", "cpr", "--checkpoint-every", "100ms", ...FAST], HEAT, kill.onEvent);
-    const killedAt = kill.at();
-    expect(killedAt, context(first)).toBeDefined();
-    // Ranks 2 and 3 on host 2 hear no lease any more: gone within the bound.
-    let goneMs: number | undefined;
-    while (performance.now() - killedAt! < 10_000) {
-      if ((await cluster.pids(1)).length === 0) {
-        goneMs = performance.now() - killedAt!;
-        break;
+  it(
+    "the coordinator's host dies: every other rank ends itself within the failure timeout + 2 s; --resume on a survivor finishes, bit-identical",
+    async () => {
+      const ref = await reference("ref-heat2", HEAT);
+      const kill = killAfterLines(0, 2);
+      const first = await runOnHost(0, "coordlost", ["-n", "4", "--mode", "cpr", "--checkpoint-every", "100ms", ...FAST], HEAT, kill.onEvent);
+      const killedAt = kill.at();
+      expect(killedAt, context(first)).toBeDefined();
+      // Ranks 2 and 3 on host 2 hear no lease any more: gone within the bound.
+      let goneMs: number | undefined;
+      while (performance.now() - killedAt! < 10_000) {
+        if ((await cluster.pids(1)).length === 0) {
+          goneMs = performance.now() - killedAt!;
+          break;
+        }
+        await new Promise((res) => setTimeout(res, 50));
       }
-      await new Promise((res) => setTimeout(res, 50));
-    }
-    expect(goneMs, "ranks on host 2 outlived their coordinator").toBeDefined();
-    expect(goneMs!).toBeLessThan(1_000 + 2_000);
-    // The same command on a surviving host, with the hosts that are left.
-    const resumed = await runOnHost(1, "coordlost", ["-n", "4", "--mode", "cpr", "--checkpoint-every", "100ms", "--resume", ...FAST], HEAT, undefined, "survivors");
-    expect(resumed.code, context(resumed)).toBe(0);
-    expect(resumed.doc!.ranks).toEqual(ref);
-    expect(resumed.events.find((e) => e.event === "job-resuming")).toMatchObject({ run: 2, previousState: "running" });
-    expect(resumed.doc).toMatchObject({ run: 2, recovery: { resumedFrom: expect.any(Number) } });
-  }, 2 * TIMEOUT_MS);
+      expect(goneMs, "ranks on host 2 outlived their coordinator").toBeDefined();
+      expect(goneMs!).toBeLessThan(1_000 + 2_000);
+      // The same command on a surviving host, with the hosts that are left.
+      const resumed = await runOnHost(
+        1,
+        "coordlost",
+        ["-n", "4", "--mode", "cpr", "--checkpoint-every", "100ms", "--resume", ...FAST],
+        HEAT,
+        undefined,
+        "survivors",
+      );
+      expect(resumed.code, context(resumed)).toBe(0);
+      expect(resumed.doc!.ranks).toEqual(ref);
+      expect(resumed.events.find((e) => e.event === "job-resuming")).toMatchObject({ run: 2, previousState: "running" });
+      expect(resumed.doc).toMatchObject({ run: 2, recovery: { resumedFrom: expect.any(Number) } });
+    },
+    2 * TIMEOUT_MS,
+  );
 
-  it("cpr, a store on each host's own disk: host 2 dies with its disk; its ranks restore from their partners' copies, bit-identical", async () => {
-    const ref = await reference("ref-heat3", HEAT);
-    const kill = killAfterLines(1, 2);
-    const r = await runOnHost(0, "local", ["-n", "4", "--mode", "cpr", "--checkpoint-every", "100ms", ...FAST], HEAT, kill.onEvent, "hostfile", join(cluster.diskPath, "local.store"));
-    expect(r.code, context(r)).toBe(0);
-    expect(kill.at()).toBeDefined();
-    expect(r.doc!.ranks).toEqual(ref);
-    const rollback = (r.doc!.recovery!.rollbacks as { epoch: number }[])[0]!;
-    expect(rollback.epoch).toBeGreaterThan(0); // from a line, not from the beginning
-    expect(spawnedOn(r, 1)).toEqual({ 0: "198.18.0.1", 1: "198.18.0.1", 2: "198.18.0.3", 3: "198.18.0.3" });
-    // Ranks 2 and 3 had their parts on host 2's disk only, and their copies on host 1 (ranks 0, 1).
-    const copies = r.events.filter((e) => e.event === "warning" && /restoring it from the partner copy/.test(e.message as string)).map((e) => e.message as string);
-    expect(copies.map((m) => /rank (\d+)'s part/.exec(m)![1]).sort()).toEqual(["2", "3"]);
-  }, TIMEOUT_MS);
+  it(
+    "cpr, a store on each host's own disk: host 2 dies with its disk; its ranks restore from their partners' copies, bit-identical",
+    async () => {
+      const ref = await reference("ref-heat3", HEAT);
+      const kill = killAfterLines(1, 2);
+      const r = await runOnHost(
+        0,
+        "local",
+        ["-n", "4", "--mode", "cpr", "--checkpoint-every", "100ms", ...FAST],
+        HEAT,
+        kill.onEvent,
+        "hostfile",
+        join(cluster.diskPath, "local.store"),
+      );
+      expect(r.code, context(r)).toBe(0);
+      expect(kill.at()).toBeDefined();
+      expect(r.doc!.ranks).toEqual(ref);
+      const rollback = (r.doc!.recovery!.rollbacks as { epoch: number }[])[0]!;
+      expect(rollback.epoch).toBeGreaterThan(0); // from a line, not from the beginning
+      expect(spawnedOn(r, 1)).toEqual({ 0: "198.18.0.1", 1: "198.18.0.1", 2: "198.18.0.3", 3: "198.18.0.3" });
+      // Ranks 2 and 3 had their parts on host 2's disk only, and their copies on host 1 (ranks 0, 1).
+      const copies = r.events
+        .filter((e) => e.event === "warning" && /restoring it from the partner copy/.test(e.message as string))
+        .map((e) => e.message as string);
+      expect(copies.map((m) => /rank (\d+)'s part/.exec(m)![1]).sort()).toEqual(["2", "3"]);
+    },
+    TIMEOUT_MS,
+  );
 
-  it("cpr, a store on each host's own disk: the coordinator's host dies with its manifest; --resume on a survivor finds the lines in the copies kept there", async () => {
-    const ref = await reference("ref-heat4", HEAT);
-    const kill = killAfterLines(0, 2);
-    const store = join(cluster.diskPath, "lost.store"); // the same path on every host, a disk of its own on each
-    const first = await runOnHost(0, "lost", ["-n", "4", "--mode", "cpr", "--checkpoint-every", "100ms", ...FAST], HEAT, kill.onEvent, "hostfile", store);
-    expect(kill.at(), context(first)).toBeDefined();
-    for (let i = 0; i < 100 && (await cluster.pids(1)).length > 0; i++) await new Promise((res) => setTimeout(res, 50));
-    const resumed = await runOnHost(1, "lost", ["-n", "4", "--mode", "cpr", "--checkpoint-every", "100ms", "--resume", ...FAST], HEAT, undefined, "survivors", store);
-    expect(resumed.code, context(resumed)).toBe(0);
-    expect(resumed.doc!.ranks).toEqual(ref);
-    expect(resumed.events.some((e) => e.event === "warning" && /took job .* commit record/.test(e.message as string))).toBe(true);
-    expect(resumed.doc).toMatchObject({ run: 2, recovery: { resumedFrom: expect.any(Number) } });
-    // Ranks 0 and 1 ran on the lost host: their parts come from their partner's copies on host
-    // 2; ranks 2 and 3 now run on host 3, and their parts come from their own stores on host 2.
-    const from = (what: string): number[] => resumed.events.filter((e) => e.event === "warning" && (e.message as string).includes(`restoring it from ${what}`))
-      .map((e) => Number(/rank (\d+)'s part/.exec(e.message as string)![1])).sort();
-    expect(from("the partner copy")).toEqual([0, 1]);
-    expect(from("its own part store")).toEqual([2, 3]);
-  }, 2 * TIMEOUT_MS);
+  it(
+    "cpr, a store on each host's own disk: the coordinator's host dies with its manifest; --resume on a survivor finds the lines in the copies kept there",
+    async () => {
+      const ref = await reference("ref-heat4", HEAT);
+      const kill = killAfterLines(0, 2);
+      const store = join(cluster.diskPath, "lost.store"); // the same path on every host, a disk of its own on each
+      const first = await runOnHost(0, "lost", ["-n", "4", "--mode", "cpr", "--checkpoint-every", "100ms", ...FAST], HEAT, kill.onEvent, "hostfile", store);
+      expect(kill.at(), context(first)).toBeDefined();
+      for (let i = 0; i < 100 && (await cluster.pids(1)).length > 0; i++) await new Promise((res) => setTimeout(res, 50));
+      const resumed = await runOnHost(
+        1,
+        "lost",
+        ["-n", "4", "--mode", "cpr", "--checkpoint-every", "100ms", "--resume", ...FAST],
+        HEAT,
+        undefined,
+        "survivors",
+        store,
+      );
+      expect(resumed.code, context(resumed)).toBe(0);
+      expect(resumed.doc!.ranks).toEqual(ref);
+      expect(resumed.events.some((e) => e.event === "warning" && /took job .* commit record/.test(e.message as string))).toBe(true);
+      expect(resumed.doc).toMatchObject({ run: 2, recovery: { resumedFrom: expect.any(Number) } });
+      // Ranks 0 and 1 ran on the lost host: their parts come from their partner's copies on host
+      // 2; ranks 2 and 3 now run on host 3, and their parts come from their own stores on host 2.
+      const from = (what: string): number[] =>
+        resumed.events
+          .filter((e) => e.event === "warning" && (e.message as string).includes(`restoring it from ${what}`))
+          .map((e) => Number(/rank (\d+)'s part/.exec(e.message as string)![1]))
+          .sort();
+      expect(from("the partner copy")).toEqual([0, 1]);
+      expect(from("its own part store")).toEqual([2, 3]);
+    },
+    2 * TIMEOUT_MS,
+  );
 
-  it("a partition longer than the failure timeout: the cut-off ranks restart on the spare host; the old ones end themselves", async () => {
-    const ref = await reference("ref-logreg3", LOGREG);
-    let cut = false;
-    const r = await runOnHost(0, "partition", ["-n", "4", "--mode", "retry-one", ...FAST], LOGREG, (ev) => {
-      if (cut || ev.event !== "rank-step" || ev.rank !== 2 || (ev.steps as number) < 3) return;
-      cut = true;
-      void cluster.partition(1, true).then(() => setTimeout(() => void cluster.partition(1, false), 2_500));
-    });
-    expect(r.code, context(r)).toBe(0);
-    expect(r.doc!.ranks).toEqual(ref);
-    expect(spawnedOn(r, 1)).toEqual({ 2: "198.18.0.3", 3: "198.18.0.3" });
-    // Healed, and nothing of the old incarnations is left on host 2.
-    expect(await pidsLeftOn(1)).toEqual([]);
-  }, TIMEOUT_MS);
+  it(
+    "a partition longer than the failure timeout: the cut-off ranks restart on the spare host; the old ones end themselves",
+    async () => {
+      const ref = await reference("ref-logreg3", LOGREG);
+      let cut = false;
+      const r = await runOnHost(0, "partition", ["-n", "4", "--mode", "retry-one", ...FAST], LOGREG, (ev) => {
+        if (cut || ev.event !== "rank-step" || ev.rank !== 2 || (ev.steps as number) < 3) return;
+        cut = true;
+        void cluster.partition(1, true).then(() => setTimeout(() => void cluster.partition(1, false), 2_500));
+      });
+      expect(r.code, context(r)).toBe(0);
+      expect(r.doc!.ranks).toEqual(ref);
+      expect(spawnedOn(r, 1)).toEqual({ 2: "198.18.0.3", 3: "198.18.0.3" });
+      // Healed, and nothing of the old incarnations is left on host 2.
+      expect(await pidsLeftOn(1)).toEqual([]);
+    },
+    TIMEOUT_MS,
+  );
 
-  it("cpr, stores on each host's disk: a partition longer than the failure timeout; every rank restarts, the cut-off ones on the spare host; the old ones end themselves", async () => {
-    const ref = await reference("ref-heat5", HEAT);
-    let cut = false;
-    const r = await runOnHost(0, "cprpart", ["-n", "4", "--mode", "cpr", "--checkpoint-every", "100ms", ...FAST], HEAT, (ev) => {
-      if (cut || ev.event !== "line-committed") return;
-      cut = true;
-      void cluster.partition(1, true).then(() => setTimeout(() => void cluster.partition(1, false), 2_500));
-    }, "hostfile", join(cluster.diskPath, "cprpart.store"));
-    expect(r.code, context(r)).toBe(0);
-    expect(r.doc!.ranks).toEqual(ref);
-    expect(spawnedOn(r, 1)).toEqual({ 0: "198.18.0.1", 1: "198.18.0.1", 2: "198.18.0.3", 3: "198.18.0.3" });
-    expect(await pidsLeftOn(1)).toEqual([]);
-  }, TIMEOUT_MS);
+  it(
+    "cpr, stores on each host's disk: a partition longer than the failure timeout; every rank restarts, the cut-off ones on the spare host; the old ones end themselves",
+    async () => {
+      const ref = await reference("ref-heat5", HEAT);
+      let cut = false;
+      const r = await runOnHost(
+        0,
+        "cprpart",
+        ["-n", "4", "--mode", "cpr", "--checkpoint-every", "100ms", ...FAST],
+        HEAT,
+        (ev) => {
+          if (cut || ev.event !== "line-committed") return;
+          cut = true;
+          void cluster.partition(1, true).then(() => setTimeout(() => void cluster.partition(1, false), 2_500));
+        },
+        "hostfile",
+        join(cluster.diskPath, "cprpart.store"),
+      );
+      expect(r.code, context(r)).toBe(0);
+      expect(r.doc!.ranks).toEqual(ref);
+      expect(spawnedOn(r, 1)).toEqual({ 0: "198.18.0.1", 1: "198.18.0.1", 2: "198.18.0.3", 3: "198.18.0.3" });
+      expect(await pidsLeftOn(1)).toEqual([]);
+    },
+    TIMEOUT_MS,
+  );
 
-  it("retry-one: 20% packet loss on one host's link: correct results", async () => {
-    const program = ["examples/logreg.ts", "--steps", "10"];
-    const ref = await reference("ref-logreg5", program);
-    await cluster.loss(1, 20);
-    const r = await runOnHost(0, "loss1", ["-n", "4", "--mode", "retry-one"], program, undefined, "hostfile", join(runs.path, "loss1.store"), LOSS_TIMEOUT_MS);
-    expect(r.code, context(r)).toBe(0);
-    expect(r.doc!.ranks).toEqual(ref);
-  }, LOSS_TIMEOUT_MS + 30_000);
+  it(
+    "retry-one: 20% packet loss on one host's link: correct results",
+    async () => {
+      const program = ["examples/logreg.ts", "--steps", "10"];
+      const ref = await reference("ref-logreg5", program);
+      await cluster.loss(1, 20);
+      const r = await runOnHost(
+        0,
+        "loss1",
+        ["-n", "4", "--mode", "retry-one"],
+        program,
+        undefined,
+        "hostfile",
+        join(runs.path, "loss1.store"),
+        LOSS_TIMEOUT_MS,
+      );
+      expect(r.code, context(r)).toBe(0);
+      expect(r.doc!.ranks).toEqual(ref);
+    },
+    LOSS_TIMEOUT_MS + 30_000,
+  );
 
-  it("cpr: 20% packet loss on one host's link: correct results", async () => {
-    // TCP retransmits what is lost, at the price of retransmission timeouts: a short job.
-    const program = ["examples/logreg.ts", "--steps", "10"];
-    const ref = await reference("ref-logreg4", program);
-    await cluster.loss(1, 20);
-    const r = await runOnHost(0, "loss", ["-n", "4", "--mode", "cpr", "--checkpoint-every", "3steps"], program, undefined, "hostfile", join(runs.path, "loss.store"), LOSS_TIMEOUT_MS);
-    expect(r.code, context(r)).toBe(0);
-    expect(r.doc!.ranks).toEqual(ref);
-  }, LOSS_TIMEOUT_MS + 30_000);
+  it(
+    "cpr: 20% packet loss on one host's link: correct results",
+    async () => {
+      // TCP retransmits what is lost, at the price of retransmission timeouts: a short job.
+      const program = ["examples/logreg.ts", "--steps", "10"];
+      const ref = await reference("ref-logreg4", program);
+      await cluster.loss(1, 20);
+      const r = await runOnHost(
+        0,
+        "loss",
+        ["-n", "4", "--mode", "cpr", "--checkpoint-every", "3steps"],
+        program,
+        undefined,
+        "hostfile",
+        join(runs.path, "loss.store"),
+        LOSS_TIMEOUT_MS,
+      );
+      expect(r.code, context(r)).toBe(0);
+      expect(r.doc!.ranks).toEqual(ref);
+    },
+    LOSS_TIMEOUT_MS + 30_000,
+  );
 });

@@ -60,7 +60,11 @@ describe("stopping the launcher", () => {
     expect(cli.events.all.filter((e) => e.event === "rank-failed")).toEqual([]);
     // Graceful: SIGTERM ended them, no SIGKILL was needed.
     const exits = cli.events.all.filter((e) => e.event === "rank-exited");
-    expect(exits.map((e) => [e.signal, e.killedByLauncher])).toEqual([["SIGTERM", true], ["SIGTERM", true], ["SIGTERM", true]]);
+    expect(exits.map((e) => [e.signal, e.killedByLauncher])).toEqual([
+      ["SIGTERM", true],
+      ["SIGTERM", true],
+      ["SIGTERM", true],
+    ]);
   });
 
   it("SIGKILL of the launcher takes every rank with it", async () => {

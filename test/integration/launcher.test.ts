@@ -57,15 +57,25 @@ describe("a clean job", () => {
     // allreduce(rank + i) over 4 ranks for i = 0..2: (6) + (10) + (14) = 30.
     expect(doc).toMatchObject({ restarts: 0, mode: "none", size: 4, exitCode: 0 });
     expect(typeof doc.wallMs).toBe("number");
-    expect(doc.ranks).toEqual([0, 1, 2, 3].map((rank) => ({
-      rank, size: 4, sum: 30, big: String(2n ** 62n + BigInt(rank)), v: [rank, 0.5],
-    })));
+    expect(doc.ranks).toEqual(
+      [0, 1, 2, 3].map((rank) => ({
+        rank,
+        size: 4,
+        sum: 30,
+        big: String(2n ** 62n + BigInt(rank)),
+        v: [rank, 0.5],
+      })),
+    );
     for (let rank = 0; rank < 4; rank++) expect(r.stdout).toContain(`[${rank}] rank ${rank} of 4: sum 30\n`);
     const events = cli.events.all;
     expect(ofKind(events, "rank-spawned")).toHaveLength(4);
     expect(ofKind(events, "rank-up")).toHaveLength(4);
     expect(ofKind(events, "job-started")).toHaveLength(1);
-    expect(ofKind(events, "rank-finalized").map((e) => e.rank).sort()).toEqual([0, 1, 2, 3]);
+    expect(
+      ofKind(events, "rank-finalized")
+        .map((e) => e.rank)
+        .sort(),
+    ).toEqual([0, 1, 2, 3]);
     expect(ofKind(events, "output").map((e) => e.line)).toContain("rank 2 says goodbye on stderr");
     expect(ofKind(events, "job-finished")).toEqual([expect.objectContaining({ ok: true, exitCode: 0, finalized: 4, size: 4 })]);
     // Under --json every stderr line is an event.
@@ -80,7 +90,7 @@ describe("a clean job", () => {
     expect(r.code, r.stderr).toBe(0);
     expect(r.stdout).toContain("[0] js rank 0: total 3\n");
     expect(r.stdout).toContain("[1] js rank 1: total 3\n");
-    // eslint-disable-next-line no-control-regex
+
     expect(r.stderr).not.toMatch(/[\x00-\x09\x0b-\x1f]/);
     expect(r.stderr).toMatch(/^lifeline: job ok-[0-9a-f]{8}: starting 2 ranks of .*ok\.js \(mode none\)$/m);
     expect(r.stderr).toMatch(/^lifeline: all 2 ranks up after \d+\.\d+s$/m);

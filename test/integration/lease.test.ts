@@ -38,16 +38,25 @@ function startRank(rank: number, size: number, coordinator: string, how: string)
   const env: NodeJS.ProcessEnv = {};
   for (const [k, v] of Object.entries(process.env)) if (!k.startsWith("LIFELINE_")) env[k] = v;
   Object.assign(env, {
-    LIFELINE_RANK: String(rank), LIFELINE_SIZE: String(size), LIFELINE_COORDINATOR: coordinator, LIFELINE_MODE: "none",
-    LIFELINE_TRANSPORT: "tcp", LIFELINE_HEARTBEAT_MS: "100", LIFELINE_FAILURE_TIMEOUT_MS: String(FAILURE_TIMEOUT_MS),
+    LIFELINE_RANK: String(rank),
+    LIFELINE_SIZE: String(size),
+    LIFELINE_COORDINATOR: coordinator,
+    LIFELINE_MODE: "none",
+    LIFELINE_TRANSPORT: "tcp",
+    LIFELINE_HEARTBEAT_MS: "100",
+    LIFELINE_FAILURE_TIMEOUT_MS: String(FAILURE_TIMEOUT_MS),
   });
   const child = spawn(command, args, { cwd: ROOT, env, stdio: ["ignore", "ignore", "pipe"] });
   let err = "";
-  child.stderr!.setEncoding("utf8").on("data", (c: string) => { err += c; });
+  child.stderr.setEncoding("utf8").on("data", (c: string) => {
+    err += c;
+  });
   const exited = new Promise<{ code: number | null; signal: string | null; atMs: number }>((resolve) => {
     child.on("exit", (code, signal) => resolve({ code, signal, atMs: performance.now() }));
   });
-  cleanups.push(() => { if (child.exitCode === null && child.signalCode === null) child.kill("SIGKILL"); });
+  cleanups.push(() => {
+    if (child.exitCode === null && child.signalCode === null) child.kill("SIGKILL");
+  });
   return { child, stderr: () => err, exited };
 }
 

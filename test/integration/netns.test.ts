@@ -25,8 +25,16 @@ afterAll(async () => {
   await cluster?.destroy();
 });
 
-const SERVE = (address: string, port: number): string[] => ["node", "-e", `require("net").createServer((s) => s.end("hello from ${address}")).listen(${port}, "${address}", () => console.log("listening"))`];
-const FETCH = (address: string, port: number): string[] => ["node", "-e", `const s = require("net").connect(${port}, "${address}"); let d = ""; s.on("data", (c) => d += c); s.on("end", () => console.log(d)); s.on("error", (e) => { console.log("error " + e.code); }); setTimeout(() => { console.log("timeout"); process.exit(0); }, 1500).unref();`];
+const SERVE = (address: string, port: number): string[] => [
+  "node",
+  "-e",
+  `require("net").createServer((s) => s.end("hello from ${address}")).listen(${port}, "${address}", () => console.log("listening"))`,
+];
+const FETCH = (address: string, port: number): string[] => [
+  "node",
+  "-e",
+  `const s = require("net").connect(${port}, "${address}"); let d = ""; s.on("data", (c) => d += c); s.on("end", () => console.log(d)); s.on("error", (e) => { console.log("error " + e.code); }); setTimeout(() => { console.log("timeout"); process.exit(0); }, 1500).unref();`,
+];
 
 async function serve(host: number, port: number): Promise<void> {
   const child = cluster.spawn(host, SERVE(cluster.hosts[host]!.address, port), { stdio: ["ignore", "pipe", "ignore"] });
@@ -52,9 +60,14 @@ describe("test hosts in network namespaces", () => {
 
   it("the rsh agent runs a command on a host as ssh would (stdio, exit status)", async () => {
     const r = await new Promise<{ code: number | null; out: string }>((resolve) => {
-      const child = spawn(netnsRshAgent, ["198.18.0.3", "ip -4 -o addr show dev eth0; exit 7"], { env: { ...process.env, ...cluster.agentEnv }, stdio: ["ignore", "pipe", "pipe"] });
+      const child = spawn(netnsRshAgent, ["198.18.0.3", "ip -4 -o addr show dev eth0; exit 7"], {
+        env: { ...process.env, ...cluster.agentEnv },
+        stdio: ["ignore", "pipe", "pipe"],
+      });
       let out = "";
-      child.stdout!.setEncoding("utf8").on("data", (c: string) => { out += c; });
+      child.stdout.setEncoding("utf8").on("data", (c: string) => {
+        out += c;
+      });
       child.on("exit", (code) => resolve({ code, out }));
     });
     expect(r.code).toBe(7);

@@ -48,8 +48,16 @@ async function runAndKill(name: string, lines: number, extra: readonly string[] 
   const pids: number[] = [];
   let killed = false;
   const outcome = await runLauncher({
-    np: NP, program: HEAT, args: ARGS, flags: [...CPR, ...extra], dir: runs.path, name, timeoutMs: TIMEOUT_MS,
-    onSpawn: (pid) => { launcher = pid; },
+    np: NP,
+    program: HEAT,
+    args: ARGS,
+    flags: [...CPR, ...extra],
+    dir: runs.path,
+    name,
+    timeoutMs: TIMEOUT_MS,
+    onSpawn: (pid) => {
+      launcher = pid;
+    },
     onEvent: (ev) => {
       if (ev.event === "rank-spawned") pids.push(ev.pid as number);
       if (ev.event !== "line-committed" || killed) return;
@@ -86,85 +94,132 @@ async function allGone(pids: readonly number[], ms = 5_000): Promise<number[]> {
 /** Runs the job in store `name` to its end, collecting the events a test checks. */
 async function runToEnd(name: string, extra: readonly string[] = [], args: readonly string[] = ARGS, np = NP) {
   const events: Record<string, unknown>[] = [];
-  const outcome = await runLauncher({ np, program: HEAT, args, flags: [...CPR, ...extra], dir: runs.path, name, timeoutMs: TIMEOUT_MS, onEvent: (ev) => events.push(ev) });
+  const outcome = await runLauncher({
+    np,
+    program: HEAT,
+    args,
+    flags: [...CPR, ...extra],
+    dir: runs.path,
+    name,
+    timeoutMs: TIMEOUT_MS,
+    onEvent: (ev) => events.push(ev),
+  });
   const maxSteps = Math.max(0, ...events.filter((e) => e.event === "rank-step").map((e) => e.steps as number));
   return { outcome, events, resuming: events.find((e) => e.event === "job-resuming"), maxSteps };
 }
 
 describe("resuming a cpr job whose launcher died", () => {
-  it("SIGKILL after two lines: no rank is left, --resume continues from the newest line, bit-identical; and again after a second kill", async () => {
-    const first = await runAndKill("twice", 2);
-    expect(await allGone(first.pids), "rank processes outlived their launcher").toEqual([]);
+  it(
+    "SIGKILL after two lines: no rank is left, --resume continues from the newest line, bit-identical; and again after a second kill",
+    async () => {
+      const first = await runAndKill("twice", 2);
+      expect(await allGone(first.pids), "rank processes outlived their launcher").toEqual([]);
 
-    // The second run: resumed from the newest line the first one committed, then killed too
-    // once it has committed a line of its own.
-    const newest = Math.max(...first.lines);
-    const second = await runAndKill("twice", 1, ["--resume"], newest);
-    expect(await allGone(second.pids)).toEqual([]);
-    expect(second.outcome.stderr).toContain(`"event":"job-resuming"`);
-    expect(second.outcome.stderr).toMatch(new RegExp(`"event":"job-resuming","job":"heat-[0-9a-f]{8}","run":2,"epoch":${newest},`));
-    expect(Math.max(...second.lines)).toBeGreaterThan(newest); // the resumed run commits lines of its own
+      // The second run: resumed from the newest line the first one committed, then killed too
+      // once it has committed a line of its own.
+      const newest = Math.max(...first.lines);
+      const second = await runAndKill("twice", 1, ["--resume"], newest);
+      expect(await allGone(second.pids)).toEqual([]);
+      expect(second.outcome.stderr).toContain(`"event":"job-resuming"`);
+      expect(second.outcome.stderr).toMatch(new RegExp(`"event":"job-resuming","job":"heat-[0-9a-f]{8}","run":2,"epoch":${newest},`));
+      expect(Math.max(...second.lines)).toBeGreaterThan(newest); // the resumed run commits lines of its own
 
-    // The third run (no flag: a requeue runs the same command) resumes from the second's newest line.
-    const third = await runToEnd("twice");
-    expect(third.outcome.code, context(third.outcome)).toBe(0);
-    expect(third.resuming).toMatchObject({ run: 3, epoch: Math.max(...second.lines), lineRun: 2, previousState: "running" });
-    expect(third.outcome.doc!.ranks).toEqual(reference);
-    expect(third.outcome.doc).toMatchObject({ run: 3, restarts: 0, recovery: { resumedFrom: Math.max(...second.lines) } });
-    // It really started from the line: its ranks did only the iterations after it.
-    expect(third.maxSteps).toBeGreaterThan(0);
-    expect(third.maxSteps).toBeLessThan(ITERS);
-  }, 4 * TIMEOUT_MS);
+      // The third run (no flag: a requeue runs the same command) resumes from the second's newest line.
+      const third = await runToEnd("twice");
+      expect(third.outcome.code, context(third.outcome)).toBe(0);
+      expect(third.resuming).toMatchObject({ run: 3, epoch: Math.max(...second.lines), lineRun: 2, previousState: "running" });
+      expect(third.outcome.doc!.ranks).toEqual(reference);
+      expect(third.outcome.doc).toMatchObject({ run: 3, restarts: 0, recovery: { resumedFrom: Math.max(...second.lines) } });
+      // It really started from the line: its ranks did only the iterations after it.
+      expect(third.maxSteps).toBeGreaterThan(0);
+      expect(third.maxSteps).toBeLessThan(ITERS);
+    },
+    4 * TIMEOUT_MS,
+  );
 
-  it("a job that finished is not resumed: the same command runs it again from the beginning; --resume says there is nothing to resume", async () => {
-    const done = await runToEnd("finished");
-    expect(done.outcome.code, context(done.outcome)).toBe(0);
-    expect(done.outcome.doc!.recovery!.linesCommitted.length).toBeGreaterThan(0);
-    const again = await runToEnd("finished");
-    expect(again.outcome.code, context(again.outcome)).toBe(0);
-    expect(again.resuming).toBeUndefined();
-    expect(again.outcome.stderr).toMatch(/discarding the \d+ recovery line\(s\) in .*: they belong to run 1 of this job, which finished at/);
-    expect(again.outcome.doc!.ranks).toEqual(reference);
-    expect(again.maxSteps).toBe(ITERS);
-    const insist = await runToEnd("finished", ["--resume"]);
-    expect(insist.outcome.code).toBe(2);
-    expect(insist.outcome.stderr).toMatch(/--resume: the job in the store .* finished at .*; there is nothing to resume/);
-    expect(insist.events.filter((e) => e.event === "rank-spawned")).toEqual([]);
-  }, 4 * TIMEOUT_MS);
+  it(
+    "a job that finished is not resumed: the same command runs it again from the beginning; --resume says there is nothing to resume",
+    async () => {
+      const done = await runToEnd("finished");
+      expect(done.outcome.code, context(done.outcome)).toBe(0);
+      expect(done.outcome.doc!.recovery!.linesCommitted.length).toBeGreaterThan(0);
+      const again = await runToEnd("finished");
+      expect(again.outcome.code, context(again.outcome)).toBe(0);
+      expect(again.resuming).toBeUndefined();
+      expect(again.outcome.stderr).toMatch(/discarding the \d+ recovery line\(s\) in .*: they belong to run 1 of this job, which finished at/);
+      expect(again.outcome.doc!.ranks).toEqual(reference);
+      expect(again.maxSteps).toBe(ITERS);
+      const insist = await runToEnd("finished", ["--resume"]);
+      expect(insist.outcome.code).toBe(2);
+      expect(insist.outcome.stderr).toMatch(/--resume: the job in the store .* finished at .*; there is nothing to resume/);
+      expect(insist.events.filter((e) => e.event === "rank-spawned")).toEqual([]);
+    },
+    4 * TIMEOUT_MS,
+  );
 
-  it("a store holding another job's lines is refused (other arguments, another -n) without --fresh; --fresh starts over", async () => {
-    await runAndKill("other", 1);
-    const otherArgs = await runToEnd("other", [], ARGS.map((a) => (a === String(ITERS) ? String(ITERS - 1) : a)));
-    expect(otherArgs.outcome.code).toBe(2);
-    const message = otherArgs.outcome.stderr;
-    expect(message).toMatch(/error: the store .*other\.store holds 1 recovery line \(newest: line \d+, .*, committed .*\) of job heat-[0-9a-f]{8} \(run 1, ended without finishing/);
-    expect(message).toContain(`heat.ts --rows 96 --cols 96 --iters ${ITERS} --tol 0 on ${NP} ranks`);
-    expect(message).toContain("(other arguments)");
-    expect(message).toContain("add --fresh");
-    expect(otherArgs.events.filter((e) => e.event === "rank-spawned")).toEqual([]);
+  it(
+    "a store holding another job's lines is refused (other arguments, another -n) without --fresh; --fresh starts over",
+    async () => {
+      await runAndKill("other", 1);
+      const otherArgs = await runToEnd(
+        "other",
+        [],
+        ARGS.map((a) => (a === String(ITERS) ? String(ITERS - 1) : a)),
+      );
+      expect(otherArgs.outcome.code).toBe(2);
+      const message = otherArgs.outcome.stderr;
+      expect(message).toMatch(
+        /error: the store .*other\.store holds 1 recovery line \(newest: line \d+, .*, committed .*\) of job heat-[0-9a-f]{8} \(run 1, ended without finishing/,
+      );
+      expect(message).toContain(`heat.ts --rows 96 --cols 96 --iters ${ITERS} --tol 0 on ${NP} ranks`);
+      expect(message).toContain("(other arguments)");
+      expect(message).toContain("add --fresh");
+      expect(otherArgs.events.filter((e) => e.event === "rank-spawned")).toEqual([]);
 
-    const otherSize = await runToEnd("other", [], ARGS, NP - 1);
-    expect(otherSize.outcome.code).toBe(2);
-    expect(otherSize.outcome.stderr).toContain(`(-n ${NP - 1}, not ${NP})`);
+      const otherSize = await runToEnd("other", [], ARGS, NP - 1);
+      expect(otherSize.outcome.code).toBe(2);
+      expect(otherSize.outcome.stderr).toContain(`(-n ${NP - 1}, not ${NP})`);
 
-    const fresh = await runToEnd("other", ["--fresh"]);
-    expect(fresh.outcome.code, context(fresh.outcome)).toBe(0);
-    expect(fresh.resuming).toBeUndefined();
-    expect(fresh.outcome.stderr).toMatch(/discarding the 1 recovery line\(s\) in .*: --fresh/);
-    expect(fresh.outcome.doc!.ranks).toEqual(reference);
-    expect(fresh.outcome.doc).toMatchObject({ run: 1 });
-    expect(fresh.maxSteps).toBe(ITERS);
-  }, 5 * TIMEOUT_MS);
+      const fresh = await runToEnd("other", ["--fresh"]);
+      expect(fresh.outcome.code, context(fresh.outcome)).toBe(0);
+      expect(fresh.resuming).toBeUndefined();
+      expect(fresh.outcome.stderr).toMatch(/discarding the 1 recovery line\(s\) in .*: --fresh/);
+      expect(fresh.outcome.doc!.ranks).toEqual(reference);
+      expect(fresh.outcome.doc).toMatchObject({ run: 1 });
+      expect(fresh.maxSteps).toBe(ITERS);
+    },
+    5 * TIMEOUT_MS,
+  );
 
-  it("--resume with an empty store is refused; --resume and --fresh are usage errors outside cpr", async () => {
-    const empty = await runToEnd("empty", ["--resume"]);
-    expect(empty.outcome.code).toBe(2);
-    expect(empty.outcome.stderr).toMatch(/--resume: the store .* holds no recovery line, so there is nothing to resume/);
-    const none = await runLauncher({ np: 2, program: HEAT, args: ARGS, flags: ["--mode", "none", "--resume"], dir: runs.path, name: "none", timeoutMs: TIMEOUT_MS });
-    expect(none.code).toBe(2);
-    expect(none.stderr).toContain("--resume needs recovery lines, and --mode none keeps none");
-    const retry = await runLauncher({ np: 2, program: HEAT, args: ARGS, flags: ["--mode", "retry-one", "--fresh"], dir: runs.path, name: "retry", timeoutMs: TIMEOUT_MS });
-    expect(retry.code).toBe(2);
-    expect(retry.stderr).toContain("--fresh: --mode retry-one keeps its checkpoints in the ranks' memory");
-  }, 3 * TIMEOUT_MS);
+  it(
+    "--resume with an empty store is refused; --resume and --fresh are usage errors outside cpr",
+    async () => {
+      const empty = await runToEnd("empty", ["--resume"]);
+      expect(empty.outcome.code).toBe(2);
+      expect(empty.outcome.stderr).toMatch(/--resume: the store .* holds no recovery line, so there is nothing to resume/);
+      const none = await runLauncher({
+        np: 2,
+        program: HEAT,
+        args: ARGS,
+        flags: ["--mode", "none", "--resume"],
+        dir: runs.path,
+        name: "none",
+        timeoutMs: TIMEOUT_MS,
+      });
+      expect(none.code).toBe(2);
+      expect(none.stderr).toContain("--resume needs recovery lines, and --mode none keeps none");
+      const retry = await runLauncher({
+        np: 2,
+        program: HEAT,
+        args: ARGS,
+        flags: ["--mode", "retry-one", "--fresh"],
+        dir: runs.path,
+        name: "retry",
+        timeoutMs: TIMEOUT_MS,
+      });
+      expect(retry.code).toBe(2);
+      expect(retry.stderr).toContain("--fresh: --mode retry-one keeps its checkpoints in the ranks' memory");
+    },
+    3 * TIMEOUT_MS,
+  );
 });

@@ -44,17 +44,44 @@ let slurm: SlurmTestCluster | undefined;
  * Runs `salloc ALLOCATION lifeline run --json --launcher slurm --bind eth0 …` on node1;
  * `onEvent` sees each event as it comes and may act on the cluster.
  */
-function runInAllocation(name: string, flags: readonly string[], program: readonly string[], onEvent?: (ev: Record<string, unknown>) => void, store = join(runs.path, `${name}.store`)): Promise<WatchedRun> {
+function runInAllocation(
+  name: string,
+  flags: readonly string[],
+  program: readonly string[],
+  onEvent?: (ev: Record<string, unknown>) => void,
+  store = join(runs.path, `${name}.store`),
+): Promise<WatchedRun> {
   const results = join(runs.path, `${name}.json`);
-  const argv = ["salloc", ...ALLOCATION, process.execPath, CLI, "run", "--json", "--launcher", "slurm", "--bind", "eth0",
-    "--store", store, "--results", results, ...flags, ...program];
+  const argv = [
+    "salloc",
+    ...ALLOCATION,
+    process.execPath,
+    CLI,
+    "run",
+    "--json",
+    "--launcher",
+    "slurm",
+    "--bind",
+    "eth0",
+    "--store",
+    store,
+    "--results",
+    results,
+    ...flags,
+    ...program,
+  ];
   const child = slurm!.spawn(0, argv, { cwd: ROOT, stdio: ["ignore", "ignore", "pipe"] });
   return watchRun(child, results, TIMEOUT_MS - 10_000, onEvent);
 }
 
 /** Each rank's step as `squeue -s` lists it: rank → node. */
 const stepNodes = (steps: readonly SlurmStep[]): Record<number, string> =>
-  Object.fromEntries(steps.flatMap((s) => { const m = /^lifeline-rank-(\d+)$/.exec(s.name); return m === null ? [] : [[Number(m[1]), s.node]]; }));
+  Object.fromEntries(
+    steps.flatMap((s) => {
+      const m = /^lifeline-rank-(\d+)$/.exec(s.name);
+      return m === null ? [] : [[Number(m[1]), s.node]];
+    }),
+  );
 
 /** Polls `squeue -s` until `done` holds for the steps (true), or `ms` pass (false). */
 async function stepsUntil(done: (steps: SlurmStep[]) => boolean, ms: number): Promise<boolean> {
@@ -67,7 +94,15 @@ async function stepsUntil(done: (steps: SlurmStep[]) => boolean, ms: number): Pr
 }
 
 async function reference(name: string, program: readonly string[]): Promise<unknown[]> {
-  const ref = await runLauncher({ np: 4, program: program[0]!, args: program.slice(1), flags: ["--mode", "none"], dir: runs.path, name, timeoutMs: TIMEOUT_MS });
+  const ref = await runLauncher({
+    np: 4,
+    program: program[0]!,
+    args: program.slice(1),
+    flags: ["--mode", "none"],
+    dir: runs.path,
+    name,
+    timeoutMs: TIMEOUT_MS,
+  });
   expect(ref.code, ref.stderr).toBe(0);
   return ref.doc!.ranks;
 }
@@ -100,92 +135,123 @@ describe("a job as Slurm job steps", () => {
     expect(existsSync(s.dir)).toBe(false);
   });
 
-  it("retry-one: ranks run as steps on the allocation's nodes; node2 dies, its ranks come back alone as new steps on node3, bit-identical", async () => {
-    const ref = await reference("ref-logreg", LOGREG);
-    let before: Promise<SlurmStep[]> | undefined;
-    let after: Promise<SlurmStep[]> | undefined;
-    let caughtUp = 0;
-    // One replica each, placed on the other node first: ranks 0 and 1 hold 2's and 3's.
-    const r = await runInAllocation("retry", ["-n", "4", "--mode", "retry-one", "--replicas", "1", ...FAST], LOGREG, (ev) => {
-      if (before === undefined && ev.event === "rank-step" && ev.rank === 2 && (ev.steps as number) >= 3) {
-        before = slurm!.steps();
-        void before.then(() => slurm!.cluster.killHost(1));
-      }
-      if (ev.event === "rank-caught-up" && ++caughtUp === 2) after = slurm!.steps();
-    });
-    expect(r.code, context(r)).toBe(0);
-    expect(r.doc!.ranks).toEqual(ref);
-    expect(spawnedOn(r, 0)).toEqual({ 0: "node1", 1: "node1", 2: "node2", 3: "node2" });
-    expect(spawnedOn(r, 1)).toEqual({ 2: "node3", 3: "node3" });
-    expect(r.events.filter((e) => e.event === "rank-failed").every((e) => /sent no heartbeat/.test(e.reason as string))).toBe(true);
-    // Each rank was a step of its own, and the replacements are new steps on the spare node.
-    const stepsBefore = await before!;
-    expect(stepNodes(stepsBefore)).toEqual({ 0: "node1", 1: "node1", 2: "node2", 3: "node2" });
-    const stepsAfter = (await after!).filter((s) => /^lifeline-rank-[23]$/.test(s.name) && s.node === "node3");
-    expect(stepsAfter.length).toBe(2);
-    for (const s of stepsAfter) expect(stepsBefore.map((b) => b.step)).not.toContain(s.step);
-    // Both restored a checkpoint (not the beginning) from the surviving node's replicas.
-    const restored = r.events.filter((e) => e.event === "rank-caught-up");
-    expect(restored.map((e) => e.rank).sort()).toEqual([2, 3]);
-    for (const e of restored) expect(e.restored as number).toBeGreaterThan(0);
-  }, TIMEOUT_MS);
+  it(
+    "retry-one: ranks run as steps on the allocation's nodes; node2 dies, its ranks come back alone as new steps on node3, bit-identical",
+    async () => {
+      const ref = await reference("ref-logreg", LOGREG);
+      let before: Promise<SlurmStep[]> | undefined;
+      let after: Promise<SlurmStep[]> | undefined;
+      let caughtUp = 0;
+      // One replica each, placed on the other node first: ranks 0 and 1 hold 2's and 3's.
+      const r = await runInAllocation("retry", ["-n", "4", "--mode", "retry-one", "--replicas", "1", ...FAST], LOGREG, (ev) => {
+        if (before === undefined && ev.event === "rank-step" && ev.rank === 2 && (ev.steps as number) >= 3) {
+          before = slurm!.steps();
+          void before.then(() => slurm!.cluster.killHost(1));
+        }
+        if (ev.event === "rank-caught-up" && ++caughtUp === 2) after = slurm!.steps();
+      });
+      expect(r.code, context(r)).toBe(0);
+      expect(r.doc!.ranks).toEqual(ref);
+      expect(spawnedOn(r, 0)).toEqual({ 0: "node1", 1: "node1", 2: "node2", 3: "node2" });
+      expect(spawnedOn(r, 1)).toEqual({ 2: "node3", 3: "node3" });
+      expect(r.events.filter((e) => e.event === "rank-failed").every((e) => /sent no heartbeat/.test(e.reason as string))).toBe(true);
+      // Each rank was a step of its own, and the replacements are new steps on the spare node.
+      const stepsBefore = await before!;
+      expect(stepNodes(stepsBefore)).toEqual({ 0: "node1", 1: "node1", 2: "node2", 3: "node2" });
+      const stepsAfter = (await after!).filter((s) => /^lifeline-rank-[23]$/.test(s.name) && s.node === "node3");
+      expect(stepsAfter.length).toBe(2);
+      for (const s of stepsAfter) expect(stepsBefore.map((b) => b.step)).not.toContain(s.step);
+      // Both restored a checkpoint (not the beginning) from the surviving node's replicas.
+      const restored = r.events.filter((e) => e.event === "rank-caught-up");
+      expect(restored.map((e) => e.rank).sort()).toEqual([2, 3]);
+      for (const e of restored) expect(e.restored as number).toBeGreaterThan(0);
+    },
+    TIMEOUT_MS,
+  );
 
-  it("cpr: node2 dies; every rank restarts from the last line as a new step, the lost ones on node3, bit-identical", async () => {
-    const ref = await reference("ref-heat", HEAT);
-    let lines = 0;
-    let killed = false;
-    // The lines go to each node's own disk (the default under --launcher slurm), every part
-    // copied to a partner on another node: node2's disk dies with it.
-    const r = await runInAllocation("cpr", ["-n", "4", "--mode", "cpr", "--checkpoint-every", "100ms", ...FAST], HEAT, (ev) => {
-      if (ev.event === "line-committed") lines++;
-      if (!killed && lines >= 2) {
-        killed = true;
-        void slurm!.cluster.killHost(1);
-      }
-    }, join(slurm!.cluster.diskPath, "cpr.store"));
-    expect(r.code, context(r)).toBe(0);
-    expect(killed).toBe(true);
-    expect(r.doc!.ranks).toEqual(ref);
-    expect(r.doc!.restarts).toBeGreaterThanOrEqual(1);
-    const rollback = (r.doc!.recovery!.rollbacks as { epoch: number }[])[0]!;
-    expect(rollback.epoch).toBeGreaterThan(0); // from a line, not from the beginning
-    expect(spawnedOn(r, 0)).toEqual({ 0: "node1", 1: "node1", 2: "node2", 3: "node2" });
-    expect(spawnedOn(r, 1)).toEqual({ 0: "node1", 1: "node1", 2: "node3", 3: "node3" });
-    expect(r.events.filter((e) => e.event === "warning" && /restoring it from the partner copy/.test(e.message as string))).toHaveLength(2);
-  }, TIMEOUT_MS);
+  it(
+    "cpr: node2 dies; every rank restarts from the last line as a new step, the lost ones on node3, bit-identical",
+    async () => {
+      const ref = await reference("ref-heat", HEAT);
+      let lines = 0;
+      let killed = false;
+      // The lines go to each node's own disk (the default under --launcher slurm), every part
+      // copied to a partner on another node: node2's disk dies with it.
+      const r = await runInAllocation(
+        "cpr",
+        ["-n", "4", "--mode", "cpr", "--checkpoint-every", "100ms", ...FAST],
+        HEAT,
+        (ev) => {
+          if (ev.event === "line-committed") lines++;
+          if (!killed && lines >= 2) {
+            killed = true;
+            void slurm!.cluster.killHost(1);
+          }
+        },
+        join(slurm!.cluster.diskPath, "cpr.store"),
+      );
+      expect(r.code, context(r)).toBe(0);
+      expect(killed).toBe(true);
+      expect(r.doc!.ranks).toEqual(ref);
+      expect(r.doc!.restarts).toBeGreaterThanOrEqual(1);
+      const rollback = (r.doc!.recovery!.rollbacks as { epoch: number }[])[0]!;
+      expect(rollback.epoch).toBeGreaterThan(0); // from a line, not from the beginning
+      expect(spawnedOn(r, 0)).toEqual({ 0: "node1", 1: "node1", 2: "node2", 3: "node2" });
+      expect(spawnedOn(r, 1)).toEqual({ 0: "node1", 1: "node1", 2: "node3", 3: "node3" });
+      expect(r.events.filter((e) => e.event === "warning" && /restoring it from the partner copy/.test(e.message as string))).toHaveLength(2);
+    },
+    TIMEOUT_MS,
+  );
 
-  it("a frozen rank's step is ended on its live node through the controller, not only its srun; cpr restarts every rank as new steps", async () => {
-    const ref = await reference("ref-heat2", HEAT);
-    let first: Promise<SlurmStep[]> | undefined;
-    let gone: Promise<boolean> | undefined;
-    let started = 0;
-    // Rank 2 stops (SIGSTOP) at its 20th step: no heartbeat, and no lease of its own to end
-    // it. Only a signal on its node does: killing its srun on this node leaves the step.
-    const r = await runInAllocation("frozen", ["-n", "4", "--mode", "cpr", "--store-scope", "shared", "--checkpoint-every", "100ms", ...FAST, "--inject", "2@hang:step:20"], HEAT, (ev) => {
-      if (ev.event !== "job-started") return;
-      started++;
-      if (started === 1) first = slurm!.steps();
-      if (started === 2) gone = first!.then((old) => stepsUntil((now) => now.every((s) => !old.some((o) => o.step === s.step)), 5_000));
-    });
-    expect(r.code, context(r)).toBe(0);
-    expect(r.doc!.ranks).toEqual(ref);
-    expect(r.events.filter((e) => e.event === "rank-failed").map((e) => [e.rank, /sent no heartbeat/.test(e.reason as string)])).toEqual([[2, true]]);
-    const old = await first!;
-    expect(stepNodes(old)).toEqual({ 0: "node1", 1: "node1", 2: "node2", 3: "node2" });
-    expect(await gone!, "the old steps (the frozen one among them) were still running after the restart").toBe(true);
-    // A silent rank may mean a dead node: its node's ranks move to the spare one.
-    expect(spawnedOn(r, 1)).toEqual({ 0: "node1", 1: "node1", 2: "node3", 3: "node3" });
-  }, TIMEOUT_MS);
+  it(
+    "a frozen rank's step is ended on its live node through the controller, not only its srun; cpr restarts every rank as new steps",
+    async () => {
+      const ref = await reference("ref-heat2", HEAT);
+      let first: Promise<SlurmStep[]> | undefined;
+      let gone: Promise<boolean> | undefined;
+      let started = 0;
+      // Rank 2 stops (SIGSTOP) at its 20th step: no heartbeat, and no lease of its own to end
+      // it. Only a signal on its node does: killing its srun on this node leaves the step.
+      const r = await runInAllocation(
+        "frozen",
+        ["-n", "4", "--mode", "cpr", "--store-scope", "shared", "--checkpoint-every", "100ms", ...FAST, "--inject", "2@hang:step:20"],
+        HEAT,
+        (ev) => {
+          if (ev.event !== "job-started") return;
+          started++;
+          if (started === 1) first = slurm!.steps();
+          if (started === 2) gone = first!.then((old) => stepsUntil((now) => now.every((s) => !old.some((o) => o.step === s.step)), 5_000));
+        },
+      );
+      expect(r.code, context(r)).toBe(0);
+      expect(r.doc!.ranks).toEqual(ref);
+      expect(r.events.filter((e) => e.event === "rank-failed").map((e) => [e.rank, /sent no heartbeat/.test(e.reason as string)])).toEqual([[2, true]]);
+      const old = await first!;
+      expect(stepNodes(old)).toEqual({ 0: "node1", 1: "node1", 2: "node2", 3: "node2" });
+      expect(await gone!, "the old steps (the frozen one among them) were still running after the restart").toBe(true);
+      // A silent rank may mean a dead node: its node's ranks move to the spare one.
+      expect(spawnedOn(r, 1)).toEqual({ 0: "node1", 1: "node1", 2: "node3", 3: "node3" });
+    },
+    TIMEOUT_MS,
+  );
 });
 
 describe("--launcher slurm outside an allocation", () => {
   it("is refused before anything starts, with what to do instead", async () => {
     const env: NodeJS.ProcessEnv = {};
     for (const [k, v] of Object.entries(process.env)) if (!k.startsWith("SLURM_")) env[k] = v;
-    const child = spawn(process.execPath, [CLI, "run", "-n", "2", "--launcher", "slurm", "--bind", "127.0.0.1", "--mode", "none", "examples/heat.ts"], { cwd: ROOT, env, stdio: ["ignore", "pipe", "pipe"] });
+    const child = spawn(process.execPath, [CLI, "run", "-n", "2", "--launcher", "slurm", "--bind", "127.0.0.1", "--mode", "none", "examples/heat.ts"], {
+      cwd: ROOT,
+      env,
+      stdio: ["ignore", "pipe", "pipe"],
+    });
     let out = "";
-    child.stdout!.setEncoding("utf8").on("data", (c: string) => { out += c; });
-    child.stderr!.setEncoding("utf8").on("data", (c: string) => { out += c; });
+    child.stdout.setEncoding("utf8").on("data", (c: string) => {
+      out += c;
+    });
+    child.stderr.setEncoding("utf8").on("data", (c: string) => {
+      out += c;
+    });
     const code = await new Promise<number | null>((resolve) => child.on("exit", resolve));
     expect(code, out).toBe(2);
     expect(out).toMatch(/--launcher slurm .* SLURM_JOB_ID is not set: this is not inside an allocation/);

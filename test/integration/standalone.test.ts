@@ -44,23 +44,53 @@ function start(command: string, args: readonly string[], env: NodeJS.ProcessEnv,
     partial = lines.pop()!;
     for (const l of lines) onLine?.(l);
   };
-  child.stdout!.setEncoding("utf8").on("data", take);
-  child.stderr!.setEncoding("utf8").on("data", take);
+  child.stdout.setEncoding("utf8").on("data", take);
+  child.stderr.setEncoding("utf8").on("data", take);
   return { child, output: () => out, exited: new Promise((resolve) => child.on("exit", (code) => resolve(code))) };
 }
 
 /** The coordinator; resolves its endpoint once it listens. */
-async function coordinator(name: string, flags: readonly string[], onEvent?: (ev: Record<string, unknown>) => void): Promise<{ proc: Proc; endpoint: string; results: string }> {
+async function coordinator(
+  name: string,
+  flags: readonly string[],
+  onEvent?: (ev: Record<string, unknown>) => void,
+): Promise<{ proc: Proc; endpoint: string; results: string }> {
   const results = join(runs.path, `${name}.json`);
   let resolveEndpoint!: (e: string) => void;
   const endpoint = new Promise<string>((resolve) => (resolveEndpoint = resolve));
-  const proc = start(process.execPath, [CLI, "coordinator", "-n", "3", "--json", "--heartbeat", "100", "--failure-timeout", "1s", "--results", results, "--store", join(runs.path, `${name}.store`), ...flags, ...HEAT], process.env, (line) => {
-    if (!line.startsWith("{")) return;
-    const ev = JSON.parse(line) as Record<string, unknown>;
-    if (ev.event === "job-starting") resolveEndpoint(ev.coordinator as string);
-    onEvent?.(ev);
-  });
-  const ep = await Promise.race([endpoint, proc.exited.then((code) => { throw new Error(`the coordinator exited with ${code}:\n${proc.output()}`); })]);
+  const proc = start(
+    process.execPath,
+    [
+      CLI,
+      "coordinator",
+      "-n",
+      "3",
+      "--json",
+      "--heartbeat",
+      "100",
+      "--failure-timeout",
+      "1s",
+      "--results",
+      results,
+      "--store",
+      join(runs.path, `${name}.store`),
+      ...flags,
+      ...HEAT,
+    ],
+    process.env,
+    (line) => {
+      if (!line.startsWith("{")) return;
+      const ev = JSON.parse(line) as Record<string, unknown>;
+      if (ev.event === "job-starting") resolveEndpoint(ev.coordinator as string);
+      onEvent?.(ev);
+    },
+  );
+  const ep = await Promise.race([
+    endpoint,
+    proc.exited.then((code) => {
+      throw new Error(`the coordinator exited with ${code}:\n${proc.output()}`);
+    }),
+  ]);
   return { proc, endpoint: ep, results };
 }
 
@@ -78,52 +108,80 @@ function rank(rank: number, endpoint: string, extra: NodeJS.ProcessEnv = {}): Pr
 const doc = (path: string): { ranks: unknown[]; run?: number; error?: { code: string; message: string } } => JSON.parse(readFileSync(path, "utf8"));
 
 describe("lifeline coordinator, with ranks another engine starts", () => {
-  it("mode none: the job runs to the end; results equal lifeline run's", async () => {
-    const ref = await runLauncher({ np: 3, program: HEAT[0]!, args: HEAT.slice(1), flags: ["--mode", "none"], dir: runs.path, name: "ref", timeoutMs: TIMEOUT_MS });
-    expect(ref.code, ref.stderr).toBe(0);
-    const c = await coordinator("none", ["--mode", "none"]);
-    expect(c.endpoint).toMatch(/^tcp:\/\/127\.0\.0\.1:\d+$/);
-    const ranks = [0, 1, 2].map((r) => rank(r, c.endpoint));
-    expect(await c.proc.exited, c.proc.output()).toBe(0);
-    for (const r of ranks) expect(await r.exited, r.output()).toBe(0);
-    expect(doc(c.results).ranks).toEqual(ref.doc!.ranks);
-  }, TIMEOUT_MS);
+  it(
+    "mode none: the job runs to the end; results equal lifeline run's",
+    async () => {
+      const ref = await runLauncher({
+        np: 3,
+        program: HEAT[0]!,
+        args: HEAT.slice(1),
+        flags: ["--mode", "none"],
+        dir: runs.path,
+        name: "ref",
+        timeoutMs: TIMEOUT_MS,
+      });
+      expect(ref.code, ref.stderr).toBe(0);
+      const c = await coordinator("none", ["--mode", "none"]);
+      expect(c.endpoint).toMatch(/^tcp:\/\/127\.0\.0\.1:\d+$/);
+      const ranks = [0, 1, 2].map((r) => rank(r, c.endpoint));
+      expect(await c.proc.exited, c.proc.output()).toBe(0);
+      for (const r of ranks) expect(await r.exited, r.output()).toBe(0);
+      expect(doc(c.results).ranks).toEqual(ref.doc!.ranks);
+    },
+    TIMEOUT_MS,
+  );
 
-  it("cpr: a rank killed stops the job (exit 1, the others aborted); the same commands again resume from the newest line, bit-identical", async () => {
-    const ref = await runLauncher({ np: 3, program: HEAT[0]!, args: HEAT.slice(1), flags: ["--mode", "none"], dir: runs.path, name: "ref2", timeoutMs: TIMEOUT_MS });
-    const store = join(runs.path, "cpr.store");
-    const cprEnv = { LIFELINE_MODE: "cpr", LIFELINE_STORE: store };
-    let lines = 0;
-    let victim: Proc | undefined;
-    const first = await coordinator("cpr", ["--mode", "cpr", "--checkpoint-every", "100ms"], (ev) => {
-      if (ev.event === "line-committed" && ++lines === 2) victim!.child.kill("SIGKILL");
-    });
-    const ranks = [0, 1, 2].map((r) => rank(r, first.endpoint, cprEnv));
-    victim = ranks[1];
-    expect(await first.proc.exited, first.proc.output()).toBe(1);
-    expect(doc(first.results).error).toMatchObject({ code: "LAUNCH_HEARTBEAT", message: expect.stringMatching(/^rank 1 sent no heartbeat/) });
-    for (const r of [ranks[0]!, ranks[2]!]) expect(await r.exited).not.toBe(0);
+  it(
+    "cpr: a rank killed stops the job (exit 1, the others aborted); the same commands again resume from the newest line, bit-identical",
+    async () => {
+      const ref = await runLauncher({
+        np: 3,
+        program: HEAT[0]!,
+        args: HEAT.slice(1),
+        flags: ["--mode", "none"],
+        dir: runs.path,
+        name: "ref2",
+        timeoutMs: TIMEOUT_MS,
+      });
+      const store = join(runs.path, "cpr.store");
+      const cprEnv = { LIFELINE_MODE: "cpr", LIFELINE_STORE: store };
+      let lines = 0;
+      let victim: Proc | undefined; // eslint-disable-line prefer-const -- set by the callback below
+      const first = await coordinator("cpr", ["--mode", "cpr", "--checkpoint-every", "100ms"], (ev) => {
+        if (ev.event === "line-committed" && ++lines === 2) victim!.child.kill("SIGKILL");
+      });
+      const ranks = [0, 1, 2].map((r) => rank(r, first.endpoint, cprEnv));
+      victim = ranks[1];
+      expect(await first.proc.exited, first.proc.output()).toBe(1);
+      expect(doc(first.results).error).toMatchObject({ code: "LAUNCH_HEARTBEAT", message: expect.stringMatching(/^rank 1 sent no heartbeat/) });
+      for (const r of [ranks[0]!, ranks[2]!]) expect(await r.exited).not.toBe(0);
 
-    // The engine runs the job again: the coordinator with the same command, and the ranks.
-    const events: Record<string, unknown>[] = [];
-    const again = await coordinator("cpr", ["--mode", "cpr", "--checkpoint-every", "100ms"], (ev) => events.push(ev));
-    const ranks2 = [0, 1, 2].map((r) => rank(r, again.endpoint, cprEnv));
-    expect(await again.proc.exited, again.proc.output()).toBe(0);
-    for (const r of ranks2) expect(await r.exited, r.output()).toBe(0);
-    expect(events.find((e) => e.event === "job-resuming")).toMatchObject({ run: 2 });
-    expect(doc(again.results)).toMatchObject({ ranks: ref.doc!.ranks, run: 2 });
-  }, 2 * TIMEOUT_MS);
+      // The engine runs the job again: the coordinator with the same command, and the ranks.
+      const events: Record<string, unknown>[] = [];
+      const again = await coordinator("cpr", ["--mode", "cpr", "--checkpoint-every", "100ms"], (ev) => events.push(ev));
+      const ranks2 = [0, 1, 2].map((r) => rank(r, again.endpoint, cprEnv));
+      expect(await again.proc.exited, again.proc.output()).toBe(0);
+      for (const r of ranks2) expect(await r.exited, r.output()).toBe(0);
+      expect(events.find((e) => e.event === "job-resuming")).toMatchObject({ run: 2 });
+      expect(doc(again.results)).toMatchObject({ ranks: ref.doc!.ranks, run: 2 });
+    },
+    2 * TIMEOUT_MS,
+  );
 
-  it("a rank started for another mode is refused with a clear error; retry-one is refused at once", async () => {
-    const c = await coordinator("mismatch", ["--mode", "cpr", "--rendezvous-timeout", "20s"]);
-    const ranks = [0, 1, 2].map((r) => rank(r, c.endpoint, r === 2 ? {} : { LIFELINE_MODE: "cpr", LIFELINE_STORE: join(runs.path, "mismatch.store") }));
-    expect(await ranks[2]!.exited).not.toBe(0);
-    expect(ranks[2]!.output()).toContain("the coordinator runs the job in mode cpr, but this rank was started for mode none: set LIFELINE_MODE=cpr");
-    c.proc.child.kill("SIGTERM");
-    await c.proc.exited;
-    const retry = start(process.execPath, [CLI, "coordinator", "-n", "2", "--mode", "retry-one", ...HEAT], process.env);
-    expect(await retry.exited).toBe(2);
-    expect(retry.output()).toContain("--mode retry-one restarts one rank into the running job, which only the launcher can do");
-    expect(existsSync(join(runs.path, "mismatch.json"))).toBe(true);
-  }, TIMEOUT_MS);
+  it(
+    "a rank started for another mode is refused with a clear error; retry-one is refused at once",
+    async () => {
+      const c = await coordinator("mismatch", ["--mode", "cpr", "--rendezvous-timeout", "20s"]);
+      const ranks = [0, 1, 2].map((r) => rank(r, c.endpoint, r === 2 ? {} : { LIFELINE_MODE: "cpr", LIFELINE_STORE: join(runs.path, "mismatch.store") }));
+      expect(await ranks[2]!.exited).not.toBe(0);
+      expect(ranks[2]!.output()).toContain("the coordinator runs the job in mode cpr, but this rank was started for mode none: set LIFELINE_MODE=cpr");
+      c.proc.child.kill("SIGTERM");
+      await c.proc.exited;
+      const retry = start(process.execPath, [CLI, "coordinator", "-n", "2", "--mode", "retry-one", ...HEAT], process.env);
+      expect(await retry.exited).toBe(2);
+      expect(retry.output()).toContain("--mode retry-one restarts one rank into the running job, which only the launcher can do");
+      expect(existsSync(join(runs.path, "mismatch.json"))).toBe(true);
+    },
+    TIMEOUT_MS,
+  );
 });

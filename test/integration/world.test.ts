@@ -13,11 +13,22 @@ const tmp = tempDir("lifeline-world-");
 afterAll(() => tmp.cleanup());
 
 let runs = 0;
+/** A rank's entry of --results: what each fixture finalizes (checks failed, digests, observations). */
+interface RankResult {
+  fails: string[];
+  digest: string;
+  [k: string]: unknown;
+}
+
 async function run(np: number, fixture: string, args: string[] = [], timeoutMs = 60_000, mode = "none") {
   const results = join(tmp.dir, `r${runs++}.json`);
   const res = await runCli(["run", "-n", String(np), "--mode", mode, "--results", results, join(FIX, fixture), ...args], { timeoutMs });
-  let json: { ranks: any[] } | undefined;
-  try { json = JSON.parse(readFileSync(results, "utf8")); } catch { json = undefined; }
+  let json: { ranks: [RankResult, ...RankResult[]] } | undefined;
+  try {
+    json = JSON.parse(readFileSync(results, "utf8"));
+  } catch {
+    json = undefined;
+  }
   return { ...res, json };
 }
 
@@ -30,8 +41,13 @@ describe("collectives over real processes", () => {
     digests.set(np, r.json!.ranks[0].digest);
   });
 
-  it.each([[2, "none"], [3, "none"], [4, "none"], [4, "retry-one"]])("ring allreduce/reduce while the program trashes results and inputs at once, two calls at a time too (none), %i ranks, mode %s", async (np, mode) => {
-    const r = await run(np as number, "ring-reuse.ts", mode === "retry-one" ? ["--sequential"] : [], 120_000, mode as string);
+  it.each([
+    [2, "none"],
+    [3, "none"],
+    [4, "none"],
+    [4, "retry-one"],
+  ])("ring allreduce/reduce while the program trashes results and inputs at once, two calls at a time too (none), %i ranks, mode %s", async (np, mode) => {
+    const r = await run(np, "ring-reuse.ts", mode === "retry-one" ? ["--sequential"] : [], 120_000, mode);
     expect(r.code, r.stderr).toBe(0);
     for (const rank of r.json!.ranks) expect(rank.fails).toEqual([]);
   });
@@ -53,7 +69,7 @@ describe("point to point over real processes", () => {
   it("ignores garbage from a stray process with a warning and delivers only real messages", async () => {
     const r = await run(2, "garbage.ts");
     expect(r.code, r.stderr).toBe(0);
-    expect(r.json!.ranks[1].got).toEqual([{ real: 1 }, { real: 2 }, "nothing else"]);
+    expect(r.json!.ranks[1]!.got).toEqual([{ real: 1 }, { real: 2 }, "nothing else"]);
     expect(r.stderr).toMatch(/dropping a malformed frame/);
   });
 });
@@ -63,13 +79,29 @@ describe("errors", () => {
     const r = await run(2, "errors.ts", ["local"]);
     expect(r.code, r.stderr).toBe(0);
     expect(r.json!.ranks[0].codes).toEqual([
-      "MPI_RANK", "MPI_RANK", "MPI_RANK", "MPI_RANK", "MPI_TAG", "MPI_TAG", "MPI_TAG", "MPI_ENCODE", "MPI_ENCODE",
-      expect.stringMatching(/^TypeError/), "MPI_BOOTSTRAP", "CPR_RESTORE", "CPR_CHECKPOINT", "MPI_BOOTSTRAP",
+      "MPI_RANK",
+      "MPI_RANK",
+      "MPI_RANK",
+      "MPI_RANK",
+      "MPI_TAG",
+      "MPI_TAG",
+      "MPI_TAG",
+      "MPI_ENCODE",
+      "MPI_ENCODE",
+      expect.stringMatching(/^TypeError/),
+      "MPI_BOOTSTRAP",
+      "CPR_RESTORE",
+      "CPR_CHECKPOINT",
+      "MPI_BOOTSTRAP",
     ]);
   });
 
   it.each([
-    ["root", 3], ["length", 2], ["kind", 3], ["gather", 3], ["scatter", 3],
+    ["root", 3],
+    ["length", 2],
+    ["kind", 3],
+    ["gather", 3],
+    ["scatter", 3],
   ] as const)("detects a %s mismatch across ranks and stops the job instead of hanging", async (scenario, np) => {
     const r = await run(np, "errors.ts", [scenario], 30_000);
     expect(r.code).not.toBe(0);

@@ -11,7 +11,6 @@ import { join } from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
 import { CLI_SRC, FIXTURES, inProcessCli, runCli, tempDir } from "./helpers.ts";
 
-
 const { dir, cleanup } = tempDir("lifeline-cli-");
 afterAll(cleanup);
 writeFileSync(join(dir, "app.ts"), "throw new Error('must not run');\n");
@@ -72,8 +71,22 @@ describe("lifeline CLI help and version", () => {
     const r = await cli("run", "--help");
     expect(r.code).toBe(0);
     for (const flag of [
-      "-n, --np", "--mode", "--checkpoint-every", "--store", "--keep-lines", "--max-restarts", "--heartbeat",
-      "--failure-timeout", "--stuck-timeout", "--rendezvous-timeout", "--results", "--json", "--quiet", "--transport", "--inject", "--replicas",
+      "-n, --np",
+      "--mode",
+      "--checkpoint-every",
+      "--store",
+      "--keep-lines",
+      "--max-restarts",
+      "--heartbeat",
+      "--failure-timeout",
+      "--stuck-timeout",
+      "--rendezvous-timeout",
+      "--results",
+      "--json",
+      "--quiet",
+      "--transport",
+      "--inject",
+      "--replicas",
     ]) {
       expect(r.stdout).toContain(flag);
     }

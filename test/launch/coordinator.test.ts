@@ -19,7 +19,10 @@ afterEach(async () => {
   cleanups = [];
 });
 
-async function startCoordinator(size: number, opts: { transport?: "ipc" | "tcp"; rendezvousTimeoutMs?: number; jobKey?: number; warningsMax?: number; beforeTables?: () => Promise<void> } = {}) {
+async function startCoordinator(
+  size: number,
+  opts: { transport?: "ipc" | "tcp"; rendezvousTimeoutMs?: number; jobKey?: number; warningsMax?: number; beforeTables?: () => Promise<void> } = {},
+) {
   const { dir, cleanup } = tempDir("lifeline-coord-");
   const events = new EventLog<CoordinatorEvent>();
   const coord = new Coordinator({
@@ -74,7 +77,9 @@ describe("Coordinator rendezvous", () => {
 
   it("with beforeTables: the tables go out only when it resolves, and the ranks' messages flow meanwhile; a rejection is reported", async () => {
     let release!: () => void;
-    const gate = new Promise<void>((res) => { release = res; });
+    const gate = new Promise<void>((res) => {
+      release = res;
+    });
     const { events, rank, coord } = await startCoordinator(2, { beforeTables: () => gate });
     const r = [rank(0), rank(1)];
     await r[0]!.hello(2);
@@ -91,7 +96,11 @@ describe("Coordinator rendezvous", () => {
 
     const failing = await startCoordinator(1, { beforeTables: () => Promise.reject(new LifelineError("CPR_RESTORE", "no copy of rank 0's part")) });
     await failing.rank(0).hello(1);
-    expect(await failing.events.waitFor((e) => e.kind === "tables-failed")).toEqual({ kind: "tables-failed", code: "CPR_RESTORE", message: "no copy of rank 0's part" });
+    expect(await failing.events.waitFor((e) => e.kind === "tables-failed")).toEqual({
+      kind: "tables-failed",
+      code: "CPR_RESTORE",
+      message: "no copy of rank 0's part",
+    });
     expect(failing.events.all.some((e) => e.kind === "ready")).toBe(false);
   });
 
@@ -107,7 +116,14 @@ describe("Coordinator rendezvous", () => {
   });
 
   it("rejects an ipc path longer than a Unix socket allows with LAUNCH_SPAWN", async () => {
-    const coord = new Coordinator({ size: 1, jobKey: 1, transport: "ipc", runDir: `/tmp/${"x".repeat(120)}`, rendezvousTimeoutMs: 1_000, onEvent: () => undefined });
+    const coord = new Coordinator({
+      size: 1,
+      jobKey: 1,
+      transport: "ipc",
+      runDir: `/tmp/${"x".repeat(120)}`,
+      rendezvousTimeoutMs: 1_000,
+      onEvent: () => undefined,
+    });
     cleanups.push(() => coord.close());
     await expect(coord.start()).rejects.toMatchObject({ code: "LAUNCH_SPAWN", message: expect.stringMatching(/longer than 107 bytes.*--transport tcp/) });
   });
@@ -182,7 +198,9 @@ describe("Coordinator after the rendezvous", () => {
     await ranks[0]!.send({ t: "cpr-ready", rank: 0, epoch: 3 });
     expect(await events.waitFor((e) => e.kind === "cpr")).toEqual({ kind: "cpr", rank: 0, msg: { t: "cpr-ready", rank: 0, epoch: 3 } });
     await ranks[0]!.send({ t: "cpr-ready", rank: 0 } as never);
-    expect((await events.waitFor((e) => e.kind === "warning")) as { message: string }).toMatchObject({ message: expect.stringMatching(/cpr-ready needs an epoch count/) });
+    expect((await events.waitFor((e) => e.kind === "warning")) as { message: string }).toMatchObject({
+      message: expect.stringMatching(/cpr-ready needs an epoch count/),
+    });
   });
 
   it("counts heartbeats as liveness events", async () => {

@@ -35,7 +35,12 @@ const ref = (rank: number, epoch: number) => ({ rank, epoch, checksum: 100 * epo
 /** A first run that committed lines 1 and 2, and was killed (its job record says running). */
 async function storeWithLines(): Promise<void> {
   const claim = await claimStore(config, { jobIdBase: "heat" });
-  for (const e of [1, 2]) await claim.manifest.commitLine(e, [0, 1, 2, 3].map((r) => ref(r, e)), { job: { id: claim.job.id, run: 1 } });
+  for (const e of [1, 2])
+    await claim.manifest.commitLine(
+      e,
+      [0, 1, 2, 3].map((r) => ref(r, e)),
+      { job: { id: claim.job.id, run: 1 } },
+    );
   await endRun(claim, { state: "failed", exitCode: 1 });
   await claim.manifest.close();
 }
@@ -44,7 +49,11 @@ function harness() {
   const sent: { rank: number; msg: CoordinatorToRank }[] = [];
   const events: JobEvent[] = [];
   const broadcasts: CoordinatorToRank[] = [];
-  const ctx = { broadcast: (msg: CoordinatorToRank) => broadcasts.push(msg), send: (rank: number, msg: CoordinatorToRank) => sent.push({ rank, msg }), report: (ev: JobEvent) => events.push(ev) };
+  const ctx = {
+    broadcast: (msg: CoordinatorToRank) => broadcasts.push(msg),
+    send: (rank: number, msg: CoordinatorToRank) => sent.push({ rank, msg }),
+    report: (ev: JobEvent) => events.push(ev),
+  };
   const next = async (pred: (s: { rank: number; msg: CoordinatorToRank }) => boolean): Promise<{ rank: number; msg: CoordinatorToRank }> => {
     for (let i = 0; i < 200; i++) {
       const hit = sent.find(pred);
@@ -121,9 +130,14 @@ describe("CprRestartPolicy, per-host stores", () => {
     const h = harness();
     await policy.attach(h.ctx);
     let firstSettled = false;
-    void policy.beforeTables([0, 0, 1, 1]).finally(() => { firstSettled = true; });
+    void policy.beforeTables([0, 0, 1, 1]).finally(() => {
+      firstSettled = true;
+    });
     await h.next((s) => s.msg.t === "cpr-inventory");
-    policy.decide({ kind: "exit", rank: 1, code: "LAUNCH_RANK_FAILED", message: "rank 1 died", exitStatus: 1 }, { size: 4, mode: "cpr", restarts: 0, maxRestarts: 3, finalized: [false, false, false, false], backoffMs: 0 });
+    policy.decide(
+      { kind: "exit", rank: 1, code: "LAUNCH_RANK_FAILED", message: "rank 1 died", exitStatus: 1 },
+      { size: 4, mode: "cpr", restarts: 0, maxRestarts: 3, finalized: [false, false, false, false], backoffMs: 0 },
+    );
     await policy.prepareRestart(1);
     const second = policy.beforeTables([0, 0, 1, 1]);
     const ask = await h.next((s) => s.msg.t === "cpr-inventory");

@@ -59,7 +59,10 @@ describe("FailureDetector", () => {
     d.heard(1, 2500, { heartbeat: true });
     expect(d.check(2999)).toEqual([]);
     expect(d.check(3000)).toEqual([{ kind: "start", rank: 0, silentMs: 3000 }]);
-    expect(d.check(3500)).toEqual([{ kind: "heartbeat", rank: 1, silentMs: 1000 }, { kind: "start", rank: 2, silentMs: 3000 }]);
+    expect(d.check(3500)).toEqual([
+      { kind: "heartbeat", rank: 1, silentMs: 1000 },
+      { kind: "start", rank: 2, silentMs: 3000 },
+    ]);
     // A new process of rank 0 is watched afresh, its start-up included.
     d.started(0, 4000);
     expect(d.check(6999)).toEqual([]);
@@ -85,7 +88,10 @@ describe("results", () => {
         f64: new Float64Array([0.5, -1]),
         i64: new BigInt64Array([-3n]),
         bytes: Buffer.from([1, 2]),
-        map: new Map<unknown, unknown>([["a", 1], [2, new Set([3n])]]),
+        map: new Map<unknown, unknown>([
+          ["a", 1],
+          [2, new Set([3n])],
+        ]),
         date: new Date(0),
         nan: NaN,
         inf: -Infinity,
@@ -129,7 +135,9 @@ describe("results", () => {
   });
 
   it("fails with LAUNCH_USAGE when the file cannot be written", async () => {
-    await expect(writeResultsFile(join(dir, "missing", "out.json"), { ranks: [], restarts: 0, mode: "none", size: 0, wallMs: 0, exitCode: 0 })).rejects.toMatchObject({
+    await expect(
+      writeResultsFile(join(dir, "missing", "out.json"), { ranks: [], restarts: 0, mode: "none", size: 0, wallMs: 0, exitCode: 0 }),
+    ).rejects.toMatchObject({
       code: "LAUNCH_USAGE",
     });
   });

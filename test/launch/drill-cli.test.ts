@@ -11,7 +11,6 @@ import { join } from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
 import { FIXTURES, inProcessCli, runCli, tempDir } from "./helpers.ts";
 
-
 const { dir, cleanup } = tempDir("lifeline-drill-cli-");
 afterAll(cleanup);
 writeFileSync(join(dir, "app.ts"), "throw new Error('must not run');\n");
@@ -22,11 +21,29 @@ describe("lifeline drill usage", () => {
   it("lists its options in --help", async () => {
     const r = await cli("drill", "--help");
     expect(r.code).toBe(0);
-    for (const flag of ["--kill <spec>", "--seed", "--repeat", "--report", "-n, --np", "--mode", "--checkpoint-every", "--failure-timeout"]) expect(r.stdout).toContain(flag);
+    for (const flag of ["--kill <spec>", "--seed", "--repeat", "--report", "-n, --np", "--mode", "--checkpoint-every", "--failure-timeout"])
+      expect(r.stdout).toContain(flag);
   });
 
   it("reports every bad flag at once, exit 2, before starting anything", async () => {
-    const r = await cli("drill", "-n", "2", "--mode", "none", "--kill", "3@step:1", "--kill", "1@step:0", "--repeat", "0", "--seed", "-1", "--report", join(dir, "nope", "r.html"), "app.ts");
+    const r = await cli(
+      "drill",
+      "-n",
+      "2",
+      "--mode",
+      "none",
+      "--kill",
+      "3@step:1",
+      "--kill",
+      "1@step:0",
+      "--repeat",
+      "0",
+      "--seed",
+      "-1",
+      "--report",
+      join(dir, "nope", "r.html"),
+      "app.ts",
+    );
     expect(r.code).toBe(2);
     expect(r.stderr).toMatch(/--kill "3@step:1": rank 3 is outside 0\.\.1/);
     expect(r.stderr).toMatch(/counts start at 1/);
@@ -52,9 +69,14 @@ describe("lifeline drill usage", () => {
 describe("lifeline drill as a process", () => {
   it("--json: every stderr line is an event; --results holds the verdict and each run", async () => {
     const results = join(dir, "drill.json");
-    const r = await runCli(["drill", "-n", "2", "--mode", "none", "--seed", "5", "--json", "--results", results, join(FIXTURES, "ok.ts")], { timeoutMs: 25_000 });
+    const r = await runCli(["drill", "-n", "2", "--mode", "none", "--seed", "5", "--json", "--results", results, join(FIXTURES, "ok.ts")], {
+      timeoutMs: 25_000,
+    });
     expect(r.code, r.stderr).toBe(0);
-    const events = r.stderr.trim().split("\n").map((l) => JSON.parse(l) as Record<string, unknown>);
+    const events = r.stderr
+      .trim()
+      .split("\n")
+      .map((l) => JSON.parse(l) as Record<string, unknown>);
     expect(events[0]).toMatchObject({ event: "drill-starting", seed: 5, size: 2 });
     expect(events.filter((e) => e.event === "job-finished").map((e) => e.run)).toEqual([0, 1]);
     expect(events.at(-1)).toMatchObject({ event: "drill-finished", pass: true, exitCode: 0 });

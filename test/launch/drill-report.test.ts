@@ -44,9 +44,14 @@ function plan(texts: string[], mode: "none" | "cpr" = "cpr") {
 /** A cpr run: rank 1 killed at its 8th step after line 1 (taken at step 4) committed. */
 function cprEvents(): RecordedEvent[] {
   return [
-    spawned(0, 0, 0), spawned(0, 1, 0), up(500, 0), up(510, 1),
-    step(520, 0, 1), step(520, 1, 1),
-    step(600, 0, 4, 1), step(601, 1, 4, 1),
+    spawned(0, 0, 0),
+    spawned(0, 1, 0),
+    up(500, 0),
+    up(510, 1),
+    step(520, 0, 1),
+    step(520, 1, 1),
+    step(600, 0, 4, 1),
+    step(601, 1, 4, 1),
     at(650, { kind: "line-committed", epoch: 1, durationMs: 40, bytes: 1000 }),
     step(700, 0, 7, 1),
     out(720, 1, "lifeline: injected fault: killing this rank (step:8)"),
@@ -54,12 +59,18 @@ function cprEvents(): RecordedEvent[] {
     failed(736, 1, "was killed by SIGKILL before finalizing"),
     exited(740, 0, "SIGKILL", true),
     at(850, { kind: "job-restarting", attempt: 1, epoch: 1, restarts: 1 }),
-    spawned(860, 0, 1), spawned(860, 1, 1), up(1_300, 0), up(1_320, 1),
-    step(1_350, 0, 1, 1), step(1_351, 1, 1, 1),
+    spawned(860, 0, 1),
+    spawned(860, 1, 1),
+    up(1_300, 0),
+    up(1_320, 1),
+    step(1_350, 0, 1, 1),
+    step(1_351, 1, 1, 1),
     step(1_500, 1, 3, 1),
     step(1_550, 1, 5, 2),
-    finalized(1_700, 0), finalized(1_700, 1),
-    exited(1_720, 0, null, false), exited(1_721, 1, null, false),
+    finalized(1_700, 0),
+    finalized(1_700, 1),
+    exited(1_720, 0, null, false),
+    exited(1_721, 1, null, false),
   ];
 }
 
@@ -69,7 +80,9 @@ describe("analyzeFaults", () => {
     expect(r).toMatchObject({ hitMs: 720, stepsAtHit: 7, detectedMs: 735, cause: "exit", restartedMs: 860, upMs: 1_320, restoreEpoch: 1, workLostSteps: 3 });
     // Recovered at the first report of 4 + 3 = 7 restored-plus-new steps.
     expect(r!.recoveredMs).toBe(1_500);
-    expect(describeFault(r!)).toMatch(/hit at 0\.72s after 7 steps, detected in 15 ms \(exit\), back up 585 ms later, recovered 765 ms after detection, rolled back to line 1, 3 steps redone/);
+    expect(describeFault(r!)).toMatch(
+      /hit at 0\.72s after 7 steps, detected in 15 ms \(exit\), back up 585 ms later, recovered 765 ms after detection, rolled back to line 1, 3 steps redone/,
+    );
   });
 
   it("cpr without a committed line: restarted from the beginning, every step redone", () => {
@@ -82,17 +95,33 @@ describe("analyzeFaults", () => {
 
   it("mode none: detected, not recovered", () => {
     const events = [
-      spawned(0, 0, 0), spawned(0, 1, 0), up(400, 0), up(400, 1), step(450, 1, 2),
+      spawned(0, 0, 0),
+      spawned(0, 1, 0),
+      up(400, 0),
+      up(400, 1),
+      step(450, 1, 2),
       out(500, 1, "lifeline: injected fault: killing this rank (time:100)"),
-      exited(512, 1, "SIGKILL", false), failed(513, 1, "was killed by SIGKILL before finalizing"), exited(540, 0, "SIGTERM", true),
+      exited(512, 1, "SIGKILL", false),
+      failed(513, 1, "was killed by SIGKILL before finalizing"),
+      exited(540, 0, "SIGTERM", true),
     ];
     const [r] = analyzeFaults(events, plan(["1@time:100"], "none"), { size: 2, mode: "none" });
-    expect(r).toMatchObject({ hitMs: 500, stepsAtHit: 2, detectedMs: 512, restartedMs: undefined, recoveredMs: undefined, note: "not recovered: mode none cannot recover" });
+    expect(r).toMatchObject({
+      hitMs: 500,
+      stepsAtHit: 2,
+      detectedMs: 512,
+      restartedMs: undefined,
+      recoveredMs: undefined,
+      note: "not recovered: mode none cannot recover",
+    });
   });
 
   it("a frozen rank is detected by heartbeat", () => {
     const events = [
-      spawned(0, 0, 0), spawned(0, 1, 0), up(400, 0), up(400, 1),
+      spawned(0, 0, 0),
+      spawned(0, 1, 0),
+      up(400, 0),
+      up(400, 1),
       out(500, 1, "lifeline: injected fault: freezing this rank (step:3)"),
       exited(1_620, 1, "SIGKILL", true),
       failed(1_900, 1, "sent no heartbeat for 1100 ms (--failure-timeout 1000 ms): frozen or unreachable, killed"),
@@ -108,13 +137,27 @@ describe("analyzeFaults", () => {
       exited(1_430, 0, "SIGKILL", false),
       exited(1_431, 1, "SIGKILL", true),
       at(1_500, { kind: "job-restarting", attempt: 2, epoch: 1, restarts: 2 }),
-      spawned(1_510, 0, 2), spawned(1_510, 1, 2), up(1_900, 0), up(1_900, 1),
-      step(2_000, 0, 9, 1), step(2_000, 1, 9, 2), finalized(2_100, 0), finalized(2_100, 1),
+      spawned(1_510, 0, 2),
+      spawned(1_510, 1, 2),
+      up(1_900, 0),
+      up(1_900, 1),
+      step(2_000, 0, 9, 1),
+      step(2_000, 1, 9, 2),
+      finalized(2_100, 0),
+      finalized(2_100, 1),
     ];
     const [first, second] = analyzeFaults(events, plan(["1@step:8", "0@time:70"]), { size: 2, mode: "cpr" });
     expect(first).toMatchObject({ detectedMs: 735, interruptedMs: 1_430, recoveredMs: undefined });
     expect(first!.note).toMatch(/a later fault struck 695 ms after detection/);
-    expect(second).toMatchObject({ hitMs: 1_420, detectedMs: 1_430, restartedMs: 1_510, upMs: 1_900, recoveredMs: 2_000, restoreEpoch: 1, interruptedMs: undefined });
+    expect(second).toMatchObject({
+      hitMs: 1_420,
+      detectedMs: 1_430,
+      restartedMs: 1_510,
+      upMs: 1_900,
+      recoveredMs: 2_000,
+      restoreEpoch: 1,
+      interruptedMs: undefined,
+    });
   });
 
   it("a fault that never fired says so", () => {
@@ -135,7 +178,14 @@ describe("verdict", () => {
     expect(compareResults(["x", "y"], ["x"])).toEqual([1]);
   });
 
-  const result = (ok: boolean, results: unknown[]) => ({ ok, exitCode: ok ? 0 : 137, wallMs: 1, restarts: 0, results, error: ok ? undefined : { code: "LAUNCH_RANK_FAILED", message: "rank 1 (pid 5) was killed by SIGKILL before finalizing\nlast lines" } });
+  const result = (ok: boolean, results: unknown[]) => ({
+    ok,
+    exitCode: ok ? 0 : 137,
+    wallMs: 1,
+    restarts: 0,
+    results,
+    error: ok ? undefined : { code: "LAUNCH_RANK_FAILED", message: "rank 1 (pid 5) was killed by SIGKILL before finalizing\nlast lines" },
+  });
 
   it("identical, differs (naming ranks), failed (mode none cannot recover)", () => {
     expect(verdictOf({ mode: "cpr", result: result(true, ["a", "b"]), faultReports: [] }, ["a", "b"])).toEqual({ kind: "identical" });
@@ -151,18 +201,52 @@ describe("verdict", () => {
 describe("renderHtml", () => {
   function report(): DrillReport {
     const faults = plan(["1@step:8"]);
-    const refEvents = [spawned(0, 0, 0), spawned(0, 1, 0), up(400, 0), up(400, 1), step(500, 0, 10), step(500, 1, 10), finalized(900, 0), finalized(900, 1), exited(910, 0, null, false), exited(910, 1, null, false)];
+    const refEvents = [
+      spawned(0, 0, 0),
+      spawned(0, 1, 0),
+      up(400, 0),
+      up(400, 1),
+      step(500, 0, 10),
+      step(500, 1, 10),
+      finalized(900, 0),
+      finalized(900, 1),
+      exited(910, 0, null, false),
+      exited(910, 1, null, false),
+    ];
     const reference: DrillRun = {
-      index: 0, label: "reference", mode: "none", seed: undefined, faults: [], events: refEvents,
-      result: { ok: true, exitCode: 0, wallMs: 910, restarts: 0, results: ["a", "b"], error: undefined }, faultReports: [], verdict: undefined,
+      index: 0,
+      label: "reference",
+      mode: "none",
+      seed: undefined,
+      faults: [],
+      events: refEvents,
+      result: { ok: true, exitCode: 0, wallMs: 910, restarts: 0, results: ["a", "b"], error: undefined },
+      faultReports: [],
+      verdict: undefined,
     };
     const events = cprEvents();
     const faulty: DrillRun = {
-      index: 1, label: "faulty run <1>", mode: "cpr", seed: 7, faults, events,
+      index: 1,
+      label: "faulty run <1>",
+      mode: "cpr",
+      seed: 7,
+      faults,
+      events,
       result: { ok: true, exitCode: 0, wallMs: 1_721, restarts: 1, results: ["a", "b"], error: undefined },
-      faultReports: analyzeFaults(events, faults, { size: 2, mode: "cpr" }), verdict: { kind: "identical" },
+      faultReports: analyzeFaults(events, faults, { size: 2, mode: "cpr" }),
+      verdict: { kind: "identical" },
     };
-    return { app: "/x/heat.ts", appArgs: [], size: 2, mode: "cpr", seed: 7, command: "lifeline drill -n 2 --kill 1@step:8 heat.ts", runs: [reference, faulty], pass: true, summary: "PASS: identical" };
+    return {
+      app: "/x/heat.ts",
+      appArgs: [],
+      size: 2,
+      mode: "cpr",
+      seed: 7,
+      command: "lifeline drill -n 2 --kill 1@step:8 heat.ts",
+      runs: [reference, faulty],
+      pass: true,
+      summary: "PASS: identical",
+    };
   }
 
   it("is one self-contained page: inline SVG and CSS, no scripts, no external assets", () => {
@@ -201,7 +285,10 @@ describe("renderHtml", () => {
 
   it("segments and commits come from the events", () => {
     const segs = rankSegments(cprEvents(), 2, 2_000);
-    expect(segs[1]!.map((s) => [s.attempt, s.from, s.upAt, s.to, s.end])).toEqual([[0, 0, 510, 735, "failed"], [1, 860, 1_320, 1_721, "finalized"]]);
+    expect(segs[1]!.map((s) => [s.attempt, s.from, s.upAt, s.to, s.end])).toEqual([
+      [0, 0, 510, 735, "failed"],
+      [1, 860, 1_320, 1_721, "finalized"],
+    ]);
     expect(segs[0]![0]!.end).toBe("stopped");
     expect(lineCommits(cprEvents())).toEqual([{ t: 650, epoch: 1 }]);
     expect(esc(`<a href="x">&`)).toBe("&lt;a href=&quot;x&quot;&gt;&amp;");

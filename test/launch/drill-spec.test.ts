@@ -66,7 +66,11 @@ describe("planFaults", () => {
 
   it("puts the kth fault of a run in attempt k (restart-all), unless the spec names one", () => {
     const plan = planFaults(specs("1@step:5", "2@time:1s", "mock=0,1,0,0"), { size: 4, mode: "cpr", seed: 1, reference });
-    expect(plan.map((f) => [f.rank, f.trigger, f.attempt])).toEqual([[1, "step:5", 0], [2, "time:1000", 1], [0, "mock:1,0", 0]]);
+    expect(plan.map((f) => [f.rank, f.trigger, f.attempt])).toEqual([
+      [1, "step:5", 0],
+      [2, "time:1000", 1],
+      [0, "mock:1,0", 0],
+    ]);
     expect(plan[0]!.stepsBefore).toBe(4);
     expect(plan.map((f) => f.index)).toEqual([1, 2, 3]);
   });

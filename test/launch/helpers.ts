@@ -31,8 +31,17 @@ export class EventLog<E> {
     const seen = this.all.find(pred);
     if (seen !== undefined) return Promise.resolve(seen);
     return new Promise((resolve, reject) => {
-      const timer = setTimeout(() => reject(new Error(`timed out after ${timeoutMs} ms waiting for ${what}; saw ${JSON.stringify(this.all, replacer)}`)), timeoutMs);
-      this.waiters.push({ pred, resolve: (e) => { clearTimeout(timer); resolve(e); } });
+      const timer = setTimeout(
+        () => reject(new Error(`timed out after ${timeoutMs} ms waiting for ${what}; saw ${JSON.stringify(this.all, replacer)}`)),
+        timeoutMs,
+      );
+      this.waiters.push({
+        pred,
+        resolve: (e) => {
+          clearTimeout(timer);
+          resolve(e);
+        },
+      });
     });
   }
 }
@@ -47,7 +56,11 @@ export class FakeRank {
   readonly inbox = new EventLog<CoordinatorToRank>();
   private reading: Promise<void>;
 
-  constructor(endpoint: string, readonly rank: number, opts: { attempt?: number; routingId?: string } = {}) {
+  constructor(
+    endpoint: string,
+    readonly rank: number,
+    opts: { attempt?: number; routingId?: string } = {},
+  ) {
     const dealer = new Dealer({ routingId: opts.routingId ?? controlIdentity(rank, opts.attempt ?? 0), linger: 0 });
     this.dealer = dealer;
     dealer.connect(endpoint);

@@ -20,10 +20,26 @@ import type { JobRecord, LineRecord } from "../../src/store/types.ts";
 
 const me: JobIdentity = { app: "/w/heat.ts", args: ["--iters", "400"], size: 4 };
 const record = (over: Partial<JobRecord> = {}): JobRecord => ({
-  id: "heat-0badcafe", app: me.app, args: [...me.args], size: me.size, mode: "cpr", programSha256: "",
-  createdMs: 1_700_000_000_000, run: 1, runStartedMs: 1_700_000_000_000, launcher: { pid: 999_999, host: "h" }, state: "running", ...over,
+  id: "heat-0badcafe",
+  app: me.app,
+  args: [...me.args],
+  size: me.size,
+  mode: "cpr",
+  programSha256: "",
+  createdMs: 1_700_000_000_000,
+  run: 1,
+  runStartedMs: 1_700_000_000_000,
+  launcher: { pid: 999_999, host: "h" },
+  state: "running",
+  ...over,
 });
-const line = (epoch: number): LineRecord => ({ epoch, timeMs: 1_700_000_100_000 + epoch, parts: [{ rank: 0, epoch, checksum: 1, bytes: 1024 }], meta: undefined, job: { id: "heat-0badcafe", run: 1 } });
+const line = (epoch: number): LineRecord => ({
+  epoch,
+  timeMs: 1_700_000_100_000 + epoch,
+  parts: [{ rank: 0, epoch, checksum: 1, bytes: 1024 }],
+  meta: undefined,
+  job: { id: "heat-0badcafe", run: 1 },
+});
 const ctx = { location: "/s", alive: () => false };
 
 describe("decideClaim", () => {
@@ -73,7 +89,12 @@ describe("decideClaim", () => {
   });
 
   it("--fresh discards whatever the store holds", () => {
-    expect(decideClaim({ job: record({ app: "/w/other.ts" }), lines: [line(3)] }, me, "fresh", ctx)).toEqual({ kind: "fresh", discard: [line(3)], why: "--fresh", continues: undefined });
+    expect(decideClaim({ job: record({ app: "/w/other.ts" }), lines: [line(3)] }, me, "fresh", ctx)).toEqual({
+      kind: "fresh",
+      discard: [line(3)],
+      why: "--fresh",
+      continues: undefined,
+    });
   });
 
   it("--resume with no line is refused", () => {
@@ -97,14 +118,28 @@ describe("claimStore / endRun", () => {
   });
 
   it("writes the run's job record, holds the manifest, and records how the run ended", async () => {
-    const config = resolveRunConfig({ np: "2", mode: "cpr", app: "examples/heat.ts", appArgs: ["--iters", "9"], store: join(dir, "s") }, { cwd: process.cwd() });
+    const config = resolveRunConfig(
+      { np: "2", mode: "cpr", app: "examples/heat.ts", appArgs: ["--iters", "9"], store: join(dir, "s") },
+      { cwd: process.cwd() },
+    );
     const claim = await claimStore(config, { jobIdBase: "heat", nowMs: () => 1_700_000_000_000 });
     expect(claim.action).toEqual({ kind: "fresh", discard: [], why: undefined, continues: undefined });
-    expect(claim.job).toMatchObject({ app: identityOf(config).app, args: ["--iters", "9"], size: 2, mode: "cpr", run: 1, state: "running", launcher: { pid: process.pid } });
+    expect(claim.job).toMatchObject({
+      app: identityOf(config).app,
+      args: ["--iters", "9"],
+      size: 2,
+      mode: "cpr",
+      run: 1,
+      state: "running",
+      launcher: { pid: process.pid },
+    });
     expect(claim.job.id).toMatch(/^heat-[0-9a-f]{8}$/);
     expect(claim.job.programSha256).toMatch(/^[0-9a-f]{64}$/);
     // The manifest is held: another launcher cannot claim the store meanwhile.
-    const second = await claimStore(config, { jobIdBase: "heat" }).then(() => undefined, (err: unknown) => err);
+    const second = await claimStore(config, { jobIdBase: "heat" }).then(
+      () => undefined,
+      (err: unknown) => err,
+    );
     expect(isLifelineError(second, "STORE_LOCKED") && second.message).toMatch(/is in use by another running job/);
     expect(await endRun(claim, { state: "stopped", exitCode: 143, nowMs: 1_700_000_005_000 })).toBeUndefined();
     await claim.manifest.close();

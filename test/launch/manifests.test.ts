@@ -37,14 +37,15 @@ describe("docs/kubernetes/lifeline-job.yaml", () => {
     const docs = manifest();
     expect(docs.map((d) => `${d.apiVersion} ${d.kind}`)).toEqual(["v1 Service", "v1 PersistentVolumeClaim", "batch/v1 Job", "batch/v1 Job"]);
     for (const d of docs) {
-      const model = d.kind === "Service" ? new Service(d as never) : d.kind === "PersistentVolumeClaim" ? new PersistentVolumeClaim(d as never) : new Job(d as never);
+      const model = d.kind === "Service" ? new Service(d) : d.kind === "PersistentVolumeClaim" ? new PersistentVolumeClaim(d) : new Job(d as never);
       expect(() => model.validate(), `${d.kind} ${d.metadata.name}`).not.toThrow();
     }
   });
 
   it("the ranks, the coordinator and the service agree (size, port, mode, store), and the coordinator's command line parses", async () => {
     const [service, , coordinator, ranks] = manifest() as [Doc, Doc, Doc, Doc];
-    const pod = (job: Doc) => (job.spec.template as { spec: { containers: { command: string[]; env?: { name: string; value: string }[] }[]; subdomain?: string } }).spec;
+    const pod = (job: Doc) =>
+      (job.spec.template as { spec: { containers: { command: string[]; env?: { name: string; value: string }[] }[]; subdomain?: string } }).spec;
     const cmd = pod(coordinator).containers[0]!.command;
     const env = Object.fromEntries(pod(ranks).containers[0]!.env!.map((e) => [e.name, e.value]));
     const flag = (name: string): string => cmd[cmd.indexOf(name) + 1]!;
@@ -59,11 +60,25 @@ describe("docs/kubernetes/lifeline-job.yaml", () => {
     // The CLI takes the coordinator's command line: run it here, with this machine's address,
     // a temporary store, any port and the .ts program, until no rank joins (not a usage error).
     const args = cmd.slice(cmd.indexOf("coordinator") + 1).map((a) => (a === "examples/heat.js" ? "examples/heat.ts" : a));
-    const here: Record<string, string> = { "--bind": "127.0.0.1", "--port": "0", "--store": join(tempDir, "store"), "--results": join(tempDir, "results.json") };
+    const here: Record<string, string> = {
+      "--bind": "127.0.0.1",
+      "--port": "0",
+      "--store": join(tempDir, "store"),
+      "--results": join(tempDir, "results.json"),
+    };
     const local = args.map((a, i) => here[args[i - 1]!] ?? a);
     let err = "";
     const code = await main(["coordinator", "--rendezvous-timeout", "300ms", "--results", here["--results"]!, ...local], {
-      stdout: { write: () => true }, stderr: { write: (s: string) => { err += s; return true; } }, env: process.env, cwd: ROOT, handleSignals: false,
+      stdout: { write: () => true },
+      stderr: {
+        write: (s: string) => {
+          err += s;
+          return true;
+        },
+      },
+      env: process.env,
+      cwd: ROOT,
+      handleSignals: false,
     });
     expect(code, err).toBe(1);
     expect(JSON.parse(readFileSync(here["--results"]!, "utf8")).error.code, err).toBe("LAUNCH_RENDEZVOUS");
@@ -76,9 +91,23 @@ describe("docs/slurm/lifeline.sbatch", () => {
     const syntax = spawnSync("bash", ["-n", path], { encoding: "utf8" });
     expect(syntax.status, syntax.stderr).toBe(0);
     let help = "";
-    await main(["coordinator", "--help"], { stdout: { write: (s: string) => { help += s; return true; } }, stderr: { write: () => true }, env: process.env, cwd: ROOT, handleSignals: false });
+    await main(["coordinator", "--help"], {
+      stdout: {
+        write: (s: string) => {
+          help += s;
+          return true;
+        },
+      },
+      stderr: { write: () => true },
+      env: process.env,
+      cwd: ROOT,
+      handleSignals: false,
+    });
     const script = readFileSync(path, "utf8");
-    const line = script.replace(/\\\n/g, " ").split("\n").find((l) => l.startsWith("npx lifeline coordinator"))!;
+    const line = script
+      .replace(/\\\n/g, " ")
+      .split("\n")
+      .find((l) => l.startsWith("npx lifeline coordinator"))!;
     // The options before the program (those after it are the program's own).
     const own = line.slice(0, line.indexOf(" examples/"));
     const used = [...own.matchAll(/\s(--[a-z-]+|-n)\b/g)].map((m) => m[1]!);

@@ -30,10 +30,8 @@ function from(m: Membership, msg: RankToCoordinator, identity?: string): Members
 
 const sends = (effects: readonly MembershipEffect[]): { to: string; msg: CoordinatorToRank }[] =>
   effects.flatMap((e) => (e.kind === "send" ? [{ to: e.to, msg: e.msg }] : []));
-const events = (effects: readonly MembershipEffect[]): CoordinatorEvent[] =>
-  effects.flatMap((e) => (e.kind === "event" ? [e.event] : []));
-const warnings = (effects: readonly MembershipEffect[]): string[] =>
-  events(effects).flatMap((e) => (e.kind === "warning" ? [e.message] : []));
+const events = (effects: readonly MembershipEffect[]): CoordinatorEvent[] => effects.flatMap((e) => (e.kind === "event" ? [e.event] : []));
+const warnings = (effects: readonly MembershipEffect[]): string[] => events(effects).flatMap((e) => (e.kind === "warning" ? [e.message] : []));
 
 /** A job of `size` ranks past its rendezvous (tables sent). */
 function running(size: number, opts: Partial<MembershipOptions> = {}): Membership {
@@ -45,7 +43,11 @@ function running(size: number, opts: Partial<MembershipOptions> = {}): Membershi
 
 describe("membership: rendezvous", () => {
   it("sends the tables once every rank said hello, in any order, endpoints by rank", () => {
-    for (const order of [[0, 1, 2], [2, 0, 1], [1, 2, 0]]) {
+    for (const order of [
+      [0, 1, 2],
+      [2, 0, 1],
+      [1, 2, 0],
+    ]) {
       const m = machine(3, { hosts: [0, 0, 1], mode: "cpr" });
       const all: MembershipEffect[] = [];
       for (const r of order) {
@@ -55,7 +57,11 @@ describe("membership: rendezvous", () => {
       const table = { t: "table", jobKey: 42, endpoints: ["tcp://h:0.0", "tcp://h:1.0", "tcp://h:2.0"], attempts: [0, 0, 0], hosts: [0, 0, 1], mode: "cpr" };
       expect(sends(all)).toEqual([0, 1, 2].map((r) => ({ to: id(r, 0), msg: table })));
       expect(events(all).map((e) => e.kind)).toEqual(["rank-up", "rank-up", "rank-up", "ready"]);
-      expect(events(all).filter((e) => e.kind === "rank-up").map((e) => (e as { rank: number }).rank)).toEqual(order);
+      expect(
+        events(all)
+          .filter((e) => e.kind === "rank-up")
+          .map((e) => (e as { rank: number }).rank),
+      ).toEqual(order);
     }
   });
 
@@ -110,7 +116,9 @@ describe("membership: tables prepared by the owner", () => {
 
     const failing = machine(1, { prepareTables: true });
     from(failing, hello(0, 0, 1));
-    expect(events(failing.step({ kind: "tables-failed", round: 0, code: "CPR_RESTORE", message: "no copy" }))).toEqual([{ kind: "tables-failed", code: "CPR_RESTORE", message: "no copy" }]);
+    expect(events(failing.step({ kind: "tables-failed", round: 0, code: "CPR_RESTORE", message: "no copy" }))).toEqual([
+      { kind: "tables-failed", code: "CPR_RESTORE", message: "no copy" },
+    ]);
   });
 
   it("a preparation superseded by a newer round sends nothing and reports nothing", () => {
@@ -122,7 +130,10 @@ describe("membership: tables prepared by the owner", () => {
     expect(m.step({ kind: "tables-failed", round: 0, code: "CPR_RESTORE", message: "late" })).toEqual([]);
     from(m, hello(0, 1, 2));
     expect(from(m, hello(1, 1, 2)).filter((e) => e.kind === "prepare-tables")).toEqual([{ kind: "prepare-tables", round: 1 }]);
-    expect(sends(m.step({ kind: "tables-prepared", round: 1 })).map((s) => [s.to, s.msg.t])).toEqual([[id(0, 1), "table"], [id(1, 1), "table"]]);
+    expect(sends(m.step({ kind: "tables-prepared", round: 1 })).map((s) => [s.to, s.msg.t])).toEqual([
+      [id(0, 1), "table"],
+      [id(1, 1), "table"],
+    ]);
   });
 });
 
@@ -151,7 +162,9 @@ describe("membership: results and aborts", () => {
     const m = machine(3);
     from(m, hello(0));
     from(m, hello(2));
-    expect(sends(m.step({ kind: "abort", code: "LAUNCH_RANK_FAILED", message: "rank 1 died" }))).toEqual([0, 2].map((r) => ({ to: id(r, 0), msg: { t: "abort", code: "LAUNCH_RANK_FAILED", message: "rank 1 died" } })));
+    expect(sends(m.step({ kind: "abort", code: "LAUNCH_RANK_FAILED", message: "rank 1 died" }))).toEqual(
+      [0, 2].map((r) => ({ to: id(r, 0), msg: { t: "abort", code: "LAUNCH_RANK_FAILED", message: "rank 1 died" } })),
+    );
     expect(m.phase).toBe("aborted");
     // A rank down (retry-one) is not told either.
     const r = running(3);
@@ -161,7 +174,9 @@ describe("membership: results and aborts", () => {
 
   it("relays a rank's own abort, its steps and its coordinated-checkpoint messages to the owner", () => {
     const m = running(2);
-    expect(events(from(m, { t: "abort", rank: 1, code: "MPI_COLLECTIVE_MISMATCH", message: "bcast root" }))).toEqual([{ kind: "rank-abort", rank: 1, code: "MPI_COLLECTIVE_MISMATCH", message: "bcast root" }]);
+    expect(events(from(m, { t: "abort", rank: 1, code: "MPI_COLLECTIVE_MISMATCH", message: "bcast root" }))).toEqual([
+      { kind: "rank-abort", rank: 1, code: "MPI_COLLECTIVE_MISMATCH", message: "bcast root" },
+    ]);
     expect(events(from(m, { t: "step", rank: 0, steps: 3, epoch: 1 }))).toEqual([{ kind: "step", rank: 0, steps: 3, epoch: 1 }]);
     expect(m.link(0).steps).toBe(3);
     expect(warnings(from(m, { t: "cpr-ready", rank: 0 } as never))).toEqual([expect.stringMatching(/cpr-ready needs an epoch count/)]);
@@ -228,7 +243,10 @@ describe("membership: cpr restart rounds", () => {
     expect(events(old)).toEqual([{ kind: "warning", message: expect.stringMatching(/"r0\.0", which has not said hello/) }]);
     from(m, hello(0, 1, 2));
     const effects = from(m, hello(1, 1, 2));
-    expect(sends(effects).map((s) => [s.to, (s.msg as { attempts?: number[] }).attempts])).toEqual([[id(0, 1), [1, 1]], [id(1, 1), [1, 1]]]);
+    expect(sends(effects).map((s) => [s.to, (s.msg as { attempts?: number[] }).attempts])).toEqual([
+      [id(0, 1), [1, 1]],
+      [id(1, 1), [1, 1]],
+    ]);
     expect(m.links.map((l) => l.identity)).toEqual([id(0, 1), id(1, 1)]);
   });
 

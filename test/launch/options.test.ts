@@ -85,8 +85,10 @@ describe("resolveRunConfig", () => {
   it("--start-timeout: at least 10 s or --failure-timeout by default, below --rendezvous-timeout when given", () => {
     expect(resolveWith({ failureTimeout: "20s" }).startTimeoutMs).toBe(20_000);
     expect(resolveWith({ startTimeout: "2s" }).startTimeoutMs).toBe(2_000);
-    expect(usageMessage(() => resolveWith({ startTimeout: "30s", rendezvousTimeout: "30s" }))).toContain("--start-timeout (30000 ms) must be shorter than --rendezvous-timeout (30000 ms)");
-    expect(usageMessage(() => resolveWith({ startTimeout: "soon" }))).toContain("--start-timeout \"soon\" is not a duration");
+    expect(usageMessage(() => resolveWith({ startTimeout: "30s", rendezvousTimeout: "30s" }))).toContain(
+      "--start-timeout (30000 ms) must be shorter than --rendezvous-timeout (30000 ms)",
+    );
+    expect(usageMessage(() => resolveWith({ startTimeout: "soon" }))).toContain('--start-timeout "soon" is not a duration');
   });
 
   it("--store-scope: host by default with a hostfile, shared without; anything else is refused", () => {
@@ -95,15 +97,17 @@ describe("resolveRunConfig", () => {
     expect(resolveWith({ hostfile: "hosts", bind: "127.0.0.1" }).storeScope).toBe("host");
     expect(resolveWith({ hostfile: "hosts", bind: "127.0.0.1", storeScope: "shared" }).storeScope).toBe("shared");
     expect(resolveWith({ storeScope: "host" }).storeScope).toBe("host");
-    expect(usageMessage(() => resolveWith({ storeScope: "nfs" }))).toContain("--store-scope \"nfs\": expected shared");
+    expect(usageMessage(() => resolveWith({ storeScope: "nfs" }))).toContain('--store-scope "nfs": expected shared');
   });
 
   it("--bind: implies tcp, resolved here for the coordinator, refused with ipc or an address of no interface", () => {
     expect(resolveWith({ bind: "127.0.0.1" })).toMatchObject({ transport: "tcp", bind: "127.0.0.1", bindAddress: "127.0.0.1" });
     expect(resolveWith({})).toMatchObject({ transport: "ipc", bind: undefined, bindAddress: undefined });
-    expect(usageMessage(() => resolveWith({ transport: "ipc", bind: "127.0.0.1" }))).toContain("--bind \"127.0.0.1\" is for --transport tcp");
+    expect(usageMessage(() => resolveWith({ transport: "ipc", bind: "127.0.0.1" }))).toContain('--bind "127.0.0.1" is for --transport tcp');
     expect(usageMessage(() => resolveWith({ bind: "0.0.0.0" }))).toContain("would listen on every interface");
-    expect(usageMessage(() => resolveWith({ bind: "198.19.255.254" }))).toMatch(/198\.19\.255\.254 is not an address of this host; its IPv4 addresses are: .*127\.0\.0\.1/);
+    expect(usageMessage(() => resolveWith({ bind: "198.19.255.254" }))).toMatch(
+      /198\.19\.255\.254 is not an address of this host; its IPv4 addresses are: .*127\.0\.0\.1/,
+    );
   });
 
   it("--resume / --fresh: cpr only, not both", () => {
@@ -111,7 +115,9 @@ describe("resolveRunConfig", () => {
     expect(resolveWith({ mode: "cpr", fresh: true }).resume).toBe("fresh");
     expect(usageMessage(() => resolveWith({ mode: "cpr", resume: true, fresh: true }))).toContain("--resume and --fresh contradict each other");
     expect(usageMessage(() => resolveWith({ mode: "none", resume: true }))).toContain("--resume needs recovery lines, and --mode none keeps none");
-    expect(usageMessage(() => resolveWith({ mode: "retry-one", fresh: true }))).toContain("--fresh: --mode retry-one keeps its checkpoints in the ranks' memory");
+    expect(usageMessage(() => resolveWith({ mode: "retry-one", fresh: true }))).toContain(
+      "--fresh: --mode retry-one keeps its checkpoints in the ranks' memory",
+    );
   });
 
   it("accepts .js apps and keeps app arguments that look like flags", () => {

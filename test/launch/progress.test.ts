@@ -12,7 +12,10 @@ import { createReporter, pickStyle, type JobEvent, type ReportStyle } from "../.
 
 class Sink {
   text = "";
-  constructor(readonly isTTY = false, readonly columns = 100) {}
+  constructor(
+    readonly isTTY = false,
+    readonly columns = 100,
+  ) {}
   write(s: string): boolean {
     this.text += s;
     return true;
@@ -50,21 +53,36 @@ function script(style: ReportStyle, opts: { ok: boolean }) {
     reporter.event({ kind: "rank-finalized", rank: 0 });
     reporter.event({ kind: "rank-finalized", rank: 1 });
     reporter.event({
-      kind: "job-finished", ok: true, exitCode: 0, wallMs: 2500, size: 2, finalized: 2, restarts: 0,
-      error: undefined, results: [42, { d: "ab" }], resultsPath: "/x/out.json",
+      kind: "job-finished",
+      ok: true,
+      exitCode: 0,
+      wallMs: 2500,
+      size: 2,
+      finalized: 2,
+      restarts: 0,
+      error: undefined,
+      results: [42, { d: "ab" }],
+      resultsPath: "/x/out.json",
     });
   } else {
     reporter.event(failed);
     reporter.event({
-      kind: "job-finished", ok: false, exitCode: 137, wallMs: 2500, size: 2, finalized: 0, restarts: 0,
-      error: { code: "LAUNCH_RANK_FAILED", message: "rank 1 (pid 4242) was killed by SIGKILL before finalizing" }, results: [undefined, undefined], resultsPath: undefined,
+      kind: "job-finished",
+      ok: false,
+      exitCode: 137,
+      wallMs: 2500,
+      size: 2,
+      finalized: 0,
+      restarts: 0,
+      error: { code: "LAUNCH_RANK_FAILED", message: "rank 1 (pid 4242) was killed by SIGKILL before finalizing" },
+      results: [undefined, undefined],
+      resultsPath: undefined,
     });
   }
   reporter.close();
   return { stdout: stdout.text, stderr: stderr.text };
 }
 
-// eslint-disable-next-line no-control-regex
 const CONTROL = /[\x00-\x09\x0b-\x1f\x7f]/;
 
 describe("progress reporters", () => {
@@ -107,14 +125,32 @@ describe("progress reporters", () => {
   it("json: every stderr line is one JSON event with a time stamp", () => {
     const { stdout, stderr } = script("json", { ok: false });
     expect(stdout).toBe("[0] hello from 0\n");
-    const events = stderr.trimEnd().split("\n").map((l) => JSON.parse(l) as Record<string, unknown>);
+    const events = stderr
+      .trimEnd()
+      .split("\n")
+      .map((l) => JSON.parse(l) as Record<string, unknown>);
     expect(events.map((e) => e.event)).toEqual([
-      "job-starting", "rank-spawned", "rank-up", "rank-up", "job-started", "rank-step", "output", "warning", "rank-failed", "job-finished",
+      "job-starting",
+      "rank-spawned",
+      "rank-up",
+      "rank-up",
+      "job-started",
+      "rank-step",
+      "output",
+      "warning",
+      "rank-failed",
+      "job-finished",
     ]);
     for (const e of events) expect(typeof e.t).toBe("number");
     expect(events[2]).toEqual({ event: "rank-up", rank: 0, pid: 11, t: 0 });
     expect(events[6]).toEqual({ event: "output", rank: 1, stream: "stderr", line: "warn from 1", t: 1200 });
-    expect(events[8]).toMatchObject({ event: "rank-failed", rank: 1, signal: "SIGKILL", stderrTail: ["Error: boom", "at main (app.ts:3)"], error: "Error: boom" });
+    expect(events[8]).toMatchObject({
+      event: "rank-failed",
+      rank: 1,
+      signal: "SIGKILL",
+      stderrTail: ["Error: boom", "at main (app.ts:3)"],
+      error: "Error: boom",
+    });
     expect(events[9]).toMatchObject({ event: "job-finished", ok: false, exitCode: 137, error: { code: "LAUNCH_RANK_FAILED" } });
   });
 
@@ -128,7 +164,11 @@ describe("progress reporters", () => {
     }
     r.event({ kind: "rank-finalized", rank: 0 });
     r.close();
-    const steps = stderr.text.trimEnd().split("\n").map((l) => JSON.parse(l)).filter((e) => e.event === "rank-step");
+    const steps = stderr.text
+      .trimEnd()
+      .split("\n")
+      .map((l) => JSON.parse(l))
+      .filter((e) => e.event === "rank-step");
     expect(steps.map((e) => e.steps)).toEqual([1, 100]);
   });
 

@@ -36,16 +36,33 @@ function play(mode: string, events: readonly (JobEvent | number)[]): string[] {
 }
 
 const killed = (rank: number, pid: number): JobEvent => ({
-  kind: "rank-failed", rank, pid, reason: "was killed by SIGKILL before finalizing", code: null, signal: "SIGKILL", stderrTail: ["lifeline: injected fault: killing this rank (step:5)"],
+  kind: "rank-failed",
+  rank,
+  pid,
+  reason: "was killed by SIGKILL before finalizing",
+  code: null,
+  signal: "SIGKILL",
+  stderrTail: ["lifeline: injected fault: killing this rank (step:5)"],
   error: "lifeline: injected fault: killing this rank (step:5)",
 });
 /** How a failure reads: the failure and its stderr's error line on one line (the stderr itself was forwarded already). */
 const FAULT = ": lifeline: injected fault: killing this rank (step:5)";
 const finished = (ok: boolean, restarts: number): JobEvent => ({
-  kind: "job-finished", ok, exitCode: ok ? 0 : 137, wallMs: 9000, size: 2, finalized: ok ? 2 : 0, restarts,
-  error: ok ? undefined : { code: "LAUNCH_RESTARTS", message: "rank 1 failed and --max-restarts 1 is used up" }, results: [1, 2], resultsPath: undefined,
+  kind: "job-finished",
+  ok,
+  exitCode: ok ? 0 : 137,
+  wallMs: 9000,
+  size: 2,
+  finalized: ok ? 2 : 0,
+  restarts,
+  error: ok ? undefined : { code: "LAUNCH_RESTARTS", message: "rank 1 failed and --max-restarts 1 is used up" },
+  results: [1, 2],
+  resultsPath: undefined,
 });
-const up: JobEvent[] = [{ kind: "rank-up", rank: 0, pid: 21 }, { kind: "rank-up", rank: 1, pid: 22 }];
+const up: JobEvent[] = [
+  { kind: "rank-up", rank: 0, pid: 21 },
+  { kind: "rank-up", rank: 1, pid: 22 },
+];
 
 describe("progress output of a cpr failure and its recovery", () => {
   it("a killed rank that is recovered: failure detected, recovery from the line, recovered (epoch, time); no error", () => {
@@ -77,16 +94,33 @@ describe("progress output of a cpr failure and its recovery", () => {
   });
 
   it("before the first line: recovered by restarting from the beginning", () => {
-    const lines = play("cpr", [{ kind: "job-started", rendezvousMs: 300 }, 1000, killed(0, 11), { kind: "job-restarting", attempt: 1, epoch: 0, restarts: 1 }, ...up, 1500, { kind: "job-started", rendezvousMs: 400 }]);
+    const lines = play("cpr", [
+      { kind: "job-started", rendezvousMs: 300 },
+      1000,
+      killed(0, 11),
+      { kind: "job-restarting", attempt: 1, epoch: 0, restarts: 1 },
+      ...up,
+      1500,
+      { kind: "job-started", rendezvousMs: 400 },
+    ]);
     expect(lines).toContain("lifeline: recovery 1: every rank restarts (attempt 1) from the beginning (no line committed yet)");
-    expect(lines).toContain("lifeline: recovered from rank 0's failure (was killed by SIGKILL before finalizing): restarted from the beginning (no line was committed), every rank running again 0.50s after the failure was detected");
+    expect(lines).toContain(
+      "lifeline: recovered from rank 0's failure (was killed by SIGKILL before finalizing): restarted from the beginning (no line was committed), every rank running again 0.50s after the failure was detected",
+    );
   });
 
   it("a recovered failure, then a final one: the first reads as detected and recovered, only the last as an error", () => {
     const lines = play("cpr", [
       { kind: "job-started", rendezvousMs: 300 },
-      1000, killed(1, 12), { kind: "job-restarting", attempt: 1, epoch: 2, restarts: 1 }, ...up, 2000, { kind: "job-started", rendezvousMs: 900 },
-      5000, killed(1, 22), { kind: "job-stopping", reason: "--max-restarts 1 is used up" },
+      1000,
+      killed(1, 12),
+      { kind: "job-restarting", attempt: 1, epoch: 2, restarts: 1 },
+      ...up,
+      2000,
+      { kind: "job-started", rendezvousMs: 900 },
+      5000,
+      killed(1, 22),
+      { kind: "job-stopping", reason: "--max-restarts 1 is used up" },
       finished(false, 1),
     ]);
     const text = lines.join("\n");
@@ -113,17 +147,36 @@ describe("progress output of a cpr failure and its recovery", () => {
 
 describe("progress output of a retry-one failure and its recovery", () => {
   const restarting = (rank: number, attempt: number, restarts: number): JobEvent => ({
-    kind: "rank-restarting", rank, attempt, delayMs: 90, restarts, maxRestarts: 3, after: `rank ${rank} was killed by SIGKILL before finalizing`,
+    kind: "rank-restarting",
+    rank,
+    attempt,
+    delayMs: 90,
+    restarts,
+    maxRestarts: 3,
+    after: `rank ${rank} was killed by SIGKILL before finalizing`,
   });
-  const caughtUp = (rank: number, attempt: number, restored: number, replayed: number): JobEvent => ({ kind: "rank-caught-up", rank, attempt, restored, version: restored + 1, seqno: 0, replayed });
+  const caughtUp = (rank: number, attempt: number, restored: number, replayed: number): JobEvent => ({
+    kind: "rank-caught-up",
+    rank,
+    attempt,
+    restored,
+    version: restored + 1,
+    seqno: 0,
+    replayed,
+  });
 
   it("restart announced before the failure's output drained: failure detected, restarting alone, recovered; no error", () => {
     const lines = play("retry-one", [
       { kind: "job-started", rendezvousMs: 300 },
-      4000, restarting(1, 1, 1), 4020, killed(1, 12),
+      4000,
+      restarting(1, 1, 1),
+      4020,
+      killed(1, 12),
       { kind: "rank-up", rank: 1, pid: 31 },
-      4470, caughtUp(1, 1, 7, 3),
-      9000, finished(true, 1),
+      4470,
+      caughtUp(1, 1, 7, 3),
+      9000,
+      finished(true, 1),
     ]);
     expect(lines.slice(1, 6)).toEqual([
       "lifeline: all 2 ranks up after 0.30s",
@@ -147,8 +200,15 @@ describe("progress output of a retry-one failure and its recovery", () => {
   it("a failure no restart follows (--max-restarts used up) is an error", () => {
     const lines = play("retry-one", [
       { kind: "job-started", rendezvousMs: 300 },
-      1000, restarting(1, 1, 1), killed(1, 12), 1500, caughtUp(1, 1, 2, 0),
-      5000, killed(1, 22), { kind: "job-stopping", reason: "--max-restarts 1 is used up" }, finished(false, 1),
+      1000,
+      restarting(1, 1, 1),
+      killed(1, 12),
+      1500,
+      caughtUp(1, 1, 2, 0),
+      5000,
+      killed(1, 22),
+      { kind: "job-stopping", reason: "--max-restarts 1 is used up" },
+      finished(false, 1),
     ]);
     expect(lines.filter((l) => l.startsWith("lifeline: error:"))).toEqual([
       `lifeline: error: rank 1 (pid 22) was killed by SIGKILL before finalizing${FAULT}`,

@@ -45,11 +45,22 @@ describe("the allocation", () => {
   it("gives the job id and each node with its tasks as slots", () => {
     expect(slurmAllocation(ALLOCATION, expand)).toEqual({
       jobId: "42",
-      hosts: [{ host: "node1", slots: 2 }, { host: "node2", slots: 2 }, { host: "node3", slots: 2 }, { host: "gpu7", slots: 1 }],
+      hosts: [
+        { host: "node1", slots: 2 },
+        { host: "node2", slots: 2 },
+        { host: "node3", slots: 2 },
+        { host: "gpu7", slots: 1 },
+      ],
     });
     // sbatch without tasks: the CPUs per node, in the same notation.
     const cpus = { SLURM_JOB_ID: "7", SLURM_NODELIST: "a,b", SLURM_JOB_CPUS_PER_NODE: "4(x2)" };
-    expect(slurmAllocation(cpus, (l) => l.split(","))).toEqual({ jobId: "7", hosts: [{ host: "a", slots: 4 }, { host: "b", slots: 4 }] });
+    expect(slurmAllocation(cpus, (l) => l.split(","))).toEqual({
+      jobId: "7",
+      hosts: [
+        { host: "a", slots: 4 },
+        { host: "b", slots: 4 },
+      ],
+    });
   });
 
   it("outside an allocation: says so, and how to get one", () => {
@@ -62,8 +73,12 @@ describe("the allocation", () => {
 
   it("variables that do not fit together are refused", () => {
     expect(usageMessage(() => slurmAllocation({ SLURM_JOB_ID: "1" }, expand))).toMatch(/SLURM_JOB_NODELIST is not set/);
-    expect(usageMessage(() => slurmAllocation({ SLURM_JOB_ID: "1", SLURM_JOB_NODELIST: "n1" }, expand))).toMatch(/neither SLURM_TASKS_PER_NODE nor SLURM_JOB_CPUS_PER_NODE/);
-    expect(usageMessage(() => slurmAllocation({ ...ALLOCATION, SLURM_TASKS_PER_NODE: "2(x2)" }, expand))).toMatch(/lists 4 nodes .* but SLURM_TASKS_PER_NODE=2\(x2\) counts 2/);
+    expect(usageMessage(() => slurmAllocation({ SLURM_JOB_ID: "1", SLURM_JOB_NODELIST: "n1" }, expand))).toMatch(
+      /neither SLURM_TASKS_PER_NODE nor SLURM_JOB_CPUS_PER_NODE/,
+    );
+    expect(usageMessage(() => slurmAllocation({ ...ALLOCATION, SLURM_TASKS_PER_NODE: "2(x2)" }, expand))).toMatch(
+      /lists 4 nodes .* but SLURM_TASKS_PER_NODE=2\(x2\) counts 2/,
+    );
   });
 
   it("a plain list of names needs no scontrol", () => {
@@ -75,7 +90,18 @@ describe("the step's command lines", () => {
   it("srun: one task on the named node, a step of its own that shares the job's resources", () => {
     const argv = srunCommand({ jobId: "42", host: "node3", rank: 2, line: "echo hi" });
     expect(argv.slice(0, 1)).toEqual(["srun"]);
-    expect(argv).toEqual(expect.arrayContaining(["--jobid=42", "--nodelist=node3", "--nodes=1", "--ntasks=1", "--overlap", "--kill-on-bad-exit=0", "--input=none", "--job-name=lifeline-rank-2"]));
+    expect(argv).toEqual(
+      expect.arrayContaining([
+        "--jobid=42",
+        "--nodelist=node3",
+        "--nodes=1",
+        "--ntasks=1",
+        "--overlap",
+        "--kill-on-bad-exit=0",
+        "--input=none",
+        "--job-name=lifeline-rank-2",
+      ]),
+    );
     expect(argv.slice(-3)).toEqual(["sh", "-c", "echo hi"]);
   });
 
@@ -94,14 +120,28 @@ describe("--launcher", () => {
 
   it("local by default, rsh with a hostfile, and their hosts", () => {
     expect(resolveWith({})).toMatchObject({ launcher: "local", hosts: undefined, transport: "ipc" });
-    expect(resolveWith({ hostfile: "hosts", bind: "127.0.0.1" })).toMatchObject({ launcher: "rsh", hosts: [{ host: "node1", slots: 2 }, { host: "node2", slots: 2 }] });
+    expect(resolveWith({ hostfile: "hosts", bind: "127.0.0.1" })).toMatchObject({
+      launcher: "rsh",
+      hosts: [
+        { host: "node1", slots: 2 },
+        { host: "node2", slots: 2 },
+      ],
+    });
     expect(rankLauncherFor(resolveWith({})).kind).toBe("local");
     expect(rankLauncherFor(resolveWith({ hostfile: "hosts", bind: "127.0.0.1" })).kind).toBe("rsh");
   });
 
   it("slurm: the allocation's job, tcp, and the hostfile's hosts when one is given", () => {
     const c = resolveWith({ launcher: "slurm", bind: "127.0.0.1", hostfile: "hosts" }, { SLURM_JOB_ID: "42" });
-    expect(c).toMatchObject({ launcher: "slurm", slurmJobId: "42", transport: "tcp", hosts: [{ host: "node1", slots: 2 }, { host: "node2", slots: 2 }] });
+    expect(c).toMatchObject({
+      launcher: "slurm",
+      slurmJobId: "42",
+      transport: "tcp",
+      hosts: [
+        { host: "node1", slots: 2 },
+        { host: "node2", slots: 2 },
+      ],
+    });
     const launcher = rankLauncherFor(c);
     expect(launcher.kind).toBe("slurm");
     expect(launcher.hosts).toEqual(c.hosts);
@@ -117,13 +157,20 @@ describe("--launcher", () => {
   });
 
   it("slurm: an allocation too small for -n is refused, saying how to grow it", () => {
-    const m = usageMessage(() => resolveRunConfig({ np: "5", mode: "none", app: "app.ts", launcher: "slurm", bind: "127.0.0.1" }, { cwd: dir, env: { SLURM_JOB_ID: "3", SLURM_JOB_NODELIST: "a,b", SLURM_TASKS_PER_NODE: "2(x2)" } }));
+    const m = usageMessage(() =>
+      resolveRunConfig(
+        { np: "5", mode: "none", app: "app.ts", launcher: "slurm", bind: "127.0.0.1" },
+        { cwd: dir, env: { SLURM_JOB_ID: "3", SLURM_JOB_NODELIST: "a,b", SLURM_TASKS_PER_NODE: "2(x2)" } },
+      ),
+    );
     expect(m).toMatch(/the allocation has 4 slots for 5 ranks; allocate more nodes or tasks per node/);
   });
 
   it("unknown launchers, rsh without a hostfile and local with one are refused", () => {
     expect(usageMessage(() => resolveWith({ launcher: "ssh" }))).toMatch(/--launcher "ssh" is not a launcher; use one of local, rsh, slurm/);
     expect(usageMessage(() => resolveWith({ launcher: "rsh", bind: "127.0.0.1" }))).toMatch(/--launcher rsh starts ranks on the hosts of a --hostfile/);
-    expect(usageMessage(() => resolveWith({ launcher: "local", hostfile: "hosts", bind: "127.0.0.1" }))).toMatch(/--launcher local runs every rank on this host/);
+    expect(usageMessage(() => resolveWith({ launcher: "local", hostfile: "hosts", bind: "127.0.0.1" }))).toMatch(
+      /--launcher local runs every rank on this host/,
+    );
   });
 });

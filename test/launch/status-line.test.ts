@@ -11,7 +11,10 @@ import { createReporter, type JobEvent, type ReportStyle } from "../../src/launc
 
 class Sink {
   text = "";
-  constructor(readonly isTTY = false, readonly columns = 200) {}
+  constructor(
+    readonly isTTY = false,
+    readonly columns = 200,
+  ) {}
   write(s: string): boolean {
     this.text += s;
     return true;
@@ -64,7 +67,10 @@ describe("status under cpr", () => {
   });
 
   it("--json: one event per line, with the epoch and restart count", () => {
-    const events = play("json").text.trim().split("\n").map((l) => JSON.parse(l) as Record<string, unknown>);
+    const events = play("json")
+      .text.trim()
+      .split("\n")
+      .map((l) => JSON.parse(l) as Record<string, unknown>);
     expect(events.find((e) => e.event === "job-restarting")).toMatchObject({ attempt: 1, epoch: 2, restarts: 1 });
     expect(events.filter((e) => e.event === "line-committed").map((e) => e.epoch)).toEqual([1, 2]);
   });

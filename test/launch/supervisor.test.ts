@@ -61,7 +61,13 @@ describe("Supervisor", () => {
     pids = outcome.pids;
     expect(seen).toEqual([
       {
-        failure: { kind: "exit", rank: 1, code: "LAUNCH_RANK_FAILED", message: expect.stringMatching(/^rank 1 \(pid \d+\) exited with code 3 before finalizing$/), exitStatus: 3 },
+        failure: {
+          kind: "exit",
+          rank: 1,
+          code: "LAUNCH_RANK_FAILED",
+          message: expect.stringMatching(/^rank 1 \(pid \d+\) exited with code 3 before finalizing$/),
+          exitStatus: 3,
+        },
         job: { size: 2, mode: "none", restarts: 0, maxRestarts: 3, finalized: [false, false], backoffMs: expect.any(Number) },
       },
     ]);
@@ -89,7 +95,9 @@ describe("Supervisor", () => {
     const outcome = await sup.run();
     pids = outcome.pids;
     expect(outcome).toMatchObject({ ok: false, exitCode: 1, finalizedCount: 2, results: [0, 1] });
-    expect(outcome.summary).toMatch(/^ranks 0, 1 finalized but did not exit within 500 ms of being released \(does an open handle .* keep the process alive\?\); killed$/);
+    expect(outcome.summary).toMatch(
+      /^ranks 0, 1 finalized but did not exit within 500 ms of being released \(does an open handle .* keep the process alive\?\); killed$/,
+    );
     expect(reporter.lines).toContain("stdout [0] rank 0 released, but a timer keeps it alive");
     expect(reporter.events.filter((e) => e.kind === "rank-finalized")).toHaveLength(2);
     expect(await waitGone(outcome.pids, 1_000)).toEqual([]);

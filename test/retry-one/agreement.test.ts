@@ -14,7 +14,8 @@ const opts = { size: 4, replicas: 2 };
 
 /** A survivor at `pos` that committed `committed` and holds its own state and its predecessors'. */
 function survivor(rank: number, pos: Position, committed: number, more: Partial<Summary> = {}): Summary {
-  const holds: Holding[] = committed > 0 ? [{ owner: rank, version: committed }, ...predecessors(rank, opts).map((owner) => ({ owner, version: committed }))] : [];
+  const holds: Holding[] =
+    committed > 0 ? [{ owner: rank, version: committed }, ...predecessors(rank, opts).map((owner) => ({ owner, version: committed }))] : [];
   const bufCount = pos.kind === "coll" ? pos.seqno : pos.kind === "ckpt" || pos.kind === "final" ? pos.count : 0;
   return { rank, pos, restoring: false, committed, bufVersion: committed, bufCount, cacheKeys: [], holds, wireSeq: 10, ...more };
 }
@@ -43,7 +44,10 @@ describe("decide", () => {
   });
 
   it("normal: everyone at the same collective, nothing held beyond it → proceed with the highest wire sequence", () => {
-    const d = decide([0, 1, 2, 3].map((r) => survivor(r, coll(2, 5), 2, { wireSeq: 10 + r })), opts);
+    const d = decide(
+      [0, 1, 2, 3].map((r) => survivor(r, coll(2, 5), 2, { wireSeq: 10 + r })),
+      opts,
+    );
     expect(d).toEqual({ kind: "proceed", pos: coll(2, 5), wireSeq: 13 });
   });
 
@@ -178,7 +182,12 @@ describe("decide", () => {
 
   it("all finalized at the same point → proceed (nothing left to do)", () => {
     const fin: Position = { kind: "final", version: 3, count: 0 };
-    expect(decide([0, 1, 2, 3].map((r) => survivor(r, fin, 3)), opts).kind).toBe("proceed");
+    expect(
+      decide(
+        [0, 1, 2, 3].map((r) => survivor(r, fin, 3)),
+        opts,
+      ).kind,
+    ).toBe("proceed");
   });
 
   it("ranks more than one checkpoint apart is a protocol error", () => {

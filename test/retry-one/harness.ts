@@ -413,7 +413,13 @@ export class RetryOneSim {
   }
 
   private fires(t: Trigger): boolean {
-    return this.triggers.some((x) => x.kind === t.kind && x.rank === t.rank && x.attempt === t.attempt && (x.kind !== "after-replica" || t.kind !== "after-replica" || x.version === t.version));
+    return this.triggers.some(
+      (x) =>
+        x.kind === t.kind &&
+        x.rank === t.rank &&
+        x.attempt === t.attempt &&
+        (x.kind !== "after-replica" || t.kind !== "after-replica" || x.version === t.version),
+    );
   }
 
   // ---- collectives on the wire -----------------------------------------------------------------

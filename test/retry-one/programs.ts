@@ -22,12 +22,12 @@ export interface RabitProgramOptions {
 const ident = (op: string, length: number, root = -1): CollIdentity => ({ op, root, type: "Float64", length });
 
 function expectEqual(what: string, got: unknown, want: unknown, ctx: ProgramContext): void {
-  const g = JSON.stringify(got), w = JSON.stringify(want);
+  const g = JSON.stringify(got),
+    w = JSON.stringify(want);
   if (g !== w) throw new Error(`rank ${ctx.rank} (attempt ${ctx.attempt}): ${what} = ${g}, expected ${w}`);
 }
 
-const maxInput = (rank: number, r: number, n: number, seed: number): number[] =>
-  Array.from({ length: n }, (_, i) => (i * (rank + 1) + r * 7 + seed) % 111);
+const maxInput = (rank: number, r: number, n: number, seed: number): number[] => Array.from({ length: n }, (_, i) => (i * (rank + 1) + r * 7 + seed) % 111);
 const sumInput = (rank: number, r: number, n: number): number[] => Array.from({ length: n }, (_, i) => ((i + 1) * (rank + 1) + r) % 37);
 const bcastInput = (root: number, r: number, n: number): number[] => Array.from({ length: n }, (_, i) => r * 1000 + root * 10 + i);
 
@@ -64,7 +64,8 @@ export function rabitProgram(opts: RabitProgramOptions): Program {
 
       model = model.map((x, i) => (x * 3 + mx[i]! + sm[i]! + bc[i]!) % 1_000_003);
       if (opts.kind !== "model") local = [(local[0]! * 31 + sm[r % n]! + rank) % 1_000_003, r];
-      const m = [...model], l = [...local];
+      const m = [...model],
+        l = [...local];
       let state: Lazy, global: Lazy;
       if (opts.kind === "lazy") {
         state = { kind: "thunk", thunk: () => (ctx.stats.stateThunks++, l) };

@@ -54,7 +54,10 @@ describe("RetryOneRank: failure-free path", () => {
     expect(seen.flat().filter((e) => e.kind === "checkpointed")).toEqual([]); // rank 2 has not arrived
     route(ms, 2, { kind: "checkpoint", state: val("s2"), global: val("g") }, seen);
     for (let r = 0; r < 3; r++) {
-      expect(seen[r]).toEqual([{ kind: "recycle", results: [[0, 0]] }, { kind: "checkpointed", version: 1 }]);
+      expect(seen[r]).toEqual([
+        { kind: "recycle", results: [[0, 0]] },
+        { kind: "checkpointed", version: 1 },
+      ]);
       expect(ms[r]!.progress).toEqual({ version: 1, seqno: 0, committed: 1 });
       expect(ms[r]!.buffered).toMatchObject({ entries: 0, replicas: 1 });
     }
@@ -65,7 +68,12 @@ describe("RetryOneRank: failure-free path", () => {
     const seen: RankEffect[][] = [[], []];
     const calls = { state: 0, global: 0 };
     for (let r = 0; r < 2; r++) {
-      route(ms, r, { kind: "checkpoint", state: { kind: "thunk", thunk: () => (calls.state++, r) }, global: { kind: "thunk", thunk: () => (calls.global++, "g") } }, seen);
+      route(
+        ms,
+        r,
+        { kind: "checkpoint", state: { kind: "thunk", thunk: () => (calls.state++, r) }, global: { kind: "thunk", thunk: () => (calls.global++, "g") } },
+        seen,
+      );
     }
     expect(calls).toEqual({ state: 2, global: 0 });
     const solo = machines(1, 2);
@@ -86,10 +94,14 @@ describe("RetryOneRank: misuse and failures", () => {
     const [m] = machines(1);
     m!.step({ kind: "boot", key: "seed", ident: sum });
     m!.step({ kind: "executed", result: 1 });
-    expect(m!.step({ kind: "boot", key: "seed", ident: sum })).toMatchObject([{ kind: "fail", code: "MPI_BOOTSTRAP", message: expect.stringMatching(/used twice/) }]);
+    expect(m!.step({ kind: "boot", key: "seed", ident: sum })).toMatchObject([
+      { kind: "fail", code: "MPI_BOOTSTRAP", message: expect.stringMatching(/used twice/) },
+    ]);
     const [m2] = machines(1);
     m2!.step({ kind: "checkpoint", state: val(1), global: val(2) });
-    expect(m2!.step({ kind: "boot", key: "late", ident: sum })).toMatchObject([{ kind: "fail", code: "MPI_BOOTSTRAP", message: expect.stringMatching(/after the first checkpoint/) }]);
+    expect(m2!.step({ kind: "boot", key: "late", ident: sum })).toMatchObject([
+      { kind: "fail", code: "MPI_BOOTSTRAP", message: expect.stringMatching(/after the first checkpoint/) },
+    ]);
   });
 
   it("after a failure every later call fails with the same error", () => {
@@ -102,7 +114,9 @@ describe("RetryOneRank: misuse and failures", () => {
 
   it("a restarted rank calling a collective before restore() fails with CPR_RESTORE", () => {
     const m = new RetryOneRank({ rank: 1, size: 2, attempt: 1, attempts: [0, 1] });
-    expect(m.step({ kind: "collective", ident: sum })).toMatchObject([{ kind: "fail", code: "CPR_RESTORE", message: expect.stringMatching(/before restore\(\)/) }]);
+    expect(m.step({ kind: "collective", ident: sum })).toMatchObject([
+      { kind: "fail", code: "CPR_RESTORE", message: expect.stringMatching(/before restore\(\)/) },
+    ]);
   });
 
   it("a dead rank never restarted fails the survivor within the failure timeout (MPI_TIMEOUT)", () => {
@@ -110,7 +124,9 @@ describe("RetryOneRank: misuse and failures", () => {
     m!.step({ kind: "collective", ident: sum });
     expect(kinds(m!.step({ kind: "peer-down", rank: 2, attempt: 0, nowMs: 100 }))).toEqual(["abandon"]);
     expect(m!.step({ kind: "tick", nowMs: 1099 })).toEqual([]);
-    expect(m!.step({ kind: "tick", nowMs: 1100 })).toMatchObject([{ kind: "fail", code: "MPI_TIMEOUT", message: expect.stringMatching(/rank 2 failed and was not running again/) }]);
+    expect(m!.step({ kind: "tick", nowMs: 1100 })).toMatchObject([
+      { kind: "fail", code: "MPI_TIMEOUT", message: expect.stringMatching(/rank 2 failed and was not running again/) },
+    ]);
   });
 
   it("a view change abandons the collective on the wire and starts a round at the sync point", () => {
@@ -200,7 +216,7 @@ describe("RetryOneRank: a restart, step by step", () => {
     route(ms, 1, { kind: "restore" }, seen);
     expect(seen[1]).toEqual([{ kind: "restored", value: { state: "s1", global: "g1", version: 1 } }]);
     route(ms, 1, { kind: "collective", ident: sum }, seen);
-    expect(seen[1]![1]).toEqual({ kind: "complete", result: "b", replayed: true });
+    expect(seen[1][1]).toEqual({ kind: "complete", result: "b", replayed: true });
     // Caught up: the next round finds everyone at (1, 1) and they run it on the wire together.
     route(ms, 1, { kind: "collective", ident: sum }, seen);
     for (let r = 0; r < 3; r++) {
@@ -209,6 +225,6 @@ describe("RetryOneRank: a restart, step by step", () => {
     }
     const wire = seen.map((es) => (es.at(-1) as { wireSeq: number }).wireSeq);
     expect(new Set(wire).size).toBe(1);
-    expect(ms[1]!.buffered.replicas).toBe(1); // it holds rank 0's replica again
+    expect(ms[1].buffered.replicas).toBe(1); // it holds rank 0's replica again
   });
 });

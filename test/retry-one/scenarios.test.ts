@@ -170,17 +170,11 @@ describe("failures retry-one must survive", () => {
   });
 
   it("a survivor killed while it serves a restore: another replica serves", () => {
-    expectRecovered(
-      { program: program("local"), mocks: parseMocks("1,1,1,0"), triggers: [{ kind: "serving-restore", rank: 2, attempt: 0 }] },
-      2,
-    );
+    expectRecovered({ program: program("local"), mocks: parseMocks("1,1,1,0"), triggers: [{ kind: "serving-restore", rank: 2, attempt: 0 }] }, 2);
   });
 
   it("a rank killed again while its checkpoint arrives: its next incarnation restores", () => {
-    expectRecovered(
-      { program: program("local"), mocks: parseMocks("1,1,1,0"), triggers: [{ kind: "receiving-restore", rank: 1, attempt: 1 }] },
-      2,
-    );
+    expectRecovered({ program: program("local"), mocks: parseMocks("1,1,1,0"), triggers: [{ kind: "receiving-restore", rank: 1, attempt: 1 }] }, 2);
   });
 
   it("a kill during a bootstrap collective: the bootstrap results are served from peers' caches", () => {

@@ -64,8 +64,15 @@ function reference(job: Job): string {
   return r;
 }
 
-function runSwarm(seeds: number[], impairedBeyondReplicas: boolean, check: (o: SimOutcome, job: Job) => void): { crashes: number; replayed: number; recycled: number; failed: number } {
-  let crashes = 0, replayed = 0, recycled = 0, failed = 0;
+function runSwarm(
+  seeds: number[],
+  impairedBeyondReplicas: boolean,
+  check: (o: SimOutcome, job: Job) => void,
+): { crashes: number; replayed: number; recycled: number; failed: number } {
+  let crashes = 0,
+    replayed = 0,
+    recycled = 0,
+    failed = 0;
   for (const seed of seeds) {
     const job = jobFor(seed, impairedBeyondReplicas ? 2 : 1);
     try {

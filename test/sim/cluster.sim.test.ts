@@ -21,7 +21,11 @@ describe("SimCluster", () => {
     for (const seed of [1, 2, 3]) {
       const out = await new SimCluster({ seed, size: 3, mode: "none", program: ring, delayMaxMs: 5, advanceChance: 0.05 }).run();
       expect(out.status, out.report).toBe("ok");
-      expect(out.results).toEqual([{ got: 2, sum: 6 }, { got: 0, sum: 6 }, { got: 1, sum: 6 }]);
+      expect(out.results).toEqual([
+        { got: 2, sum: 6 },
+        { got: 0, sum: 6 },
+        { got: 1, sum: 6 },
+      ]);
     }
   });
 

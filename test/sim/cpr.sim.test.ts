@@ -104,19 +104,30 @@ describe("cpr: lines aborted because a part could not be written leave no parts 
       const victim = prng.rangeInclusive(0, size - 1);
       const ref = await new SimCluster({ seed, size, mode: "none", program, policy: "fifo", stepsMax: 20_000 }).run();
       const out = await new SimCluster({
-        seed, size, mode: "cpr", program, stepsMax: 60_000,
+        seed,
+        size,
+        mode: "cpr",
+        program,
+        stepsMax: 60_000,
         cpr: { every: { ms: 20 }, keepLines: 2, slowDisk: prng.chance(0.5), failPartWrite: (rank, epoch) => rank === victim && epoch >= 2 },
         // Network delays make simulated time pass, so the initiator's rounds happen.
-        delayMaxMs: prng.pick([5, 20, 100]), advanceChance: prng.pick([0.2, 0.4]),
+        delayMaxMs: prng.pick([5, 20, 100]),
+        advanceChance: prng.pick([0.2, 0.4]),
       }).run();
       const where = `SEED=${seed}, program: ${describeProgram(spec)}\n${out.report}`;
       expect(out.status, where).toBe("ok");
       expect(out.results, where).toEqual(ref.results);
-      expect(out.linesCommitted.every((e) => e < 2), where).toBe(true);
+      expect(
+        out.linesCommitted.every((e) => e < 2),
+        where,
+      ).toBe(true);
       const early = new Set(out.linesAborted.filter((a) => a.early).map((a) => a.epoch));
       aborted += early.size;
       for (const [rank, epochs] of out.partsLeft.entries()) {
-        expect(epochs.filter((e) => early.has(e)), `rank ${rank} kept parts of aborted lines; ${where}`).toEqual([]);
+        expect(
+          epochs.filter((e) => early.has(e)),
+          `rank ${rank} kept parts of aborted lines; ${where}`,
+        ).toEqual([]);
       }
     }
     expect(aborted, "the seeds should abort lines").toBeGreaterThan(10);

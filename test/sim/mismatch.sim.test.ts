@@ -18,8 +18,15 @@ async function runMismatch(seed: number, kinds: readonly MismatchKind[]): Promis
   if (plan === undefined) return undefined;
   const knobs = prng.fork(2);
   const out = await new SimCluster({
-    seed, size, mode: "none", program: programOfEach(plan.specs), stepsMax: 20_000, simMsMax: 300_000,
-    delayMaxMs: knobs.pick([0, 2, 20, 400]), advanceChance: knobs.pick([0, 0.01, 0.1]), stickyChance: knobs.pick([0, 0.5]),
+    seed,
+    size,
+    mode: "none",
+    program: programOfEach(plan.specs),
+    stepsMax: 20_000,
+    simMsMax: 300_000,
+    delayMaxMs: knobs.pick([0, 2, 20, 400]),
+    advanceChance: knobs.pick([0, 0.01, 0.1]),
+    stickyChance: knobs.pick([0, 0.5]),
   }).run();
   const what = `rank ${plan.rank} ${plan.mismatch} at op ${plan.opIndex}; program of the others: ${describeProgram(plan.specs[(plan.rank + 1) % size]!)}; odd: ${describeProgram(plan.specs[plan.rank]!)}`;
   return { out, what };
@@ -44,7 +51,10 @@ function swarm(kinds: readonly MismatchKind[], count: number): void {
         injected++;
         const { out, what } = r;
         expect(out.status, `${what}\n${out.report}`).toBe("failed");
-        expect(out.aborts.map((a) => a.code), `${what}\n${out.report}`).toContain("MPI_COLLECTIVE_MISMATCH");
+        expect(
+          out.aborts.map((a) => a.code),
+          `${what}\n${out.report}`,
+        ).toContain("MPI_COLLECTIVE_MISMATCH");
       } catch (err) {
         throw new Error(`${(err as Error).message}\nsimulation failed, reproduce with SEED=${seed}`, { cause: err });
       }
@@ -73,14 +83,26 @@ describe("mismatches found by the simulator, as regression tests", () => {
 
   it("gather(root=1) on rank 0 vs gather(root=0) on rank 1: reported even when the stray frames arrive late", async () => {
     const out = await job(2, async (w) => w.gather(w.rank, w.rank === 0 ? 1 : 0), true);
-    expect(out.aborts.map((a) => a.code), out.report).toContain("MPI_COLLECTIVE_MISMATCH");
+    expect(
+      out.aborts.map((a) => a.code),
+      out.report,
+    ).toContain("MPI_COLLECTIVE_MISMATCH");
   });
   it("bcast(root=0) on rank 0 vs gather(root=0) on ranks 1 and 2: reported", async () => {
     const out = await job(3, async (w) => (w.rank === 0 ? w.bcast(7, 0) : w.gather(w.rank, 0)), true);
-    expect(out.aborts.map((a) => a.code), out.report).toContain("MPI_COLLECTIVE_MISMATCH");
+    expect(
+      out.aborts.map((a) => a.code),
+      out.report,
+    ).toContain("MPI_COLLECTIVE_MISMATCH");
   });
   it("rank 1 calls one barrier more than rank 0: reported, no hang", async () => {
-    const out = await job(2, async (w) => { if (w.rank === 1) await w.barrier(); }, false);
+    const out = await job(
+      2,
+      async (w) => {
+        if (w.rank === 1) await w.barrier();
+      },
+      false,
+    );
     expect(out.status, out.report).toBe("failed");
   });
   it("rank 1 skips an allreduce that rank 0 calls: reported, no hang", async () => {

@@ -16,7 +16,6 @@ import { runNoneSeed } from "../../src/testing/swarm.ts";
 
 const SEEDS = swarmSeeds(2000);
 
-
 function check(seed: number, { spec, ref, out }: Awaited<ReturnType<typeof runNoneSeed>>): void {
   const where = `program: ${describeProgram(spec)}`;
   expect(ref.status, `reference run\n${where}\n${ref.report}`).toBe("ok");

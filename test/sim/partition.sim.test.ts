@@ -47,7 +47,12 @@ describe("simulation: partitions", () => {
           locked++;
           continue;
         }
-        if (mode === "retry-one" && out.status === "failed" && out.aborts.length > 0 && out.aborts.every((a) => a.code === "CPR_RESTORE" && /lost/.test(a.message))) {
+        if (
+          mode === "retry-one" &&
+          out.status === "failed" &&
+          out.aborts.length > 0 &&
+          out.aborts.every((a) => a.code === "CPR_RESTORE" && /lost/.test(a.message))
+        ) {
           beyond++;
           continue;
         }
@@ -82,22 +87,29 @@ describe("simulation: one rank cut off for 2.6 s", () => {
     it(`${mode}: declared dead and restarted; the old incarnation ends by its lease (exit 75) and its frames are refused after the heal`, async () => {
       let staleFrames = 0;
       for (let seed = 1; seed <= 20; seed++) {
-        const steps = (cut: ((rank: number) => void) | undefined): SimProgram => async (world, ctx) => {
-          const saved = await world.restore<{ i: number; x: number }>();
-          const s = saved?.state ?? { i: 0, x: world.rank };
-          while (s.i < 12) {
-            // Rank 1's links fail in the middle of the job, just before it sends its part of a
-            // collective: those frames wait in the cut.
-            if (ctx.rank === 1 && ctx.attempt === 0 && s.i === 4) cut?.(1);
-            s.x = await world.allreduce(s.x * 3 + s.i, "sum");
-            s.i++;
-            await world.checkpoint(s);
-          }
-          return s.x;
-        };
+        const steps =
+          (cut: ((rank: number) => void) | undefined): SimProgram =>
+          async (world, ctx) => {
+            const saved = await world.restore<{ i: number; x: number }>();
+            const s = saved?.state ?? { i: 0, x: world.rank };
+            while (s.i < 12) {
+              // Rank 1's links fail in the middle of the job, just before it sends its part of a
+              // collective: those frames wait in the cut.
+              if (ctx.rank === 1 && ctx.attempt === 0 && s.i === 4) cut?.(1);
+              s.x = await world.allreduce(s.x * 3 + s.i, "sum");
+              s.i++;
+              await world.checkpoint(s);
+            }
+            return s.x;
+          };
         const ref = await new SimCluster({ seed, size: 3, mode: "none", policy: "fifo", program: steps(undefined) }).run();
         const cluster: SimCluster = new SimCluster({
-          seed, size: 3, mode, stepsMax: 100_000, delayMaxMs: 20, advanceChance: 0.2,
+          seed,
+          size: 3,
+          mode,
+          stepsMax: 100_000,
+          delayMaxMs: 20,
+          advanceChance: 0.2,
           program: steps((rank) => cluster.partition([rank], CUT_MS)),
           ...(mode === "cpr" ? { cpr: { every: { ms: 20 } } } : { retryOne: { replicas: 1 } }),
           partitions: { chance: 0, max: 0, durationMs: [0, 0] },
@@ -108,7 +120,10 @@ describe("simulation: one rank cut off for 2.6 s", () => {
         expect(out.results, where).toEqual(ref.results);
         expect(out.partitions, where).toBe(1);
         expect(out.declaredDead, where).toBeGreaterThanOrEqual(1);
-        expect(out.leaseEnds.some((e) => e.rank === 1 && e.attempt === 0), where).toBe(true);
+        expect(
+          out.leaseEnds.some((e) => e.rank === 1 && e.attempt === 0),
+          where,
+        ).toBe(true);
         staleFrames += out.staleFrames;
       }
       // In cpr every rank is restarted on new endpoints: the old incarnation's frames go to dead

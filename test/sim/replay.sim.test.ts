@@ -21,8 +21,13 @@ describe("simulation: a seed replays exactly", () => {
       expect(b.out.results).toEqual(a.out.results);
       const c = await runCprSeed(seed);
       const d = await runCprSeed(seed);
-      expect([d.out.steps, d.out.simMs, d.out.framesDelivered, d.out.restarts, d.out.linesCommitted], `reproduce with SEED=${seed}`)
-        .toEqual([c.out.steps, c.out.simMs, c.out.framesDelivered, c.out.restarts, c.out.linesCommitted]);
+      expect([d.out.steps, d.out.simMs, d.out.framesDelivered, d.out.restarts, d.out.linesCommitted], `reproduce with SEED=${seed}`).toEqual([
+        c.out.steps,
+        c.out.simMs,
+        c.out.framesDelivered,
+        c.out.restarts,
+        c.out.linesCommitted,
+      ]);
       expect(d.out.report, `reproduce with SEED=${seed}`).toBe(c.out.report);
     }
   }, 120_000);
@@ -36,8 +41,15 @@ describe("simulation: a crash in mode none", () => {
       const size = prng.rangeInclusive(2, 4);
       const spec = generateProgram(prng.fork(1), { size, opsMax: 10 });
       const out = await new SimCluster({
-        seed, size, mode: "none", program: programOf(spec), stepsMax: 20_000,
-        crashChance: 0.05, crashesMax: 1, delayMaxMs: 10, advanceChance: 0.1,
+        seed,
+        size,
+        mode: "none",
+        program: programOf(spec),
+        stepsMax: 20_000,
+        crashChance: 0.05,
+        crashesMax: 1,
+        delayMaxMs: 10,
+        advanceChance: 0.1,
       }).run();
       const msg = `${out.report}\nreproduce with SEED=${seed}`;
       expect(out.status, msg).not.toBe("hang");

@@ -38,7 +38,8 @@ describe("simulation, mode retry-one", () => {
         out.attempts.forEach((a, r) => {
           if (a > 0) expect(reports, `rank ${r} attempt ${a} finished without reporting that it caught up\n${out.report}`).toContain(`${r}.${a}`);
         });
-        for (const c of out.caughtUp) expect(c.restored, `rank ${c.rank} caught up in version ${c.version} before the one it restored`).toBeLessThanOrEqual(c.version);
+        for (const c of out.caughtUp)
+          expect(c.restored, `rank ${c.rank} caught up in version ${c.version} before the one it restored`).toBeLessThanOrEqual(c.version);
         caughtUp += out.caughtUp.length;
         restarts += out.restarts;
       } catch (err) {
@@ -96,7 +97,11 @@ describe("simulation, mode retry-one", () => {
   it("a dead rank never restarted: the survivors fail with MPI_TIMEOUT within the failure timeout, never hang", async () => {
     for (const seed of [1, 2, 3, 4, 5]) {
       const cluster: SimCluster = new SimCluster({
-        seed, size: 3, mode: "retry-one", stepsMax: 60_000, retryOne: { failureTimeoutMs: 3000, noRestart: [1] },
+        seed,
+        size: 3,
+        mode: "retry-one",
+        stepsMax: 60_000,
+        retryOne: { failureTimeoutMs: 3000, noRestart: [1] },
         program: async (world, ctx) => {
           let x = 0;
           for (let i = 0; i < 6; i++) {
@@ -109,17 +114,29 @@ describe("simulation, mode retry-one", () => {
       });
       const out = await cluster.run();
       expect(out.status, out.report).toBe("failed");
-      expect(out.aborts.some((a) => a.code === "MPI_TIMEOUT" && a.message.includes("rank 1") && a.message.includes("failure timeout")), out.report).toBe(true);
+      expect(
+        out.aborts.some((a) => a.code === "MPI_TIMEOUT" && a.message.includes("rank 1") && a.message.includes("failure timeout")),
+        out.report,
+      ).toBe(true);
       expect(out.simMs, "the survivors gave up within about the failure timeout").toBeLessThan(3000 + 3000);
     }
   });
 
   it("point-to-point and nondet are rejected with MPI_MODE, naming --mode cpr", async () => {
     const out = await new SimCluster({
-      seed: 1, size: 2, mode: "retry-one", policy: "fifo",
+      seed: 1,
+      size: 2,
+      mode: "retry-one",
+      policy: "fifo",
       program: async (world) => {
         const errs: string[] = [];
-        for (const call of [() => world.send(1, 1 - world.rank), () => world.recv(), () => world.probe(), async () => world.iprobe(), async () => world.nondet(() => 1)]) {
+        for (const call of [
+          () => world.send(1, 1 - world.rank),
+          () => world.recv(),
+          () => world.probe(),
+          async () => world.iprobe(),
+          async () => world.nondet(() => 1),
+        ]) {
           try {
             await call();
             errs.push("no error");

@@ -55,7 +55,8 @@ interface Child {
 
 function startWriter(dir: string, seed: number): Child {
   const proc = spawn(process.execPath, ["--import", "tsx", WRITER, dir, String(seed), String(RANKS), String(KEEP)], {
-    cwd: ROOT, stdio: ["ignore", "pipe", "pipe"],
+    cwd: ROOT,
+    stdio: ["ignore", "pipe", "pipe"],
   });
   const committed: number[] = [];
   const warnings: string[] = [];
@@ -66,21 +67,32 @@ function startWriter(dir: string, seed: number): Child {
   let onFail!: (err: Error) => void;
   let openingAt = 0;
   let sawReady = false;
-  const ready = new Promise<number>((resolve, reject) => { onReady = resolve; onFail = reject; });
-  const opening = new Promise<void>((resolve) => { onOpening = resolve; });
+  const ready = new Promise<number>((resolve, reject) => {
+    onReady = resolve;
+    onFail = reject;
+  });
+  const opening = new Promise<void>((resolve) => {
+    onOpening = resolve;
+  });
   ready.catch(() => undefined); // a kill before ready is fine; callers that wait see the rejection
   proc.stdout.setEncoding("utf8").on("data", (chunk: string) => {
     pending += chunk;
     const lines = pending.split("\n");
     pending = lines.pop()!;
     for (const line of lines) {
-      if (line === "opening") { openingAt = performance.now(); onOpening(); }
-      else if (line.startsWith("ready ")) { sawReady = true; onReady(performance.now() - openingAt); }
-      else if (line.startsWith("committed ")) committed.push(Number(line.slice("committed ".length)));
+      if (line === "opening") {
+        openingAt = performance.now();
+        onOpening();
+      } else if (line.startsWith("ready ")) {
+        sawReady = true;
+        onReady(performance.now() - openingAt);
+      } else if (line.startsWith("committed ")) committed.push(Number(line.slice("committed ".length)));
       else if (line.startsWith("warning ")) warnings.push(line);
     }
   });
-  proc.stderr.setEncoding("utf8").on("data", (chunk: string) => { stderr += chunk; });
+  proc.stderr.setEncoding("utf8").on("data", (chunk: string) => {
+    stderr += chunk;
+  });
   const exited = new Promise<void>((resolve) => {
     proc.on("exit", (code, signal) => {
       if (signal !== "SIGKILL") onFail(new Error(`writer exited by itself (code ${code}, signal ${signal}):\n${stderr}`));
@@ -91,12 +103,21 @@ function startWriter(dir: string, seed: number): Child {
   return { opening, ready, exited, committed, warnings, wasReady: () => sawReady, kill: () => proc.kill("SIGKILL") };
 }
 
-async function openAll(dir: string): Promise<{ close(): Promise<void>; manifest: Awaited<ReturnType<LevelRecoveryStore["openManifest"]>>; ranks: RankPartStore[] }> {
+async function openAll(
+  dir: string,
+): Promise<{ close(): Promise<void>; manifest: Awaited<ReturnType<LevelRecoveryStore["openManifest"]>>; ranks: RankPartStore[] }> {
   const store = new LevelRecoveryStore(dir);
   const manifest = await store.openManifest();
   const ranks: RankPartStore[] = [];
   for (let r = 0; r < RANKS; r++) ranks.push(await store.openRank(r));
-  return { manifest, ranks, close: async () => { await manifest.close(); for (const r of ranks) await r.close(); } };
+  return {
+    manifest,
+    ranks,
+    close: async () => {
+      await manifest.close();
+      for (const r of ranks) await r.close();
+    },
+  };
 }
 
 let dir: string;
@@ -119,7 +140,7 @@ describe("store under kill -9", () => {
       const child = startWriter(dir, SEED * 1000 + kill);
       const duringStartup = kill > 0 && random() < 0.25;
       const context = `kill ${kill} (SEED=${SEED})`;
-      const within = <T,>(p: Promise<T>, what: string): Promise<T> =>
+      const within = <T>(p: Promise<T>, what: string): Promise<T> =>
         Promise.race([p, new Promise<T>((_, reject) => setTimeout(() => reject(new Error(`${context}: writer not ${what} in 20 s`)), 20_000))]);
       if (duringStartup) {
         // Aim at opening and recovery (garbage collection, retracting, deleting leftovers).
@@ -186,6 +207,8 @@ describe("store under kill -9", () => {
     } finally {
       await close();
     }
-    console.log(`crash test: ${KILLS} kills (${killedBeforeReady} aimed at start-up, ${killedInRecovery} of them before "ready"; ${killedWhileWriting} while writing), ${reported.size} commits reported`);
+    console.log(
+      `crash test: ${KILLS} kills (${killedBeforeReady} aimed at start-up, ${killedInRecovery} of them before "ready"; ${killedWhileWriting} while writing), ${reported.size} commits reported`,
+    );
   }, 120_000);
 });

@@ -44,19 +44,30 @@ async function runOnTmpfs(size: string): Promise<{ code: number | null; signal: 
   try {
     const script = `mount -t tmpfs -o size=${size},mode=0700 tmpfs "$MOUNT_POINT" && exec "$NODE" --import tsx "$FIXTURE" "$MOUNT_POINT"`;
     const proc = spawn("unshare", ["--mount", "--propagation", "private", "sh", "-c", script], {
-      cwd: ROOT, stdio: ["ignore", "pipe", "pipe"],
+      cwd: ROOT,
+      stdio: ["ignore", "pipe", "pipe"],
       env: { ...process.env, MOUNT_POINT: mountPoint, NODE: process.execPath, FIXTURE },
     });
     let stdout = "";
     let stderr = "";
-    proc.stdout.setEncoding("utf8").on("data", (c: string) => { stdout += c; });
-    proc.stderr.setEncoding("utf8").on("data", (c: string) => { stderr += c; });
+    proc.stdout.setEncoding("utf8").on("data", (c: string) => {
+      stdout += c;
+    });
+    proc.stderr.setEncoding("utf8").on("data", (c: string) => {
+      stderr += c;
+    });
     let timedOut = false;
     // `sh` execs node in place, so this is the fixture's pid; the namespace and the mount go
     // with it.
-    const timer = setTimeout(() => { timedOut = true; proc.kill("SIGKILL"); }, TIMEOUT_MS);
+    const timer = setTimeout(() => {
+      timedOut = true;
+      proc.kill("SIGKILL");
+    }, TIMEOUT_MS);
     const [code, signal] = await new Promise<[number | null, NodeJS.Signals | null]>((resolve) => {
-      proc.on("error", (err) => { stderr += `spawning unshare: ${err.message}\n`; resolve([null, null]); });
+      proc.on("error", (err) => {
+        stderr += `spawning unshare: ${err.message}\n`;
+        resolve([null, null]);
+      });
       proc.on("close", (c, s) => resolve([c, s]));
     });
     clearTimeout(timer);
@@ -69,34 +80,38 @@ async function runOnTmpfs(size: string): Promise<{ code: number | null; signal: 
 }
 
 describe("store on a full disk", () => {
-  it("fails writes with STORE_IO while the disk is full, then writes again and loses nothing acknowledged", async () => {
-    const started = performance.now();
-    const run = await runOnTmpfs("4m");
-    const output = `exit code ${run.code}, signal ${run.signal}\n--- stdout\n${run.stdout}--- stderr\n${run.stderr}`;
-    if (!run.stdout.startsWith("start\n")) {
-      throw new Error(
-        "could not run the fixture on a private tmpfs: `unshare --mount` and `mount -t tmpfs` need root (CAP_SYS_ADMIN) " +
-          `and util-linux's unshare; run the tests as root, or in a container allowed to mount.\n${output}`,
-      );
-    }
-    expect(run.timedOut, `the fixture did not finish within ${TIMEOUT_MS / 1000} s and was killed\n${output}`).toBe(false);
-    expect(run.code, output).toBe(0);
-    const summary = JSON.parse(run.stdout.trim().split("\n").at(-1)!) as Summary;
-    console.log(`disk-full test (${((performance.now() - started) / 1000).toFixed(1)} s): ${JSON.stringify(summary)}`);
+  it(
+    "fails writes with STORE_IO while the disk is full, then writes again and loses nothing acknowledged",
+    async () => {
+      const started = performance.now();
+      const run = await runOnTmpfs("4m");
+      const output = `exit code ${run.code}, signal ${run.signal}\n--- stdout\n${run.stdout}--- stderr\n${run.stderr}`;
+      if (!run.stdout.startsWith("start\n")) {
+        throw new Error(
+          "could not run the fixture on a private tmpfs: `unshare --mount` and `mount -t tmpfs` need root (CAP_SYS_ADMIN) " +
+            `and util-linux's unshare; run the tests as root, or in a container allowed to mount.\n${output}`,
+        );
+      }
+      expect(run.timedOut, `the fixture did not finish within ${TIMEOUT_MS / 1000} s and was killed\n${output}`).toBe(false);
+      expect(run.code, output).toBe(0);
+      const summary = JSON.parse(run.stdout.trim().split("\n").at(-1)!) as Summary;
+      console.log(`disk-full test (${((performance.now() - started) / 1000).toFixed(1)} s): ${JSON.stringify(summary)}`);
 
-    expect(summary.problems, output).toEqual([]);
-    // The disk did fill up, and LevelDB itself failed to write (not only a blob file).
-    expect(summary.linesBeforeFull).toBeGreaterThan(0);
-    expect(summary.failuresWhileFull["leveldb-write"]).toBeGreaterThan(0);
-    expect(summary.failuresWhileFull.other).toBe(0);
-    expect(summary.examples["leveldb-write"]).toMatch(/No space left on device/);
-    expect(summary.freeWhenFull).toBeLessThan(64 * 1024);
-    // Space freed: the same handles work again, every time.
-    expect(summary.pruneAfterCleanup).toBe(true);
-    expect(summary.linesAfterFull).toBe(30);
-    expect(summary.failuresAfterFree).toBe(0);
-    expect(summary.linesAtEnd).toHaveLength(2);
-    expect(summary.partsChecked).toBe(4);
-    expect(summary.durableChecked).toBeGreaterThanOrEqual(4);
-  }, TIMEOUT_MS + 10_000);
+      expect(summary.problems, output).toEqual([]);
+      // The disk did fill up, and LevelDB itself failed to write (not only a blob file).
+      expect(summary.linesBeforeFull).toBeGreaterThan(0);
+      expect(summary.failuresWhileFull["leveldb-write"]).toBeGreaterThan(0);
+      expect(summary.failuresWhileFull.other).toBe(0);
+      expect(summary.examples["leveldb-write"]).toMatch(/No space left on device/);
+      expect(summary.freeWhenFull).toBeLessThan(64 * 1024);
+      // Space freed: the same handles work again, every time.
+      expect(summary.pruneAfterCleanup).toBe(true);
+      expect(summary.linesAfterFull).toBe(30);
+      expect(summary.failuresAfterFree).toBe(0);
+      expect(summary.linesAtEnd).toHaveLength(2);
+      expect(summary.partsChecked).toBe(4);
+      expect(summary.durableChecked).toBeGreaterThanOrEqual(4);
+    },
+    TIMEOUT_MS + 10_000,
+  );
 });

@@ -213,7 +213,11 @@ describe("LevelRecoveryStore on disk", () => {
     for (const r of ranks) await r.close();
     await new LevelStoreFaults(dir).removePart(1, 3);
     const report = await listLines(dir);
-    expect(report.rows.map((r) => [r.epoch, r.state])).toEqual([[2, "committed"], [3, "corrupt"], [4, "partial"]]);
+    expect(report.rows.map((r) => [r.epoch, r.state])).toEqual([
+      [2, "committed"],
+      [3, "corrupt"],
+      [4, "partial"],
+    ]);
     const text = formatLines(report);
     expect(text).toContain(`recovery lines in ${dir}:`);
     expect(text).toMatch(/EPOCH\s+TIME\s+RANKS\s+BYTES\s+RUN\s+STATE/);

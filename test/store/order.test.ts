@@ -108,10 +108,14 @@ describe("store write order", () => {
     await manifest.commitLine(3, [ref(3)]);
     await manifest.prune(1);
     expect(spy.take()).toEqual([
-      "kv.write start [put line, del abort] sync=true", "kv.write end",
-      "kv.write start [del line, put abort] sync=true", "kv.write end",
-      "kv.write start [put line, del abort] sync=true", "kv.write end",
-      "kv.write start [del line, del abort] sync=true", "kv.write end",
+      "kv.write start [put line, del abort] sync=true",
+      "kv.write end",
+      "kv.write start [del line, put abort] sync=true",
+      "kv.write end",
+      "kv.write start [put line, del abort] sync=true",
+      "kv.write end",
+      "kv.write start [del line, del abort] sync=true",
+      "kv.write end",
     ]);
   });
 });

@@ -8,7 +8,13 @@ import { chooseAcrossHosts, partnerOf, type HostReport } from "../../src/store/p
 import type { LineRecord, PartRef } from "../../src/store/types.ts";
 
 const ref = (rank: number, epoch: number): PartRef => ({ rank, epoch, checksum: 1000 * epoch + rank, bytes: 10 + rank });
-const line = (epoch: number, size = 4): LineRecord => ({ epoch, timeMs: epoch, parts: Array.from({ length: size }, (_, r) => ref(r, epoch)), meta: undefined, job: undefined });
+const line = (epoch: number, size = 4): LineRecord => ({
+  epoch,
+  timeMs: epoch,
+  parts: Array.from({ length: size }, (_, r) => ref(r, epoch)),
+  meta: undefined,
+  job: undefined,
+});
 const own = (rank: number, epoch: number) => ({ ref: ref(rank, epoch), where: `rank-${rank}` });
 const copy = (holder: number, rank: number, epoch: number) => ({ ref: ref(rank, epoch), where: `held-by-${holder}/rank-${rank}` });
 
@@ -43,7 +49,12 @@ describe("chooseAcrossHosts", () => {
     const spare: HostReport = { host: 2, rank: 2, parts: [] };
     const c = chooseAcrossHosts(lines, [host0([1, 2]), spare], [0, 0, 2, 2]);
     expect(c.line?.epoch).toBe(2);
-    expect(c.sources).toEqual([{ kind: "own" }, { kind: "own" }, { kind: "copy", holder: 0, where: "held-by-0/rank-2" }, { kind: "copy", holder: 0, where: "held-by-0/rank-3" }]);
+    expect(c.sources).toEqual([
+      { kind: "own" },
+      { kind: "own" },
+      { kind: "copy", holder: 0, where: "held-by-0/rank-2" },
+      { kind: "copy", holder: 0, where: "held-by-0/rank-3" },
+    ]);
   });
 
   it("a rank placed on another host than its own store (a resume): its own database there is preferred to a partner copy", () => {
@@ -57,7 +68,14 @@ describe("chooseAcrossHosts", () => {
 
   it("the newest line incomplete (a part nowhere, or damaged: not reported): falls back with a warning naming the rank", () => {
     const h0 = host0([1, 2]);
-    const c = chooseAcrossHosts(lines, [{ ...h0, parts: h0.parts.filter((p) => !(p.ref.rank === 3 && p.ref.epoch === 2)) }, { host: 2, rank: 2, parts: [] }], [0, 0, 2, 2]);
+    const c = chooseAcrossHosts(
+      lines,
+      [
+        { ...h0, parts: h0.parts.filter((p) => !(p.ref.rank === 3 && p.ref.epoch === 2)) },
+        { host: 2, rank: 2, parts: [] },
+      ],
+      [0, 0, 2, 2],
+    );
     expect(c.line?.epoch).toBe(1);
     expect(c.skipped).toEqual([{ epoch: 2, missing: [3] }]);
     expect(c.warnings[0]).toMatch(/recovery line 2 is unusable, falling back to line 1: no surviving host holds rank 3's part/);
@@ -65,7 +83,14 @@ describe("chooseAcrossHosts", () => {
 
   it("a part whose checksum differs from the commit record does not count", () => {
     const stale = { ref: { ...ref(1, 2), checksum: 7 }, where: "rank-1" };
-    const c = chooseAcrossHosts([line(2)], [{ host: 0, rank: 0, parts: [own(0, 2), stale, copy(0, 2, 2), copy(0, 3, 2)] }, { host: 1, rank: 2, parts: [own(2, 2), own(3, 2)] }], [0, 0, 1, 1]);
+    const c = chooseAcrossHosts(
+      [line(2)],
+      [
+        { host: 0, rank: 0, parts: [own(0, 2), stale, copy(0, 2, 2), copy(0, 3, 2)] },
+        { host: 1, rank: 2, parts: [own(2, 2), own(3, 2)] },
+      ],
+      [0, 0, 1, 1],
+    );
     expect(c.line).toBeUndefined();
     expect(c.skipped).toEqual([{ epoch: 2, missing: [1] }]);
     expect(c.warnings[0]).toMatch(/the job starts from the beginning/);

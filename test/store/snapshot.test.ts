@@ -116,7 +116,10 @@ function startWriter(dir: string): Writer {
   let last = "";
   let onReady!: () => void;
   let onFail!: (err: Error) => void;
-  const ready = new Promise<void>((resolve, reject) => { onReady = resolve; onFail = reject; });
+  const ready = new Promise<void>((resolve, reject) => {
+    onReady = resolve;
+    onFail = reject;
+  });
   ready.catch(() => undefined);
   proc.stdout.setEncoding("utf8").on("data", (chunk: string) => {
     pending += chunk;
@@ -128,7 +131,9 @@ function startWriter(dir: string): Writer {
       else if (line.startsWith("committed ")) committed.push(Number(line.slice("committed ".length)));
     }
   });
-  proc.stderr.setEncoding("utf8").on("data", (chunk: string) => { stderr += chunk; });
+  proc.stderr.setEncoding("utf8").on("data", (chunk: string) => {
+    stderr += chunk;
+  });
   const exited = new Promise<number | null>((resolve) => {
     proc.on("exit", (code) => {
       onFail(new Error(`the writer exited before it was ready (code ${code}):\n${stderr}`));
@@ -136,7 +141,8 @@ function startWriter(dir: string): Writer {
     });
   });
   return {
-    ready, committed,
+    ready,
+    committed,
     stop: async () => {
       proc.stdin.end("stop\n");
       const timer = setTimeout(() => proc.kill("SIGKILL"), 30_000);
@@ -291,7 +297,11 @@ describe("LevelRecoveryStore snapshots", () => {
     const m = await store.openManifest();
     const p = await store.openRank(1);
     expect((await m.list()).map((l) => l.epoch)).toEqual([1, 2, 3]);
-    expect((await p.listParts()).map((i) => [i.epoch, i.location])).toEqual([[1, "blob"], [2, "blob"], [3, "blob"]]);
+    expect((await p.listParts()).map((i) => [i.epoch, i.location])).toEqual([
+      [1, "blob"],
+      [2, "blob"],
+      [3, "blob"],
+    ]);
     expect(await p.getPart(2)).toEqual(bytesOf(100_000, 2));
     await expect(p.putPart(4, Buffer.alloc(1))).rejects.toThrow(TypeError);
     await expect(p.retain([])).rejects.toThrow(TypeError);
@@ -349,7 +359,12 @@ describe("LevelRecoveryStore snapshots", () => {
     await p1.close();
     await new LevelStoreFaults(dir).removePart(1, 2); // a corrupt line
     const plain = await listLines(dir);
-    expect(plain.rows.map((r) => [r.epoch, r.state])).toEqual([[1, "committed"], [2, "corrupt"], [3, "committed"], [4, "partial"]]);
+    expect(plain.rows.map((r) => [r.epoch, r.state])).toEqual([
+      [1, "committed"],
+      [2, "corrupt"],
+      [3, "committed"],
+      [4, "partial"],
+    ]);
     expect(await listLinesIn(snapshotStore(dir))).toEqual(plain);
     expect(await listLinesIn(snapshotStore(dir), { verify: false })).toEqual(await listLines(dir, { verify: false }));
     expect(await snapshotCopies()).toEqual([]);

@@ -37,7 +37,8 @@ export async function expectCode(promise: Promise<unknown>, code: LifelineErrorC
     caught = err;
   }
   if (caught === undefined) throw new Error(`expected a rejection with ${code}, but it resolved`);
-  if (!isLifelineError(caught, code)) throw new Error(`expected ${code}, got ${String((caught as { code?: unknown }).code)}: ${String(caught)}`, { cause: caught });
+  if (!isLifelineError(caught, code))
+    throw new Error(`expected ${code}, got ${String((caught as { code?: unknown }).code)}: ${String(caught)}`, { cause: caught });
   return caught;
 }
 
@@ -46,7 +47,11 @@ export function bytesOf(n: number, seed: number): Buffer {
   const b = Buffer.allocUnsafe(n);
   let x = (seed * 2654435761) >>> 0 || 1;
   for (let i = 0; i < n; i++) {
-    x ^= x << 13; x >>>= 0; x ^= x >>> 17; x ^= x << 5; x >>>= 0;
+    x ^= x << 13;
+    x >>>= 0;
+    x ^= x >>> 17;
+    x ^= x << 5;
+    x >>>= 0;
     b[i] = x & 0xff;
   }
   return b;
@@ -111,7 +116,11 @@ export function recoveryStoreSuite(name: string, factory: StoreFactory): void {
         }
         const listed = await p.listParts();
         expect(listed.map((i) => [i.epoch, i.bytes, i.location])).toEqual([
-          [0, 0, "inline"], [1, SMALL, "inline"], [2, INLINE_BYTES_MAX, "inline"], [3, INLINE_BYTES_MAX + 1, "blob"], [4, LARGE, "blob"],
+          [0, 0, "inline"],
+          [1, SMALL, "inline"],
+          [2, INLINE_BYTES_MAX, "inline"],
+          [3, INLINE_BYTES_MAX + 1, "blob"],
+          [4, LARGE, "blob"],
         ]);
         expect(listed.every((i) => i.timeMs > 1_700_000_000_000)).toBe(true);
       });
@@ -135,7 +144,10 @@ export function recoveryStoreSuite(name: string, factory: StoreFactory): void {
         const third = await p.putPart(6, bytesOf(SMALL, 4)); // blob replaced by an inline part
         expect((await p.readPart(second)).equals(bytesOf(LARGE, 2))).toBe(true);
         expect((await p.readPart(third)).equals(bytesOf(SMALL, 4))).toBe(true);
-        expect((await p.listParts()).map((i) => [i.epoch, i.location])).toEqual([[5, "blob"], [6, "inline"]]);
+        expect((await p.listParts()).map((i) => [i.epoch, i.location])).toEqual([
+          [5, "blob"],
+          [6, "inline"],
+        ]);
       });
 
       it("reports absent parts: getPart undefined, checkPart missing, readPart STORE_CORRUPT", async () => {
@@ -158,7 +170,10 @@ export function recoveryStoreSuite(name: string, factory: StoreFactory): void {
 
       it("never shares stored bytes with the caller", async () => {
         const p = await rank(0);
-        for (const [epoch, n] of [[1, SMALL], [2, LARGE]] as const) {
+        for (const [epoch, n] of [
+          [1, SMALL],
+          [2, LARGE],
+        ] as const) {
           const input = bytesOf(n, epoch);
           const ref = await p.putPart(epoch, input);
           input.fill(0);
@@ -253,15 +268,30 @@ export function recoveryStoreSuite(name: string, factory: StoreFactory): void {
         await closeAll();
         const again = await manifest();
         expect((await again.list()).map((l) => l.job)).toEqual([undefined, { id: "heat-3f9a1c2e", run: 2 }]);
-        await expect(again.commitLine(3, refs.map((r) => ({ ...r, epoch: 3 })), { job: { id: "", run: 1 } })).rejects.toThrow(TypeError);
+        await expect(
+          again.commitLine(
+            3,
+            refs.map((r) => ({ ...r, epoch: 3 })),
+            { job: { id: "", run: 1 } },
+          ),
+        ).rejects.toThrow(TypeError);
       });
 
       it("keeps the job record: absent at first, replaced by putJob, durable across reopen", async () => {
         const m = await manifest();
         expect(await m.job()).toBeUndefined();
         const job = {
-          id: "heat-3f9a1c2e", app: "/work/heat.ts", args: ["--iters", "400"], size: 4, mode: "cpr", programSha256: "ab".repeat(32),
-          createdMs: 1_700_000_000_000, run: 1, runStartedMs: 1_700_000_000_000, launcher: { pid: 1234, host: "node7" }, state: "running" as const,
+          id: "heat-3f9a1c2e",
+          app: "/work/heat.ts",
+          args: ["--iters", "400"],
+          size: 4,
+          mode: "cpr",
+          programSha256: "ab".repeat(32),
+          createdMs: 1_700_000_000_000,
+          run: 1,
+          runStartedMs: 1_700_000_000_000,
+          launcher: { pid: 1234, host: "node7" },
+          state: "running" as const,
         };
         await m.putJob(job);
         expect(await m.job()).toEqual({ ...job, endedMs: undefined, exitCode: undefined });
@@ -502,7 +532,10 @@ export function recoveryStoreSuite(name: string, factory: StoreFactory): void {
         await faults.corruptPart(1, 2);
         const report = await listLinesIn(store);
         expect(report.rows.map((r) => [r.epoch, r.state, r.ranks, r.ranksTotal])).toEqual([
-          [1, "committed", 2, 2], [2, "corrupt", 2, 2], [3, "partial", 1, 2], [4, "partial", 1, 2],
+          [1, "committed", 2, 2],
+          [2, "corrupt", 2, 2],
+          [3, "partial", 1, 2],
+          [4, "partial", 1, 2],
         ]);
         expect(report.rows[0]!.bytes).toBe(SMALL + LARGE);
         expect(report.rows[1]!.notes.join()).toMatch(/rank 1's part of line 2 is damaged/);

@@ -28,7 +28,10 @@ function pair() {
     };
     const host = { transport, defer: (fn: () => void) => void setImmediate(fn), warn: () => undefined } as unknown as Host;
     return new Channel({
-      rank, size: 2, attempt: 0, host,
+      rank,
+      size: 2,
+      attempt: 0,
+      host,
       deliver: (h, body) => {
         if (h.kind === Kind.app) delivered.push({ at: rank, source: h.source, tag: h.tag, bytes: body.reduce((n, b) => n + b.length, 0) });
       },
@@ -42,7 +45,11 @@ const settle = (): Promise<void> => new Promise((r) => setTimeout(r, 20));
 
 describe("channel receipts", () => {
   it("three large messages arriving in one turn get one receipt, which returns every buffer", async () => {
-    const { channels: [a, b], sent, delivered } = pair();
+    const {
+      channels: [a, b],
+      sent,
+      delivered,
+    } = pair();
     const big = new Float64Array(16 * 1024);
     await Promise.all([a!.sendApp(big, 1, 1), a!.sendApp(big, 1, 2), a!.sendApp(big, 1, 3)]);
     expect(a!.lentCount).toBe(3);
@@ -54,7 +61,10 @@ describe("channel receipts", () => {
   });
 
   it("a reply sent in the same turn carries the receipt: no receipt frame", async () => {
-    const { channels: [a, b], sent } = pair();
+    const {
+      channels: [a, b],
+      sent,
+    } = pair();
     const big = new Float64Array(16 * 1024);
     // Rank 1 replies at once to what it receives, as a ping-pong does.
     (b as unknown as { deliver: unknown }).deliver = () => void b!.sendApp(new Float64Array(1), 0, 9);
@@ -65,10 +75,15 @@ describe("channel receipts", () => {
   });
 
   it("a very large message is sent from the program's memory and the send resolves on its receipt", async () => {
-    const { channels: [a], sent } = pair();
+    const {
+      channels: [a],
+      sent,
+    } = pair();
     const huge = new Float64Array(512 * 1024); // 4 MiB
     let resolved = false;
-    const p = a!.sendApp(huge, 1, 1).then(() => { resolved = true; });
+    const p = a!.sendApp(huge, 1, 1).then(() => {
+      resolved = true;
+    });
     await new Promise((r) => setImmediate(r));
     expect(resolved).toBe(false);
     expect(a!.lentCount).toBe(1);
@@ -78,7 +93,9 @@ describe("channel receipts", () => {
   });
 
   it("a rendezvous send still waiting when the rank aborts fails with the abort's error", async () => {
-    const { channels: [a] } = pair();
+    const {
+      channels: [a],
+    } = pair();
     const p = a!.sendApp(new Float64Array(512 * 1024), 1, 1);
     a!.forgetLent(new Error("aborted"));
     await expect(p).rejects.toThrow("aborted");

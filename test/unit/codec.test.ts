@@ -8,7 +8,11 @@ import { Encoding } from "../../src/mpi/wire.ts";
 
 const roundTrip = (v: unknown): unknown => {
   const body = encodeBody(v, { copy: true });
-  return decodeBody(body.encoding, body.arrayType, body.frames.map((f) => Buffer.from(f.buffer, f.byteOffset, f.byteLength)));
+  return decodeBody(
+    body.encoding,
+    body.arrayType,
+    body.frames.map((f) => Buffer.from(f.buffer, f.byteOffset, f.byteLength)),
+  );
 };
 
 describe("codec", () => {
@@ -22,9 +26,18 @@ describe("codec", () => {
   });
 
   it.each([
-    new Int8Array([-1, 2]), new Uint8Array([1, 255]), new Uint8ClampedArray([3]), new Int16Array([-300]),
-    new Uint16Array([65535]), new Int32Array([-5, 7]), new Uint32Array([4e9]), new Float32Array([0.5]),
-    new Float64Array([1e300]), new BigInt64Array([-5n]), new BigUint64Array([2n ** 64n - 1n]), Buffer.from("buf"),
+    new Int8Array([-1, 2]),
+    new Uint8Array([1, 255]),
+    new Uint8ClampedArray([3]),
+    new Int16Array([-300]),
+    new Uint16Array([65535]),
+    new Int32Array([-5, 7]),
+    new Uint32Array([4e9]),
+    new Float32Array([0.5]),
+    new Float64Array([1e300]),
+    new BigInt64Array([-5n]),
+    new BigUint64Array([2n ** 64n - 1n]),
+    Buffer.from("buf"),
   ])("keeps the type of %o", (a) => {
     const back = roundTrip(a) as ArrayBufferView;
     expect(back.constructor).toBe(a.constructor);
@@ -33,8 +46,19 @@ describe("codec", () => {
 
   it("lifts nested typed arrays into frames and keeps Map, Set, Date, bigint and -0", () => {
     const v = {
-      x: new Float64Array([1, 2]), nested: [{ y: new Int32Array([3]) }], m: new Map<unknown, unknown>([[1, "a"], ["k", new Uint8Array([9])]]),
-      s: new Set([1, "two"]), d: new Date(12345), big: 2n ** 70n, neg: -0, str: "é", nil: null, und: undefined,
+      x: new Float64Array([1, 2]),
+      nested: [{ y: new Int32Array([3]) }],
+      m: new Map<unknown, unknown>([
+        [1, "a"],
+        ["k", new Uint8Array([9])],
+      ]),
+      s: new Set([1, "two"]),
+      d: new Date(12345),
+      big: 2n ** 70n,
+      neg: -0,
+      str: "é",
+      nil: null,
+      und: undefined,
     };
     const body = encodeBody(v, { copy: true });
     expect(body.frames.length).toBe(4); // msgpack + 3 lifted arrays
@@ -55,7 +79,11 @@ describe("codec", () => {
     const a = new Float64Array([1, 2]);
     const body = encodeBody({ a }, { copy: true });
     a[0] = 99;
-    const back = decodeBody(body.encoding, body.arrayType, body.frames.map((f) => Buffer.from(f.buffer, f.byteOffset, f.byteLength))) as { a: Float64Array };
+    const back = decodeBody(
+      body.encoding,
+      body.arrayType,
+      body.frames.map((f) => Buffer.from(f.buffer, f.byteOffset, f.byteLength)),
+    ) as { a: Float64Array };
     expect(back.a[0]).toBe(1);
   });
 
@@ -63,14 +91,28 @@ describe("codec", () => {
     const cyclic: Record<string, unknown> = {};
     cyclic.self = cyclic;
     const cases: [unknown, string][] = [
-      [{ a: [1, () => 1] }, "data.a[1]"], [{ s: Symbol("x") }, "data.s"], [cyclic, "cyclic"],
-      [{ m: new Map<unknown, unknown>([["k", 1], ["j", () => 1]]) }, "data.m.get(j)"],
+      [{ a: [1, () => 1] }, "data.a[1]"],
+      [{ s: Symbol("x") }, "data.s"],
+      [cyclic, "cyclic"],
+      [
+        {
+          m: new Map<unknown, unknown>([
+            ["k", 1],
+            ["j", () => 1],
+          ]),
+        },
+        "data.m.get(j)",
+      ],
       [{ m: new Map<unknown, unknown>([[Symbol("y"), 1]]) }, "data.m<key Symbol(y)>"],
       [[{ s: new Set<unknown>([1, 2, () => 1]) }], "data[0].s<set item 2>"],
     ];
     for (const [v, where] of cases) {
       let caught: unknown;
-      try { encodeBody(v, { copy: true }); } catch (err) { caught = err; }
+      try {
+        encodeBody(v, { copy: true });
+      } catch (err) {
+        caught = err;
+      }
       expect(isLifelineError(caught, "MPI_ENCODE")).toBe(true);
       expect((caught as Error).message).toContain(where);
     }
@@ -86,7 +128,11 @@ describe("codec", () => {
     ];
     for (const f of bad) {
       let caught: unknown;
-      try { f(); } catch (err) { caught = err; }
+      try {
+        f();
+      } catch (err) {
+        caught = err;
+      }
       expect(isLifelineError(caught, "MPI_DECODE")).toBe(true);
     }
   });

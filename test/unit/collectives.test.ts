@@ -20,8 +20,18 @@ function cluster(p: number, seed: number): coll.CollectiveIo[] {
     size: p,
     send: async (dest: number, step: number, body: EncodedBody) => {
       const header: Header = {
-        kind: Kind.collective, flags: 0, encoding: body.encoding, jobKey: 1, source: rank, tag: step, channelSeq: 0,
-        epoch: 0, collSeq: 0, signature: 0, arrayType: body.arrayType, attempt: 0,
+        kind: Kind.collective,
+        flags: 0,
+        encoding: body.encoding,
+        jobKey: 1,
+        source: rank,
+        tag: step,
+        channelSeq: 0,
+        epoch: 0,
+        collSeq: 0,
+        signature: 0,
+        arrayType: body.arrayType,
+        attempt: 0,
       };
       void encodeHeader(header);
       const arrival = { header, frames: body.frames.map((f) => Buffer.from(f)) };
@@ -29,13 +39,19 @@ function cluster(p: number, seed: number): coll.CollectiveIo[] {
       const delay = Math.floor(rnd() * 3);
       setTimeout(() => {
         const w = waiting.get(key);
-        if (w !== undefined) { waiting.delete(key); w(arrival); } else boxes.set(key, arrival);
+        if (w !== undefined) {
+          waiting.delete(key);
+          w(arrival);
+        } else boxes.set(key, arrival);
       }, delay);
     },
     recv: (source: number, step: number) => {
       const key = `${source}>${rank}@${step}`;
       const ready = boxes.get(key);
-      if (ready !== undefined) { boxes.delete(key); return Promise.resolve(ready); }
+      if (ready !== undefined) {
+        boxes.delete(key);
+        return Promise.resolve(ready);
+      }
       return new Promise((resolve) => waiting.set(key, resolve));
     },
   }));
@@ -49,18 +65,24 @@ describe("collective algorithms over 1..9 virtual ranks", () => {
   it.each(sizes)("large allreduce: the same bits on every rank and under every delivery order, retained parts = result (p=%i)", async (p) => {
     // Order-sensitive sums: 1e16 + 1 - 1e16 is 0 or 1 (or 2) depending on the combining order.
     const n = 16_384 + p;
-    const input = (r: number): Float64Array => Float64Array.from({ length: n }, (_, i) => ((r + i) % 3 === 0 ? 1e16 : (r + i) % 3 === 1 ? 1 : -1e16) + i * 1e-7);
+    const input = (r: number): Float64Array =>
+      Float64Array.from({ length: n }, (_, i) => ((r + i) % 3 === 0 ? 1e16 : (r + i) % 3 === 1 ? 1 : -1e16) + i * 1e-7);
     const seen = new Set<string>();
     for (const seed of [1, 2, 3]) {
       const retained: (Buffer[] | undefined)[] = [];
-      const ios = cluster(p, seed * 7919 + p).map((io) => ({ ...io, liveOnly: true, retainResult: (_t: number, parts: readonly Buffer[]) => { retained[io.rank] = [...parts]; } }));
+      const ios = cluster(p, seed * 7919 + p).map((io) => ({
+        ...io,
+        liveOnly: true,
+        retainResult: (_t: number, parts: readonly Buffer[]) => {
+          retained[io.rank] = [...parts];
+        },
+      }));
       const sums = await Promise.all(ios.map((io) => coll.allreduce(io, input(io.rank), "sum")));
       for (const x of sums) seen.add(bytes(x));
       for (let r = 0; r < p; r++) if (retained[r] !== undefined) expect(Buffer.concat(retained[r]!).toString("hex")).toBe(bytes(sums[r]!));
     }
     expect(seen.size).toBe(1);
   });
-
 
   it.each(sizes)("allreduce keeps rank order and gives identical bits (p=%i)", async (p) => {
     for (const n of [1, 100, 5000, 20_000]) {
@@ -71,7 +93,15 @@ describe("collective algorithms over 1..9 virtual ranks", () => {
       for (let r = 0; r < p; r++) expectLast += f64(r, n)[n - 1]!;
       expect(sums[0]![n - 1]).toBeCloseTo(expectLast, 9);
       // "first" and "last" are associative, not commutative: any reordering shows.
-      const firsts = await Promise.all(cluster(p, n).map((io) => coll.allreduce(io, Float64Array.from({ length: n }, () => io.rank), (a: number) => a)));
+      const firsts = await Promise.all(
+        cluster(p, n).map((io) =>
+          coll.allreduce(
+            io,
+            Float64Array.from({ length: n }, () => io.rank),
+            (a: number) => a,
+          ),
+        ),
+      );
       const lasts = await Promise.all(cluster(p, n + 1).map((io) => coll.allreduce(io, String(io.rank), (a: string, b: string) => a + b)));
       for (const x of firsts) expect(x[n - 1]).toBe(0);
       for (const x of lasts) expect(x).toBe([...Array(p).keys()].join(""));
@@ -104,7 +134,14 @@ describe("collective algorithms over 1..9 virtual ranks", () => {
     }
     const ag = await Promise.all(cluster(p, 3).map((io) => coll.allgather(io, { r: io.rank })));
     for (const x of ag) expect(x).toEqual([...Array(p).keys()].map((r) => ({ r })));
-    const a2a = await Promise.all(cluster(p, 4).map((io) => coll.alltoall(io, [...Array(p).keys()].map((d) => `${io.rank}>${d}`))));
+    const a2a = await Promise.all(
+      cluster(p, 4).map((io) =>
+        coll.alltoall(
+          io,
+          [...Array(p).keys()].map((d) => `${io.rank}>${d}`),
+        ),
+      ),
+    );
     a2a.forEach((x, r) => expect(x).toEqual([...Array(p).keys()].map((s) => `${s}>${r}`)));
     await Promise.all(cluster(p, 5).map((io) => coll.barrier(io)));
   });

@@ -4,14 +4,33 @@
  * rank (with its watchdog) would outlive its release until the launcher kills it.
  */
 import { describe, expect, it } from "vitest";
-import { CoordinatedDriver, type HostStores, type PartStoreLike, PROTO_CPR_COPIED, PROTO_CPR_COPY, PROTO_CPR_MARKER } from "../../src/cpr/coordinated/driver.ts";
+import {
+  CoordinatedDriver,
+  type HostStores,
+  type PartStoreLike,
+  PROTO_CPR_COPIED,
+  PROTO_CPR_COPY,
+  PROTO_CPR_MARKER,
+} from "../../src/cpr/coordinated/driver.ts";
 import type { RankToCoordinator } from "../../src/mpi/control.ts";
 import type { CprWorldAccess } from "../../src/mpi/cpr-hook.ts";
 import type { Host, Timer } from "../../src/mpi/host.ts";
 import { Kind, type Header } from "../../src/mpi/wire.ts";
 
 function header(source: number, tag: number): Header {
-  return { kind: Kind.protocol, flags: 0, encoding: 0, source, dest: 0, tag, epoch: 0, channelSeq: 0, jobKey: 0, attempt: 0, bodyBytes: 0 } as unknown as Header;
+  return {
+    kind: Kind.protocol,
+    flags: 0,
+    encoding: 0,
+    source,
+    dest: 0,
+    tag,
+    epoch: 0,
+    channelSeq: 0,
+    jobKey: 0,
+    attempt: 0,
+    bodyBytes: 0,
+  } as unknown as Header;
 }
 
 function harness() {
@@ -20,13 +39,17 @@ function harness() {
   const armed = new Set<number>();
   let nextTimer = 0;
   const access: CprWorldAccess = {
-    rank: 0, size: 2, attempt: 0,
+    rank: 0,
+    size: 2,
+    attempt: 0,
     captureLibState: () => ({}) as never,
     restoreLibState: () => undefined,
     inject: () => undefined,
     sendProtocol: (dest, tag, body) => void protocols.push({ dest, tag, body }),
     sendControl: (msg) => void controls.push(msg),
-    fatal: (code, message) => { throw new Error(`${code}: ${message}`); },
+    fatal: (code, message) => {
+      throw new Error(`${code}: ${message}`);
+    },
   };
   const host = {
     now: () => 0,
@@ -42,19 +65,29 @@ function harness() {
     pid: 1,
   } as unknown as Host;
   let releaseRetain: () => void = () => undefined;
-  const retainGate = new Promise<void>((resolve) => { releaseRetain = resolve; });
+  const retainGate = new Promise<void>((resolve) => {
+    releaseRetain = resolve;
+  });
   const parts: PartStoreLike = {
     putPart: async (epoch, bytes) => ({ rank: 0, epoch, checksum: 1, bytes: bytes.length }),
     readPart: async () => Buffer.alloc(0),
-    retain: async () => { await retainGate; return []; },
+    retain: async () => {
+      await retainGate;
+      return [];
+    },
     dropParts: async () => [],
     close: async () => undefined,
   };
   const opened: number[] = [];
   const hostStores: HostStores = {
-    held: async (of) => { opened.push(of); return parts; },
+    held: async (of) => {
+      opened.push(of);
+      return parts;
+    },
     heldRanks: async () => [],
-    replica: async () => { throw new Error("not used"); },
+    replica: async () => {
+      throw new Error("not used");
+    },
     scan: async () => ({ parts: [], problems: [] }),
     read: async () => Buffer.alloc(0),
     close: async () => undefined,

@@ -5,7 +5,11 @@ import { describe, expect, it } from "vitest";
 import { Matcher } from "../../src/mpi/matching.ts";
 import { ANY_SOURCE, ANY_TAG } from "../../src/mpi/types.ts";
 
-interface E { source: number; tag: number; id: string }
+interface E {
+  source: number;
+  tag: number;
+  id: string;
+}
 const e = (source: number, tag: number, id: string): E => ({ source, tag, id });
 
 describe("Matcher", () => {

@@ -6,7 +6,11 @@ import { isLifelineError } from "../../src/errors.ts";
 
 const throwsCode = (f: () => unknown, code: string): void => {
   let caught: unknown;
-  try { f(); } catch (err) { caught = err; }
+  try {
+    f();
+  } catch (err) {
+    caught = err;
+  }
   expect(isLifelineError(caught, code as never), String(caught)).toBe(true);
 };
 
@@ -33,7 +37,8 @@ describe("reduce ops", () => {
   });
 
   it("works element-wise on typed arrays and plain arrays without touching inputs", () => {
-    const a = new Float64Array([1, 5, -0]), b = new Float64Array([2, 3, 0]);
+    const a = new Float64Array([1, 5, -0]),
+      b = new Float64Array([2, 3, 0]);
     expect(combine(a, b, "sum")).toEqual(new Float64Array([3, 8, 0]));
     expect(combine(a, b, "max")).toEqual(new Float64Array([2, 5, 0]));
     expect(Object.is((combine(a, b, "min") as Float64Array)[2], -0)).toBe(true);

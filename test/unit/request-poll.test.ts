@@ -11,9 +11,15 @@ import { RequestImpl, waitAll, waitAny } from "../../src/mpi/request.ts";
 describe("RequestImpl polls", () => {
   it("test() and done answer from the poller; settled, peek, waitAny and waitAll do not call it", async () => {
     let polls = 0;
-    const script = [{ done: false, value: undefined }, { done: true, value: 42 }, { done: true, value: 42 }];
+    const script = [
+      { done: false, value: undefined },
+      { done: true, value: 42 },
+      { done: true, value: 42 },
+    ];
     const req = new RequestImpl<number>(() => script[polls++]);
-    const other = new RequestImpl<number>(() => { throw new Error("polled"); });
+    const other = new RequestImpl<number>(() => {
+      throw new Error("polled");
+    });
     expect(req.test()).toBeUndefined();
     expect(req.test()).toBe(42); // the log says done before the layer completed it (replay)
     expect(req.done).toBe(true);
@@ -28,7 +34,10 @@ describe("RequestImpl polls", () => {
 
   it("a failed request is not polled: test() throws its error", () => {
     let polls = 0;
-    const req = new RequestImpl<number>(() => { polls++; return undefined; });
+    const req = new RequestImpl<number>(() => {
+      polls++;
+      return undefined;
+    });
     req.fail(new Error("aborted"));
     expect(() => req.test()).toThrow("aborted");
     expect(req.done).toBe(true);

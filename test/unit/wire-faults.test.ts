@@ -6,8 +6,18 @@ import { FaultPlan, parseFaults } from "../../src/mpi/faults.ts";
 import { isLifelineError } from "../../src/errors.ts";
 
 const h: Header = {
-  kind: Kind.collective, flags: 3, encoding: Encoding.typedArray, jobKey: 0xdeadbeef, source: 2, tag: 77,
-  channelSeq: 2 ** 32 - 1, epoch: 9, collSeq: 5, signature: 0x12345678, arrayType: 9, attempt: 3,
+  kind: Kind.collective,
+  flags: 3,
+  encoding: Encoding.typedArray,
+  jobKey: 0xdeadbeef,
+  source: 2,
+  tag: 77,
+  channelSeq: 2 ** 32 - 1,
+  epoch: 9,
+  collSeq: 5,
+  signature: 0x12345678,
+  arrayType: 9,
+  attempt: 3,
 };
 
 describe("wire header", () => {
@@ -20,10 +30,22 @@ describe("wire header", () => {
     ["bad magic", Buffer.alloc(40), "magic"],
     ["other job", encodeHeader({ ...h, jobKey: 1 }), "another job"],
     ["source out of range", encodeHeader({ ...h, source: 4 }), "source rank 4"],
-    ["unknown kind", (() => { const b = encodeHeader(h); b[5] = 9; return b; })(), "kind"],
+    [
+      "unknown kind",
+      (() => {
+        const b = encodeHeader(h);
+        b[5] = 9;
+        return b;
+      })(),
+      "kind",
+    ],
   ])("rejects %s", (_, buf, reason) => {
     let caught: unknown;
-    try { decodeHeader(buf, { jobKey: 0xdeadbeef, size: 4 }); } catch (err) { caught = err; }
+    try {
+      decodeHeader(buf, { jobKey: 0xdeadbeef, size: 4 });
+    } catch (err) {
+      caught = err;
+    }
     expect(isLifelineError(caught, "MPI_DECODE")).toBe(true);
     expect((caught as Error).message).toContain(reason);
   });
@@ -42,7 +64,11 @@ describe("fault specs", () => {
 
   it.each(["step:0", "step:x", "boom:1", "mock:1", "time:-1", "send:1@attempt=z"])("rejects %s", (spec) => {
     let caught: unknown;
-    try { parseFaults(spec); } catch (err) { caught = err; }
+    try {
+      parseFaults(spec);
+    } catch (err) {
+      caught = err;
+    }
     expect(isLifelineError(caught, "LAUNCH_FAULT_SPEC")).toBe(true);
   });
 

@@ -134,7 +134,12 @@ export class CoordinatedDriver implements CprHook {
   private heldWrites: Promise<void> = Promise.resolve();
   private readonly heldStores = new Map<number, Promise<PartStoreLike>>();
 
-  constructor(private readonly access: CprWorldAccess, private readonly host: Host, private readonly openParts: () => Promise<PartStoreLike>, private readonly opts: CoordinatedDriverOptions = {}) {
+  constructor(
+    private readonly access: CprWorldAccess,
+    private readonly host: Host,
+    private readonly openParts: () => Promise<PartStoreLike>,
+    private readonly opts: CoordinatedDriverOptions = {},
+  ) {
     this.machine = new RankMachine({ rank: access.rank, size: access.size });
     this.recordingTimeoutMs = opts.recordingTimeoutMs ?? RECORDING_TIMEOUT_MS;
   }
@@ -158,25 +163,38 @@ export class CoordinatedDriver implements CprHook {
     const spec = table.restore;
     if (spec === undefined) return;
     if (spec.ref.rank !== this.access.rank || spec.ref.epoch !== spec.epoch) {
-      throw new LifelineError("CPR_RESTORE", `rank ${this.access.rank} was told to restore line ${spec.epoch} from rank ${spec.ref.rank}'s part of line ${spec.ref.epoch}`);
+      throw new LifelineError(
+        "CPR_RESTORE",
+        `rank ${this.access.rank} was told to restore line ${spec.epoch} from rank ${spec.ref.rank}'s part of line ${spec.ref.epoch}`,
+      );
     }
     let bytes: Buffer;
     if (spec.part !== undefined) {
       // This host lost the part (or never had it): the launcher fetched the partner's copy.
       bytes = Buffer.from(spec.part.buffer, spec.part.byteOffset, spec.part.byteLength);
       if (bytes.length !== spec.ref.bytes || crc32(bytes) !== spec.ref.checksum) {
-        throw new LifelineError("CPR_RESTORE", `rank ${this.access.rank}: the partner copy of its part of line ${spec.epoch} does not match the commit record (${bytes.length} bytes, expected ${spec.ref.bytes})`);
+        throw new LifelineError(
+          "CPR_RESTORE",
+          `rank ${this.access.rank}: the partner copy of its part of line ${spec.epoch} does not match the commit record (${bytes.length} bytes, expected ${spec.ref.bytes})`,
+        );
       }
       // Kept here again, so the line has two copies once more.
-      this.writes = this.writes.then(async () => {
-        await parts.putPart(spec.epoch, bytes);
-      }).catch((err: unknown) => this.host.warn(`lifeline: rank ${this.access.rank}: could not keep the restored part of line ${spec.epoch} in its own store: ${errorMessage(err)}`));
+      this.writes = this.writes
+        .then(async () => {
+          await parts.putPart(spec.epoch, bytes);
+        })
+        .catch((err: unknown) =>
+          this.host.warn(`lifeline: rank ${this.access.rank}: could not keep the restored part of line ${spec.epoch} in its own store: ${errorMessage(err)}`),
+        );
     } else {
       bytes = await parts.readPart(spec.ref);
     }
     const part = decodeValue(bytes) as Part;
     if (part.v !== PART_FORMAT || part.epoch !== spec.epoch) {
-      throw new LifelineError("CPR_RESTORE", `rank ${this.access.rank}'s part of line ${spec.epoch} has format ${part.v} and epoch ${part.epoch}; expected format ${PART_FORMAT}, epoch ${spec.epoch}`);
+      throw new LifelineError(
+        "CPR_RESTORE",
+        `rank ${this.access.rank}'s part of line ${spec.epoch} has format ${part.v} and epoch ${part.epoch}; expected format ${PART_FORMAT}, epoch ${spec.epoch}`,
+      );
     }
     const lib = decodeValue(part.lib) as LibState;
     this.bootstrap = new Map(lib.bootstrap);
@@ -203,7 +221,13 @@ export class CoordinatedDriver implements CprHook {
     }
     await new Promise<void>((resolve, reject) => {
       const timer = this.host.after(RECOVERY_EXCHANGE_TIMEOUT_MS, () =>
-        reject(new LifelineError("CPR_RESTORE", `rank ${this.access.rank}: early-message lists from ${this.access.size - 1 - this.earlyLists.size} peer(s) did not arrive within ${RECOVERY_EXCHANGE_TIMEOUT_MS / 1000} s of the restore`)));
+        reject(
+          new LifelineError(
+            "CPR_RESTORE",
+            `rank ${this.access.rank}: early-message lists from ${this.access.size - 1 - this.earlyLists.size} peer(s) did not arrive within ${RECOVERY_EXCHANGE_TIMEOUT_MS / 1000} s of the restore`,
+          ),
+        ),
+      );
       this.earlyWaiter = () => {
         if (this.earlyLists.size < this.access.size - 1) return;
         timer.stop();
@@ -236,7 +260,9 @@ export class CoordinatedDriver implements CprHook {
     if (verdict === "late" && payload !== undefined) {
       this.lateBytes += payload.header.length + payload.body.reduce((n, b) => n + b.length, 0);
       if (this.lateBytes > LATE_BYTES_MAX) {
-        effects.push(...this.machine.abandonRecording(`more than ${LATE_BYTES_MAX >> 20} MiB of late messages to log while recording epoch ${this.machine.epoch}`));
+        effects.push(
+          ...this.machine.abandonRecording(`more than ${LATE_BYTES_MAX >> 20} MiB of late messages to log while recording epoch ${this.machine.epoch}`),
+        );
       }
     }
     this.apply(effects);
@@ -274,15 +300,19 @@ export class CoordinatedDriver implements CprHook {
   onControl(msg: CoordinatorToRank): void {
     if (msg.t === "cpr-committed") {
       const keep = msg.keep;
-      this.writes = this.writes.then(async () => {
-        const parts = await this.store();
-        await parts.retain(keep);
-      }).catch((err: unknown) => this.host.warn(`lifeline: rank ${this.access.rank}: could not delete old parts: ${(err as Error).message}`));
+      this.writes = this.writes
+        .then(async () => {
+          const parts = await this.store();
+          await parts.retain(keep);
+        })
+        .catch((err: unknown) => this.host.warn(`lifeline: rank ${this.access.rank}: could not delete old parts: ${(err as Error).message}`));
       if (msg.line !== undefined) this.keepCommitRecord(msg);
       if (this.heldStores.size > 0) {
-        this.heldWrites = this.heldWrites.then(async () => {
-          for (const held of this.heldStores.values()) await (await held).retain(keep);
-        }).catch((err: unknown) => this.host.warn(`lifeline: rank ${this.access.rank}: could not delete old partner copies: ${errorMessage(err)}`));
+        this.heldWrites = this.heldWrites
+          .then(async () => {
+            for (const held of this.heldStores.values()) await (await held).retain(keep);
+          })
+          .catch((err: unknown) => this.host.warn(`lifeline: rank ${this.access.rank}: could not delete old partner copies: ${errorMessage(err)}`));
       }
       return;
     }
@@ -299,14 +329,22 @@ export class CoordinatedDriver implements CprHook {
       // orders it) goes now; one not yet written is never written (writePart).
       const epoch = msg.epoch;
       this.abortedEpochs.add(epoch);
-      this.writes = this.writes.then(async () => {
-        const parts = await this.store();
-        await parts.dropParts([epoch]);
-      }).catch((err: unknown) => this.host.warn(`lifeline: rank ${this.access.rank}: could not delete its part of aborted line ${epoch}: ${(err as Error).message}`));
+      this.writes = this.writes
+        .then(async () => {
+          const parts = await this.store();
+          await parts.dropParts([epoch]);
+        })
+        .catch((err: unknown) =>
+          this.host.warn(`lifeline: rank ${this.access.rank}: could not delete its part of aborted line ${epoch}: ${(err as Error).message}`),
+        );
       if (this.heldStores.size > 0) {
-        this.heldWrites = this.heldWrites.then(async () => {
-          for (const held of this.heldStores.values()) await (await held).dropParts([epoch]);
-        }).catch((err: unknown) => this.host.warn(`lifeline: rank ${this.access.rank}: could not delete the partner copies of aborted line ${epoch}: ${errorMessage(err)}`));
+        this.heldWrites = this.heldWrites
+          .then(async () => {
+            for (const held of this.heldStores.values()) await (await held).dropParts([epoch]);
+          })
+          .catch((err: unknown) =>
+            this.host.warn(`lifeline: rank ${this.access.rank}: could not delete the partner copies of aborted line ${epoch}: ${errorMessage(err)}`),
+          );
       }
       return;
     }
@@ -360,7 +398,11 @@ export class CoordinatedDriver implements CprHook {
       // Messages logged by polls count against the same bound as late frames.
       this.lateBytes += entry.msg.header.length + entry.msg.body.reduce((n, b) => n + b.length, 0);
       if (this.lateBytes > LATE_BYTES_MAX) {
-        effects.push(...this.machine.abandonRecording(`more than ${LATE_BYTES_MAX >> 20} MiB of late and polled messages to log while recording epoch ${this.machine.epoch}`));
+        effects.push(
+          ...this.machine.abandonRecording(
+            `more than ${LATE_BYTES_MAX >> 20} MiB of late and polled messages to log while recording epoch ${this.machine.epoch}`,
+          ),
+        );
       }
     }
     this.apply(effects);
@@ -381,7 +423,11 @@ export class CoordinatedDriver implements CprHook {
 
   private hostStores(): HostStores {
     const hs = this.opts.hostStores;
-    if (hs === undefined) throw new LifelineError("CPR_RESTORE", `rank ${this.access.rank}: the launcher keeps recovery lines on every host (per-host stores), which this rank cannot do`);
+    if (hs === undefined)
+      throw new LifelineError(
+        "CPR_RESTORE",
+        `rank ${this.access.rank}: the launcher keeps recovery lines on every host (per-host stores), which this rank cannot do`,
+      );
     return hs;
   }
 
@@ -471,14 +517,18 @@ export class CoordinatedDriver implements CprHook {
   private keepCommitRecord(msg: Extract<CoordinatorToRank, { t: "cpr-committed" }>): void {
     const line = msg.line!;
     const keep = msg.keep;
-    this.writes = this.writes.then(async () => {
-      const replica = await this.hostStores().replica();
-      if (msg.job !== undefined) await replica.putJob(msg.job as unknown as JobRecord);
-      // Lines this copy lists that the launcher no longer has (retracted ones whose epochs are
-      // reused, pruned ones) go first: the copy mirrors the launcher's manifest.
-      for (const l of await replica.list()) if (l.epoch >= line.epoch || !keep.includes(l.epoch)) await replica.abortLine(l.epoch);
-      await replica.commitLine(line.epoch, line.parts, line.job === undefined ? undefined : { job: line.job });
-    }).catch((err: unknown) => this.host.warn(`lifeline: rank ${this.access.rank}: could not keep a copy of the commit record of line ${line.epoch}: ${errorMessage(err)}`));
+    this.writes = this.writes
+      .then(async () => {
+        const replica = await this.hostStores().replica();
+        if (msg.job !== undefined) await replica.putJob(msg.job as unknown as JobRecord);
+        // Lines this copy lists that the launcher no longer has (retracted ones whose epochs are
+        // reused, pruned ones) go first: the copy mirrors the launcher's manifest.
+        for (const l of await replica.list()) if (l.epoch >= line.epoch || !keep.includes(l.epoch)) await replica.abortLine(l.epoch);
+        await replica.commitLine(line.epoch, line.parts, line.job === undefined ? undefined : { job: line.job });
+      })
+      .catch((err: unknown) =>
+        this.host.warn(`lifeline: rank ${this.access.rank}: could not keep a copy of the commit record of line ${line.epoch}: ${errorMessage(err)}`),
+      );
   }
 
   private fatalError(err: unknown): void {
@@ -502,7 +552,9 @@ export class CoordinatedDriver implements CprHook {
         case "abandon":
           this.recordingTimer?.stop();
           this.saved = undefined;
-          this.host.warn(`lifeline: rank ${this.access.rank}: ${e.reason}; line ${e.epoch} will not be committed, the last committed line stays the recovery point`);
+          this.host.warn(
+            `lifeline: rank ${this.access.rank}: ${e.reason}; line ${e.epoch} will not be committed, the last committed line stays the recovery point`,
+          );
           this.access.sendControl({ t: "cpr-part-failed", rank: this.access.rank, epoch: e.epoch, message: `recording abandoned: ${e.reason}` });
           break;
         case "fatal":
@@ -551,9 +603,14 @@ export class CoordinatedDriver implements CprHook {
           throw err;
         });
         const copy = copied === undefined ? undefined : await copied;
-        const failure = copy === undefined ? undefined
-          : "failure" in copy ? copy.failure
-          : copy.checksum !== ref.checksum ? `the copy it kept has crc32 ${copy.checksum}, the part ${ref.checksum}` : undefined;
+        const failure =
+          copy === undefined
+            ? undefined
+            : "failure" in copy
+              ? copy.failure
+              : copy.checksum !== ref.checksum
+                ? `the copy it kept has crc32 ${copy.checksum}, the part ${ref.checksum}`
+                : undefined;
         if (failure !== undefined) {
           this.access.sendControl({ t: "cpr-part-failed", rank, epoch, message: `its partner rank ${partner} could not keep a copy: ${failure}` });
           return;

@@ -34,10 +34,11 @@ export function rankStores(store: string, rank: number): { open: () => Promise<R
   const held = new Map<number, Promise<RankPartStore>>();
   const heldRoot = new LevelRecoveryStore(join(store, `held-by-${rank}`));
   // A failed open is not kept: the next use tries again.
-  const open = (): Promise<RankPartStore> => (own ??= new LevelRecoveryStore(store).openRank(rank).catch((err: unknown) => {
-    own = undefined;
-    throw err;
-  }));
+  const open = (): Promise<RankPartStore> =>
+    (own ??= new LevelRecoveryStore(store).openRank(rank).catch((err: unknown) => {
+      own = undefined;
+      throw err;
+    }));
   const heldOf = (of: number): Promise<RankPartStore> => {
     let s = held.get(of);
     if (s === undefined) {
@@ -51,7 +52,8 @@ export function rankStores(store: string, rank: number): { open: () => Promise<R
   /** Runs `fn` on database `where`: this rank's own handles, or another's opened read-only for it. */
   const withStore = async <T>(where: string, fn: (s: RankPartStore) => Promise<T>): Promise<T> => {
     const m = WHERE_RE.exec(where);
-    if (m === null) throw new LifelineError("CPR_RESTORE", `rank ${rank}: ${JSON.stringify(where)} is not a database of the store (rank-N or held-by-P/rank-N)`);
+    if (m === null)
+      throw new LifelineError("CPR_RESTORE", `rank ${rank}: ${JSON.stringify(where)} is not a database of the store (rank-N or held-by-P/rank-N)`);
     const holder = m[1] === undefined ? undefined : Number(m[1]);
     const of = Number(m[2]);
     if (holder === undefined && of === rank) return fn(await open());
@@ -65,14 +67,15 @@ export function rankStores(store: string, rank: number): { open: () => Promise<R
     }
   };
 
-  const verified = (where: string): Promise<{ ref: PartRefWire; where: string }[]> => withStore(where, async (s) => {
-    const out: { ref: PartRefWire; where: string }[] = [];
-    for (const p of await s.listParts()) {
-      const ref = { rank: p.rank, epoch: p.epoch, checksum: p.checksum, bytes: p.bytes };
-      if ((await s.checkPart(ref)).kind === "ok") out.push({ ref, where });
-    }
-    return out;
-  });
+  const verified = (where: string): Promise<{ ref: PartRefWire; where: string }[]> =>
+    withStore(where, async (s) => {
+      const out: { ref: PartRefWire; where: string }[] = [];
+      for (const p of await s.listParts()) {
+        const ref = { rank: p.rank, epoch: p.epoch, checksum: p.checksum, bytes: p.bytes };
+        if ((await s.checkPart(ref)).kind === "ok") out.push({ ref, where });
+      }
+      return out;
+    });
 
   return {
     open,
@@ -100,8 +103,15 @@ export function rankStores(store: string, rank: number): { open: () => Promise<R
       },
       read: (where, ref) => withStore(where, (s) => s.readPart(ref)),
       async close() {
-        for (const s of held.values()) await s.then((x) => x.close(), () => undefined);
-        await replica?.then((m) => m.close(), () => undefined);
+        for (const s of held.values())
+          await s.then(
+            (x) => x.close(),
+            () => undefined,
+          );
+        await replica?.then(
+          (m) => m.close(),
+          () => undefined,
+        );
       },
     },
   };

@@ -38,7 +38,10 @@ export class InitiatorDriver {
   private current: CprInitiator | undefined;
   private chain: Promise<void> = Promise.resolve();
 
-  constructor(private readonly manifest: () => LineManifest, private readonly hooks: InitiatorDriverHooks) {}
+  constructor(
+    private readonly manifest: () => LineManifest,
+    private readonly hooks: InitiatorDriverHooks,
+  ) {}
 
   /** Drives `initiator` from now on (the previous one, if any, gets no more inputs). */
   start(initiator: CprInitiator): void {

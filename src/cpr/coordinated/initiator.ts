@@ -125,7 +125,12 @@ export class CprInitiator {
         if (input.epoch !== this.epoch || this.phase !== "committing") break;
         this.phase = "idle";
         this.lastLineMs = input.nowMs;
-        out.push({ kind: "line-committed", epoch: input.epoch, durationMs: input.nowMs - this.startedMs, bytes: [...this.parts.values()].reduce((n, p) => n + p.bytes, 0) });
+        out.push({
+          kind: "line-committed",
+          epoch: input.epoch,
+          durationMs: input.nowMs - this.startedMs,
+          bytes: [...this.parts.values()].reduce((n, p) => n + p.bytes, 0),
+        });
         out.push({ kind: "broadcast", msg: { t: "cpr-committed", epoch: input.epoch, keep: [...input.keep] } });
         break;
       case "commit-failed":
@@ -167,9 +172,10 @@ export class CprInitiator {
 
   private checkTimeout(nowMs: number, out: InitiatorEffect[]): void {
     if (this.phase === "idle" || this.aborted || nowMs - this.startedMs < this.opts.phaseTimeoutMs) return;
-    const waiting = this.phase === "checkpointing"
-      ? `${this.opts.size - this.ready.size} rank(s) not ready (${this.opts.size - this.checkpointed.size} not yet at a checkpoint location)`
-      : `${this.opts.size - this.parts.size} part(s) not yet durable`;
+    const waiting =
+      this.phase === "checkpointing"
+        ? `${this.opts.size - this.ready.size} rank(s) not ready (${this.opts.size - this.checkpointed.size} not yet at a checkpoint location)`
+        : `${this.opts.size - this.parts.size} part(s) not yet durable`;
     this.abort(`line ${this.epoch} did not complete within ${this.opts.phaseTimeoutMs} ms: ${waiting}`, out);
   }
 
@@ -182,11 +188,19 @@ export class CprInitiator {
 }
 
 /** The initiator's input for a rank's coordinated-checkpoint control message. */
-export function initiatorInputOf(rank: number, msg: Extract<RankToCoordinator, { t: "cpr-checkpointed" | "cpr-ready" | "cpr-part" | "cpr-part-failed" }>, nowMs: number): InitiatorInput {
+export function initiatorInputOf(
+  rank: number,
+  msg: Extract<RankToCoordinator, { t: "cpr-checkpointed" | "cpr-ready" | "cpr-part" | "cpr-part-failed" }>,
+  nowMs: number,
+): InitiatorInput {
   switch (msg.t) {
-    case "cpr-checkpointed": return { kind: "checkpointed", rank, epoch: msg.epoch, nowMs };
-    case "cpr-ready": return { kind: "ready", rank, epoch: msg.epoch, nowMs };
-    case "cpr-part": return { kind: "part", rank, epoch: msg.epoch, ref: msg.ref, nowMs };
-    case "cpr-part-failed": return { kind: "part-failed", rank, epoch: msg.epoch, message: msg.message, nowMs };
+    case "cpr-checkpointed":
+      return { kind: "checkpointed", rank, epoch: msg.epoch, nowMs };
+    case "cpr-ready":
+      return { kind: "ready", rank, epoch: msg.epoch, nowMs };
+    case "cpr-part":
+      return { kind: "part", rank, epoch: msg.epoch, ref: msg.ref, nowMs };
+    case "cpr-part-failed":
+      return { kind: "part-failed", rank, epoch: msg.epoch, message: msg.message, nowMs };
   }
 }

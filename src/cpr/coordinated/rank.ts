@@ -187,7 +187,10 @@ export class RankMachine {
    * class and the effects (a stop that must happen before the frame is delivered, fatal
    * errors). `payload` is kept in the late log if the frame is late.
    */
-  arrive(a: { source: number; epoch: number; recording: boolean; channelSeq: number; id?: number }, payload: unknown): { verdict: Verdict; effects: RankEffect[] } {
+  arrive(
+    a: { source: number; epoch: number; recording: boolean; channelSeq: number; id?: number },
+    payload: unknown,
+  ): { verdict: Verdict; effects: RankEffect[] } {
     const effects: RankEffect[] = [];
     if (a.source === this.rank) return { verdict: "normal", effects };
     this.counts(a.epoch)[a.source]!++;
@@ -205,13 +208,21 @@ export class RankMachine {
     if (a.epoch + 1 === this.epoch) {
       if (!this.recording && this.abandoned === this.epoch) return { verdict: "normal", effects };
       if (!this.recording) {
-        effects.push({ kind: "fatal", code: "CPR_PROTOCOL", message: `rank ${this.rank}: a late message of epoch ${a.epoch} from rank ${a.source} arrived after recording of epoch ${this.epoch} stopped; it cannot be logged` });
+        effects.push({
+          kind: "fatal",
+          code: "CPR_PROTOCOL",
+          message: `rank ${this.rank}: a late message of epoch ${a.epoch} from rank ${a.source} arrived after recording of epoch ${this.epoch} stopped; it cannot be logged`,
+        });
         return { verdict: "late", effects };
       }
       this.lateLog.push(payload);
       return { verdict: "late", effects };
     }
-    effects.push({ kind: "fatal", code: "CPR_PROTOCOL", message: `rank ${this.rank} (epoch ${this.epoch}) got a message of epoch ${a.epoch} from rank ${a.source}; epochs may differ by at most one` });
+    effects.push({
+      kind: "fatal",
+      code: "CPR_PROTOCOL",
+      message: `rank ${this.rank} (epoch ${this.epoch}) got a message of epoch ${a.epoch} from rank ${a.source}; epochs may differ by at most one`,
+    });
     return { verdict: "normal", effects };
   }
 
@@ -280,7 +291,11 @@ export class RankMachine {
     }
     if (epoch === this.epoch && !this.recording && this.abandoned === epoch) return effects;
     if (epoch !== this.epoch || !this.recording) {
-      effects.push({ kind: "fatal", code: "CPR_PROTOCOL", message: `rank ${this.rank} (epoch ${this.epoch}${this.recording ? ", recording" : ""}) got rank ${source}'s marker of epoch ${epoch}` });
+      effects.push({
+        kind: "fatal",
+        code: "CPR_PROTOCOL",
+        message: `rank ${this.rank} (epoch ${this.epoch}${this.recording ? ", recording" : ""}) got rank ${source}'s marker of epoch ${epoch}`,
+      });
       return effects;
     }
     this.markers.set(source, sent);
@@ -293,7 +308,11 @@ export class RankMachine {
     // FIFO channels: the marker follows every frame the peer sent before its checkpoint.
     const got = this.arrived.get(this.epoch - 1)?.[source] ?? 0;
     if (got !== sent) {
-      effects.push({ kind: "fatal", code: "CPR_PROTOCOL", message: `rank ${this.rank}: rank ${source} sent ${sent} frame(s) in epoch ${this.epoch - 1}, but ${got} arrived before its marker` });
+      effects.push({
+        kind: "fatal",
+        code: "CPR_PROTOCOL",
+        message: `rank ${this.rank}: rank ${source} sent ${sent} frame(s) in epoch ${this.epoch - 1}, but ${got} arrived before its marker`,
+      });
     }
   }
 
@@ -310,7 +329,10 @@ export class RankMachine {
   onRecordingTimeout(epoch: number, timeoutMs: number): RankEffect[] {
     const effects: RankEffect[] = [];
     if (epoch !== this.epoch || !this.recording) return effects;
-    this.abandon(`recording of epoch ${epoch} did not stop within ${timeoutMs} ms (the round was aborted or lost, or a rank never reached a checkpoint location)`, effects);
+    this.abandon(
+      `recording of epoch ${epoch} did not stop within ${timeoutMs} ms (the round was aborted or lost, or a rank never reached a checkpoint location)`,
+      effects,
+    );
     return effects;
   }
 
@@ -358,7 +380,11 @@ export class RankMachine {
       this.replayLog.delete(ordinal);
       if (replay === undefined && kind === "test" && ordinal <= this.replayUntil) replay = { k: "test", done: false };
       if (replay !== undefined && replay.k !== kind) {
-        effects.push({ kind: "fatal", code: "CPR_REPLAY", message: `rank ${this.rank}: replay diverged at non-deterministic event #${ordinal} of epoch ${this.epoch}: the log has a ${replay.k} outcome, the program made a ${kind} call; the program must make the same calls after a restore (keep all loop state in the checkpointed state)` });
+        effects.push({
+          kind: "fatal",
+          code: "CPR_REPLAY",
+          message: `rank ${this.rank}: replay diverged at non-deterministic event #${ordinal} of epoch ${this.epoch}: the log has a ${replay.k} outcome, the program made a ${kind} call; the program must make the same calls after a restore (keep all loop state in the checkpointed state)`,
+        });
         replay = undefined;
       }
       if (ordinal >= this.replayUntil) this.replayLog = undefined;

@@ -168,8 +168,7 @@ export function decide(all: readonly Summary[], opts: DecideOptions): Decision {
       `rank ${s.rank} has committed version ${s.committed} and is at ${describePosition(s.pos)}, but another rank committed version ${cStar}; ranks drifted more than one checkpoint apart`,
     );
   }
-  const holds = (s: Summary, owner: number, version: number): boolean =>
-    s.holds.some((h) => h.owner === owner && h.version === version);
+  const holds = (s: Summary, owner: number, version: number): boolean => s.holds.some((h) => h.owner === owner && h.version === version);
   /** The first live holder of (owner, version) in ring order after the owner. */
   const holderOf = (owner: number, version: number, exclude: number): number | undefined => {
     for (let i = 0; i < size; i++) {

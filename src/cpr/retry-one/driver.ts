@@ -18,9 +18,7 @@ import { byteLengthOf } from "../../mpi/codec.ts";
 import type { CoordinatorToRank } from "../../mpi/control.ts";
 import type { RawFrame } from "../../mpi/cpr-hook.ts";
 import type { Host, Timer } from "../../mpi/host.ts";
-import {
-  PROTO_RETRY_BASE, type RetryDecision, type RetryOneHook, type RetryOneHookFactory, type RetryWorldAccess,
-} from "../../mpi/retry-hook.ts";
+import { PROTO_RETRY_BASE, type RetryDecision, type RetryOneHook, type RetryOneHookFactory, type RetryWorldAccess } from "../../mpi/retry-hook.ts";
 import type { Header } from "../../mpi/wire.ts";
 import { RetryOneRank } from "./rank.ts";
 import type { Lazy, ProtoFrame, RankEffect, RankInput } from "./types.ts";
@@ -55,7 +53,10 @@ interface Deferred<T> {
 function deferred<T>(): Deferred<T> {
   let resolve!: (v: T) => void;
   let reject!: (e: unknown) => void;
-  const promise = new Promise<T>((res, rej) => { resolve = res; reject = rej; });
+  const promise = new Promise<T>((res, rej) => {
+    resolve = res;
+    reject = rej;
+  });
   promise.catch(() => undefined); // observed by the caller; never an unhandled rejection
   return { promise, resolve, reject };
 }
@@ -67,7 +68,7 @@ function deferred<T>(): Deferred<T> {
 function asBuffer(v: unknown): Buffer {
   if (Buffer.isBuffer(v)) return v;
   if (v instanceof Uint8Array) return Buffer.from(v.buffer, v.byteOffset, v.byteLength);
-  if (Array.isArray(v) && v.every((p) => p instanceof Uint8Array)) return Buffer.concat(v as Uint8Array[]);
+  if (Array.isArray(v) && v.every((p) => p instanceof Uint8Array)) return Buffer.concat(v);
   throw new LifelineError("CPR_PROTOCOL", `retry-one: expected an encoded value, got ${typeof v}`);
 }
 
@@ -97,7 +98,11 @@ export class RetryOneDriver implements RetryOneHook {
   /** The checkpoint version restore() got from the peers (0: none). */
   private restoredVersion = 0;
 
-  constructor(private readonly access: RetryWorldAccess, private readonly host: Host, private readonly opts: RetryOneDriverOptions = {}) {
+  constructor(
+    private readonly access: RetryWorldAccess,
+    private readonly host: Host,
+    private readonly opts: RetryOneDriverOptions = {},
+  ) {
     this.failureTimeoutMs = opts.failureTimeoutMs ?? 60_000;
     this.replaying = access.attempt > 0 ? 0 : undefined;
   }
@@ -132,7 +137,10 @@ export class RetryOneDriver implements RetryOneHook {
     return this.machine?.inRecovery ?? false;
   }
 
-  beforeCollective(call: { readonly ident: { op: string; root: number; type: string; length: number }; readonly bootstrapKey?: string }): Promise<RetryDecision> {
+  beforeCollective(call: {
+    readonly ident: { op: string; root: number; type: string; length: number };
+    readonly bootstrapKey?: string;
+  }): Promise<RetryDecision> {
     const d = this.newCall();
     this.input(call.bootstrapKey === undefined ? { kind: "collective", ident: call.ident } : { kind: "boot", key: call.bootstrapKey, ident: call.ident });
     return d;
@@ -148,7 +156,7 @@ export class RetryOneDriver implements RetryOneHook {
   }
 
   afterCollective(result: Buffer | readonly Buffer[]): void {
-    const bytes = Buffer.isBuffer(result) ? result.byteLength : byteLengthOf(result as readonly Buffer[]);
+    const bytes = Buffer.isBuffer(result) ? result.byteLength : byteLengthOf(result);
     this.input({ kind: "executed", result, bytes });
   }
 
@@ -247,7 +255,7 @@ export class RetryOneDriver implements RetryOneHook {
       case "abandon":
         // World asks resumeCollective() for the next decision of the same call.
         this.abandonedBelow = Math.max(this.abandonedBelow, e.wireSeq + 1);
-        this.newCall();
+        void this.newCall(); // its decision is taken by resumeCollective()
         this.access.abandonCollective(e.wireSeq);
         return;
       case "complete": {

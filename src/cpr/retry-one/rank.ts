@@ -121,7 +121,8 @@ type ViewOrder = "same" | "newer" | "stale";
 export function compareView(theirs: readonly number[], mine: readonly number[]): ViewOrder {
   let greater = false;
   for (let i = 0; i < mine.length; i++) {
-    const t = theirs[i] ?? 0, m = mine[i]!;
+    const t = theirs[i] ?? 0,
+      m = mine[i]!;
     if (t < m) return "stale";
     if (t > m) greater = true;
   }
@@ -331,7 +332,10 @@ export class RetryOneRank {
   private onBoot(key: string, ident: CollIdentity): void {
     this.beginCall();
     if (this.checkpointCalls > 0 || this.version > 0) {
-      throw new ProtocolError("MPI_BOOTSTRAP", `bootstrap collective ${JSON.stringify(key)} called after the first checkpoint(); bootstrap collectives must run before the main loop`);
+      throw new ProtocolError(
+        "MPI_BOOTSTRAP",
+        `bootstrap collective ${JSON.stringify(key)} called after the first checkpoint(); bootstrap collectives must run before the main loop`,
+      );
     }
     if (this.usedKeys.has(key)) {
       throw new ProtocolError("MPI_BOOTSTRAP", `bootstrap key ${JSON.stringify(key)} used twice in one run; give each bootstrap collective its own key`);
@@ -569,7 +573,10 @@ export class RetryOneRank {
     const order = compareView(frame.view, this.attempts);
     if (attempt > known || order === "newer") {
       if (this.heldFrames.length >= this.heldFramesMax) {
-        throw new ProtocolError("CPR_PROTOCOL", `more than ${this.heldFramesMax} protocol frames from a newer view held (heldFramesMax); the coordinator's peer messages do not arrive`);
+        throw new ProtocolError(
+          "CPR_PROTOCOL",
+          `more than ${this.heldFramesMax} protocol frames from a newer view held (heldFramesMax); the coordinator's peer messages do not arrive`,
+        );
       }
       this.heldFrames.push({ from, attempt, frame });
       return;
@@ -700,7 +707,8 @@ export class RetryOneRank {
   private part(t: Transfer): TransferPart {
     switch (t.kind) {
       case "results":
-        if (this.buffer.version !== t.version) throw new ProtocolError("CPR_PROTOCOL", `asked for results of version ${t.version}, holding ${this.buffer.version}`);
+        if (this.buffer.version !== t.version)
+          throw new ProtocolError("CPR_PROTOCOL", `asked for results of version ${t.version}, holding ${this.buffer.version}`);
         return { kind: "results", version: t.version, entries: this.buffer.from(t.fromSeqno) };
       case "cache":
         return { kind: "cache", entries: this.cache.pick(t.keys) };

@@ -19,7 +19,10 @@ import { type CacheEntry, type CollIdentity, describeIdentity, type ResultEntry,
 
 /** An operating error of the protocol, carried out of a machine as a `fail` effect. */
 export class ProtocolError extends Error {
-  constructor(readonly code: LifelineErrorCode, message: string) {
+  constructor(
+    readonly code: LifelineErrorCode,
+    message: string,
+  ) {
     super(message);
   }
 }
@@ -135,7 +138,10 @@ export class BootstrapCache {
       return;
     }
     if (this.entries.size + 1 > this.entriesMax) {
-      throw new ProtocolError("MPI_BOOTSTRAP", `more than ${this.entriesMax} bootstrap collectives (cacheEntriesMax); bootstrap collectives are for the few calls before the main loop`);
+      throw new ProtocolError(
+        "MPI_BOOTSTRAP",
+        `more than ${this.entriesMax} bootstrap collectives (cacheEntriesMax); bootstrap collectives are for the few calls before the main loop`,
+      );
     }
     this.entries.set(e.key, e);
   }

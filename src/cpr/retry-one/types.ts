@@ -48,9 +48,7 @@ export function describeIdentity(i: CollIdentity): string {
  * A checkpoint value or, for the lazy form `checkpoint(() => state)`, a function producing it,
  * called only when a copy is really needed (Rabit's LazyCheckPoint).
  */
-export type Lazy<T = unknown> =
-  | { readonly kind: "value"; readonly value: T }
-  | { readonly kind: "thunk"; readonly thunk: () => T };
+export type Lazy<T = unknown> = { readonly kind: "value"; readonly value: T } | { readonly kind: "thunk"; readonly thunk: () => T };
 
 /** Where a rank stands when it cannot go on without the others (a sync point). */
 export type Position =

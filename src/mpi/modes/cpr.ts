@@ -13,7 +13,16 @@
 import { LifelineError } from "../../errors.ts";
 import { decodeBody, encodeValue } from "../codec.ts";
 import type { CoordinatorToRank } from "../control.ts";
-import { type CprHook, type CprHookFactory, type CprWorldAccess, type LibState, type NondetEntry, type NondetTicket, PROTO_CPR_BASE, type RawFrame } from "../cpr-hook.ts";
+import {
+  type CprHook,
+  type CprHookFactory,
+  type CprWorldAccess,
+  type LibState,
+  type NondetEntry,
+  type NondetTicket,
+  PROTO_CPR_BASE,
+  type RawFrame,
+} from "../cpr-hook.ts";
 import type { Timer } from "../host.ts";
 import type { Poller, RequestImpl } from "../request.ts";
 import type { Message } from "../types.ts";
@@ -167,7 +176,9 @@ export class CprMode extends NoneMode {
       if (!r.done) return { done: false, value: undefined };
       if (req.settled) return { done: true, value: req.peek() };
       if (r.msg === undefined) {
-        this.core.fatal(new LifelineError("CPR_REPLAY", `rank ${this.core.rank}: replay: a receive's poll #${ticket.ordinal} was logged done without its message`));
+        this.core.fatal(
+          new LifelineError("CPR_REPLAY", `rank ${this.core.rank}: replay: a receive's poll #${ticket.ordinal} was logged done without its message`),
+        );
         return undefined;
       }
       const h = decodeHeader(r.msg.header, { jobKey: "stored", size: this.core.size });
@@ -250,7 +261,9 @@ export class CprMode extends NoneMode {
     let timer: Timer | undefined;
     const late = new Promise<void>((resolve) => {
       timer = this.core.host.after(CPR_CLOSE_WAIT_MS, () => {
-        this.core.host.warn(`lifeline: rank ${this.core.rank}: background checkpoint writes did not finish within ${CPR_CLOSE_WAIT_MS / 1000} s of the release; leaving them (no committed line depends on them)`);
+        this.core.host.warn(
+          `lifeline: rank ${this.core.rank}: background checkpoint writes did not finish within ${CPR_CLOSE_WAIT_MS / 1000} s of the release; leaving them (no committed line depends on them)`,
+        );
         resolve();
       });
     });

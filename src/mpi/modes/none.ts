@@ -158,7 +158,15 @@ export class NoneMode implements FrameStamper, QueryScope {
    * Runs one collective (World already gave it its place in the program's order). `op`,
    * `root` and `data` identify the call for a replay (retry-one); `op` defaults to `kind`.
    */
-  collective<R>(kind: CollKind, identity: readonly (string | number)[], algorithm: (io: coll.CollectiveIo) => Promise<R>, _op?: string, _root?: number, _data?: unknown, _bootstrapKey?: string): Promise<R> {
+  collective<R>(
+    kind: CollKind,
+    identity: readonly (string | number)[],
+    algorithm: (io: coll.CollectiveIo) => Promise<R>,
+    _op?: string,
+    _root?: number,
+    _data?: unknown,
+    _bootstrapKey?: string,
+  ): Promise<R> {
     return this.core.runner.run(kind, identity, algorithm);
   }
 

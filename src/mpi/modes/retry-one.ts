@@ -19,7 +19,14 @@ import { byteLengthOf, decodeValue, encodedValueHead, encodeValue, isTypedArray 
 import type { CollKind } from "../coll-runner.ts";
 import * as coll from "../collectives.ts";
 import type { CoordinatorToRank } from "../control.ts";
-import { PROTO_RETRY_BASE, type RetryCollIdentity, type RetryDecision, type RetryOneHook, type RetryOneHookFactory, type RetryWorldAccess } from "../retry-hook.ts";
+import {
+  PROTO_RETRY_BASE,
+  type RetryCollIdentity,
+  type RetryDecision,
+  type RetryOneHook,
+  type RetryOneHookFactory,
+  type RetryWorldAccess,
+} from "../retry-hook.ts";
 import type { ReduceOp } from "../types.ts";
 import { Encoding, type Header, Kind } from "../wire.ts";
 import { type CollectiveCall, type ModeCore, NoneMode, type RestoredState } from "./none.ts";
@@ -169,7 +176,9 @@ export class RetryOneMode extends NoneMode {
       this.collEpoch = viewId;
       // A run blocked in a send to a dead peer never ends by itself: the abandon ends the wait.
       let abandon!: () => void;
-      const abandoned = new Promise<never>((_, reject) => { abandon = () => reject(new Abandoned(`collective #${wireSeq} abandoned`)); });
+      const abandoned = new Promise<never>((_, reject) => {
+        abandon = () => reject(new Abandoned(`collective #${wireSeq} abandoned`));
+      });
       abandoned.catch(() => undefined);
       const mine = { seq: wireSeq, abandoned: hook.isAbandoned(wireSeq), abandon };
       this.retryRun = mine;
@@ -189,9 +198,11 @@ export class RetryOneMode extends NoneMode {
       if (result !== undefined && !mine.abandoned) {
         // The algorithm's own immutable chunks when it offered them (no copy), else a copy.
         const bytes = byteLengthOf(retained.parts);
-        hook.afterCollective(retained.parts.length > 0
-          ? [encodedValueHead(Encoding.typedArray, retained.arrayType, [bytes]), ...retained.parts]
-          : encodeValue(result.value, (n) => this.resultBuffer(n)));
+        hook.afterCollective(
+          retained.parts.length > 0
+            ? [encodedValueHead(Encoding.typedArray, retained.arrayType, [bytes]), ...retained.parts]
+            : encodeValue(result.value, (n) => this.resultBuffer(n)),
+        );
         return result.value;
       }
       d = await hook.resumeCollective();
@@ -210,29 +221,40 @@ export class RetryOneMode extends NoneMode {
     // A buffered result must serve any rank: the reduce runs as in the other modes (so the
     // root's result is bit for bit theirs: float sums depend on the combining order), then
     // the root broadcasts it, in the same collective with its steps shifted.
-    return call("reduce", [`root=${root}`, opName, shape, "retry-one"], async (io) => {
-      const r = await coll.reduce(io, data, op, root);
-      const shifted: coll.CollectiveIo = { ...io, send: (d, step, b) => io.send(d, step + RETRY_STEP_SHIFT, b), recv: (src, step) => io.recv(src, step + RETRY_STEP_SHIFT) };
-      return coll.bcast(shifted, r, root);
-    }, `reduce:${opName}`, root, data)
-      .then((r) => (this.core.rank === root ? r : undefined));
+    return call(
+      "reduce",
+      [`root=${root}`, opName, shape, "retry-one"],
+      async (io) => {
+        const r = await coll.reduce(io, data, op, root);
+        const shifted: coll.CollectiveIo = {
+          ...io,
+          send: (d, step, b) => io.send(d, step + RETRY_STEP_SHIFT, b),
+          recv: (src, step) => io.recv(src, step + RETRY_STEP_SHIFT),
+        };
+        return coll.bcast(shifted, r, root);
+      },
+      `reduce:${opName}`,
+      root,
+      data,
+    ).then((r) => (this.core.rank === root ? r : undefined));
   }
 
   override gather<T>(call: CollectiveCall, data: T, root: number): Promise<T[] | undefined> {
-    return call("allgather", [`gather root=${root}`], (io) => coll.allgather(io, data), "gather", root)
-      .then((r) => (this.core.rank === root ? r : undefined));
+    return call("allgather", [`gather root=${root}`], (io) => coll.allgather(io, data), "gather", root).then((r) => (this.core.rank === root ? r : undefined));
   }
 
   override scatter<T>(call: CollectiveCall, items: readonly T[] | undefined, root: number): Promise<T> {
     // Every rank gets the root's items (a bcast) and picks its own: replayable for any rank.
-    return call("bcast", [`scatter root=${root}`], (io) => coll.bcast(io, items, root), "scatter", root)
-      .then((all) => (all as readonly T[])[this.core.rank] as T);
+    return call("bcast", [`scatter root=${root}`], (io) => coll.bcast(io, items, root), "scatter", root).then(
+      (all) => (all as readonly T[])[this.core.rank] as T,
+    );
   }
 
   override alltoall<T>(call: CollectiveCall, items: readonly T[]): Promise<T[]> {
     // Every rank gets every row (an allgather: p times the data) and picks its column.
-    return call("allgather", ["alltoall"], (io) => coll.allgather(io, items), "alltoall", -1, items)
-      .then((rows) => (rows as T[][]).map((row) => row[this.core.rank]!));
+    return call("allgather", ["alltoall"], (io) => coll.allgather(io, items), "alltoall", -1, items).then((rows) =>
+      (rows as T[][]).map((row) => row[this.core.rank]!),
+    );
   }
 
   override async restore(): Promise<RestoredState | undefined> {

@@ -41,7 +41,10 @@ export class ZmqTransport implements Transport {
   private closed = false;
   private reading: Promise<void> | undefined;
 
-  private constructor(private readonly pull: zmq.Pull, readonly endpoint: string) {}
+  private constructor(
+    private readonly pull: zmq.Pull,
+    readonly endpoint: string,
+  ) {}
 
   /** Binds the receiving socket: `ipc://<runDir>/<name>.sock` or `tcp://host:0` (a free port). */
   static async bind(opts: BindOptions): Promise<ZmqTransport> {
