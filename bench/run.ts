@@ -55,6 +55,7 @@ import { recoveryRun, renderRecoveryTable, type RecoveryConfig, type RecoveryPar
 import { hostRecoveryRun } from "./lib/host-recovery.ts";
 import { calibrate, fmt, fmtRatio, median, quantile, spread } from "./lib/stats.ts";
 import { partnerCostRun, renderPartnerTable, type PartnerCostRun } from "./lib/partner-cost.ts";
+import { renderStartupTable, STARTUP_TARGET, startupRatio, startupRuns, type StartupResult } from "./lib/startup.ts";
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
 
@@ -62,11 +63,12 @@ const HELP = `Usage: npm run bench -- [options]
        node --import tsx bench/run.ts [options]      (after npm run build)
 
   --quick               tiny sizes, 3 reps, 5 ms per timing (< 60 s; the smoke test uses it)
-  --only <names>        comma list of: ${[...BENCHMARKS, "recovery", "partner"].join(", ")}
+  --only <names>        comma list of: ${[...BENCHMARKS, "recovery", "startup", "partner"].join(", ")}
                         (retry-one: allreduce under --mode retry-one vs --mode none, np 4;
                         recovery: rank 1 killed, retry-one next to cpr, 4 ranks, 64 MiB global
                         + 1 MiB local state: kill → caught up; partner: --hosts only, what a
-                        cpr partner copy costs a line, --store-scope host vs shared)
+                        cpr partner copy costs a line, --store-scope host vs shared; startup:
+                        a whole 4-rank job of examples/heat.ts as .ts next to the same as .js)
   --recovery-runs <n>   runs per mode of the recovery benchmark (default 3; quick 1)
   --transport <t>       ipc (default; endpoints in a temp dir) or tcp (127.0.0.1, port 0)
   --hosts               across hosts: rank r of every job (Lifeline and raw) on test host r, a
@@ -102,6 +104,8 @@ interface Options {
   recovery: boolean;
   /** `--hosts`: what a partner copy costs a checkpoint (bench/lib/partner-cost.ts). */
   partner: boolean;
+  /** Start-up of a .ts program against the same as .js (bench/lib/startup.ts). */
+  startup: boolean;
   recoveryRuns: number;
   transport: "ipc" | "tcp";
   /** `--hosts`: every rank on a test host of its own. */
@@ -160,7 +164,8 @@ function parseOptions(argv: string[]): Options {
   const only = new Set<Benchmark>();
   let recovery = false;
   let partner = false;
-  for (const name of (v.only ?? [...BENCHMARKS, "recovery", ...(v.hosts ? ["partner"] : [])].join(","))
+  let startup = false;
+  for (const name of (v.only ?? [...BENCHMARKS, "recovery", ...(v.hosts ? ["partner"] : ["startup"])].join(","))
     .split(",")
     .map((s) => s.trim())
     .filter(Boolean)) {
@@ -168,12 +173,17 @@ function parseOptions(argv: string[]): Options {
       recovery = true;
       continue;
     }
+    if (name === "startup") {
+      if (v.hosts) usage("--only startup runs on this host: drop --hosts");
+      startup = true;
+      continue;
+    }
     if (name === "partner") {
       if (!v.hosts) usage("--only partner needs --hosts (a partner copy goes to another host)");
       partner = true;
       continue;
     }
-    if (!BENCHMARKS.includes(name as Benchmark)) usage(`--only ${name}: expected one of ${[...BENCHMARKS, "recovery", "partner"].join(", ")}`);
+    if (!BENCHMARKS.includes(name as Benchmark)) usage(`--only ${name}: expected one of ${[...BENCHMARKS, "recovery", "startup", "partner"].join(", ")}`);
     only.add(name as Benchmark);
   }
   if (v.transport !== "ipc" && v.transport !== "tcp") usage(`--transport ${v.transport}: expected ipc or tcp`);
@@ -202,6 +212,7 @@ function parseOptions(argv: string[]): Options {
     only,
     recovery: recovery && v.variant !== "raw",
     partner: partner && v.variant !== "raw",
+    startup: startup && v.variant !== "raw",
     hosts: v.hosts,
     recoveryRuns: posInt("recovery-runs", v["recovery-runs"], quick ? 1 : 3),
     transport: v.hosts ? "tcp" : v.transport,
@@ -519,7 +530,7 @@ async function main(): Promise<void> {
       progress(`bench: skipping ${b}: it has no job to measure under --variant ${opts.variant}`);
     }
   }
-  if (opts.recovery || opts.partner || cases.some((c) => Object.values(jobsFor(c, opts)).some((k) => lifelineModeOf(k) !== undefined))) {
+  if (opts.recovery || opts.partner || opts.startup || cases.some((c) => Object.values(jobsFor(c, opts)).some((k) => lifelineModeOf(k) !== undefined))) {
     const missing = LifelineJob.available(ROOT);
     if (missing !== undefined) usage(`the Lifeline jobs need the built package: ${missing}`);
   }
@@ -538,6 +549,7 @@ async function main(): Promise<void> {
   const partner = opts.partner ? partnerPlan(opts) : undefined;
   let cluster: TestCluster | undefined;
   let hostsEnv: HostsEnv | undefined;
+  let startup: StartupResult | undefined;
   try {
     ctrl = await CtrlServer.open(`ipc://${tmpDir}/ctrl`);
     if (opts.hosts) {
@@ -604,6 +616,10 @@ async function main(): Promise<void> {
     if (recovery !== undefined && opts.hosts) await runHostRecovery(recovery, tmpDir);
     else if (recovery !== undefined) await runRecovery(recovery, tmpDir);
     if (partner !== undefined) await runPartnerCost(partner, tmpDir);
+    if (opts.startup) {
+      progress(`\n== startup: lifeline run -n 4 of examples/heat.ts as .ts and as .js, alternating`);
+      startup = await startupRuns({ root: ROOT, runs: opts.quick ? 1 : 5, np: 4, progress });
+    }
   } finally {
     ctrl?.close();
     await cluster?.destroy();
@@ -614,7 +630,8 @@ async function main(): Promise<void> {
   const tables =
     renderTables(results, opts.transport) +
     (recovery === undefined ? "" : `\n${recoveryText(recovery)}`) +
-    (partner === undefined ? "" : `\n${partnerText(partner)}`);
+    (partner === undefined ? "" : `\n${partnerText(partner)}`) +
+    (startup === undefined ? "" : `\n${renderStartupTable(startup)}`);
   process.stdout.write(`\n${tables}\n`);
   const report = {
     schema: "lifeline-bench/2",
@@ -647,6 +664,7 @@ async function main(): Promise<void> {
     results,
     recovery: recovery === undefined ? undefined : { config: recovery.config, targetS: RECOVERY_TARGET_S, runs: recovery.runs, errors: recovery.errors },
     partner: partner === undefined ? undefined : { ...partner, target: 1.3 },
+    startup: startup === undefined ? undefined : { ...startup, ratio: startupRatio(startup), target: STARTUP_TARGET },
     jobs: jobSummaries,
     tables,
   };
@@ -654,7 +672,7 @@ async function main(): Promise<void> {
   writeFileSync(opts.out, `${JSON.stringify(report, null, 2)}\n`);
   progress(`bench: ${results.length} cases in ${report.durationS.toFixed(0)} s; JSON written to ${path.relative(process.cwd(), opts.out) || opts.out}`);
   clearTimeout(watchdog);
-  const failed = results.filter((r) => r.errors.length > 0).length + (recovery?.errors.length ?? 0);
+  const failed = results.filter((r) => r.errors.length > 0).length + (recovery?.errors.length ?? 0) + (startup?.errors.length ?? 0);
   process.exitCode = failed > 0 ? 1 : 0;
 }
 

@@ -29,10 +29,11 @@
 import { spawn, type ChildProcess } from "node:child_process";
 import { createRequire } from "node:module";
 import { constants as osConstants } from "node:os";
-import { extname } from "node:path";
+import { extname, sep } from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
 import { LifelineError, errorMessage } from "../errors.ts";
 import { shellQuote } from "./hosts.ts";
+import { CACHE_DIR } from "./compile-cache.ts";
 import { TS_EXTENSIONS } from "./options.ts";
 
 /** How a rank process ended. `status` is the shell's view: the code, or 128 + signal number. */
@@ -116,8 +117,13 @@ export function resolveTsxLoader(): string {
 /** The `node` command line for an app. */
 export function rankCommand(app: string, appArgs: readonly string[]): { command: string; args: string[] } {
   const ts = (TS_EXTENSIONS as readonly string[]).includes(extname(app));
-  const args = ts ? ["--import", resolveTsxLoader(), app, ...appArgs] : [app, ...appArgs];
+  const args = ts ? ["--import", resolveTsxLoader(), app, ...appArgs] : [...nodeFlagsFor(app), app, ...appArgs];
   return { command: process.execPath, args };
+}
+
+/** A program compiled for the job (compile-cache.ts) maps its stack traces back to its sources. */
+function nodeFlagsFor(app: string): string[] {
+  return app.includes(`${sep}${CACHE_DIR}${sep}`) ? ["--enable-source-maps"] : [];
 }
 
 /** Exit status as a shell reports it. */
@@ -424,7 +430,7 @@ export function spawnSpare(app: string, env: NodeJS.ProcessEnv, cwd: string): Pr
   const fromSource = import.meta.url.endsWith(".ts");
   const entry = fileURLToPath(new URL(fromSource ? "./spare-entry.ts" : "./spare-entry.js", import.meta.url));
   const ts = fromSource || (TS_EXTENSIONS as readonly string[]).includes(extname(app));
-  const args = ts ? ["--import", resolveTsxLoader(), entry] : [entry];
+  const args = ts ? ["--import", resolveTsxLoader(), entry] : [...nodeFlagsFor(app), entry];
   return new Promise((resolve, reject) => {
     let child: ChildProcess;
     try {

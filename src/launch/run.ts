@@ -12,11 +12,12 @@
 import { randomBytes } from "node:crypto";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
-import { basename, extname, join } from "node:path";
+import { basename, extname, join, resolve } from "node:path";
 import { errorMessage, isLifelineError, LifelineError } from "../errors.ts";
 import type { RunConfig } from "./options.ts";
 import { createReporter, pickStyle, type OutStream, type Reporter } from "./progress.ts";
 import { claimStore, type StoreClaim } from "./job-store.ts";
+import { compileApp } from "./compile-cache.ts";
 import { writeResultsFile } from "./results.ts";
 import { Supervisor, type JobOutcome } from "./supervisor.ts";
 
@@ -66,7 +67,19 @@ export async function runJob(config: RunConfig, io: RunIo): Promise<JobOutcome> 
       stderr: io.stderr,
       size: config.size,
     });
+  // A .ts program whose ranks run here is compiled once for the job (compile-cache.ts); ranks
+  // on other hosts keep the tsx loader (they may not see the compiled file).
+  let runApp: string | undefined;
+  const ext = extname(config.app);
+  if ((ext === ".ts" || ext === ".mts") && config.hosts === undefined && (config.launcher ?? "local") === "local") {
+    try {
+      runApp = (await compileApp(resolve(config.cwd, config.app))).app;
+    } catch (err) {
+      reporter.event({ kind: "warning", message: `${errorMessage(err)}; its ranks run it through the tsx loader` });
+    }
+  }
   const supervisor = new Supervisor(config, {
+    ...(runApp === undefined ? {} : { runApp }),
     reporter,
     runDir,
     jobId,

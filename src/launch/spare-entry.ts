@@ -1,7 +1,7 @@
 /**
- * A warm spare process (retry-one): started by the launcher before any rank fails, it loads
- * Node, the tsx loader (for `.ts` apps) and lifeline's own modules — the zeromq addon, level,
- * msgpackr — then waits. When a rank dies the launcher hands it that rank's place as one JSON
+ * A warm spare process: started by the launcher before any rank fails, it loads Node, the tsx
+ * loader (for `.ts` apps the launcher could not compile) and lifeline's own modules — the
+ * zeromq addon, level, msgpackr, both recovery modes — then waits. When a rank dies the launcher hands it that rank's place as one JSON
  * line on stdin, `{ env, app, appArgs }`; the spare then takes on the rank's environment and
  * command line and imports the program, which calls `init()` like any freshly started rank.
  * Start-up is most of a restart's time: this moves it off the recovery's path.
@@ -44,7 +44,11 @@ function readAssignment(): Promise<Assignment | undefined> {
 // Warm up while nothing is asked of us. A failure here is not fatal: the program imports what
 // it needs itself and reports errors as any rank would.
 const fromSource = import.meta.url.endsWith(".ts");
-await import(new URL(fromSource ? "../index.ts" : "../index.js", import.meta.url).href).catch(() => undefined);
+const ext = fromSource ? ".ts" : ".js";
+// The recovery modes load lazily in a rank (src/index.ts); a spare takes a rank of either.
+for (const m of ["../index", "../cpr/coordinated/driver", "../cpr/coordinated/host-stores", "../cpr/retry-one/driver"]) {
+  await import(new URL(`${m}${ext}`, import.meta.url).href).catch(() => undefined);
+}
 try {
   writeSync(3, "r");
 } catch {

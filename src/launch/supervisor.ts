@@ -127,6 +127,8 @@ export interface SupervisorDeps {
   random?: () => number;
   /** cpr: the store, claimed for this run (src/launch/job-store.ts); required in cpr unless `policy` is given. */
   claim?: StoreClaim;
+  /** The file the ranks run, when not `config.app` itself (a `.ts` program compiled for the job: compile-cache.ts). */
+  runApp?: string;
 }
 
 export class Supervisor {
@@ -305,6 +307,11 @@ export class Supervisor {
 
   // ---- warm spares ---------------------------------------------------------------------------
 
+  /** The file the ranks run: the program, or its compiled form (SupervisorDeps.runApp). */
+  private get runApp(): string {
+    return this.deps.runApp ?? this.config.app;
+  }
+
   /** How many warm spares to keep: none for ranks on other hosts (they start through their agent). */
   private get sparesWanted(): number {
     if (this.config.spare === false || this.config.maxRestarts <= 0 || this.stopping || this.placement !== undefined) return 0;
@@ -329,7 +336,7 @@ export class Supervisor {
 
   private startSpare(): void {
     this.sparesStarting++;
-    spawnSpare(this.config.app, this.spareEnv(), this.config.cwd).then(
+    spawnSpare(this.runApp, this.spareEnv(), this.config.cwd).then(
       (s) => {
         this.sparesStarting--;
         if (this.sparesUsable >= this.sparesWanted) {
@@ -383,7 +390,7 @@ export class Supervisor {
           const spec = {
             rank,
             attempt,
-            app: this.config.app,
+            app: this.runApp,
             appArgs: this.config.appArgs,
             env: this.rankEnv(rank, attempt, coordinator),
             cwd: this.config.cwd,
@@ -783,7 +790,7 @@ export class Supervisor {
           const spec = {
             rank: r,
             attempt,
-            app: this.config.app,
+            app: this.runApp,
             appArgs: this.config.appArgs,
             env: this.rankEnv(r, attempt, this.coordinator!.endpoint),
             cwd: this.config.cwd,

@@ -148,7 +148,10 @@ describe("fail fast in mode none", () => {
     const { cli, r, failed } = await crash("throw");
     expect(r.code, r.stderr).toBe(1);
     expect(failed[0]).toMatchObject({ rank: 1, code: 1, reason: "exited with code 1 before finalizing" });
-    expect((failed[0]!.stderrTail as string[]).join("\n")).toContain("deliberate failure in rank code");
+    const tail = (failed[0]!.stderrTail as string[]).join("\n");
+    expect(tail).toContain("deliberate failure in rank code");
+    // The .ts program ran compiled for the job (.lifeline-cache/), its trace mapped back.
+    expect(tail).toContain(`${join(FIXTURES, "crash.ts")}:22`);
     await expectNoSurvivors(cli);
   });
 
