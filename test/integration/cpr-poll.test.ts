@@ -7,7 +7,7 @@
  * Method: test/fixtures/cpr/poll.ts (a ring of 3 ranks polling between work chunks, rank 0
  * slow at each step's start and slower after a restart) under
  * the built launcher, once in --mode none, then in --mode cpr with a checkpoint every 2
- * steps and rank 1 killed at its first checkpoint() after line 3 committed; the
+ * steps and rank 1 killed at its first checkpoint() after line 2 committed; the
  * --results digests must be equal.
  */
 import { mkdtemp, rm } from "node:fs/promises";
@@ -36,14 +36,14 @@ describe("polled requests under --mode cpr", () => {
       const program = "test/fixtures/cpr/poll.ts";
       // Rank 0 computes 30 ms without yielding at each step's start (60 ms after the restart):
       // the others record long runs of polls, and replay a "done" before the re-sent copy.
-      const args = ["40", "256", "30"];
+      const args = ["100", "256", "30"]; // 3 s or more: lines commit well before the end
       const base = await runLauncher({ np: 3, program, args, flags: ["--mode", "none"], dir, name: "none", timeoutMs: TIMEOUT_MS });
       expect(base.code, context(base)).toBe(0);
       const cpr = await runLauncher({
         np: 3,
         program,
         args,
-        flags: ["--mode", "cpr", "--checkpoint-every", "2steps", "--inject", "1@line:3"],
+        flags: ["--mode", "cpr", "--checkpoint-every", "2steps", "--inject", "1@line:2"],
         dir,
         name: "cpr",
         timeoutMs: TIMEOUT_MS,

@@ -5,21 +5,23 @@
  * fails the same way twice before its first `checkpoint()` (a bad argument) is a bug: two
  * attempts, one clear message, its error shown once.
  *
- * Method: the built launcher with `--json` (or plain output for the message checks). The test
- * SIGSTOPs rank 1's first process 100–300 ms after its `rank-spawned` event (a rank takes about
- * a second to load Node and tsx, so it has not called `init()` yet); results are compared with
- * a `--mode none` run. The crash loop uses a fixture that rejects its argument before `init()`.
+ * Method: the built launcher with `--json` (or plain output for the message checks). The
+ * examples run behind test/fixtures/launch/late-start.ts, which waits 1.5 s before loading
+ * them; the test SIGSTOPs rank 1's first process 100–300 ms after its `rank-spawned` event, so
+ * it has certainly not called `init()` yet. Results are compared with a `--mode none` run of
+ * the same. The crash loop uses a fixture that rejects its argument before `init()`.
  */
 import { randomInt } from "node:crypto";
 import { describe, expect, it } from "vitest";
 import { context, runDirFor, runLauncher } from "./cpr-run.ts";
 
 const TIMEOUT_MS = 60_000;
+const LATE = "test/fixtures/launch/late-start.ts";
 const runs = runDirFor("lifeline-startup-");
 
 const cases = [
-  { mode: "cpr", program: "examples/heat.ts", args: ["--rows", "64", "--cols", "64", "--iters", "300"], flags: ["--checkpoint-every", "50steps"] },
-  { mode: "retry-one", program: "examples/logreg.ts", args: ["--steps", "60"], flags: ["--no-spare"] },
+  { mode: "cpr", program: LATE, args: ["heat", "--rows", "64", "--cols", "64", "--iters", "300"], flags: ["--checkpoint-every", "50steps"] },
+  { mode: "retry-one", program: LATE, args: ["logreg", "--steps", "60"], flags: ["--no-spare"] },
 ] as const;
 
 describe("a rank frozen before it joins", () => {
@@ -38,7 +40,7 @@ describe("a rank frozen before it joins", () => {
         });
         expect(ref.code, context(ref)).toBe(0);
         let stoppedPid: number | undefined;
-        const delay = 100 + randomInt(200); // a rank takes 0.6-1.5 s to load Node, tsx and lifeline
+        const delay = 100 + randomInt(200); // the rank waits 1.5 s before it loads the example
         const started = Date.now();
         const o = await runLauncher({
           np: 3,
