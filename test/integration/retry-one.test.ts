@@ -154,6 +154,15 @@ describe("retry-one with real processes", () => {
   );
 
   it(
+    "collectives in flight at once (Promise.all of an allreduce sum, a max and a bcast), rank 2 killed between two of them: results as in mode none",
+    async () => {
+      const r1 = await expectSameAsNone("test/fixtures/retry-one/in-flight.ts", [], ["2@mock:3,1"]);
+      expectOnlyRestarted(r1, { 2: 1 });
+    },
+    2 * RUN_TIMEOUT_MS,
+  );
+
+  it(
     "a dead rank never restarted (--max-restarts 0): a clear LAUNCH_RESTARTS error, no hang",
     async () => {
       const started = performance.now();

@@ -146,12 +146,34 @@ export class RetryOneMode extends NoneMode {
     );
   }
 
+  /** The collective calls not finished yet, in program order: each starts when the one before ended. */
+  private queue: Promise<unknown> = Promise.resolve();
+
+  /**
+   * Collectives in flight at once (`Promise.all` of two allreduces) run one after another in
+   * the order the program called them — the same order on every rank — since the protocol
+   * decides, replays and counts one call at a time. Each gets the result it would alone.
+   */
+  override collective<R>(
+    kind: CollKind,
+    identity: readonly (string | number)[],
+    algorithm: (io: coll.CollectiveIo) => Promise<R>,
+    op?: string,
+    root = -1,
+    data?: unknown,
+    bootstrapKey?: string,
+  ): Promise<R> {
+    const run = this.queue.then(() => this.runOne(kind, identity, algorithm, op, root, data, bootstrapKey));
+    this.queue = run.catch(() => undefined);
+    return run;
+  }
+
   /**
    * The protocol answers the call from a buffer (a replay) or has it run on the wire as the
    * given sequence number in the given view; an abandoned run (a peer failed) asks the
    * protocol again.
    */
-  override async collective<R>(
+  private async runOne<R>(
     kind: CollKind,
     identity: readonly (string | number)[],
     algorithm: (io: coll.CollectiveIo) => Promise<R>,
