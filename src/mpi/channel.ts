@@ -20,7 +20,7 @@
 import { BouncePool } from "./bounce-pool.ts";
 import { decodeBody, type EncodedBody, encodeBody } from "./codec.ts";
 import type { LibState, RawFrame } from "./cpr-hook.ts";
-import type { Host, Transport } from "./host.ts";
+import type { Host, Timer, Transport } from "./host.ts";
 import { decodeHeader, Encoding, encodeHeader, encodeHeaderInto, Flag, type Header, HEADER_BYTES, Kind } from "./wire.ts";
 
 /** Protocol-frame tag of a receipt for messages sent from bounce buffers (see sendApp). */
@@ -35,12 +35,22 @@ const BOUNCE_BYTES_MIN = 64 * 1024;
  * the receipt (one round trip, well below the time of copying this much).
  */
 const RENDEZVOUS_BYTES_MIN = 4 * 1024 * 1024;
+/** A receiver owing receipts for this many bytes to one sender sends one at the end of its turn. */
+const RECEIPT_WINDOW_BYTES = 4 * 1024 * 1024;
+/** ... and otherwise once that sender's receipt-flagged traffic pauses this long. */
+const RECEIPT_IDLE_MS = 2;
 /** Idle bounce-buffer memory kept for reuse. */
 const BOUNCE_POOL_BYTES_MAX = 256 * 1024 * 1024;
 /** Bodies up to this size travel in the header's frame: one ZeroMQ frame instead of two. */
 const INLINE_BODY_BYTES_MAX = 4096;
 /** Warnings about garbage frames are rate-limited to this many per process. */
 const GARBAGE_WARNINGS_MAX = 10;
+
+function bodyBytes(body: readonly Buffer[]): number {
+  let n = 0;
+  for (const b of body) n += b.byteLength;
+  return n;
+}
 
 /** A message waiting for its receipt: its bounce buffers, or the rendezvous send to resolve. */
 interface Lent {
@@ -100,6 +110,7 @@ export class Channel {
     this.appSeqOut = new Uint32Array(opts.size);
     this.lent = Array.from({ length: opts.size }, () => new Map<number, Lent>());
     this.receiptDue = new Float64Array(opts.size).fill(-1);
+    this.receiptBytes = new Float64Array(opts.size);
   }
 
   // ---- send --------------------------------------------------------------------------------
@@ -139,6 +150,7 @@ export class Channel {
         h.flags |= Flag.ack;
         h.signature = due;
         this.receiptDue[dest] = -1;
+        this.receiptBytes[dest] = 0;
       }
     }
     if (dest === this.rank) {
@@ -213,7 +225,7 @@ export class Channel {
       }
     }
     const header = this.header(Kind.app, dest, tag, body);
-    header.flags |= Flag.receipt;
+    header.flags |= rendezvous ? Flag.receipt | Flag.rendezvous : Flag.receipt;
     const seq = header.channelSeq;
     const byDest = this.lent[dest]!;
     const entry: Lent = { bufs };
@@ -300,13 +312,22 @@ export class Channel {
     }
     if (header.kind === Kind.app && (header.flags & Flag.ack) !== 0) this.onReceipt(header.source, header.signature);
     if ((header.flags & Flag.receipt) !== 0 && header.kind === Kind.app) {
-      // The sender waits for this before it reuses its buffer; the bytes are all here now.
-      // One receipt per source for every such message that arrived in this turn, on the next
-      // app frame to it if the program sends one in the same turn (a reply), else on its own.
-      this.receiptDue[header.source] = header.channelSeq;
-      if (!this.receiptsScheduled) {
-        this.receiptsScheduled = true;
-        this.host.defer(this.sendReceipts);
+      // The bytes are all here now: the sender may have its buffers back. One receipt covers
+      // every such message from the source so far, and rides on the next app frame to it when
+      // the program sends one (a reply). A rendezvous send waits for it: sent at the end of
+      // this turn. Pooled buffers only need to come back eventually: once RECEIPT_WINDOW_BYTES
+      // are owed to the source, or when its traffic pauses for RECEIPT_IDLE_MS.
+      const src = header.source;
+      this.receiptDue[src] = header.channelSeq;
+      this.receiptBytes[src] = this.receiptBytes[src]! + bodyBytes(body);
+      if ((header.flags & Flag.rendezvous) !== 0 || this.receiptBytes[src]! >= RECEIPT_WINDOW_BYTES) {
+        if (!this.receiptsScheduled) {
+          this.receiptsScheduled = true;
+          this.host.defer(this.sendReceipts);
+        }
+      } else {
+        this.receiptIdle?.stop();
+        this.receiptIdle = this.host.after(RECEIPT_IDLE_MS, this.sendReceipts);
       }
     }
     this.deliver(header, body, rawHeader!, true);
@@ -314,13 +335,19 @@ export class Channel {
 
   /** Per source, the channel sequence of the newest message still to acknowledge (-1: none). */
   private readonly receiptDue: Float64Array;
+  /** Per source, the body bytes of the messages owed a receipt. */
+  private readonly receiptBytes: Float64Array;
   private receiptsScheduled = false;
+  private receiptIdle: Timer | undefined;
   private readonly sendReceipts = (): void => {
     this.receiptsScheduled = false;
+    this.receiptIdle?.stop();
+    this.receiptIdle = undefined;
     for (let r = 0; r < this.size; r++) {
       const seq = this.receiptDue[r]!;
       if (seq < 0) continue;
       this.receiptDue[r] = -1;
+      this.receiptBytes[r] = 0;
       this.sendProtocol(r, PROTO_RECEIPT, { seq });
     }
   };

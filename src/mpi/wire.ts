@@ -34,6 +34,8 @@ export const Flag = {
    * channel sequence of the newest `receipt` message from the destination that arrived here.
    */
   ack: 8,
+  /** A `receipt` message whose send waits for its receipt (sent from the program's memory): acknowledge it at once. */
+  rendezvous: 16,
 } as const;
 
 /** How the body frames are encoded (see codec.ts). */

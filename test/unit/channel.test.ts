@@ -26,7 +26,15 @@ function pair() {
       },
       close: async () => undefined,
     };
-    const host = { transport, defer: (fn: () => void) => void setImmediate(fn), warn: () => undefined } as unknown as Host;
+    const host = {
+      transport,
+      defer: (fn: () => void) => void setImmediate(fn),
+      after: (ms: number, fn: () => void) => {
+        const t = setTimeout(fn, ms);
+        return { stop: () => clearTimeout(t) };
+      },
+      warn: () => undefined,
+    } as unknown as Host;
     return new Channel({
       rank,
       size: 2,
@@ -44,7 +52,7 @@ function pair() {
 const settle = (): Promise<void> => new Promise((r) => setTimeout(r, 20));
 
 describe("channel receipts", () => {
-  it("three large messages arriving in one turn get one receipt, which returns every buffer", async () => {
+  it("three large messages get one receipt (once their sender pauses), which returns every buffer", async () => {
     const {
       channels: [a, b],
       sent,
@@ -58,6 +66,20 @@ describe("channel receipts", () => {
     expect(sent.filter((s) => s.from === 1 && s.kind === Kind.protocol)).toHaveLength(1);
     expect(a!.lentCount).toBe(0);
     expect(b!.lentCount).toBe(0);
+  });
+
+  it("a stream of 80 large messages gets a receipt per 4 MiB window and one when it pauses, not one each", async () => {
+    const {
+      channels: [a],
+      sent,
+    } = pair();
+    const big = new Float64Array(8 * 1024); // 64 KiB
+    for (let i = 0; i < 80; i++) await a!.sendApp(big, 1, 1);
+    await settle();
+    const receipts = sent.filter((s) => s.from === 1 && s.kind === Kind.protocol).length;
+    expect(receipts).toBeGreaterThanOrEqual(1);
+    expect(receipts).toBeLessThanOrEqual(3);
+    expect(a!.lentCount).toBe(0);
   });
 
   it("a reply sent in the same turn carries the receipt: no receipt frame", async () => {
