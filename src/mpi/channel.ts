@@ -320,7 +320,7 @@ export class Channel {
       const src = header.source;
       this.receiptDue[src] = header.channelSeq;
       this.receiptBytes[src] = this.receiptBytes[src]! + bodyBytes(body);
-      if ((header.flags & Flag.rendezvous) !== 0 || this.receiptBytes[src]! >= RECEIPT_WINDOW_BYTES) {
+      if ((header.flags & Flag.rendezvous) !== 0 || this.receiptBytes[src] >= RECEIPT_WINDOW_BYTES) {
         if (!this.receiptsScheduled) {
           this.receiptsScheduled = true;
           this.host.defer(this.sendReceipts);
