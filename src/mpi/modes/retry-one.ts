@@ -148,6 +148,7 @@ export class RetryOneMode extends NoneMode {
 
   /** The collective calls not finished yet, in program order: each starts when the one before ended. */
   private queue: Promise<unknown> = Promise.resolve();
+  private inFlight = 0;
 
   /**
    * Collectives in flight at once (`Promise.all` of two allreduces) run one after another in
@@ -163,8 +164,16 @@ export class RetryOneMode extends NoneMode {
     data?: unknown,
     bootstrapKey?: string,
   ): Promise<R> {
-    const run = this.queue.then(() => this.runOne(kind, identity, algorithm, op, root, data, bootstrapKey));
-    this.queue = run.catch(() => undefined);
+    // Nothing in flight (the common case): at once, without a hop through the queue.
+    this.inFlight++;
+    const run =
+      this.inFlight === 1
+        ? this.runOne(kind, identity, algorithm, op, root, data, bootstrapKey)
+        : this.queue.then(() => this.runOne(kind, identity, algorithm, op, root, data, bootstrapKey));
+    const left = (): void => {
+      this.inFlight--;
+    };
+    this.queue = run.then(left, left);
     return run;
   }
 
