@@ -193,6 +193,10 @@ function addRunOptions(cmd: Command): void {
     .option("--keep-lines <n>", `recovery lines to keep (default ${DEFAULTS.keepLines})`)
     .option("--max-restarts <n>", `restarts allowed before the job fails (default ${DEFAULTS.maxRestarts})`)
     .option("--replicas <k>", `retry-one: ring successors that keep a copy of each rank's state in memory (default ${DEFAULTS.replicas})`)
+    .option(
+      "--log-limit <size>",
+      "retry-one: bound on each rank's log of sent messages its receivers' checkpoints do not cover yet, e.g. 256MiB (default 1GiB)",
+    )
     .option("--no-spare", "do not keep warm spare processes for restarts (one in retry-one, one per rank in cpr; restarted ranks then start cold)")
     .option("--restart-reset <dur>", "healthy running for this long forgives earlier restarts: --max-restarts and the back-off start over (default: never)")
     .option("--error-file <file>", "JSON record of every failure: rank, attempt, cause, time, last stderr lines (default <store>/errors.json)")
@@ -253,6 +257,7 @@ function toFlags(app: string, args: string[], o: Record<string, unknown>): RunFl
     keepLines: str("keepLines"),
     maxRestarts: str("maxRestarts"),
     replicas: str("replicas"),
+    logLimit: str("logLimit"),
     spare: o.spare === false ? false : undefined,
     restartReset: str("restartReset"),
     errorFile: str("errorFile"),

@@ -76,6 +76,11 @@ export type CoordinatorToRank =
       /** retry-one: ranks down right now (dead, not running again yet). */
       down?: number[];
       /**
+       * retry-one, to a restarted rank: the checkpoint count its previous incarnation had
+       * reported; it has caught up once it is back there (or runs a collective with the others).
+       */
+      reached?: number;
+      /**
        * A job across hosts: each rank's host (an index) at the job's start, the same in every
        * table of the job; retry-one places replicas on other hosts first.
        */

@@ -115,6 +115,8 @@ export class RetryOneDriver implements RetryOneHook {
   private replaying: number | undefined;
   /** The checkpoint version restore() got from the peers (0: none). */
   private restoredVersion = 0;
+  /** A restarted rank: the checkpoint count its previous incarnation had reached (caught up there). */
+  private reached = Infinity;
 
   constructor(
     private readonly access: RetryWorldAccess,
@@ -127,6 +129,7 @@ export class RetryOneDriver implements RetryOneHook {
 
   beforeStart(table: Extract<CoordinatorToRank, { t: "table" }>): void {
     const nowMs = this.host.now();
+    if (table.reached !== undefined) this.reached = table.reached;
     this.machine = new RetryOneRank({
       rank: this.access.rank,
       size: this.access.size,
@@ -304,6 +307,7 @@ export class RetryOneDriver implements RetryOneHook {
         this.restoring = undefined;
         const v = e.restored.value;
         this.restoredVersion = v?.version ?? 0;
+        if (this.restoredVersion >= this.reached) this.reportCaughtUp();
         d?.resolve({
           value: v === undefined ? undefined : { state: v.state, global: v.global === undefined ? undefined : asBuffer(v.global), version: v.version },
           dets: e.restored.dets,
@@ -312,6 +316,9 @@ export class RetryOneDriver implements RetryOneHook {
         return;
       }
       case "checkpointed": {
+        // A point-to-point program may run no collective for long: back at the checkpoint
+        // count its previous incarnation had reached, the restarted rank has caught up.
+        if (e.version >= this.reached) this.reportCaughtUp();
         const d = this.ckpt;
         this.ckpt = undefined;
         d?.resolve();

@@ -247,7 +247,7 @@ export class RetryOneMode extends LoggedMode implements AppLog {
         if (byteLengthOf(this.log[d]!.flatMap((f) => f.body)) > byteLengthOf(this.log[worst]!.flatMap((f) => f.body))) worst = d;
       const err = new LifelineError(
         "CPR_CHECKPOINT",
-        `rank ${this.core.rank} keeps ${this.logBytes} bytes of messages that their receivers have not covered with a safe checkpoint yet (most for rank ${worst}: ${this.log[worst]!.length} messages), above the bound of ${this.logBytesMax} bytes; in retry-one every rank must call checkpoint() now and then (each message is kept until its receiver's next checkpoint), or raise the bound (LIFELINE_RETRY_LOG_BYTES)`,
+        `rank ${this.core.rank} keeps ${this.logBytes} bytes of messages that their receivers have not covered with a safe checkpoint yet (most for rank ${worst}: ${this.log[worst]!.length} messages), above the bound of ${this.logBytesMax} bytes; in retry-one every rank must call checkpoint() now and then (each message is kept until its receiver's next checkpoint), or raise the bound (--log-limit)`,
       );
       this.core.fatal(err);
       this.core.failPending(err);
