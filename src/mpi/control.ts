@@ -77,7 +77,7 @@ export type CoordinatorToRank =
       down?: number[];
       /**
        * retry-one, to a restarted rank: the checkpoint count its previous incarnation had
-       * reported; it has caught up once it is back there (or runs a collective with the others).
+       * reported; it has caught up once past it (or once it runs a collective with the others).
        */
       reached?: number;
       /**

@@ -115,7 +115,7 @@ export class RetryOneDriver implements RetryOneHook {
   private replaying: number | undefined;
   /** The checkpoint version restore() got from the peers (0: none). */
   private restoredVersion = 0;
-  /** A restarted rank: the checkpoint count its previous incarnation had reached (caught up there). */
+  /** A restarted rank: the checkpoint count its previous incarnation had reached (caught up past it). */
   private reached = Infinity;
 
   constructor(
@@ -307,7 +307,6 @@ export class RetryOneDriver implements RetryOneHook {
         this.restoring = undefined;
         const v = e.restored.value;
         this.restoredVersion = v?.version ?? 0;
-        if (this.restoredVersion >= this.reached) this.reportCaughtUp();
         d?.resolve({
           value: v === undefined ? undefined : { state: v.state, global: v.global === undefined ? undefined : asBuffer(v.global), version: v.version },
           dets: e.restored.dets,
@@ -316,9 +315,9 @@ export class RetryOneDriver implements RetryOneHook {
         return;
       }
       case "checkpointed": {
-        // A point-to-point program may run no collective for long: back at the checkpoint
-        // count its previous incarnation had reached, the restarted rank has caught up.
-        if (e.version >= this.reached) this.reportCaughtUp();
+        // A point-to-point program may run no collective for long: past the checkpoint count
+        // its previous incarnation had reached (the step it died in redone), it has caught up.
+        if (e.version > this.reached) this.reportCaughtUp();
         const d = this.ckpt;
         this.ckpt = undefined;
         d?.resolve();
