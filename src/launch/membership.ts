@@ -251,9 +251,12 @@ export class Membership {
       case "restart-rank":
         this.restartRank(input.rank, input.attempt);
         break;
-      case "send":
-        if (this.linksValue[input.rank]?.up === true) this.send(input.rank, input.msg);
+      case "send": {
+        // A rank that finalized gets nothing but its release (it may have left already).
+        const link = this.linksValue[input.rank];
+        if (link?.up === true && !link.finalized) this.send(input.rank, input.msg);
         break;
+      }
       case "broadcast":
         if (this.phaseValue === "running")
           this.linksValue.forEach((l, r) => {
@@ -445,7 +448,8 @@ export class Membership {
       case "cpr-part-failed":
       case "cpr-held":
       case "cpr-copy":
-        // The coordinated-checkpoint protocol's messages go to the initiator (the owner).
+      case "cpr-durable":
+        // The checkpoint protocols' messages go to the restart policy (the owner).
         this.emit({ kind: "cpr", rank, msg });
         return;
       case "retry-caught-up":
@@ -634,6 +638,12 @@ function malformed(msg: RankToCoordinator, size: number): string | undefined {
     case "cpr-copy":
       if (!isRank(m.of) || !isCount(m.epoch)) return "cpr-copy needs of (a rank) and an epoch count";
       return m.part instanceof Uint8Array || typeof m.error === "string" ? undefined : "cpr-copy needs the part's bytes or an error";
+    case "cpr-durable": {
+      const counts = (v: unknown): boolean => Array.isArray(v) && v.length === size && v.every(isCount);
+      return isCount(m.epoch) && isPartRef(m.ref) && isCount(m.index) && counts(m.sent) && counts(m.consumed) && counts(m.logFrom)
+        ? undefined
+        : "cpr-durable needs an epoch, a part reference, a collective index, and sent, consumed and logFrom counts per rank";
+    }
     case "retry-caught-up":
       return isCount(m.attempt) && isCount(m.restored) && isCount(m.version) && isCount(m.seqno) && isCount(m.replayed)
         ? undefined

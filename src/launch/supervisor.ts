@@ -189,7 +189,11 @@ export class Supervisor {
   ) {
     this.policy =
       deps.policy ??
-      (config.mode === "cpr" ? new CprRestartPolicy(config, claimOf(deps)) : config.mode === "retry-one" ? new RetryOnePolicy() : policyFor(config.mode));
+      (config.mode === "cpr"
+        ? new CprRestartPolicy(config, claimOf(deps))
+        : config.mode === "retry-one"
+          ? new RetryOnePolicy(config, deps.claim)
+          : policyFor(config.mode));
     this.progressed = new Array<boolean>(config.size).fill(false);
     this.launcher = rankLauncherFor(config);
     this.placement = this.launcher.hosts === undefined ? undefined : new Placement(this.launcher.hosts, config.size);
@@ -455,6 +459,7 @@ export class Supervisor {
     env[ENV.faults] = this.config.faults[rank] ?? "";
     if (this.config.replicas !== undefined) env[ENV.replicas] = String(this.config.replicas);
     if (this.config.logLimitBytes !== undefined) env[ENV.retryLogBytes] = String(this.config.logLimitBytes);
+    if (this.config.mode === "retry-one") env[ENV.durableEvery] = String(this.config.durableEvery ?? 0);
     return env;
   }
 
@@ -495,7 +500,7 @@ export class Supervisor {
       case "step":
         this.detector.stepped(ev.rank, now);
         if (ev.steps > 0) this.progressed[ev.rank] = true;
-        this.policy.onStep?.(ev.rank, ev.steps);
+        this.policy.onStep?.(ev.rank, ev.steps, ev.epoch);
         this.deps.reporter.event({ kind: "rank-step", rank: ev.rank, steps: ev.steps, epoch: ev.epoch });
         return;
       case "heartbeat":

@@ -326,7 +326,8 @@ export class SimCoordinator {
         return;
       case "cpr":
         if (ev.msg.t === "cpr-held" || ev.msg.t === "cpr-copy") this.net.violation(`rank ${ev.rank} sent ${ev.msg.t}, which only per-host stores ask for`);
-        this.driver.input(initiatorInputOf(ev.rank, ev.msg, nowMs));
+        else if (ev.msg.t === "cpr-durable") this.net.violation(`rank ${ev.rank} sent ${ev.msg.t} in mode cpr`);
+        else this.driver.input(initiatorInputOf(ev.rank, ev.msg, nowMs));
         return;
       case "released":
         this.stopInitiator();

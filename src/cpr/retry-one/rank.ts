@@ -54,6 +54,8 @@
 import { decide, type Decision, type DecideOptions, predecessors, successors, type Transfer } from "./agreement.ts";
 import { BootstrapCache, ProtocolError, ResultBuffer } from "./result-buffer.ts";
 import {
+  type AllRestart,
+  type CacheEntry,
   CACHE_ENTRIES_MAX_DEFAULT,
   type CollIdentity,
   DET_ENTRIES_MAX_DEFAULT,
@@ -183,6 +185,8 @@ export class RetryOneRank {
   private readonly groups: readonly number[] | undefined;
   private readonly failureTimeoutMs: number;
   private readonly heldFramesMax: number;
+  /** A restart of every rank from the durable floor (see RetryOneOptions.allRestart). */
+  private readonly allRestart: AllRestart | undefined;
   private readonly detEntriesMax: number;
   private readonly succ: readonly number[];
 
@@ -283,12 +287,43 @@ export class RetryOneRank {
     for (const s of this.succ) this.detAcked.set(s, 0);
     this.knownSafe = Array.from({ length: opts.size }, () => [0, 0] as [number, number]);
     this.knownIndex = new Array<number>(opts.size).fill(0);
-    this.restoring = opts.attempt > 0;
+    this.allRestart = opts.allRestart;
+    this.restoring = opts.attempt > 0 && opts.allRestart === undefined;
     this.recovery = this.restoring;
     // A first incarnation holds (empty) records for its predecessors from the start: a
     // predecessor that dies before its first checkpoint restarts from the program's start,
     // with the determinants these records collect. A restarted holder gets them pushed.
     if (!this.restoring) for (const p of predecessors(this.rank, this.opts())) this.held.set(p, { versions: new Map(), detFrom: 0, dets: [] });
+    if (opts.allRestart !== undefined) this.startFrom(opts.allRestart);
+  }
+
+  /** Every rank restarts from a durable line: this rank's part of it is its safe checkpoint. */
+  private startFrom(a: AllRestart): void {
+    a.versions.forEach((v, r) => {
+      this.knownSafe[r] = [v, a.index];
+      this.knownIndex[r] = a.index;
+    });
+    this.index = a.index;
+    this.buffer.resetTo(a.index);
+    const p = a.part;
+    if (p === undefined) return;
+    this.version = p.version;
+    for (const e of p.cache) this.cache.put(e);
+    this.safe = {
+      version: p.version,
+      index: p.index,
+      detCount: 0,
+      key: p.key,
+      state: new LazyCell({ kind: "value", value: p.state }),
+      consumed: [],
+      acks: new Set(this.succ),
+    };
+    this.safe.state.lend(); // the program gets it at restore(): never recycled
+    if (p.key !== null) {
+      const cell = new LazyCell({ kind: "value", value: p.global });
+      cell.lend();
+      this.ownGlobals.set(p.version, { version: p.version, index: p.index, key: p.key, global: cell });
+    }
   }
 
   // ---- observers (for the driver's reports and the tests) ----------------------------------
@@ -323,6 +358,17 @@ export class RetryOneRank {
   /** Every determinant logged so far is held by every successor (see the gate effect). */
   get isGateOpen(): boolean {
     return this.gateOpen;
+  }
+
+  /** This rank's safe checkpoint `version` (its state and collective index), if it is still the newest safe one. */
+  safeCheckpoint(version: number): { state: unknown; index: number } | undefined {
+    const c = this.safe;
+    return c === null || c.version !== version ? undefined : { state: c.state.get(), index: c.index };
+  }
+
+  /** The bootstrap cache (a durable checkpoint keeps it: a restart of every rank needs it). */
+  get bootstrapEntries(): readonly CacheEntry[] {
+    return this.cache.pick(this.cache.keys);
   }
 
   /** Result entries and bytes held (for bounds checks in tests and reports). */
@@ -435,6 +481,17 @@ export class RetryOneRank {
     if (this.restoreCalled) throw new ProtocolError("CPR_RESTORE", "restore() called twice; call it once, before the main loop");
     if (this.checkpointCalls > 0) throw new ProtocolError("CPR_RESTORE", "restore() called after checkpoint(); call it once, before the first checkpoint()");
     this.restoreCalled = true;
+    const a = this.allRestart;
+    if (a !== undefined) {
+      const p = a.part;
+      this.out.push({
+        kind: "restored",
+        restored: { value: p === undefined ? undefined : { state: p.state, global: p.global, version: p.version }, dets: [], detFrom: 0 },
+      });
+      // The successors hold it in memory again (a single failure is then recovered from them).
+      if (p !== undefined) for (const s of this.succ) this.pushTo(s);
+      return;
+    }
     if (!this.restoring) {
       this.out.push({ kind: "restored", restored: { value: undefined, dets: [], detFrom: 0 } });
       return;

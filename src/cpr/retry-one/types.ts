@@ -348,6 +348,28 @@ export interface RetryOneOptions {
   readonly heldFramesMax?: number;
   /** The time at construction (for the failure timeout of ranks already down). */
   readonly nowMs?: number;
+  /**
+   * Every rank restarts at once from the durable floor (or a resumed job): this rank starts
+   * from its checkpoint `part` of the line (its program start when undefined), the line's
+   * versions of every rank and its collective index. Nobody restores from peers.
+   */
+  readonly allRestart?: AllRestart | undefined;
+}
+
+/** See {@link RetryOneOptions.allRestart}. */
+export interface AllRestart {
+  readonly part:
+    | {
+        readonly version: number;
+        readonly index: number;
+        readonly key: string | null;
+        readonly state: unknown;
+        readonly global: unknown;
+        readonly cache: readonly CacheEntry[];
+      }
+    | undefined;
+  readonly versions: readonly number[];
+  readonly index: number;
 }
 
 export const REPLICAS_DEFAULT = 2;
