@@ -316,6 +316,11 @@ export class Membership {
     this.byIdentity.clear();
     this.helloCount = 0;
     this.finalizedCount = 0;
+    // retry-one's bookkeeping of single restarts belongs to the execution given up: every rank
+    // starts again (from the durable floor), none is down or behind.
+    this.down.clear();
+    this.rejoining.clear();
+    this.reached.clear();
     this.roundValue++;
     this.linksValue.forEach((l, r) => Object.assign(l, this.incarnation(r, attempts[r]!)));
     this.phaseValue = "rendezvous";

@@ -24,7 +24,7 @@
 import { LifelineError } from "../errors.ts";
 import { decodeValue, encodeValue } from "../mpi/codec.ts";
 import type { CoordinatorToRank, RankToCoordinator } from "../mpi/control.ts";
-import { type DurableMeta, newestConsistentLine } from "../cpr/retry-one/durable.ts";
+import { DurableCandidates } from "../cpr/retry-one/durable.ts";
 import { LevelRecoveryStore } from "../store/level-store.ts";
 import { formatTime } from "../store/lines.ts";
 import { recoverLocal } from "../store/recovery.ts";
@@ -44,11 +44,10 @@ export class RetryOnePolicy implements RestartPolicy {
   readonly mode = "retry-one" as const;
   private readonly restarted: { rank: number; delayMs: number }[] = [];
   private ctx: PolicyContext | undefined;
-  /** Per rank, its durable checkpoints that a newer line may still use, oldest first (and when each was reported). */
-  private candidates: { meta: DurableMeta; ref: PartRef; atMs: number }[][];
+  /** The durable checkpoints the ranks reported that a newer line may still use. */
+  private readonly candidates: DurableCandidates<PartRef>;
   /** Per rank, the checkpoint count it last reported (what a restart of every rank loses). */
   private readonly reached: number[];
-  private newest: { line: LineRecord; versions: number[] } | undefined;
   /** Manifest writes, one at a time. */
   private writes: Promise<void> = Promise.resolve();
   private readonly committed: number[] = [];
@@ -63,7 +62,7 @@ export class RetryOnePolicy implements RestartPolicy {
     private readonly claim?: StoreClaim,
   ) {
     const size = config?.size ?? 0;
-    this.candidates = Array.from({ length: size }, () => []);
+    this.candidates = new DurableCandidates(size);
     this.reached = new Array<number>(size).fill(0);
   }
 
@@ -90,6 +89,7 @@ export class RetryOnePolicy implements RestartPolicy {
         return;
       }
       this.allStart = start;
+      this.candidates.restarted(start.versions);
       this.resumedFrom = start.line.epoch;
       ctx.report({
         kind: "job-resuming",
@@ -154,14 +154,12 @@ export class RetryOnePolicy implements RestartPolicy {
   /** A rank's durable checkpoint is in its part store. */
   onCprMessage(rank: number, msg: Extract<RankToCoordinator, { t: `cpr-${string}` }>): void {
     if (msg.t !== "cpr-durable" || !this.durable || this.allStart !== undefined) return;
-    const list = this.candidates[rank]!;
-    // A version at or below one already known belongs to an execution given up since (restarted).
-    while (list.length > 0 && list[list.length - 1]!.meta.version >= msg.epoch) list.pop();
-    list.push({
-      meta: { version: msg.epoch, index: msg.index, sent: msg.sent, consumed: msg.consumed, logFrom: msg.logFrom },
-      ref: { rank: msg.ref.rank, epoch: msg.ref.epoch, checksum: msg.ref.checksum, bytes: msg.ref.bytes },
-      atMs: performance.now(),
-    });
+    this.candidates.add(
+      rank,
+      { version: msg.epoch, index: msg.index, sent: msg.sent, consumed: msg.consumed, logFrom: msg.logFrom },
+      { rank: msg.ref.rank, epoch: msg.ref.epoch, checksum: msg.ref.checksum, bytes: msg.ref.bytes },
+      performance.now(),
+    );
     this.writes = this.writes
       .then(() => this.commitNewest())
       .catch((err: unknown) => this.ctx?.report({ kind: "warning", message: `could not record a durable line: ${(err as Error).message}` }));
@@ -171,25 +169,18 @@ export class RetryOnePolicy implements RestartPolicy {
   private async commitNewest(): Promise<void> {
     const claim = this.claim!;
     const size = this.config!.size;
-    const versions = newestConsistentLine(
-      this.candidates.map((l) => l.map((c) => c.meta)),
-      size,
-    );
-    if (versions.some((v) => v === 0)) return; // some rank would restart from its start: no line
-    if (this.newest !== undefined && versions.every((v, r) => v === this.newest!.versions[r])) return;
-    const chosen = versions.map((v, r) => this.candidates[r]!.find((c) => c.meta.version === v)!);
+    const next = this.candidates.next();
+    if (next === undefined) return;
+    const { versions, chosen, index } = next;
     const parts = chosen.map((c) => c.ref);
-    const index = chosen[0]!.meta.index;
     const epoch = Math.max(0, ...(await claim.manifest.list()).map((l) => l.epoch)) + 1;
-    const line = await claim.manifest.commitLine(epoch, parts, { mixed: true, meta: encodeValue({ index }), job: { id: claim.job.id, run: claim.job.run } });
-    this.newest = { line, versions };
+    await claim.manifest.commitLine(epoch, parts, { mixed: true, meta: encodeValue({ index }), job: { id: claim.job.id, run: claim.job.run } });
+    this.candidates.committed(versions);
     this.committed.push(epoch);
     // Its duration: from the first of its parts reported to the commit.
     const durationMs = Math.round(performance.now() - Math.min(...chosen.map((c) => c.atMs)));
     this.ctx?.report({ kind: "line-committed", epoch, durationMs, bytes: parts.reduce((n, p) => n + p.bytes, 0) });
-    // Candidates older than this line can never be part of a newer one (the newest consistent
-    // set only moves forward); the ranks keep their parts of the kept lines and newer ones.
-    this.candidates = this.candidates.map((l, r) => l.filter((c) => c.meta.version >= versions[r]!));
+    // The ranks keep their parts of the kept lines and newer ones.
     await claim.manifest.prune(this.config!.keepLines);
     const kept = await claim.manifest.list();
     for (let r = 0; r < size; r++) this.ctx?.send(r, { t: "cpr-durable-keep", keep: kept.map((l) => l.parts[r]!.epoch) });
@@ -213,10 +204,9 @@ export class RetryOnePolicy implements RestartPolicy {
     await this.writes;
     const start = await this.chooseLine();
     this.allStart = start;
-    this.newest = start.line === undefined ? undefined : { line: start.line, versions: start.versions };
     // What the dead execution wrote past the line is not part of this one (recoverLocal deleted
     // it); the next line is made of checkpoints every rank writes from here on.
-    this.candidates = this.candidates.map(() => []);
+    this.candidates.restarted(start.line === undefined ? undefined : start.versions);
     this.fallbacks.push({ attempt, line: start.line?.epoch ?? 0, versions: start.versions });
     const lost = this.reached.map((v, r) => `rank ${r} ${Math.max(0, v - start.versions[r]!)}`).join(", ");
     this.ctx?.report({

@@ -6,7 +6,7 @@
  * of small random histories that checks the rollback's answer is consistent and newest.
  */
 import { describe, expect, it } from "vitest";
-import { type DurableMeta, newestConsistentLine, startMeta } from "../../src/cpr/retry-one/durable.ts";
+import { DurableCandidates, type DurableMeta, newestConsistentLine, startMeta } from "../../src/cpr/retry-one/durable.ts";
 import { Prng } from "../../src/testing/prng.ts";
 
 const m = (version: number, index: number, sent: number[], consumed: number[], logFrom: number[] = sent): DurableMeta => ({
@@ -109,5 +109,39 @@ describe("newestConsistentLine", () => {
           ).toBe(true);
       }
     }
+  });
+});
+
+describe("DurableCandidates (the launcher's bookkeeping)", () => {
+  const lock = (v: number): DurableMeta => m(v, v, [v, v], [v, v], [v, v]);
+
+  it("no line until every rank has a durable checkpoint; then each newer consistent set once", () => {
+    const c = new DurableCandidates<string>(2);
+    c.add(0, lock(2), "0@2", 10);
+    expect(c.next()).toBeUndefined(); // rank 1 would restart from its start: not a line
+    c.add(1, lock(2), "1@2", 11);
+    const first = c.next()!;
+    expect(first).toMatchObject({ versions: [2, 2], index: 2 });
+    expect(first.chosen.map((x) => x.ref)).toEqual(["0@2", "1@2"]);
+    c.committed(first.versions);
+    expect(c.next(), "the same set again is not a new line").toBeUndefined();
+    c.add(0, lock(4), "0@4", 12);
+    expect(c.next(), "rank 1 is still at 2: rank 0's 4 does not fit (another collective index)").toBeUndefined();
+    c.add(1, lock(4), "1@4", 13);
+    expect(c.next()?.versions).toEqual([4, 4]);
+  });
+
+  it("a version at or below a known one replaces the execution given up; a restart of all forgets everything", () => {
+    const c = new DurableCandidates<string>(2);
+    c.add(0, lock(3), "old", 1);
+    c.add(0, lock(2), "new", 2); // rank 0 restarted from an older checkpoint and wrote 2 again
+    c.add(1, lock(2), "1@2", 3);
+    expect(c.next()?.chosen.map((x) => x.ref)).toEqual(["new", "1@2"]);
+    c.restarted([2, 2]);
+    expect(c.next(), "nothing reported since the restart").toBeUndefined();
+    c.add(0, lock(3), "0@3", 4);
+    c.add(1, lock(3), "1@3", 5);
+    expect(c.next()?.versions).toEqual([3, 3]);
+    expect(() => c.add(2, lock(1), "x", 6)).toThrow(RangeError);
   });
 });

@@ -79,3 +79,82 @@ export function newestConsistentLine(candidates: readonly (readonly DurableMeta[
   }
   return at.map((_, r) => meta(r).version);
 }
+
+/** A durable checkpoint the launcher heard of: its counts, where it is, when it was reported. */
+export interface DurableCandidate<Ref> {
+  readonly meta: DurableMeta;
+  readonly ref: Ref;
+  readonly atMs: number;
+}
+
+/** The newest consistent set of candidates, one per rank (each rank's `versions[r]`, all past their start). */
+export interface DurableChoice<Ref> {
+  readonly versions: number[];
+  readonly chosen: DurableCandidate<Ref>[];
+  /** The collective index every chosen checkpoint stands at. */
+  readonly index: number;
+}
+
+/**
+ * The launcher's side of the durable floor, without I/O: the durable checkpoints each rank
+ * reported that a newer line may still use, and the newest consistent set of them that is not
+ * the last line yet. The restart policy (src/launch/retry-one-policy.ts) and the simulator
+ * both commit what {@link next} gives them to their line manifest.
+ *
+ * @example
+ * const floor = new DurableCandidates<PartRef>(4);
+ * floor.add(2, meta, ref, performance.now());
+ * const line = floor.next(); // undefined until every rank has a checkpoint in a consistent set
+ * if (line !== undefined) { await commit(line); floor.committed(line.versions); }
+ */
+export class DurableCandidates<Ref> {
+  private lists: DurableCandidate<Ref>[][];
+  /** The versions of the newest line (committed, or restarted from). */
+  private last: readonly number[] | undefined;
+
+  constructor(private readonly size: number) {
+    this.lists = Array.from({ length: size }, () => []);
+  }
+
+  /**
+   * Rank `rank`'s durable checkpoint. A version at or below one already known belongs to an
+   * execution given up since (the rank restarted from an older checkpoint): those go.
+   */
+  add(rank: number, meta: DurableMeta, ref: Ref, atMs: number): void {
+    const list = this.lists[rank];
+    if (list === undefined) throw new RangeError(`durable checkpoint of rank ${rank}, outside 0..${this.size - 1}`);
+    while (list.length > 0 && list[list.length - 1]!.meta.version >= meta.version) list.pop();
+    list.push({ meta, ref, atMs });
+  }
+
+  /** The newest consistent set if it is a line (no rank at its start) newer than the last. */
+  next(): DurableChoice<Ref> | undefined {
+    const versions = newestConsistentLine(
+      this.lists.map((l) => l.map((c) => c.meta)),
+      this.size,
+    );
+    if (versions.some((v) => v === 0)) return undefined;
+    const last = this.last;
+    if (last !== undefined && versions.every((v, r) => v === last[r])) return undefined;
+    const chosen = versions.map((v, r) => this.lists[r]!.find((c) => c.meta.version === v)!);
+    return { versions, chosen, index: chosen[0]!.meta.index };
+  }
+
+  /**
+   * `versions` is a line now. Candidates older than it can never be part of a newer one: the
+   * newest consistent set only moves forward while the ranks run on.
+   */
+  committed(versions: readonly number[]): void {
+    this.last = [...versions];
+    this.lists = this.lists.map((l, r) => l.filter((c) => c.meta.version >= versions[r]!));
+  }
+
+  /**
+   * Every rank restarts from the line `versions` (undefined: from the start): what the dead
+   * execution reported is not part of the new one.
+   */
+  restarted(versions: readonly number[] | undefined): void {
+    this.last = versions === undefined ? undefined : [...versions];
+    this.lists = this.lists.map(() => []);
+  }
+}
