@@ -13,7 +13,7 @@ import { existsSync, readFileSync, statSync } from "node:fs";
 import { dirname, extname, isAbsolute, resolve } from "node:path";
 import { LifelineError, isLifelineError } from "../errors.ts";
 import { resolveBind } from "../mpi/bind.ts";
-import { MODES, type Mode } from "../mpi/env.ts";
+import { DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_MAX_UNEXPECTED_BYTES, MODES, type Mode } from "../mpi/env.ts";
 import { parseFaults } from "../mpi/faults.ts";
 import { launcherHosts, LAUNCHERS, parseHostfile, Placement, type HostSlots, type LauncherKind } from "./hosts.ts";
 
@@ -104,6 +104,17 @@ export interface RunConfig {
   replicas?: number | undefined;
   /** retry-one: keep a warm spare process for the next restart (`--no-spare` turns it off; default on). */
   spare?: boolean | undefined;
+  /**
+   * `--insecure`: no CURVE on tcp (docs/security.md says what that gives up). Absent or false:
+   * every tcp link is authenticated and encrypted.
+   */
+  insecure?: boolean | undefined;
+  /** `lifeline coordinator --keys`: the job's key directory (or coordinator key file), absolute. */
+  keys?: string | undefined;
+  /** `--max-message`: the longest message body a rank sends or accepts, in bytes. */
+  maxMessageBytes?: number | undefined;
+  /** `--max-unexpected`: bytes of unmatched messages a rank may hold before the job stops. */
+  maxUnexpectedBytes?: number | undefined;
 }
 
 /** The raw strings the CLI collected; `undefined` = flag not given. */
@@ -136,6 +147,10 @@ export interface RunFlags {
   replicas?: string | undefined;
   /** false for `--no-spare`. */
   spare?: boolean | undefined;
+  insecure?: boolean | undefined;
+  keys?: string | undefined;
+  maxMessage?: string | undefined;
+  maxUnexpected?: string | undefined;
   app?: string | undefined;
   appArgs?: string[] | undefined;
 }
@@ -155,7 +170,28 @@ export const DEFAULTS = {
   transport: "ipc" as "ipc" | "tcp",
   replicas: 2,
   rsh: "ssh",
+  maxMessageBytes: DEFAULT_MAX_MESSAGE_BYTES,
+  maxUnexpectedBytes: DEFAULT_MAX_UNEXPECTED_BYTES,
 } as const;
+
+/** The largest `--max-message`: a Node buffer's limit, less ZeroMQ's frame slack. */
+const MAX_MESSAGE_LIMIT = 2 ** 32 - 128 * 1024;
+
+const UNIT_BYTES: Record<string, number> = { b: 1, k: 1024, kib: 1024, m: 1024 ** 2, mib: 1024 ** 2, g: 1024 ** 3, gib: 1024 ** 3 };
+
+/**
+ * Parses a size: a whole number of bytes with an optional unit `B`, `KiB`, `MiB`, `GiB` (or `K`,
+ * `M`, `G`, the same binary units), e.g. `65536`, `64KiB`, `1GiB`, `1.5G`. Throws `LAUNCH_USAGE`
+ * naming `flag` for anything else or outside [min, max].
+ */
+export function parseBytes(text: string, flag: string, min: number, max: number): number {
+  const m = /^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$/i.exec(text);
+  const unit = UNIT_BYTES[(m?.[2] ?? "").toLowerCase() || "b"];
+  if (m === null || unit === undefined) throw usage(`${flag} ${JSON.stringify(text)} is not a size; write e.g. 65536, 64KiB, 256MiB or 1GiB`);
+  const n = Math.floor(Number(m[1]) * unit);
+  if (!Number.isSafeInteger(n) || n < min || n > max) throw usage(`${flag} ${JSON.stringify(text)} must be from ${min} to ${max} bytes`);
+  return n;
+}
 
 const UNIT_MS: Record<string, number> = { ms: 1, s: 1_000, m: 60_000, h: 3_600_000 };
 
@@ -402,6 +438,24 @@ export function resolveRunConfig(flags: RunFlags, ctx: { cwd: string; env?: Node
           return r.address;
         });
 
+  const maxMessageBytes =
+    flags.maxMessage === undefined ? DEFAULTS.maxMessageBytes : check(() => parseBytes(flags.maxMessage!, "--max-message", 1024, MAX_MESSAGE_LIMIT));
+  const maxUnexpectedBytes =
+    flags.maxUnexpected === undefined
+      ? DEFAULTS.maxUnexpectedBytes
+      : check(() => parseBytes(flags.maxUnexpected!, "--max-unexpected", 1024, Number.MAX_SAFE_INTEGER));
+  const keys =
+    flags.keys === undefined
+      ? undefined
+      : check(() => {
+          if (flags.insecure === true)
+            throw usage("--keys and --insecure contradict each other: --keys secures the links with the job's keys, --insecure turns that off");
+          const path = resolve(ctx.cwd, flags.keys!);
+          if (!existsSync(path))
+            throw usage(`--keys ${JSON.stringify(flags.keys)}: ${path} does not exist (make the job's keys with \`lifeline keys ${flags.keys}\`)`);
+          return path;
+        });
+
   if (flags.json === true && flags.quiet === true) {
     problems.push("--json and --quiet cannot be combined: --json is for machines, which can filter its events themselves");
   }
@@ -474,6 +528,10 @@ export function resolveRunConfig(flags: RunFlags, ctx: { cwd: string; env?: Node
     faults,
     replicas: replicas!,
     spare: flags.spare !== false,
+    insecure: flags.insecure === true,
+    keys,
+    maxMessageBytes: maxMessageBytes!,
+    maxUnexpectedBytes: maxUnexpectedBytes!,
   };
 }
 

@@ -28,7 +28,7 @@ import { coordinatedHook, type PartStoreLike } from "../cpr/coordinated/driver.t
 import { retryOneHook } from "../cpr/retry-one/driver.ts";
 import { isLifelineError, LifelineError } from "../errors.ts";
 import { EXIT_COORDINATOR_LOST, type RankToCoordinator } from "../mpi/control.ts";
-import type { Mode, RankPlace } from "../mpi/env.ts";
+import { DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_MAX_UNEXPECTED_BYTES, type Mode, type RankPlace } from "../mpi/env.ts";
 import { World } from "../mpi/world.ts";
 import { MemoryRecoveryStore } from "../store/memory-store.ts";
 import { recoverLocal } from "../store/recovery.ts";
@@ -239,13 +239,14 @@ export class SimCoordinator {
   constructor(
     private readonly net: SimNetwork,
     private readonly size: number,
-    readonly jobKey: number,
+    /** The channel keys, by source × size + destination (the real coordinator's are random too). */
+    readonly channelKeys: Uint32Array,
     private readonly cpr: SimCprOptions | undefined,
     hosts?: readonly number[],
   ) {
     this.membership = new Membership({
       size,
-      jobKey,
+      channelKeys,
       hosts,
       identity: rankNode,
       heartbeatIdentity: heartbeatNode,
@@ -555,9 +556,10 @@ export class SimCluster {
       stickyChance: opts.stickyChance ?? 0,
       traceMax: opts.traceMax ?? 64,
     });
-    const jobKey = (this.prng.fork(JOB_KEY_SALT).next() | 1) >>> 0;
+    const keyPrng = this.prng.fork(JOB_KEY_SALT);
+    const channelKeys = Uint32Array.from({ length: opts.size * opts.size }, () => keyPrng.next());
     const cpr = opts.mode === "cpr" ? (opts.cpr ?? { every: { ms: 100 } }) : undefined;
-    this.coordinator = new SimCoordinator(this.net, opts.size, jobKey, cpr, opts.hosts);
+    this.coordinator = new SimCoordinator(this.net, opts.size, channelKeys, cpr, opts.hosts);
     if (cpr !== undefined) this.store = new MemoryRecoveryStore({ name: `sim-${opts.seed}`, nowMs: () => this.net.now });
     this.ends = Array.from({ length: opts.size }, () => ({ kind: "running" }));
     this.worlds = new Array(opts.size).fill(undefined);
@@ -612,6 +614,8 @@ export class SimCluster {
       watchFd: undefined,
       heartbeatMs: 500,
       failureTimeoutMs: this.retryOne?.failureTimeoutMs ?? 5000,
+      maxMessageBytes: DEFAULT_MAX_MESSAGE_BYTES,
+      maxUnexpectedBytes: DEFAULT_MAX_UNEXPECTED_BYTES,
     };
   }
 
