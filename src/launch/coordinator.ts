@@ -36,7 +36,7 @@ import { DEFAULT_TCP_HOST } from "../mpi/bind.ts";
 import { controlIdentity, decodeControl, encodeControl, heartbeatIdentity, type CoordinatorToRank, type RankToCoordinator } from "../mpi/control.ts";
 import { DEFAULT_MAX_MESSAGE_BYTES } from "../mpi/env.ts";
 import { tokenOf, type CoordinatorKeys } from "../mpi/keys.ts";
-import { curveServer, registerZap, watchHandshakes, type ZapDomain } from "../mpi/zmq/zap.ts";
+import { curveServer, refusalWarnings, registerZap, watchHandshakes, type ZapDomain } from "../mpi/zmq/zap.ts";
 import { FRAME_SLACK_BYTES } from "../mpi/zmq/zmq-transport.ts";
 import { type CoordinatorEvent, Membership, type MembershipEffect, type MembershipInput, printable, type RankLink, type TableMessage } from "./membership.ts";
 
@@ -98,6 +98,8 @@ export class Coordinator {
   private readLoop: Promise<void> | undefined;
   private endpointValue: string | undefined;
   private zap: ZapDomain | undefined;
+  /** Connections refused by CURVE or ZAP, reported a few times per kind (a stranger retries every 100 ms). */
+  private readonly refusal = refusalWarnings((message) => this.opts.onEvent({ kind: "warning", message }));
 
   constructor(private readonly opts: CoordinatorOptions) {
     const channelKeys = new Uint32Array(opts.size * opts.size);
@@ -174,13 +176,10 @@ export class Coordinator {
         // The handler is up before anything can connect; `stray` warnings are rate-limited.
         this.zap = await registerZap({
           allowed: [curve.member],
-          refused: (peer, why) => void this.run({ kind: "stray", message: `refused a connection from ${peer} on the control socket: ${why}` }),
+          refused: (peer, why) => this.refusal(why, `refused a connection from ${peer} on the control socket: ${why}`),
         });
         Object.assign(this.router, curveServer(curve.server, this.zap.domain));
-        watchHandshakes(
-          this.router,
-          (why) => void this.run({ kind: "stray", message: `refused ${why} on the control socket (a peer without this job's keys)` }),
-        );
+        watchHandshakes(this.router, (why) => this.refusal(why, `refused ${why} on the control socket (a peer without this job's keys)`));
       }
     }
     try {

@@ -16,6 +16,7 @@ import { LifelineError } from "../errors.ts";
 import { resolveBind } from "./bind.ts";
 import { ENV, type RankPlace } from "./env.ts";
 import type { RankKeys } from "./keys.ts";
+import { refusalWarnings } from "./zmq/zap.ts";
 import { ZmqTransport } from "./zmq/zmq-transport.ts";
 import type { Header } from "./wire.ts";
 
@@ -67,9 +68,6 @@ export interface Host {
   accepted?(header: Header): void;
 }
 
-/** Warnings about refused connections are rate-limited to this many per process. */
-const REFUSED_WARNINGS_MAX = 10;
-
 /**
  * The production host: ZeroMQ data and control sockets, Node timers, this process. `keys`: the
  * rank's (keys.ts); `linkFailed`: the coordinator refused the control link (wrong keys).
@@ -86,12 +84,7 @@ export async function zmqHost(
     if ("problem" in bound) throw new LifelineError("MPI_INIT", `rank ${place.rank} cannot bind ${ENV.bind}=${place.bind}: ${bound.problem}`);
     host = bound.address;
   }
-  let refusals = 0;
-  const refused = (what: string): void => {
-    if (refusals++ >= REFUSED_WARNINGS_MAX) return;
-    const tail = refusals === REFUSED_WARNINGS_MAX ? " (further warnings suppressed)" : "";
-    process.stderr.write(`lifeline: rank ${place.rank}: refused a connection to its data socket ${what}${tail}\n`);
-  };
+  const refused = refusalWarnings((line) => void process.stderr.write(`lifeline: rank ${place.rank}: refused a connection to its data socket ${line}\n`));
   const curve = place.transport === "tcp" ? keys.curve : undefined;
   const transport = await ZmqTransport.bind({
     transport: place.transport,

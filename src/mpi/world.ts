@@ -346,19 +346,23 @@ export class World implements WorldApi {
    * `classify`: show it to the mode first (frames from peers, first arrival).
    */
   private arrive(header: Header, body: Buffer[], rawHeader: Buffer, classify: boolean): void {
+    // An application message that does not decode is dropped before the mode sees it (cpr
+    // would log it, and deliver it again after a restore).
+    let data: unknown;
+    if (header.kind === Kind.app) {
+      try {
+        data = decodeBody(header.encoding, header.arrayType, body);
+      } catch (err) {
+        this.channel.warnGarbage(err, header.source);
+        return;
+      }
+    }
     if (classify && header.kind !== Kind.protocol && header.source !== this.rank) {
       if (!this.modeImpl.classify(header, rawHeader, body)) return;
       this.host.accepted?.(header);
     }
     switch (header.kind) {
       case Kind.app: {
-        let data: unknown;
-        try {
-          data = decodeBody(header.encoding, header.arrayType, body);
-        } catch (err) {
-          this.channel.warnGarbage(err, header.source);
-          return;
-        }
         const env = { source: header.source, tag: header.tag, data, raw: this.modeImpl.keepsFrames ? { header: rawHeader, body } : undefined };
         if (!this.matcher.arrive(env, unmatchedCost(body))) this.checkBacklog();
         return;

@@ -11,7 +11,8 @@
  */
 import { describe, expect, it } from "vitest";
 import { encodeBody } from "../../src/mpi/codec.ts";
-import { encodeHeader, Encoding, type Header, Kind } from "../../src/mpi/wire.ts";
+import type { Header } from "../../src/mpi/wire.ts";
+import { forgedHeader } from "../../src/testing/compromised.ts";
 import { isLifelineError } from "../../src/errors.ts";
 import { memChannels } from "./mem-channels.ts";
 
@@ -22,22 +23,7 @@ const cluster = (maxMessageBytes = 1 << 20) => memChannels(SIZE, { maxMessageByt
 
 /** A frame as a peer could build it: a header with any fields, and a raw body. */
 function forged(h: Partial<Header>, body: string): Buffer[] {
-  const header: Header = {
-    kind: Kind.app,
-    flags: 0,
-    encoding: Encoding.typedArray,
-    key: 0,
-    source: 2,
-    tag: 5,
-    channelSeq: 0,
-    epoch: 0,
-    collSeq: 0,
-    signature: 0,
-    arrayType: 12,
-    attempt: 0,
-    ...h,
-  };
-  return [encodeHeader(header), Buffer.from(body)];
+  return [forgedHeader({ source: 2, tag: 5, arrayType: 12, ...h }), Buffer.from(body)];
 }
 
 const settle = (): Promise<void> => new Promise((r) => setTimeout(r, 20));

@@ -23,7 +23,7 @@ async function rankSocket(maxMessageBytes = 1 << 20) {
   const member = { publicKey: keys.curve!.member, secretKey: keys.curve!.memberSecret };
   const refused: string[] = [];
   const got: Buffer[][] = [];
-  const t = await ZmqTransport.bind({ transport: "tcp", name: "r0.0", curve: { member }, maxMessageBytes, refused: (w) => refused.push(w) });
+  const t = await ZmqTransport.bind({ transport: "tcp", name: "r0.0", curve: { member }, maxMessageBytes, refused: (_why, w) => refused.push(w) });
   closers.push(() => t.close());
   return {
     t,

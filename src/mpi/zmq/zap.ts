@@ -158,3 +158,21 @@ export function watchHandshakes(
     );
   });
 }
+
+/** Warnings about refused connections, per kind of refusal, before further ones of that kind are only counted. */
+export const REFUSALS_WARNED_PER_KIND = 3;
+
+/**
+ * A rate limiter for refusal warnings: each kind (`kind`, e.g. "wrong key") is reported
+ * {@link REFUSALS_WARNED_PER_KIND} times, the last with a note that more are suppressed, so
+ * that a stranger retrying one way every 100 ms cannot hide its other attempts.
+ */
+export function refusalWarnings(warn: (line: string) => void): (kind: string, line: string) => void {
+  const seen = new Map<string, number>();
+  return (kind, line) => {
+    const n = (seen.get(kind) ?? 0) + 1;
+    seen.set(kind, n);
+    if (n < REFUSALS_WARNED_PER_KIND) warn(line);
+    else if (n === REFUSALS_WARNED_PER_KIND) warn(`${line} (further refusals of this kind are not reported)`);
+  };
+}

@@ -53,8 +53,8 @@ export interface BindOptions {
   curve?: { readonly member: CurveKeyPair } | undefined;
   /** The longest message body accepted (frames beyond it plus {@link FRAME_SLACK_BYTES} cost the sender its connection). */
   maxMessageBytes?: number | undefined;
-  /** A connection to the data socket was refused (rate-limit the warnings). */
-  refused?: ((what: string) => void) | undefined;
+  /** A connection to the data socket was refused: `why` is the kind of refusal, `what` says it with the peer's address if known (rate-limit the warnings by kind). */
+  refused?: ((why: string, what: string) => void) | undefined;
 }
 
 export class ZmqTransport implements Transport {
@@ -77,14 +77,16 @@ export class ZmqTransport implements Transport {
     const own = curve === undefined ? undefined : zmq.curveKeyPair();
     const refused = opts.refused ?? (() => undefined);
     const zap =
-      curve === undefined ? undefined : await registerZap({ allowed: [curve.member.publicKey], refused: (address, why) => refused(`from ${address}: ${why}`) });
+      curve === undefined
+        ? undefined
+        : await registerZap({ allowed: [curve.member.publicKey], refused: (address, why) => refused(why, `from ${address}: ${why}`) });
     const pull = new zmq.Pull({
       linger: 0,
       receiveHighWaterMark: HIGH_WATER_MARK,
       ...(opts.maxMessageBytes === undefined ? {} : { maxMessageSize: opts.maxMessageBytes + FRAME_SLACK_BYTES }),
       ...(own === undefined || zap === undefined ? {} : curveServer(own, zap.domain)),
     });
-    if (zap !== undefined) watchHandshakes(pull, (why) => refused(`of ${why}`));
+    if (zap !== undefined) watchHandshakes(pull, (why) => refused(why, `of ${why}`));
     let address: string;
     if (opts.transport === "ipc") {
       if (opts.runDir === undefined) throw new LifelineError("MPI_INIT", "ipc transport needs a run directory (LIFELINE_RUN_DIR)");
