@@ -378,6 +378,15 @@ export class Coordinator {
    */
   private sendTo(identity: string, msg: CoordinatorToRank, quiet: boolean, rank: number | undefined): Promise<void> {
     const frame = encodeControl(msg);
+    const max = this.opts.maxMessageBytes ?? DEFAULT_MAX_MESSAGE_BYTES;
+    if (frame.length > max) {
+      // The rank's socket would drop the link rather than take it.
+      this.opts.onEvent({
+        kind: "warning",
+        message: `could not send ${msg.t} to ${rank === undefined ? printable(identity) : `rank ${rank}`}: ${frame.length} bytes, longer than the job's limit of ${max} bytes (--max-message; a recovery-line part travels in one message)`,
+      });
+      return Promise.resolve();
+    }
     const next = this.sendChain.then(async () => {
       if (this.machine.phase === "closed") return;
       try {

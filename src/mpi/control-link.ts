@@ -33,7 +33,10 @@ export class ControlLink {
   private readonly sender: SerialSender;
   private reading: Promise<void> | undefined;
 
-  private constructor(private readonly socket: zmq.Dealer) {
+  private constructor(
+    private readonly socket: zmq.Dealer,
+    private readonly maxMessageBytes: number | undefined,
+  ) {
     this.sender = new SerialSender(socket);
   }
 
@@ -88,7 +91,7 @@ export class ControlLink {
       socket.close();
       throw new LifelineError("MPI_INIT", `cannot connect to the coordinator at ${endpoint}: ${(err as Error).message}`, { cause: err });
     }
-    const link = new ControlLink(socket);
+    const link = new ControlLink(socket, opts.maxMessageBytes);
     link.reading = (async () => {
       try {
         for await (const [frame] of socket) {
@@ -108,9 +111,19 @@ export class ControlLink {
     return link;
   }
 
+  /** Sends `msg`; one longer than the job's message limit is refused with `MPI_LIMIT` (the coordinator would drop the link). */
   send(msg: RankToCoordinator): Promise<void> {
     if (this.closed) return Promise.resolve();
-    return this.sender.send([encodeControl(msg)]);
+    const frame = encodeControl(msg);
+    if (this.maxMessageBytes !== undefined && frame.length > this.maxMessageBytes) {
+      return Promise.reject(
+        new LifelineError(
+          "MPI_LIMIT",
+          `a ${msg.t} message of ${frame.length} bytes to the coordinator is longer than the job's limit of ${this.maxMessageBytes} bytes (--max-message)`,
+        ),
+      );
+    }
+    return this.sender.send([frame]);
   }
 
   async close(): Promise<void> {

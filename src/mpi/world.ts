@@ -255,7 +255,10 @@ export class World implements WorldApi {
         self.versions = v;
       },
       failure: () => this.failure,
-      sendControl: (msg) => void this.control.send(msg).catch(() => undefined),
+      sendControl: (msg) =>
+        void this.control.send(msg).catch((err: unknown) => {
+          if (err instanceof LifelineError && err.code === "MPI_LIMIT") this.host.warn(`lifeline: rank ${this.rank}: ${err.message}`);
+        }),
       fatal: (err) => this.fatal(err),
       failPending: (err) => this.failPending(err),
       recvCompletedFromLog: () => {

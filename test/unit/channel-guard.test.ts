@@ -15,6 +15,7 @@ import type { Header } from "../../src/mpi/wire.ts";
 import { forgedHeader } from "../../src/testing/compromised.ts";
 import { isLifelineError } from "../../src/errors.ts";
 import { memChannels } from "./mem-channels.ts";
+import { ControlLink } from "../../src/mpi/control-link.ts";
 
 const SIZE = 3;
 const key = (s: number, d: number): number => (0x9e3779b9 * (s * SIZE + d + 1)) >>> 0;
@@ -88,5 +89,19 @@ describe("channel: the message limit", () => {
       expect.stringMatching(/rank 1: dropping a malformed frame from rank 2: a message longer than the job's limit of 4096 bytes/),
       expect.stringMatching(/from rank 2: a message longer than the job's limit/),
     ]);
+  });
+});
+
+describe("control link: the message limit", () => {
+  it("refuses a message to the coordinator over the limit with MPI_LIMIT (the coordinator would drop the link)", async () => {
+    const link = ControlLink.connect("tcp://127.0.0.1:9", "r0.0", () => undefined, { maxMessageBytes: 1024 });
+    try {
+      await expect(link.send({ t: "finalize", rank: 0, result: Buffer.alloc(2048) })).rejects.toMatchObject({
+        code: "MPI_LIMIT",
+        message: expect.stringMatching(/a finalize message of \d+ bytes to the coordinator is longer than the job's limit of 1024 bytes/),
+      });
+    } finally {
+      await link.close();
+    }
   });
 });
