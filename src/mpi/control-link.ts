@@ -71,8 +71,7 @@ export class ControlLink {
       let earlyCloses = 0;
       socket.events.on("handshake", () => handshakes++);
       socket.events.on("disconnect", () => {
-        if (handshakes === 0 && ++earlyCloses === 3)
-          refused("it closed the connection before the handshake ended, three times: the coordinator key is not this job's");
+        if (handshakes === 0 && ++earlyCloses === 3) refused("it closed the connection during the handshake, three times");
       });
       socket.events.on("handshake:error:protocol", (e) => {
         const code = (e.error as Error & { code?: string }).code ?? e.error.message;

@@ -26,7 +26,7 @@
  * key file (as if it had leaked); the compromised rank is test/fixtures/security/exchange.ts
  * with SECURITY_FUZZ. References are undisturbed `--mode none` runs of the same program.
  */
-import { readdirSync, readFileSync, readlinkSync } from "node:fs";
+import { readdirSync, readFileSync, readlinkSync, statSync } from "node:fs";
 import * as zmq from "zeromq";
 import { afterEach, describe, expect, it } from "vitest";
 import { encodeControl } from "../../src/mpi/control.ts";
@@ -77,10 +77,11 @@ function listeningPorts(pid: number): number[] {
 }
 
 /** The coordinator's public key, from the key file a rank's environment names. */
-function coordinatorKeyOf(pid: number): string {
+/** Rank `pid`'s key file (the path its environment names), its mode, and its command line. */
+function keysOf(pid: number): { file: { coordinator: string; memberSecret: string; token: string }; mode: number; cmdline: string } {
   const env = readFileSync(`/proc/${pid}/environ`, "utf8").split("\0");
   const path = env.find((e) => e.startsWith("LIFELINE_KEYS="))!.slice("LIFELINE_KEYS=".length);
-  return (JSON.parse(readFileSync(path, "utf8")) as { coordinator: string }).coordinator;
+  return { file: JSON.parse(readFileSync(path, "utf8")) as never, mode: statSync(path).mode & 0o777, cmdline: readFileSync(`/proc/${pid}/cmdline`, "utf8") };
 }
 
 function open<S extends zmq.Push | zmq.Dealer>(socket: S, endpoint: string): S {
@@ -112,6 +113,7 @@ describe("a stranger without the job's keys", () => {
       const pids: number[] = [];
       let endpoint: string | undefined;
       let attack: Promise<void> | undefined;
+      let keys: ReturnType<typeof keysOf> | undefined;
       const run = await runLauncher({
         np: 3,
         program: EXCHANGE,
@@ -123,12 +125,22 @@ describe("a stranger without the job's keys", () => {
         onEvent: (ev) => {
           if (ev.event === "job-starting") endpoint = ev.coordinator as string;
           if (ev.event === "rank-spawned") pids.push(ev.pid as number);
-          if (ev.event === "job-started") attack = strangerAttack(endpoint!, pids);
+          if (ev.event === "job-started") {
+            keys = keysOf(pids[1]!);
+            attack = strangerAttack(endpoint!, pids);
+          }
         },
       });
       const tried = await attack!;
       expect(run.code, run.stderr).toBe(0);
       expect(run.doc!.ranks).toEqual(ref);
+      // The keys: a 0600 file; in no command line, output line, results file or job id.
+      expect(keys!.mode).toBe(0o600);
+      for (const secret of [keys!.file.memberSecret, keys!.file.token]) {
+        expect(secret).toMatch(/^.{32,40}$/);
+        for (const [what, text] of Object.entries({ cmdline: keys!.cmdline, stdout: run.stdout, stderr: run.stderr, results: JSON.stringify(run.doc) }))
+          expect(text.includes(secret), `a key in the ${what}`).toBe(false);
+      }
       // Nothing counted: no rank came up twice, no abort, no extra step or result.
       const events = parseEvents(run);
       expect(events.filter((e) => e.event === "rank-up")).toHaveLength(3);
@@ -159,7 +171,7 @@ describe("a stranger without the job's keys", () => {
  * a wrong server key), each sending its messages every 50 ms.
  */
 async function strangerAttack(coordinator: string, pids: readonly number[]): Promise<void> {
-  const serverKey = coordinatorKeyOf(pids[0]!);
+  const serverKey = keysOf(pids[0]!).file.coordinator;
   const own = zmq.curveKeyPair();
   const wrong = zmq.curveKeyPair();
   const keyed = [
