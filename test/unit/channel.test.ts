@@ -36,7 +36,8 @@ describe("channel receipts", () => {
     } = pair();
     const big = new Float64Array(8 * 1024); // 64 KiB
     for (let i = 0; i < 80; i++) await a!.sendApp(big, 1, 1);
-    await settle();
+    // The last receipt waits for the sender's pause (a 2 ms timer, late on a loaded machine).
+    for (const end = Date.now() + 5_000; a!.lentCount > 0 && Date.now() < end;) await settle();
     const receipts = sent.filter((s) => s.from === 1 && s.kind === Kind.protocol).length;
     expect(receipts).toBeGreaterThanOrEqual(1);
     expect(receipts).toBeLessThanOrEqual(3);

@@ -103,3 +103,14 @@ describe("a rank's data socket with CURVE", () => {
     expect(s.got.every((f) => f[0]!.length <= 64 * 1024 + FRAME_SLACK_BYTES)).toBe(true);
   });
 });
+
+describe("the process's ZAP handler", () => {
+  it("closes with its last domain and starts again at once for the next one", async () => {
+    let s = await rankSocket();
+    for (let i = 0; i < 5; i++) {
+      const closing = s.t.close(); // closes the handler's socket; libzmq lets go of it a little later
+      s = await rankSocket();
+      await closing;
+    }
+  });
+});

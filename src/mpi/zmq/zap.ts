@@ -73,7 +73,7 @@ export async function registerZap(policy: ZapPolicy): Promise<ZapDomain> {
 function startHandler(): Handler {
   const socket = new Router({ linger: 0 });
   const domains = new Map<string, ZapPolicy>();
-  const bound = socket.bind(ZAP_ENDPOINT).catch((err: unknown) => {
+  const bound = bindSoon(socket).catch((err: unknown) => {
     socket.close();
     throw new LifelineError(
       "MPI_INIT",
@@ -87,6 +87,25 @@ function startHandler(): Handler {
   );
   return { socket, bound, domains };
 }
+
+/**
+ * Binds the handler's endpoint. A handler closed a moment ago (its last domain went) still
+ * holds the endpoint until libzmq has closed its socket, a few milliseconds later: retried.
+ */
+async function bindSoon(socket: Router): Promise<void> {
+  for (let tries = 1; ; tries++) {
+    try {
+      await socket.bind(ZAP_ENDPOINT);
+      return;
+    } catch (err) {
+      if ((err as { code?: unknown }).code !== "EADDRINUSE" || tries >= BIND_TRIES) throw err;
+      await new Promise((resolve) => setTimeout(resolve, 10));
+    }
+  }
+}
+
+/** Tries of {@link bindSoon}, 10 ms apart. */
+const BIND_TRIES = 100;
 
 async function serve(socket: Router, domains: Map<string, ZapPolicy>): Promise<void> {
   try {
