@@ -26,6 +26,7 @@ export type LifelineErrorCode =
   | "MPI_REQUEST" // misuse of a request (waited on twice after completion is fine; invalid state is not)
   | "MPI_BOOTSTRAP" // a bootstrap key reused, or a bootstrap collective after the first checkpoint
   | "MPI_TIMEOUT" // a bounded wait ran out
+  | "MPI_LIMIT" // a message longer than --max-message, or more unmatched messages than --max-unexpected
   // checkpoint-restart
   | "CPR_RESTORE" // restore() misuse or a restore that cannot be served
   | "CPR_LOST" // retry-one: more failures at once than the replicas cover; the in-memory recovery data is gone

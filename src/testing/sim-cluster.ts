@@ -30,7 +30,7 @@ import { DurableCandidates } from "../cpr/retry-one/durable.ts";
 import { isLifelineError, LifelineError } from "../errors.ts";
 import { EXIT_COORDINATOR_LOST, type CoordinatorToRank, type RankToCoordinator } from "../mpi/control.ts";
 import { decodeValue, encodeValue } from "../mpi/codec.ts";
-import type { Mode, RankPlace } from "../mpi/env.ts";
+import { DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_MAX_UNEXPECTED_BYTES, type Mode, type RankPlace } from "../mpi/env.ts";
 import { World } from "../mpi/world.ts";
 import { MemoryRecoveryStore } from "../store/memory-store.ts";
 import { recoverLocal } from "../store/recovery.ts";
@@ -266,7 +266,8 @@ export class SimCoordinator {
   constructor(
     private readonly net: SimNetwork,
     private readonly size: number,
-    readonly jobKey: number,
+    /** The channel keys, by source × size + destination (the real coordinator's are random too). */
+    readonly channelKeys: Uint32Array,
     private readonly cpr: SimCprOptions | undefined,
     hosts?: readonly number[],
     /** retry-one's durable floor on: the lines it keeps. */
@@ -275,7 +276,7 @@ export class SimCoordinator {
     this.durable = durableKeep === undefined ? undefined : new DurableCandidates(size);
     this.membership = new Membership({
       size,
-      jobKey,
+      channelKeys,
       hosts,
       identity: rankNode,
       heartbeatIdentity: heartbeatNode,
@@ -654,10 +655,18 @@ export class SimCluster {
       stickyChance: opts.stickyChance ?? 0,
       traceMax: opts.traceMax ?? 64,
     });
-    const jobKey = (this.prng.fork(JOB_KEY_SALT).next() | 1) >>> 0;
+    const keyPrng = this.prng.fork(JOB_KEY_SALT);
+    const channelKeys = Uint32Array.from({ length: opts.size * opts.size }, () => keyPrng.next());
     const cpr = opts.mode === "cpr" ? (opts.cpr ?? { every: { ms: 100 } }) : undefined;
     const floor = this.durableEvery > 0;
-    this.coordinator = new SimCoordinator(this.net, opts.size, jobKey, cpr, opts.hosts, floor ? (opts.retryOne?.keepLines ?? KEEP_LINES_DEFAULT) : undefined);
+    this.coordinator = new SimCoordinator(
+      this.net,
+      opts.size,
+      channelKeys,
+      cpr,
+      opts.hosts,
+      floor ? (opts.retryOne?.keepLines ?? KEEP_LINES_DEFAULT) : undefined,
+    );
     if (cpr !== undefined || floor) this.store = new MemoryRecoveryStore({ name: `sim-${opts.seed}`, nowMs: () => this.net.now });
     this.coordinator.onLost = () => this.onLost();
     this.ends = Array.from({ length: opts.size }, () => ({ kind: "running" }));
@@ -718,6 +727,8 @@ export class SimCluster {
       watchFd: undefined,
       heartbeatMs: 500,
       failureTimeoutMs: this.retryOne?.failureTimeoutMs ?? 5000,
+      maxMessageBytes: DEFAULT_MAX_MESSAGE_BYTES,
+      maxUnexpectedBytes: DEFAULT_MAX_UNEXPECTED_BYTES,
     };
   }
 
