@@ -36,6 +36,7 @@ import { MemoryRecoveryStore } from "../store/memory-store.ts";
 import { recoverLocal } from "../store/recovery.ts";
 import { KEEP_LINES_DEFAULT, type LineManifest, type LineRecord, type PartRef, type RankPartStore } from "../store/types.ts";
 import { BACKOFF_BASE_MS, BACKOFF_MAX_MS } from "../launch/backoff.ts";
+import { type AllStart, allStartTable } from "../launch/retry-one-policy.ts";
 import {
   type CoordinatorEvent,
   Membership,
@@ -259,7 +260,7 @@ export class SimCoordinator {
   /** retry-one: bumped by every restart of all ranks (a commit under way then is given up). */
   private durableGeneration = 0;
   /** retry-one: the start of every rank the next tables carry (a restart from the floor); cleared once they went out. */
-  allStart: { line: LineRecord | undefined; versions: number[]; index: number } | undefined;
+  allStart: AllStart | undefined;
   /** retry-one: a rank reported CPR_LOST; true if the cluster restarts every rank from the floor. */
   onLost: () => boolean = () => false;
 
@@ -445,16 +446,7 @@ export class SimCoordinator {
 
   /** cpr: rank `rank`'s part of the line the ranks restore from, for its table; retry-one: the start from the floor. */
   private restoreOf(rank: number): Partial<TableMessage> {
-    const start = this.allStart;
-    if (start !== undefined) {
-      const ref = start.line?.parts[rank];
-      return {
-        retryStart: { versions: [...start.versions], index: start.index },
-        ...(ref === undefined
-          ? {}
-          : { restore: { epoch: start.line!.epoch, ref: { rank: ref.rank, epoch: ref.epoch, checksum: ref.checksum, bytes: ref.bytes } } }),
-      };
-    }
+    if (this.allStart !== undefined) return allStartTable(this.allStart, rank);
     const line = this.restoreLine;
     const ref = line?.parts[rank];
     return line !== undefined && ref !== undefined
@@ -1055,20 +1047,28 @@ export class SimCluster {
     );
   }
 
-  private async prepareFloorRestart(): Promise<void> {
+  /**
+   * Every rank is down: the newest committed line whose parts verify (undefined: none). The
+   * crash() of the restart killed the manifest handle too; it is reopened, as a restarted
+   * launcher would.
+   */
+  private async newestLine(keep: number): Promise<LineRecord | undefined> {
     const store = this.store!;
-    const coordinator = this.coordinator;
-    coordinator.manifest = await store.openManifest();
+    this.coordinator.manifest = await store.openManifest();
     const stores: RankPartStore[] = [];
-    let line: LineRecord | undefined;
     try {
       for (let r = 0; r < this.opts.size; r++) stores.push(await store.openRank(r));
-      const choice = await recoverLocal(coordinator.manifest, stores, { keep: this.retryOne!.keepLines ?? KEEP_LINES_DEFAULT });
-      for (const w of choice.warnings) coordinator.warnings.push(w);
-      line = choice.line;
+      const choice = await recoverLocal(this.coordinator.manifest, stores, { keep });
+      for (const w of choice.warnings) this.coordinator.warnings.push(w);
+      return choice.line;
     } finally {
       await Promise.all(stores.map((s) => s.close()));
     }
+  }
+
+  private async prepareFloorRestart(): Promise<void> {
+    const coordinator = this.coordinator;
+    const line = await this.newestLine(this.retryOne!.keepLines ?? KEEP_LINES_DEFAULT);
     const versions = line === undefined ? new Array<number>(this.opts.size).fill(0) : line.parts.map((p) => p.epoch);
     const meta = line?.meta === undefined ? undefined : (decodeValue(line.meta) as { index?: unknown });
     coordinator.allStart = { line, versions, index: typeof meta?.index === "number" ? meta.index : 0 };
@@ -1085,19 +1085,7 @@ export class SimCluster {
   }
 
   private async prepareRestart(): Promise<void> {
-    const store = this.store!;
-    // The crash() above killed the manifest handle too; reopen it, as a restarted launcher would.
-    this.coordinator.manifest = await store.openManifest();
-    const stores: RankPartStore[] = [];
-    let line: LineRecord | undefined;
-    try {
-      for (let r = 0; r < this.opts.size; r++) stores.push(await store.openRank(r));
-      const choice = await recoverLocal(this.coordinator.manifest, stores, { keep: this.cpr!.keepLines ?? KEEP_LINES_DEFAULT });
-      for (const w of choice.warnings) this.coordinator.warnings.push(w);
-      line = choice.line;
-    } finally {
-      await Promise.all(stores.map((s) => s.close()));
-    }
+    const line = await this.newestLine(this.cpr!.keepLines ?? KEEP_LINES_DEFAULT);
     const attempts = this.coordinator.links.map((l) => l.attempt + 1);
     this.coordinator.restartRound(attempts, line);
     this.lastHeardMs.fill(undefined);
