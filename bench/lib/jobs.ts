@@ -151,6 +151,10 @@ export class LifelineJob extends Job {
       this.resultsFile,
       "--store",
       path.join(this.env.tmpDir, `${this.name}-store`),
+      // The message path without retry-one's durable floor (on by default with a shared
+      // store): these jobs measure what logging and checkpoints in memory cost; what the
+      // floor adds is the `durable` benchmark's question (bench/lib/durable.ts).
+      ...(this.mode === "retry-one" ? ["--durable-every", "0"] : []),
       "bench/programs/mpi-bench.ts",
       "--ctrl",
       this.env.ctrl.endpoint,
@@ -201,6 +205,7 @@ export class LifelineJob extends Job {
     }
     const status = await child.waitOrKill(this.broken === undefined ? 30_000 : 0);
     const summary: Record<string, unknown> = { mode: this.mode, exitCode: status.code, signal: status.signal, killed: status.killed };
+    if (this.mode === "retry-one") summary.durableEvery = 0;
     if (existsSync(this.resultsFile)) {
       const res = JSON.parse(readFileSync(this.resultsFile, "utf8")) as { ranks?: unknown[]; restarts?: number };
       const ranks = res.ranks ?? [];
