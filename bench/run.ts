@@ -1,8 +1,12 @@
 /**
  * `npm run bench`: Lifeline's message layer next to raw zeromq.js, measured in the same run,
- * with the same sizes and process layout, timed in alternation; and (benchmark `retry-one`)
- * allreduce in a Lifeline job under `--mode retry-one` next to one under `--mode none`, the
- * same way.
+ * with the same sizes and process layout, timed in alternation; and (benchmarks `retry-one`,
+ * `retry-one-pingpong`, `retry-one-stream`) allreduce, ping-pong and streaming in a Lifeline job
+ * under `--mode retry-one` next to one under `--mode none`, the same way. Whole-job benchmarks
+ * follow: `recovery` (bench/lib/recovery.ts), `heat-recovery` (bench/lib/heat-recovery.ts: a
+ * killed rank of examples/heat.ts, retry-one vs cpr, through `lifeline drill`), `durable`
+ * (bench/lib/durable.ts: what retry-one's durable floor costs), `startup`, and with `--hosts`
+ * `partner`.
  *
  * Every case compares a subject job with a baseline job (bench/lib/plan.ts, `jobsOf`). For
  * each group of cases with one rank count, the harness starts the jobs they need — Lifeline
@@ -53,6 +57,28 @@ import {
 import { installCleanup, killAllSync } from "./lib/procs.ts";
 import { columnsOf, renderTables, type CaseResult, type VariantResult } from "./lib/report.ts";
 import { recoveryRun, renderRecoveryTable, type RecoveryConfig, type RecoveryParts } from "./lib/recovery.ts";
+import {
+  HEAT_RECOVERY_FULL,
+  HEAT_RECOVERY_QUICK,
+  HEAT_RECOVERY_TARGET,
+  heatRecoveryRatio,
+  heatRecoveryRun,
+  renderHeatRecoveryTable,
+  type HeatRecoveryConfig,
+  type HeatRecoveryMode,
+  type HeatRecoveryRun,
+} from "./lib/heat-recovery.ts";
+import {
+  DURABLE_FULL,
+  DURABLE_QUICK,
+  DURABLE_TARGET,
+  durableRun,
+  renderDurableTable,
+  smallestMeeting,
+  summarizeDurable,
+  type DurableConfig,
+  type DurableRun,
+} from "./lib/durable.ts";
 import { hostRecoveryRun } from "./lib/host-recovery.ts";
 import { calibrate, fmt, fmtRatio, median, quantile, spread } from "./lib/stats.ts";
 import { partnerCostRun, renderPartnerTable, type PartnerCostRun } from "./lib/partner-cost.ts";
@@ -60,17 +86,34 @@ import { renderStartupTable, STARTUP_TARGET, startupRatio, startupRuns, type Sta
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
 
+/** Benchmarks of whole jobs, run after the timed-block ones (`--only` names them too). */
+const JOB_BENCHMARKS = ["recovery", "heat-recovery", "durable", "startup", "partner"] as const;
+
 const HELP = `Usage: npm run bench -- [options]
        node --import tsx bench/run.ts [options]      (after npm run build)
 
-  --quick               tiny sizes, 3 reps, 5 ms per timing (< 60 s; the smoke test uses it)
-  --only <names>        comma list of: ${[...BENCHMARKS, "recovery", "startup", "partner"].join(", ")}
-                        (retry-one: allreduce under --mode retry-one vs --mode none, np 4;
+  --quick               tiny sizes, 3 reps, 5 ms per timing, 1 run per whole-job variant (a smoke run)
+  --only <names>        comma list of: ${[...BENCHMARKS, ...JOB_BENCHMARKS].join(", ")}
+                        (default: all but partner; with --hosts: all but heat-recovery,
+                        durable and startup)
+                        retry-one: allreduce under --mode retry-one vs --mode none, np 4;
+                        retry-one-pingpong, retry-one-stream: ping-pong (8 B, 64 KiB, 1 MiB)
+                        and streaming (1 MiB, 16 MiB) on 2 ranks, --mode retry-one vs --mode
+                        none (the retry-one jobs run with --durable-every 0);
                         recovery: rank 1 killed, retry-one next to cpr, 4 ranks, 64 MiB global
-                        + 1 MiB local state: kill → caught up; partner: --hosts only, what a
-                        cpr partner copy costs a line, --store-scope host vs shared; startup:
-                        a whole 4-rank job of examples/heat.ts as .ts next to the same as .js)
-  --recovery-runs <n>   runs per mode of the recovery benchmark (default 3; quick 1)
+                        + 1 MiB local state: kill → caught up;
+                        heat-recovery: examples/heat.ts 512x512 x 400 on 4 ranks, rank 1
+                        killed at step 200, lifeline drill in retry-one vs cpr --checkpoint-every
+                        10steps (alternating; results must match the reference): kill → caught
+                        up, target retry-one <= 0.5x cpr;
+                        durable: bench/programs/recovery.ts on 4 ranks, 100 steps, no fault,
+                        --mode retry-one --durable-every 0 vs 5, 10, 20, 50 (rotating): program
+                        wall time and durable lines committed, target <= 1.05x;
+                        partner: --hosts only, what a cpr partner copy costs a line,
+                        --store-scope host vs shared; startup: a whole 4-rank job of
+                        examples/heat.ts as .ts next to the same as .js
+  --recovery-runs <n>   runs per variant of recovery, heat-recovery (per mode) and durable
+                        (per --durable-every value) (default 3; quick 1)
   --transport <t>       ipc (default; endpoints in a temp dir) or tcp (127.0.0.1, port 0)
   --hosts               across hosts: rank r of every job (Lifeline and raw) on test host r, a
                         network namespace with its own address (src/testing/netns.ts; needs
@@ -80,22 +123,22 @@ const HELP = `Usage: npm run bench -- [options]
   --curve               CURVE's cost: pingpong, stream and allreduce (and bcast, barrier) of a Lifeline
                         job over tcp (CURVE on, the default) against the same job under --insecure,
                         in the same run, instead of against raw zeromq.js (implies --transport tcp)
-  --mode <m>            the Lifeline job's recovery mode: none (default), cpr or retry-one
-                        (retry-one allows collectives only: use --only allreduce,bcast,barrier);
-                        not used by the retry-one benchmark, which always runs both modes
+  --mode <m>            the Lifeline job's recovery mode: none (default), cpr or retry-one;
+                        not used by the retry-one family, which always runs both modes
   --reps <n>            timed repetitions per case and variant (default 15; quick 3)
   --target-ms <ms>      calibrate each timed block to about this long (default 50; quick 5)
   --variant <v>         both (default); lifeline: the subject only (the Lifeline job; for
-                        retry-one the retry-one job); raw: the raw zeromq.js baselines only
-                        (no build needed; skips bcast, barrier and retry-one)
+                        the retry-one family the retry-one job); raw: the raw zeromq.js
+                        baselines only (no build needed; skips bcast, barrier, the retry-one
+                        family and the whole-job benchmarks)
   --payload <p>         f64 (default; Float64Array) or u8 (Uint8Array) for ping-pong/stream
   --sizes <list>        override the payload sizes in bytes of the selected benchmarks (e.g. 8,1048576)
   --np <list>           override the rank counts of the collectives (default 2,4) and of
-                        retry-one (default 4)
+                        retry-one (default 4); retry-one-pingpong/-stream always run on 2
   --cpu-prof <dir>      write a V8 CPU profile of every measuring process to <dir>
                         (summarize with: node --import tsx bench/tools/cpuprofile-top.ts <dir>/*.cpuprofile)
   --out <file>          JSON output (default bench/results/<timestamp>.json)
-  --timeout-s <s>       bound on the whole run (default 900; quick 120)
+  --timeout-s <s>       bound on the whole run (default 1200; quick 180)
   --verbose             echo the children's output
   -h, --help
 `;
@@ -110,6 +153,10 @@ interface Options {
   partner: boolean;
   /** Start-up of a .ts program against the same as .js (bench/lib/startup.ts). */
   startup: boolean;
+  /** A killed rank of examples/heat.ts, retry-one vs cpr (bench/lib/heat-recovery.ts). */
+  heatRecovery: boolean;
+  /** retry-one's durable floor, --durable-every N vs 0 (bench/lib/durable.ts). */
+  durable: boolean;
   recoveryRuns: number;
   transport: "ipc" | "tcp";
   /** `--hosts`: every rank on a test host of its own. */
@@ -172,12 +219,20 @@ function parseOptions(argv: string[]): Options {
   let recovery = false;
   let partner = false;
   let startup = false;
-  for (const name of (v.only ?? [...BENCHMARKS, "recovery", ...(v.hosts ? ["partner"] : ["startup"])].join(","))
+  let heatRecovery = false;
+  let durable = false;
+  for (const name of (v.only ?? [...BENCHMARKS, "recovery", ...(v.hosts ? ["partner"] : ["heat-recovery", "durable", "startup"])].join(","))
     .split(",")
     .map((s) => s.trim())
     .filter(Boolean)) {
     if (name === "recovery") {
       recovery = true;
+      continue;
+    }
+    if (name === "heat-recovery" || name === "durable") {
+      if (v.hosts) usage(`--only ${name} runs on this host: drop --hosts`);
+      if (name === "durable") durable = true;
+      else heatRecovery = true;
       continue;
     }
     if (name === "startup") {
@@ -190,7 +245,7 @@ function parseOptions(argv: string[]): Options {
       partner = true;
       continue;
     }
-    if (!BENCHMARKS.includes(name as Benchmark)) usage(`--only ${name}: expected one of ${[...BENCHMARKS, "recovery", "startup", "partner"].join(", ")}`);
+    if (!BENCHMARKS.includes(name as Benchmark)) usage(`--only ${name}: expected one of ${[...BENCHMARKS, ...JOB_BENCHMARKS].join(", ")}`);
     only.add(name as Benchmark);
   }
   if (v.transport !== "ipc" && v.transport !== "tcp") usage(`--transport ${v.transport}: expected ipc or tcp`);
@@ -222,6 +277,8 @@ function parseOptions(argv: string[]): Options {
     recovery: recovery && v.variant !== "raw",
     partner: partner && v.variant !== "raw",
     startup: startup && v.variant !== "raw",
+    heatRecovery: heatRecovery && v.variant !== "raw",
+    durable: durable && v.variant !== "raw",
     hosts: v.hosts,
     curve: v.curve,
     recoveryRuns: posInt("recovery-runs", v["recovery-runs"], quick ? 1 : 3),
@@ -231,7 +288,7 @@ function parseOptions(argv: string[]): Options {
     variant: v.variant,
     payload: v.payload,
     out: path.resolve(v.out ?? path.join(ROOT, "bench", "results", `${stamp}.json`)),
-    timeoutS: posInt("timeout-s", v["timeout-s"], quick ? 120 : 900),
+    timeoutS: posInt("timeout-s", v["timeout-s"], quick ? 180 : 1200),
     verbose: v.verbose,
     sizes: list("sizes", v.sizes, 8),
     nps: list("np", v.np, 2),
@@ -274,8 +331,8 @@ const ROLES: readonly Role[] = ["subject", "baseline"];
 /**
  * The jobs a case uses under `--variant`: both; `lifeline`, the subject only; `raw`, the
  * baseline only, and only where it is a raw zeromq.js program (so that `--variant raw` needs
- * no build: bcast and barrier, which have no baseline, and retry-one, whose baseline is a
- * Lifeline job, measure nothing).
+ * no build: bcast and barrier, which have no baseline, and the retry-one family, whose baseline
+ * is a Lifeline job, measure nothing).
  */
 function jobsFor(c: Case, opts: Options): Partial<Record<Role, JobKind>> {
   const { subject, baseline } = jobsOf(c.bench, opts.mode, opts.curve);
@@ -533,6 +590,8 @@ async function main(): Promise<void> {
     collectiveNps: opts.nps ?? base.collectiveNps,
     retryOne: s ?? base.retryOne,
     retryOneNps: opts.nps ?? base.retryOneNps,
+    retryOnePingpong: s ?? base.retryOnePingpong,
+    retryOneStream: s ?? base.retryOneStream,
   };
   // Cases left without a job by --variant (e.g. bcast under --variant raw) have nothing to measure.
   const selected = buildCases(sizes, opts.only);
@@ -542,7 +601,14 @@ async function main(): Promise<void> {
       progress(`bench: skipping ${b}: it has no job to measure under --variant ${opts.variant}`);
     }
   }
-  if (opts.recovery || opts.partner || opts.startup || cases.some((c) => Object.values(jobsFor(c, opts)).some((k) => lifelineModeOf(k) !== undefined))) {
+  if (
+    opts.recovery ||
+    opts.heatRecovery ||
+    opts.durable ||
+    opts.partner ||
+    opts.startup ||
+    cases.some((c) => Object.values(jobsFor(c, opts)).some((k) => lifelineModeOf(k) !== undefined))
+  ) {
     const missing = LifelineJob.available(ROOT);
     if (missing !== undefined) usage(`the Lifeline jobs need the built package: ${missing}`);
   }
@@ -558,6 +624,8 @@ async function main(): Promise<void> {
   const results: CaseResult[] = [];
   const jobSummaries: Record<string, unknown>[] = [];
   const recovery = opts.recovery ? recoveryPlan(opts) : undefined;
+  const heat = opts.heatRecovery ? heatRecoveryPlan(opts) : undefined;
+  const durable = opts.durable ? durablePlan(opts) : undefined;
   const partner = opts.partner ? partnerPlan(opts) : undefined;
   let cluster: TestCluster | undefined;
   let hostsEnv: HostsEnv | undefined;
@@ -627,6 +695,8 @@ async function main(): Promise<void> {
     }
     if (recovery !== undefined && opts.hosts) await runHostRecovery(recovery, tmpDir);
     else if (recovery !== undefined) await runRecovery(recovery, tmpDir);
+    if (heat !== undefined) await runHeatRecovery(heat, tmpDir);
+    if (durable !== undefined) await runDurable(durable, tmpDir);
     if (partner !== undefined) await runPartnerCost(partner, tmpDir);
     if (opts.startup) {
       progress(`\n== startup: lifeline run -n 4 of examples/heat.ts as .ts and as .js, alternating`);
@@ -642,6 +712,8 @@ async function main(): Promise<void> {
   const tables =
     renderTables(results, opts.transport) +
     (recovery === undefined ? "" : `\n${recoveryText(recovery)}`) +
+    (heat === undefined ? "" : `\n${renderHeatRecoveryTable(heat.runs, heat.errors, heat.config)}`) +
+    (durable === undefined ? "" : `\n${renderDurableTable(durable.runs, durable.errors, durable.config)}`) +
     (partner === undefined ? "" : `\n${partnerText(partner)}`) +
     (startup === undefined ? "" : `\n${renderStartupTable(startup)}`);
   process.stdout.write(`\n${tables}\n`);
@@ -667,9 +739,9 @@ async function main(): Promise<void> {
       variants:
         "each case compares a subject job with a baseline job (results[].kinds; each figure names its job and kind): " +
         (opts.curve
-          ? `every benchmark but retry-one: lifeline --mode ${opts.mode} over tcp with CURVE (the default) vs the same job with --insecure; `
+          ? `every benchmark but the retry-one family: lifeline --mode ${opts.mode} over tcp with CURVE (the default) vs the same job with --insecure; `
           : `pingpong, stream, allreduce: lifeline --mode ${opts.mode} vs the raw zeromq.js program; bcast, barrier: lifeline --mode ${opts.mode} alone; `) +
-        "retry-one: allreduce blocks in lifeline --mode retry-one (checkpoint(null), untimed, after each block) vs lifeline --mode none",
+        "retry-one, retry-one-pingpong, retry-one-stream: allreduce, pingpong, stream blocks in lifeline --mode retry-one --durable-every 0 (checkpoint(null), untimed, after each block) vs lifeline --mode none",
       timing: `calibrated to ~${opts.targetMs} ms per timed block, 1 warm-up block, ${opts.reps} timed blocks per variant, subject and baseline alternating (S B, B S, ...), barrier before each block`,
       figure: "median over the timed blocks of seconds per operation",
       ratio: "us rows: subject time / baseline time; MB/s rows: subject MB/s / baseline MB/s",
@@ -677,6 +749,29 @@ async function main(): Promise<void> {
     peers: { source: peers.source, date: peers.date },
     results,
     recovery: recovery === undefined ? undefined : { config: recovery.config, targetS: RECOVERY_TARGET_S, runs: recovery.runs, errors: recovery.errors },
+    heatRecovery:
+      heat === undefined
+        ? undefined
+        : {
+            config: heat.config,
+            runsPerMode: heat.runsPerMode,
+            target: HEAT_RECOVERY_TARGET,
+            ...heatRecoveryRatio(heat.runs),
+            runs: heat.runs,
+            errors: heat.errors,
+          },
+    durable:
+      durable === undefined
+        ? undefined
+        : {
+            config: durable.config,
+            runsPerVariant: durable.runsPerVariant,
+            target: DURABLE_TARGET,
+            summary: summarizeDurable(durable.runs, durable.config),
+            smallestMeeting: smallestMeeting(summarizeDurable(durable.runs, durable.config)),
+            runs: durable.runs,
+            errors: durable.errors,
+          },
     partner: partner === undefined ? undefined : { ...partner, target: 1.3 },
     startup: startup === undefined ? undefined : { ...startup, ratio: startupRatio(startup), target: STARTUP_TARGET },
     jobs: jobSummaries,
@@ -686,7 +781,12 @@ async function main(): Promise<void> {
   writeFileSync(opts.out, `${JSON.stringify(report, null, 2)}\n`);
   progress(`bench: ${results.length} cases in ${report.durationS.toFixed(0)} s; JSON written to ${path.relative(process.cwd(), opts.out) || opts.out}`);
   clearTimeout(watchdog);
-  const failed = results.filter((r) => r.errors.length > 0).length + (recovery?.errors.length ?? 0) + (startup?.errors.length ?? 0);
+  const failed =
+    results.filter((r) => r.errors.length > 0).length +
+    (recovery?.errors.length ?? 0) +
+    (heat?.errors.length ?? 0) +
+    (durable?.errors.length ?? 0) +
+    (startup?.errors.length ?? 0);
   process.exitCode = failed > 0 ? 1 : 0;
 }
 
@@ -779,6 +879,82 @@ async function runHostRecovery(plan: RecoveryPlan, tmpDir: string): Promise<void
         progress(`  ${mode} run ${k + 1} FAILED: ${(err as Error).message.split("\n")[0]}`);
       } finally {
         await fresh.destroy();
+      }
+    }
+  }
+}
+
+// ---- heat-recovery: a killed rank of examples/heat.ts, retry-one vs cpr, via lifeline drill ---
+
+interface HeatRecoveryPlan {
+  config: HeatRecoveryConfig;
+  runsPerMode: number;
+  runs: HeatRecoveryRun[];
+  errors: { mode: HeatRecoveryMode; round: number; message: string }[];
+}
+
+function heatRecoveryPlan(opts: Options): HeatRecoveryPlan {
+  return { config: opts.quick ? HEAT_RECOVERY_QUICK : HEAT_RECOVERY_FULL, runsPerMode: opts.recoveryRuns, runs: [], errors: [] };
+}
+
+/** `runsPerMode` rounds; in each, one drill per mode, retry-one first in even rounds. */
+async function runHeatRecovery(plan: HeatRecoveryPlan, tmpDir: string): Promise<void> {
+  const c = plan.config;
+  progress(
+    `\n== heat-recovery: examples/heat.ts ${c.rows}x${c.cols} x ${c.iters} on ${c.np} ranks, rank ${c.victim} killed at step ${c.killStep}; lifeline drill, retry-one vs cpr --checkpoint-every ${c.cprCheckpointEvery}; ${plan.runsPerMode} run(s) per mode`,
+  );
+  for (let round = 0; round < plan.runsPerMode; round++) {
+    const modes: HeatRecoveryMode[] = round % 2 === 0 ? ["retry-one", "cpr"] : ["cpr", "retry-one"];
+    for (const mode of modes) {
+      try {
+        const r = await heatRecoveryRun({ root: ROOT, scratch: tmpDir, config: c, mode, round });
+        plan.runs.push(r);
+        progress(
+          `  ${mode} run ${round + 1}: detect ${fmtS(r.detectMs)}, restart ${fmtS(r.restartMs)}, catch up ${fmtS(r.catchUpMs)} → total ${fmtS(r.totalMs)}` +
+            `${mode === "cpr" ? ` (earliest possible ${fmtS(r.totalLowMs)})` : ""}; ${r.workLostSteps ?? "?"} steps redone; runs ${fmtS(r.faultyWallMs)} (reference ${fmtS(r.referenceWallMs)})`,
+        );
+      } catch (err) {
+        const message = (err as Error).message;
+        plan.errors.push({ mode, round, message });
+        progress(`  ${mode} run ${round + 1} FAILED: ${message}`);
+      }
+    }
+  }
+}
+
+// ---- durable: retry-one's durable floor, --durable-every N vs 0 -------------------------------
+
+interface DurablePlan {
+  config: DurableConfig;
+  runsPerVariant: number;
+  runs: DurableRun[];
+  errors: string[];
+}
+
+function durablePlan(opts: Options): DurablePlan {
+  return { config: opts.quick ? DURABLE_QUICK : DURABLE_FULL, runsPerVariant: opts.recoveryRuns, runs: [], errors: [] };
+}
+
+/** `runsPerVariant` rounds over 0 and every candidate, rotating which goes first. */
+async function runDurable(plan: DurablePlan, tmpDir: string): Promise<void> {
+  const c = plan.config;
+  const variants = [0, ...c.candidates];
+  progress(
+    `\n== durable: bench/programs/recovery.ts on ${c.np} ranks, ${c.globalMib} MiB global + ${c.localMib} MiB local, ${c.steps} steps of ${c.stepMs} ms, no fault; --mode retry-one --durable-every ${variants.join(", ")}; ${plan.runsPerVariant} run(s) each`,
+  );
+  for (let round = 0; round < plan.runsPerVariant; round++) {
+    const turn = variants.map((_, i) => variants[(i + round) % variants.length]!);
+    for (const every of turn) {
+      try {
+        const r = await durableRun({ root: ROOT, dir: tmpDir, name: `durable-${every}-${round}`, config: c, every, round });
+        plan.runs.push(r);
+        progress(
+          `  --durable-every ${every} run ${round + 1}: program ${fmtS(r.computeMs)}, ${r.lines} durable line(s) committed, CPU ${r.cpuS === undefined ? "?" : `${r.cpuS.toFixed(1)} s`}, load ${r.load1.toFixed(1)}`,
+        );
+      } catch (err) {
+        const message = (err as Error).message;
+        plan.errors.push(`--durable-every ${every} run ${round + 1}: ${message}`);
+        progress(`  --durable-every ${every} run ${round + 1} FAILED: ${message.split("\n")[0]}`);
       }
     }
   }

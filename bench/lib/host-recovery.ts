@@ -52,7 +52,11 @@ export async function hostRecoveryRun(c: HostRecoveryConfig): Promise<RecoveryPa
     "4",
     "--mode",
     c.mode,
-    ...(c.mode === "cpr" ? ["--checkpoint-every", "5steps", "--store", path.join(c.dir, c.name)] : ["--replicas", "1"]),
+    ...(c.mode === "cpr" ? ["--checkpoint-every", "5steps"] : ["--replicas", "1"]),
+    // A store of the run's own in both modes (cpr's lines; the error file, which retry-one
+    // writes there too): nothing goes into the repository's `.lifeline/`.
+    "--store",
+    path.join(c.dir, c.name),
     "--bind",
     c.cluster.hosts[0]!.address,
     "--hostfile",

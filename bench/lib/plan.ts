@@ -16,17 +16,34 @@ export const BENCH_NAMES: readonly BenchName[] = ["pingpong", "stream", "allredu
 
 /**
  * The benchmarks of `npm run bench` (one table each; `--only`): every kind of block above,
- * Lifeline next to raw zeromq.js, plus `retry-one`: allreduce in a Lifeline job under
- * `--mode retry-one` next to one under `--mode none`. It is kept out of
- * {@link BENCH_NAMES} because no program runs a "retry-one" block: it runs `allreduce` blocks
- * (see {@link opOf}) in two differently started jobs.
+ * Lifeline next to raw zeromq.js, plus the retry-one family, each a Lifeline job under
+ * `--mode retry-one` next to one under `--mode none`: `retry-one` (allreduce blocks),
+ * `retry-one-pingpong` and `retry-one-stream` (point-to-point blocks on 2 ranks). They are
+ * kept out of {@link BENCH_NAMES} because no program runs a "retry-one" block: they run the
+ * blocks of {@link opOf} in two differently started jobs.
  */
-export type Benchmark = BenchName | "retry-one";
-export const BENCHMARKS: readonly Benchmark[] = [...BENCH_NAMES, "retry-one"];
+export type RetryOneBenchmark = "retry-one" | "retry-one-pingpong" | "retry-one-stream";
+export const RETRY_ONE_BENCHMARKS: readonly RetryOneBenchmark[] = ["retry-one", "retry-one-pingpong", "retry-one-stream"];
+export type Benchmark = BenchName | RetryOneBenchmark;
+export const BENCHMARKS: readonly Benchmark[] = [...BENCH_NAMES, ...RETRY_ONE_BENCHMARKS];
+
+/** A benchmark of the retry-one family: a retry-one Lifeline job against a mode-none one. */
+export function isRetryOne(bench: Benchmark): bench is RetryOneBenchmark {
+  return (RETRY_ONE_BENCHMARKS as readonly string[]).includes(bench);
+}
 
 /** The block a benchmark's programs run. */
 export function opOf(bench: Benchmark): BenchName {
-  return bench === "retry-one" ? "allreduce" : bench;
+  switch (bench) {
+    case "retry-one":
+      return "allreduce";
+    case "retry-one-pingpong":
+      return "pingpong";
+    case "retry-one-stream":
+      return "stream";
+    default:
+      return bench;
+  }
 }
 
 export type LifelineMode = "none" | "cpr" | "retry-one";
@@ -60,13 +77,13 @@ export function describeKind(kind: JobKind): string {
  * baseline (the denominator), if the case has one.
  * - pingpong, stream, allreduce: Lifeline under `--mode <mode>` vs the raw zeromq.js program;
  * - bcast, barrier: Lifeline under `--mode <mode>`, no baseline;
- * - retry-one: Lifeline under `--mode retry-one` vs Lifeline under `--mode none`, whatever
- *   `mode` is;
- * - with `curve` (tcp): every benchmark but retry-one compares Lifeline (CURVE on, the
- *   default) with the same Lifeline job under `--insecure`.
+ * - retry-one, retry-one-pingpong, retry-one-stream: Lifeline under `--mode retry-one` vs
+ *   Lifeline under `--mode none`, whatever `mode` is;
+ * - with `curve` (tcp): every benchmark but the retry-one family compares Lifeline (CURVE on,
+ *   the default) with the same Lifeline job under `--insecure`.
  */
 export function jobsOf(bench: Benchmark, mode: LifelineMode, curve = false): { subject: JobKind; baseline: JobKind | undefined } {
-  if (bench === "retry-one") return { subject: "lifeline:retry-one", baseline: "lifeline:none" };
+  if (isRetryOne(bench)) return { subject: "lifeline:retry-one", baseline: "lifeline:none" };
   if (curve) return { subject: `lifeline:${mode}`, baseline: `lifeline-insecure:${mode}` };
   return { subject: `lifeline:${mode}`, baseline: rawProgramFor(bench) };
 }
@@ -92,6 +109,9 @@ export interface Sizes {
   /** retry-one (allreduce, retry-one vs none): payload sizes and rank counts. */
   retryOne: number[];
   retryOneNps: number[];
+  /** retry-one-pingpong and retry-one-stream (2 ranks, retry-one vs none): payload sizes. */
+  retryOnePingpong: number[];
+  retryOneStream: number[];
 }
 
 export const FULL_SIZES: Sizes = {
@@ -102,6 +122,8 @@ export const FULL_SIZES: Sizes = {
   collectiveNps: [2, 4],
   retryOne: [8, 64 * KiB, MiB, 16 * MiB],
   retryOneNps: [4],
+  retryOnePingpong: [8, 64 * KiB, MiB],
+  retryOneStream: [MiB, 16 * MiB],
 };
 
 /** `--quick`: small payloads only, for the smoke test. */
@@ -113,6 +135,8 @@ export const QUICK_SIZES: Sizes = {
   collectiveNps: [2, 4],
   retryOne: [8, 64 * KiB],
   retryOneNps: [4],
+  retryOnePingpong: [8, 64 * KiB],
+  retryOneStream: [64 * KiB],
 };
 
 export function sizeLabel(bytes: number): string {
@@ -128,7 +152,7 @@ export function caseKey(c: Case): string {
 /** The cases of the selected benchmarks (the harness runs them grouped by rank count, in this order within a group). */
 export function buildCases(sizes: Sizes, only: ReadonlySet<Benchmark>): Case[] {
   const out: Case[] = [];
-  const p2p = (bench: BenchName, list: number[]): void => {
+  const p2p = (bench: Benchmark, list: number[]): void => {
     if (!only.has(bench)) return;
     for (const bytes of list) out.push({ bench, np: 2, bytes, label: sizeLabel(bytes) });
   };
@@ -144,6 +168,8 @@ export function buildCases(sizes: Sizes, only: ReadonlySet<Benchmark>): Case[] {
       for (const bytes of sizes.retryOne) out.push({ bench: "retry-one", np, bytes, label: `np ${np}, ${sizeLabel(bytes)}` });
     }
   }
+  p2p("retry-one-pingpong", sizes.retryOnePingpong);
+  p2p("retry-one-stream", sizes.retryOneStream);
   return out;
 }
 
@@ -194,7 +220,7 @@ export function cpuPerOpSeconds(bench: BenchName, iters: number, cpuS: readonly 
 export type Unit = "us" | "MB/s";
 
 export function unitOf(bench: Benchmark): Unit {
-  return bench === "stream" ? "MB/s" : "us";
+  return opOf(bench) === "stream" ? "MB/s" : "us";
 }
 
 /** Seconds per op → the table's unit. */
@@ -203,7 +229,7 @@ export function display(c: Case, perOpS: number): number {
 }
 
 /**
- * The subject (Lifeline; for retry-one the retry-one job) relative to a reference, in the
+ * The subject (Lifeline; for the retry-one family the retry-one job) relative to a reference, in the
  * direction of the table: time ratio (lower is better) for latencies and collectives,
  * bandwidth ratio (higher is better) for streaming.
  */
@@ -219,7 +245,8 @@ export interface Target {
 
 /**
  * The targets, all relative to the case's baseline measured in the same run: the message path's
- * against the raw zeromq.js programs; retry-one's against the Lifeline job under `--mode none`.
+ * against the raw zeromq.js programs; the retry-one family's against the Lifeline job under
+ * `--mode none` (issue 13 for the point-to-point ones).
  */
 export function targetFor(c: Case, curve = false): Target | undefined {
   if (curve) {
@@ -230,6 +257,8 @@ export function targetFor(c: Case, curve = false): Target | undefined {
   }
   if (c.bench === "retry-one" && c.bytes === 8) return { text: "<= 1.5x none", met: (r) => r <= 1.5 };
   if (c.bench === "retry-one" && c.bytes === 16 * MiB) return { text: "<= 1.05x none", met: (r) => r <= 1.05 };
+  if (c.bench === "retry-one-pingpong" && c.bytes === 8) return { text: "<= 1.3x none", met: (r) => r <= 1.3 };
+  if (c.bench === "retry-one-stream" && c.bytes === 16 * MiB) return { text: ">= 0.8x none MB/s", met: (r) => r >= 0.8 };
   if (c.bench === "pingpong" && c.bytes === 8) return { text: "<= 1.15x raw", met: (r) => r <= 1.15 };
   if (c.bench === "stream" && c.bytes === 16 * MiB) return { text: ">= 0.9x raw MB/s", met: (r) => r >= 0.9 };
   if (c.bench === "allreduce" && c.bytes === 8 && c.np === 4) return { text: "<= 0.4x raw ring", met: (r) => r <= 0.4 };
@@ -247,7 +276,7 @@ export interface PeersFile {
   mpiTcp: Partial<Record<Benchmark, Record<string, Record<string, number>>>>;
 }
 
-/** The Open MPI TCP figure for a case, in the case's display unit, if the peers file has it (never for retry-one). */
+/** The Open MPI TCP figure for a case, in the case's display unit, if the peers file has it (never for the retry-one family). */
 export function peerFigure(peers: PeersFile, c: Case): number | undefined {
   const byNp = peers.mpiTcp[c.bench]?.[String(c.np)];
   if (byNp === undefined) return undefined;

@@ -18,6 +18,10 @@
  * Rank marks are put on the launcher's clock with the smallest (arrival − wall) offset seen
  * over the run's marked lines: every line arrives after it was written.
  *
+ * Every run gets `--store <dir>/<name>` (cpr's lines, retry-one's durable floor), so nothing is
+ * written into the repository. {@link launchJson} also serves the `durable` benchmark
+ * (bench/lib/durable.ts), which times whole fault-free runs of the same program.
+ *
  * @example
  * const r = await recoveryRun({ root, dir, name: "r1-0", mode: "retry-one", np: 4, globalMib: 64, localMib: 1, steps: 40, failStep: 25, stepMs: 20 });
  * process.stdout.write(renderRecoveryTable([r]));
@@ -84,6 +88,8 @@ export interface RecoveryConfig {
   readonly checkpointEvery?: string;
   /** retry-one: false runs with `--no-spare` (the restarted rank starts cold). */
   readonly spare?: boolean;
+  /** retry-one: `--durable-every` (default: the launcher's, every 10th checkpoint into the run's store). */
+  readonly durableEvery?: number;
   readonly timeoutMs?: number;
 }
 
@@ -111,10 +117,20 @@ const VICTIM = 1;
 /** One run of the recovery program with rank 1 killed; its recovery in parts. */
 export async function recoveryRun(c: RecoveryConfig): Promise<RecoveryParts> {
   const cold = c.mode === "retry-one" && c.spare === false;
+  // Every run has a store of its own under the scratch directory: cpr's lines go there, and so
+  // do retry-one's durable checkpoints (its durable floor is on by default with a store every
+  // rank reaches), never into the repository's `.lifeline/`.
+  const store = ["--store", path.join(c.dir, c.name)];
   const modeFlags =
     c.mode === "cpr"
-      ? ["--mode", "cpr", "--checkpoint-every", c.checkpointEvery ?? "5steps", "--store", path.join(c.dir, c.name)]
-      : ["--mode", "retry-one", ...(cold ? ["--no-spare"] : [])];
+      ? ["--mode", "cpr", "--checkpoint-every", c.checkpointEvery ?? "5steps", ...store]
+      : [
+          "--mode",
+          "retry-one",
+          ...(cold ? ["--no-spare"] : []),
+          ...store,
+          ...(c.durableEvery === undefined ? [] : ["--durable-every", String(c.durableEvery)]),
+        ];
   const r = await launchJson(
     c.root,
     c.name,

@@ -2,7 +2,7 @@
  * Result records and the tables printed at the end of a run (Markdown, so they can be pasted
  * into an issue as they are).
  */
-import { BENCHMARKS, describeKind, insecureKind, type BenchName, type Benchmark, type JobKind, type Unit } from "./plan.ts";
+import { BENCHMARKS, describeKind, insecureKind, isRetryOne, type BenchName, type Benchmark, type JobKind, type Unit } from "./plan.ts";
 import { fmt, fmtRatio } from "./stats.ts";
 
 export interface VariantResult {
@@ -36,7 +36,7 @@ export interface VariantResult {
 export interface CaseResult {
   key: string;
   bench: Benchmark;
-  /** The block the programs ran (retry-one runs allreduce). */
+  /** The block the programs ran (retry-one runs allreduce, retry-one-pingpong pingpong, retry-one-stream stream). */
   op: BenchName;
   np: number;
   bytes: number;
@@ -44,8 +44,8 @@ export interface CaseResult {
   unit: Unit;
   /**
    * The jobs compared, by kind, whether or not they measured: `subject` is the numerator of
-   * the ratio (Lifeline under `--mode`; for retry-one the retry-one job), `baseline` the
-   * denominator (a raw zeromq.js program; for retry-one the mode-none Lifeline job), null when
+   * the ratio (Lifeline under `--mode`; for the retry-one family the retry-one job), `baseline`
+   * the denominator (a raw zeromq.js program; for the retry-one family the mode-none Lifeline job), null when
    * the case has none or `--variant` left it out.
    */
   kinds: { subject: JobKind | null; baseline: JobKind | null };
@@ -56,7 +56,7 @@ export interface CaseResult {
   /** Quartiles of the per-repetition ratios (repetition k of the subject with repetition k of the baseline). */
   ratioQ1: number | null;
   ratioQ3: number | null;
-  /** Open MPI over TCP from bench/peers.json, in `unit`, and the subject's ratio to it (null for retry-one). */
+  /** Open MPI over TCP from bench/peers.json, in `unit`, and the subject's ratio to it (null for the retry-one family). */
   mpiTcp: number | null;
   ratioMpiTcp: number | null;
   /**
@@ -87,7 +87,7 @@ const CURVE_VS_INSECURE: Columns = { subject: "CURVE", baseline: "insecure", sub
 
 /** The columns of a benchmark's table; `baseline`: the kind of job its cases compare with (`--curve`: an insecure Lifeline job). */
 export function columnsOf(bench: Benchmark, baseline?: JobKind | null): Columns {
-  if (bench === "retry-one") return RETRY_ONE_VS_NONE;
+  if (isRetryOne(bench)) return RETRY_ONE_VS_NONE;
   return baseline !== undefined && baseline !== null && insecureKind(baseline) ? CURVE_VS_INSECURE : LIFELINE_VS_RAW;
 }
 
@@ -99,6 +99,10 @@ const TITLES: Record<Benchmark, string> = {
   barrier: "Barrier, per op, slowest rank (us); no raw baseline",
   "retry-one":
     "Allreduce, Float64Array sum, per op, slowest rank (us): Lifeline job under --mode retry-one vs Lifeline job under --mode none, both in this run",
+  "retry-one-pingpong":
+    "Ping-pong latency, one way = round trip / 2, 2 processes (us): Lifeline job under --mode retry-one vs Lifeline job under --mode none, both in this run",
+  "retry-one-stream":
+    "Unidirectional streaming bandwidth, 2 processes (MB/s, 1 MB = 1e6 B): Lifeline job under --mode retry-one vs Lifeline job under --mode none, both in this run",
 };
 
 function row(cells: string[]): string {
@@ -120,7 +124,7 @@ export function renderTables(results: readonly CaseResult[], transport: string):
     const ratioHead = `${col.subjectShort}/${col.baselineShort} (${u === "MB/s" ? "MB/s" : "time"}) [IQR]`;
     // A Lifeline job under another mode than none (--mode) says so in the title.
     const modes = [...new Set(rows.map((r) => r.kinds.subject).filter((k): k is JobKind => k !== null && k !== "lifeline:none"))];
-    const modeNote = bench === "retry-one" || modes.length === 0 ? "" : `, Lifeline = ${modes.map(describeKind).join(", ")}`;
+    const modeNote = isRetryOne(bench) || modes.length === 0 ? "" : `, Lifeline = ${modes.map(describeKind).join(", ")}`;
     const curveNote = col === CURVE_VS_INSECURE ? " — CURVE (the default on tcp) vs the same job under --insecure" : "";
     out.push(`### ${TITLES[bench]} — transport ${transport}${modeNote}${curveNote}`, "");
     const head = ["case", `${col.subject} ${u}`, `${col.baseline} ${u}`, ratioHead];

@@ -33,6 +33,13 @@ const payloadKind = (args.get("payload") ?? "f64") as PayloadKind;
 const world: World = await init();
 const rank = world.rank;
 const size = world.size;
+// In --mode retry-one a program must call restore() before any point-to-point call (a
+// restarted rank's message counters come from its checkpoint); in every mode a fresh job gets
+// undefined back (mode none always; cpr and retry-one when nothing was saved yet). The bench
+// never restarts a job, so anything else means a rank failed and came back: its figures would
+// mix a recovery into the timed blocks.
+const restored = await world.restore();
+if (restored !== undefined) throw new Error(`mpi-bench: rank ${rank} restored checkpoint ${restored.version}; a benchmark job must not restart`);
 
 const payloads = new Map<string, Float64Array | Uint8Array>();
 function payload(bench: BenchName, bytes: number): Float64Array | Uint8Array {
@@ -132,8 +139,9 @@ async function serveHarness(endpoint: string, id: string): Promise<void> {
     try {
       const t = await runBlock(cmd.bench, cmd.bytes, cmd.iters);
       blocks.push([cmd.bench, cmd.bytes, cmd.iters, t.seconds]);
-      // retry-one keeps every collective result since the last checkpoint, as a real program
-      // that checkpoints each iteration would not let it grow: a checkpoint (untimed, empty
+      // retry-one keeps every collective result since the last checkpoint, and every message
+      // sent until its receiver's next checkpoint (sender-based logging); a real program that
+      // checkpoints each iteration would not let them grow: a checkpoint (untimed, empty
       // state) after every block.
       if (world.mode === "retry-one") await world.checkpoint(null);
       await ctrl.send({ t: "done", seq: cmd.seq, rank, ...t });
@@ -176,6 +184,7 @@ async function sweep(): Promise<void> {
       let lastPerOpS = 0;
       const block = async (iters: number): Promise<number> => {
         const all = await world.allgather((await runBlock(bench, bytes, iters)).seconds);
+        if (world.mode === "retry-one") await world.checkpoint(null); // as in serveHarness
         lastPerOpS = perOpSeconds(bench, iters, all);
         return Math.max(...all); // calibrate on the block's wall time
       };

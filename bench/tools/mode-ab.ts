@@ -6,6 +6,8 @@
  * payloads lets one job's background work — GC, freeing received buffers — fall into the
  * other's timing). Per run: the slowest rank's median allreduce time and the CPU time of all
  * ranks per iteration; per mode: the median over rounds, and the ratio to the first mode.
+ * Every job's store is under a temp dir; retry-one runs with `--durable-every 0` (the durable
+ * floor's cost is `npm run bench -- --only durable`).
  *
  *   npm run build && node --import tsx bench/tools/mode-ab.ts [--np 4] [--sizes 4194304,16777216,41943040]
  *        [--iters 40] [--rounds 3] [--modes none,retry-one]
@@ -42,7 +44,13 @@ interface Run {
 
 function runOnce(mode: string, bytes: number): Run {
   const results = path.join(dir, "r.json");
-  const flags = mode === "cpr" ? ["--mode", "cpr", "--store", path.join(dir, "store"), "--checkpoint-every", "1000000s"] : ["--mode", mode];
+  // A store under the temp dir in every mode (never the repository's `.lifeline/`); retry-one
+  // without its durable floor, as the retry-one benchmarks of `npm run bench` (bench/lib/jobs.ts).
+  const store = ["--store", path.join(dir, "store")];
+  const flags =
+    mode === "cpr"
+      ? ["--mode", "cpr", ...store, "--checkpoint-every", "1000000s"]
+      : ["--mode", mode, ...store, ...(mode === "retry-one" ? ["--durable-every", "0"] : [])];
   execFileSync(
     process.execPath,
     [

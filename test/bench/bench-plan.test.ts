@@ -1,11 +1,13 @@
 /**
- * Goal: the benchmark's plan and tables — in particular the retry-one benchmark (allreduce,
- * a Lifeline job under --mode retry-one vs one under --mode none) — are built and
- * labelled as documented in bench/README.md, without starting any process.
+ * Goal: the benchmark's plan and tables — in particular the retry-one family (allreduce,
+ * ping-pong and streaming in a Lifeline job under --mode retry-one vs one under --mode none)
+ * and the heat-recovery and durable tables — are built and labelled as documented in
+ * bench/README.md, without starting any process.
  *
- * Method: call bench/lib/plan.ts and bench/lib/report.ts directly: case lists for the full,
- * quick and overridden sizes, the jobs and block each case uses, the targets, and the tables
- * rendered from hand-made results. Milliseconds; the end-to-end run is bench-smoke.test.ts.
+ * Method: call bench/lib/plan.ts, bench/lib/report.ts, bench/lib/heat-recovery.ts and
+ * bench/lib/durable.ts directly: case lists for the full, quick and overridden sizes, the jobs
+ * and block each case uses, the targets, and the tables rendered from hand-made results.
+ * Milliseconds; the end-to-end run is bench-smoke.test.ts.
  */
 import { readFileSync } from "node:fs";
 import path from "node:path";
@@ -36,6 +38,8 @@ import {
   type PeersFile,
 } from "../../bench/lib/plan.ts";
 import { columnsOf, renderTables, type CaseResult, type VariantResult } from "../../bench/lib/report.ts";
+import { HEAT_RECOVERY_FULL, heatRecoveryRatio, renderHeatRecoveryTable, type HeatRecoveryRun } from "../../bench/lib/heat-recovery.ts";
+import { DURABLE_FULL, renderDurableTable, smallestMeeting, summarizeDurable, type DurableRun } from "../../bench/lib/durable.ts";
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
 
@@ -111,6 +115,51 @@ describe("bench plan: retry-one", () => {
     const peers = JSON.parse(readFileSync(path.join(ROOT, "bench/peers.json"), "utf8")) as PeersFile;
     expect(peerFigure(peers, c(8))).toBeUndefined();
     expect(peerFigure(peers, c(8, "allreduce"))).toBeGreaterThan(0);
+  });
+});
+
+describe("bench plan: retry-one-pingpong and retry-one-stream", () => {
+  it("are benchmarks of the suite running ping-pong and stream blocks, retry-one vs none", () => {
+    expect(BENCHMARKS).toEqual([...BENCH_NAMES, "retry-one", "retry-one-pingpong", "retry-one-stream"]);
+    expect(opOf("retry-one-pingpong")).toBe("pingpong");
+    expect(opOf("retry-one-stream")).toBe("stream");
+    for (const b of ["retry-one-pingpong", "retry-one-stream"] as const) {
+      for (const mode of ["none", "cpr", "retry-one"] as const) expect(jobsOf(b, mode)).toEqual({ subject: "lifeline:retry-one", baseline: "lifeline:none" });
+    }
+    expect(unitOf("retry-one-pingpong")).toBe("us");
+    expect(unitOf("retry-one-stream")).toBe("MB/s");
+  });
+
+  it("run on 2 ranks: ping-pong 8 B, 64 KiB, 1 MiB and stream 1 MiB, 16 MiB; quick: 8 B, 64 KiB and 64 KiB; in the default run", () => {
+    const only = new Set<Benchmark>(["retry-one-pingpong", "retry-one-stream"]);
+    expect(buildCases(FULL_SIZES, only).map(caseKey)).toEqual([
+      "retry-one-pingpong np2 8 B",
+      "retry-one-pingpong np2 64 KiB",
+      "retry-one-pingpong np2 1 MiB",
+      "retry-one-stream np2 1 MiB",
+      "retry-one-stream np2 16 MiB",
+    ]);
+    expect(buildCases(QUICK_SIZES, only).map(caseKey)).toEqual(["retry-one-pingpong np2 8 B", "retry-one-pingpong np2 64 KiB", "retry-one-stream np2 64 KiB"]);
+    expect(buildCases(FULL_SIZES, only).map((c) => c.label)).toEqual(["8 B", "64 KiB", "1 MiB", "1 MiB", "16 MiB"]);
+    const all = buildCases(FULL_SIZES, new Set(BENCHMARKS));
+    expect(all.filter((c) => c.bench === "retry-one-pingpong" || c.bench === "retry-one-stream")).toHaveLength(5);
+    expect(buildCases(FULL_SIZES, new Set<Benchmark>(["pingpong", "stream"])).some((c) => c.bench.startsWith("retry-one"))).toBe(false);
+  });
+
+  it("targets: ping-pong 8 B <= 1.3x none's time, stream 16 MiB >= 0.8x none's bandwidth; none elsewhere", () => {
+    const c = (bench: Benchmark, bytes: number): Case => ({ bench, np: 2, bytes, label: "" });
+    const pp = targetFor(c("retry-one-pingpong", 8))!;
+    expect(pp.text).toBe("<= 1.3x none");
+    expect([pp.met(1.3), pp.met(1.31)]).toEqual([true, false]);
+    const st = targetFor(c("retry-one-stream", 16 * MiB))!;
+    expect(st.text).toBe(">= 0.8x none MB/s");
+    expect([st.met(0.8), st.met(0.79)]).toEqual([true, false]);
+    // Bandwidth ratio: retry-one MB/s / none MB/s = none time / retry-one time.
+    expect(ratioOf(c("retry-one-stream", 16 * MiB), 2e-2, 1e-2)).toBeCloseTo(0.5);
+    expect(targetFor(c("retry-one-pingpong", 64 * KiB))).toBeUndefined();
+    expect(targetFor(c("retry-one-stream", MiB))).toBeUndefined();
+    const peers = JSON.parse(readFileSync(path.join(ROOT, "bench/peers.json"), "utf8")) as PeersFile;
+    expect(peerFigure(peers, c("retry-one-pingpong", 8))).toBeUndefined();
   });
 });
 
@@ -213,8 +262,114 @@ describe("bench tables: retry-one", () => {
     expect(cpr).toContain("both in this run — transport tcp\n");
   });
 
+  it("labels the point-to-point tables retry-one / none, in us and MB/s", () => {
+    const p2p = (bench: Benchmark, bytes: number, s: VariantResult, b: VariantResult): CaseResult =>
+      result(bench, bytes, s, b, { np: 2, label: sizeLabel(bytes), key: caseKey({ bench, np: 2, bytes, label: "" }) });
+    const t = renderTables(
+      [
+        p2p("retry-one-pingpong", 8, variant("lifeline2-retry-one", "lifeline:retry-one", 60, 100), variant("lifeline2", "lifeline:none", 50, 90)),
+        // Stream: the unit is MB/s, the ratio retry-one MB/s / none MB/s (16 MiB in 20 ms vs 16 ms).
+        p2p("retry-one-stream", 16 * MiB, variant("lifeline2-retry-one", "lifeline:retry-one", 20_000, 100), variant("lifeline2", "lifeline:none", 16_000, 90)),
+      ],
+      "ipc",
+    );
+    expect(t).toContain(
+      "### Ping-pong latency, one way = round trip / 2, 2 processes (us): Lifeline job under --mode retry-one vs Lifeline job under --mode none",
+    );
+    expect(t).toContain("| case | retry-one us | none us | r1/none (time) [IQR] | spread r1 / none | CPU us/op r1 / none | target | met |");
+    expect(t).toContain("| 8 B | 60.00 | 50.00 | 1.20x [1.20x–1.20x] | 10% / 10% | 100.0 / 90.00 | <= 1.3x none | met |");
+    expect(t).toContain(
+      "### Unidirectional streaming bandwidth, 2 processes (MB/s, 1 MB = 1e6 B): Lifeline job under --mode retry-one vs Lifeline job under --mode none",
+    );
+    expect(t).toContain("| case | retry-one MB/s | none MB/s | r1/none (MB/s) [IQR] | spread r1 / none | CPU us/op r1 / none | target | met |");
+    expect(t).toContain("| 16 MiB | 20000 | 16000 | 0.80x [0.80x–0.80x] | 10% / 10% | 100.0 / 90.00 | >= 0.8x none MB/s | met |");
+    expect(t).not.toMatch(/Open MPI|MPI-TCP/);
+    expect(columnsOf("retry-one-stream")).toMatchObject({ subject: "retry-one", baseline: "none", peers: false });
+  });
+
   it("lists errors and counts the retry-one targets with the others", () => {
     expect(tables).toContain("- retry-one np4 64 KiB: subject (lifeline --mode retry-one): boom");
     expect(tables).toContain("Targets met: 1 of 3.");
+  });
+});
+
+describe("bench tables: heat-recovery and durable", () => {
+  const heat = (mode: "retry-one" | "cpr", round: number, totalMs: number, lowMs = totalMs): HeatRecoveryRun => ({
+    mode,
+    round,
+    totalMs,
+    detectMs: 10,
+    restartMs: totalMs / 2,
+    catchUpMs: totalMs / 2 - 10,
+    totalLowMs: lowMs,
+    restoreEpoch: mode === "cpr" ? 3 : 199,
+    workLostSteps: mode === "cpr" ? 20 : 0,
+    restarts: 1,
+    faultyWallMs: 5000,
+    referenceWallMs: 2000,
+  });
+
+  it("heat-recovery: medians per mode, the ratio retry-one / cpr on the drill's figures and on cpr's earliest, error rows", () => {
+    const runs = [heat("retry-one", 0, 300), heat("cpr", 0, 1600, 1400), heat("retry-one", 1, 500), heat("cpr", 1, 1000, 900), heat("retry-one", 2, 400)];
+    expect(heatRecoveryRatio(runs)).toEqual({ retryOneMs: 400, cprMs: 1300, cprLowMs: 1150, ratio: 400 / 1300, ratioLow: 400 / 1150 });
+    const t = renderHeatRecoveryTable(
+      runs,
+      [{ mode: "cpr", round: 2, message: "heat-recovery cpr round 3: verdict results differ on ranks 1\ntail" }],
+      HEAT_RECOVERY_FULL,
+    );
+    expect(t).toContain("### Recovery of one killed rank in examples/heat.ts: 4 ranks, 512x512, 400 iterations, rank 1 killed at its 200th checkpoint()");
+    expect(t).toContain("| retry-one | 3 | 1 rank | 0.010 | 0.200 | 0.190 | 0.400 | 0.400 | 0 | 199, 199, 199 | identical |");
+    expect(t).toContain("| cpr --checkpoint-every 10steps | 2 | all 4 | 0.010 | 0.650 | 0.640 | 1.300 | 1.150 | 20 | 3, 3 | identical |");
+    expect(t).toContain("| cpr (round 3) | error |");
+    expect(t).toContain(
+      "Ratio retry-one / cpr (kill → caught up, medians 0.400 s / 1.300 s): 0.31x; target <= 0.5x: met (with cpr's earliest possible catch-up, 1.150 s: 0.35x, met).",
+    );
+    expect(renderHeatRecoveryTable([heat("cpr", 0, 1000)], [], HEAT_RECOVERY_FULL)).toContain("Ratio retry-one / cpr: n/a");
+  });
+
+  it("durable: each N's median and ratio to N = 0, paired ratios, lines, and the smallest N meeting <= 1.05x", () => {
+    const run = (every: number, round: number, computeMs: number, lines: number): DurableRun => ({
+      every,
+      round,
+      computeMs,
+      untilFinalizeMs: computeMs - 100,
+      lines,
+      wallMs: computeMs + 1000,
+      cpuS: 10 + lines / 8,
+      load1: 1,
+    });
+    const runs = [
+      run(0, 0, 2000, 0),
+      run(5, 0, 2400, 18),
+      run(10, 0, 2200, 9),
+      run(20, 0, 2080, 4),
+      run(50, 0, 2000, 1),
+      run(0, 1, 2100, 0),
+      run(5, 1, 2500, 19),
+      run(10, 1, 2150, 9),
+      run(20, 1, 2090, 5),
+      run(50, 1, 2050, 2),
+    ];
+    const summary = summarizeDurable(runs, DURABLE_FULL);
+    expect(summary.map((x) => [x.every, x.runs, x.computeMs, x.lines, x.met])).toEqual([
+      [0, 2, 2050, 0, null],
+      [5, 2, 2450, 18.5, false],
+      [10, 2, 2175, 9, false],
+      [20, 2, 2085, 4.5, true],
+      [50, 2, 2025, 1.5, true],
+    ]);
+    expect(summary[2]!.pairedRatios).toEqual([2200 / 2000, 2150 / 2100]);
+    expect(summary[2]!.cpuS).toBeCloseTo(11.125);
+    expect(summary[2]!.cpuRatio).toBeCloseTo(1.1125);
+    expect(smallestMeeting(summary)).toBe(20);
+    const t = renderDurableTable(runs, ["--durable-every 5 run 3: exit 1"], DURABLE_FULL);
+    expect(t).toContain(
+      "| --durable-every | runs | program s | ratio to 0 [paired min–max] | to last finalize() s | its ratio | CPU s | CPU ratio to 0 | durable lines committed | target | met |",
+    );
+    expect(t).toContain("| 0 (off) | 2 | 2.050 | 1.000x | 1.950 | 1.000x | 10.0 | 1.00x | 0 |  |  |");
+    expect(t).toContain("| 20 | 2 | 2.085 | 1.017x [1.00–1.04] | 1.985 | 1.018x | 10.6 | 1.06x | 4.5 | <= 1.05x | met |");
+    expect(t).toContain("| 5 | 2 | 2.450 | 1.195x [1.19–1.20] | 2.350 | 1.205x | 12.3 | 1.23x | 18.5 | <= 1.05x | NOT met |");
+    expect(t).toContain("| error | | | | | | | | | | --durable-every 5 run 3: exit 1 |");
+    expect(t).toContain("N meeting <= 1.05x: 20, 50; smallest: 20.");
   });
 });

@@ -4,10 +4,12 @@
  *
  * Method: run bench/run.ts with `--quick` (tiny sizes, 3 reps of ~5 ms) once with the raw
  * zeromq.js baselines only, and once with the Lifeline side too when the package is built
- * (`npm test` builds first) — which includes the retry-one benchmark (a Lifeline job under
- * --mode retry-one next to one under --mode none). Check the report's shape, which job each
- * figure came from, and that every figure is a positive number. No timing assertions: this
- * machine is shared and noisy. Case building and table rendering: bench-plan.test.ts.
+ * (`npm test` builds first) — which includes the retry-one family (allreduce, ping-pong and
+ * streaming in a Lifeline job under --mode retry-one next to one under --mode none) — and,
+ * separately, the whole-job heat-recovery and durable benchmarks at their quick sizes (one run
+ * per variant). Check the report's shape, which job each figure came from, and that every
+ * figure is a positive number. No timing assertions: this machine is shared and noisy. Case
+ * building and table rendering: bench-plan.test.ts.
  */
 import { execFile } from "node:child_process";
 import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
@@ -58,6 +60,20 @@ interface RecoveryRun {
   failStep: number;
   replayed?: number;
 }
+interface HeatRecoveryRun {
+  mode: string;
+  totalMs: number;
+  detectMs: number;
+  restartMs: number;
+  catchUpMs: number;
+  totalLowMs: number;
+  workLostSteps?: number;
+}
+interface DurableRun {
+  every: number;
+  computeMs: number;
+  lines: number;
+}
 interface Report {
   schema: string;
   durationS: number;
@@ -67,6 +83,8 @@ interface Report {
   tables: string;
   recovery?: { runs: RecoveryRun[]; errors: string[]; targetS: number };
   partner?: { runs: { scope: string; lineMs: number }[]; errors: string[] };
+  heatRecovery?: { runs: HeatRecoveryRun[]; errors: unknown[]; ratio: number | null; target: number };
+  durable?: { runs: DurableRun[]; errors: string[]; summary: { every: number; ratio: number | null }[]; smallestMeeting: number | null; target: number };
 }
 
 function runBench(args: string[], timeoutMs: number): Promise<{ code: number | null; stdout: string; stderr: string }> {
@@ -94,17 +112,20 @@ function expectVariant(v: Variant | null, reps: number, what: string): void {
   expect(v!.calibration.length).toBeGreaterThanOrEqual(1);
 }
 
-async function quickReport(variant: "raw" | "both", timeoutMs: number): Promise<Report> {
-  const out = path.join(tmp, `${variant}.json`);
-  const r = await runBench(["--quick", "--variant", variant, "--out", out, "--timeout-s", String(Math.floor(timeoutMs / 1000) - 5)], timeoutMs);
+async function quickReport(name: string, args: string[], timeoutMs: number): Promise<Report> {
+  const out = path.join(tmp, `${name}.json`);
+  const r = await runBench(["--quick", ...args, "--out", out, "--timeout-s", String(Math.floor(timeoutMs / 1000) - 5)], timeoutMs);
   if (r.code !== 0) throw new Error(`bench exited with ${r.code}\n${r.stderr.slice(-4000)}`);
-  expect(r.stdout).toContain("### Ping-pong latency");
   return JSON.parse(readFileSync(out, "utf8")) as Report;
 }
 
+/** The timed-block benchmarks, recovery and startup: all the default run has but the heat-recovery and durable jobs. */
+const BLOCKS_ONLY = "pingpong,stream,allreduce,bcast,barrier,retry-one,retry-one-pingpong,retry-one-stream,recovery,startup";
+
 describe("bench --quick", () => {
   it("raw zeromq.js baselines: every case measured, report well formed", async () => {
-    const report = await quickReport("raw", 50_000);
+    const report = await quickReport("raw", ["--variant", "raw"], 50_000);
+    expect(report.tables).toContain("### Ping-pong latency");
     expect(report.schema).toBe("lifeline-bench/2");
     expect(report.options.quick).toBe(true);
     const benches = new Set(report.results.map((r) => r.bench));
@@ -125,9 +146,10 @@ describe("bench --quick", () => {
   it.skipIf(!built)(
     "Lifeline next to raw, retry-one next to none, and recovery in both modes: ratios, jobs, peers, parts and targets filled in",
     async () => {
-      const report = await quickReport("both", 75_000);
+      const report = await quickReport("both", ["--variant", "both", "--only", BLOCKS_ONLY], 75_000);
+      expect(report.tables).toContain("### Ping-pong latency");
       const benches = new Set(report.results.map((r) => r.bench));
-      expect([...benches].sort()).toEqual(["allreduce", "barrier", "bcast", "pingpong", "retry-one", "stream"]);
+      expect([...benches].sort()).toEqual(["allreduce", "barrier", "bcast", "pingpong", "retry-one", "retry-one-pingpong", "retry-one-stream", "stream"]);
       for (const r of report.results) {
         expect(r.errors, r.key).toEqual([]);
         expectVariant(r.subject, report.options.reps, `${r.key} subject`);
@@ -139,9 +161,11 @@ describe("bench --quick", () => {
           expect(r.baseline!.kind).toBe(r.kinds.baseline);
           expect(r.ratio).toBeGreaterThan(0);
         }
-        if (r.bench === "retry-one") {
-          // Both sides are Lifeline jobs, told apart by mode; allreduce blocks in each.
-          expect(r.op).toBe("allreduce");
+        if (r.bench.startsWith("retry-one")) {
+          // Both sides are Lifeline jobs, told apart by mode; allreduce (ping-pong, stream) blocks in each.
+          expect(r.op).toBe({ "retry-one": "allreduce", "retry-one-pingpong": "pingpong", "retry-one-stream": "stream" }[r.bench]);
+          expect(r.np).toBe(r.bench === "retry-one" ? 4 : 2);
+          expect(r.unit).toBe(r.bench === "retry-one-stream" ? "MB/s" : "us");
           expect(r.kinds).toEqual({ subject: "lifeline:retry-one", baseline: "lifeline:none" });
           expect(r.subject!.job).toBe(`lifeline${r.np}-retry-one`);
           expect(r.baseline!.job).toBe(`lifeline${r.np}`);
@@ -153,9 +177,20 @@ describe("bench --quick", () => {
         if (r.target !== null) expect(typeof r.target.met).toBe("boolean");
       }
       expect(report.results.filter((r) => r.bench === "retry-one").map((r) => r.key)).toEqual(["retry-one np4 8 B", "retry-one np4 64 KiB"]);
+      expect(report.results.filter((r) => r.bench.startsWith("retry-one-")).map((r) => r.key)).toEqual([
+        "retry-one-pingpong np2 8 B",
+        "retry-one-pingpong np2 64 KiB",
+        "retry-one-stream np2 64 KiB",
+      ]);
+      expect(report.results.find((r) => r.key === "retry-one-pingpong np2 8 B")!.target?.text).toBe("<= 1.3x none");
       expect(report.tables).toContain("| case | retry-one us | none us | r1/none (time) [IQR] |");
+      expect(report.tables).toContain("| case | retry-one MB/s | none MB/s | r1/none (MB/s) [IQR] |");
       const lifelineJobs = report.jobs.filter((x) => String(x.job).startsWith("lifeline"));
-      expect(lifelineJobs.map((j) => `${String(j.job)} ${String(j.mode)}`)).toContain("lifeline4-retry-one retry-one");
+      const jobModes = lifelineJobs.map((j) => `${String(j.job)} ${String(j.mode)}`);
+      expect(jobModes).toContain("lifeline4-retry-one retry-one");
+      expect(jobModes).toContain("lifeline2-retry-one retry-one");
+      // The message-path jobs run without retry-one's durable floor.
+      for (const j of lifelineJobs) if (j.mode === "retry-one") expect(j.durableEvery).toBe(0);
       for (const j of lifelineJobs) {
         expect(j.exitCode, JSON.stringify(j)).toBe(0);
         expect(j.restarts ?? 0).toBe(0);
@@ -172,6 +207,39 @@ describe("bench --quick", () => {
       }
       expect(report.tables).toMatch(/### Recovery, 4 ranks, \d+ MiB global \+ 1 MiB local state per rank/);
       expect(report.tables).toMatch(/Target \(retry-one, kill → restarted rank caught up\) <= 1 s: (met|NOT met)/);
+    },
+    80_000,
+  );
+
+  it.skipIf(!built)(
+    "heat-recovery (lifeline drill, retry-one vs cpr) and durable (--durable-every N vs 0): runs, parts, ratios",
+    async () => {
+      const report = await quickReport("jobs", ["--only", "heat-recovery,durable"], 75_000);
+      expect(report.results).toEqual([]);
+      expect(report.heatRecovery?.errors).toEqual([]);
+      expect(report.heatRecovery!.runs.map((r) => r.mode).sort()).toEqual(["cpr", "retry-one"]);
+      for (const r of report.heatRecovery!.runs) {
+        for (const k of ["detectMs", "restartMs", "catchUpMs", "totalMs", "totalLowMs"] as const)
+          expect(Number.isFinite(r[k]) && r[k] >= 0, `${r.mode} ${k} = ${r[k]}`).toBe(true);
+        expect(r.detectMs + r.restartMs + r.catchUpMs).toBeCloseTo(r.totalMs, 0);
+        expect(r.totalLowMs).toBeLessThanOrEqual(r.totalMs);
+        if (r.mode === "retry-one") expect(r.workLostSteps).toBe(0);
+      }
+      expect(report.heatRecovery!.ratio).toBeGreaterThan(0);
+      expect(report.heatRecovery!.target).toBe(0.5);
+      expect(report.tables).toMatch(/### Recovery of one killed rank in examples\/heat\.ts: 4 ranks/);
+      expect(report.tables).toMatch(/Ratio retry-one \/ cpr \(kill → caught up, medians [\d.]+ s \/ [\d.]+ s\): [\d.]+x; target <= 0\.5x: (met|NOT met)/);
+      expect(report.durable?.errors).toEqual([]);
+      expect(report.durable!.runs.map((r) => r.every).sort((a, b) => a - b)).toEqual([0, 10]);
+      for (const r of report.durable!.runs) {
+        expect(r.computeMs).toBeGreaterThan(0);
+        // No floor, no durable lines; with one (30 steps, every 10th), some.
+        if (r.every === 0) expect(r.lines).toBe(0);
+        else expect(r.lines).toBeGreaterThan(0);
+      }
+      expect(report.durable!.summary.find((x) => x.every === 10)!.ratio).toBeGreaterThan(0);
+      expect(report.tables).toMatch(/### The durable floor's cost: bench\/programs\/recovery\.ts on 4 ranks/);
+      expect(report.tables).toMatch(/N meeting <= 1\.05x: .*; smallest: .*\./);
     },
     80_000,
   );
