@@ -60,7 +60,8 @@ export async function init(options: InitOptions = {}): Promise<World> {
       place.mode === "retry-one"
         ? (await import("./cpr/retry-one/driver.ts")).retryOneHook({ replicas: place.replicas, failureTimeoutMs: deadPeerTimeoutMs })
         : undefined;
-    const world = await World.join(place, { cpr, retryOne });
+    const elastic = place.mode === "elastic" ? (await import("./cpr/elastic/driver.ts")).elasticHook() : undefined;
+    const world = await World.join(place, { cpr, retryOne, elastic });
     watchdog.joined();
     world.onClose(() => watchdog.stop());
     return world;

@@ -29,6 +29,7 @@ import { LifelineError, errorMessage } from "../errors.ts";
 import { DEFAULT_TCP_HOST } from "../mpi/bind.ts";
 import { controlIdentity, decodeControl, encodeControl, heartbeatIdentity, type CoordinatorToRank, type RankToCoordinator } from "../mpi/control.ts";
 import { type CoordinatorEvent, Membership, type MembershipEffect, type MembershipInput, printable, type RankLink, type TableMessage } from "./membership.ts";
+import { ElasticMembership, type ElasticMembershipOptions } from "./elastic-membership.ts";
 
 export type { CoordinatorEvent, RankLink } from "./membership.ts";
 
@@ -63,6 +64,8 @@ export interface CoordinatorOptions {
    * ranks' messages flow as usual; a rejection is reported as `tables-failed`.
    */
   beforeTables?: () => Promise<void>;
+  /** An elastic job: its slots, worlds and limits (elastic-membership.ts runs it instead of Membership). */
+  elastic?: Pick<ElasticMembershipOptions, "slots" | "initial" | "minNp" | "maxNp" | "waitMs" | "plan"> | undefined;
 }
 
 /** Unix socket paths are limited to 107 bytes (sun_path) on Linux. */
@@ -84,7 +87,7 @@ export class Coordinator {
   private endpointValue: string | undefined;
 
   constructor(private readonly opts: CoordinatorOptions) {
-    this.machine = new Membership({
+    const machine = {
       size: opts.size,
       jobKey: opts.jobKey,
       mode: opts.mode,
@@ -95,7 +98,9 @@ export class Coordinator {
       warningsMax: opts.warningsMax,
       tableFor: opts.tableFor,
       prepareTables: opts.beforeTables !== undefined,
-    });
+    };
+    // An elastic job's world changes while it runs: its own machine, with the same inputs and effects.
+    this.machine = opts.elastic === undefined ? new Membership(machine) : new ElasticMembership({ ...machine, ...opts.elastic });
     // mandatory: a send to a rank that is gone fails (and is reported) instead of vanishing;
     // sendTimeout bounds a send to a rank whose queue is full, so one stuck rank cannot
     // block the release or abort of the others (sends are serialized).

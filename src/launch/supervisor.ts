@@ -31,6 +31,7 @@ import { backoffDelayMs, RestartBudget } from "./backoff.ts";
 import { failFastPolicy, type RankFailure, type RestartPolicy } from "./policy.ts";
 import { Coordinator, type CoordinatorEvent } from "./coordinator.ts";
 import { CprRestartPolicy } from "./cpr-policy.ts";
+import { ElasticPolicy } from "./elastic-policy.ts";
 import { FailureDetector, type Suspicion } from "./detector.ts";
 import type { StoreClaim } from "./job-store.ts";
 import { RetryOnePolicy } from "./retry-one-policy.ts";
@@ -72,8 +73,8 @@ export interface FailureRecord {
   /** Wall-clock time the launcher detected the failure (ISO 8601), and ms since the job started. */
   time: string;
   elapsedMs: number;
-  /** What the launcher did about it: restart (the job went on) or fail the job. */
-  action: "restart" | "fail-job";
+  /** What the launcher did about it: restart (the job went on), go on without the rank (elastic) or fail the job. */
+  action: "restart" | "continue" | "fail-job";
   /** The rank's last stderr lines. */
   stderrTail: string[];
 }
@@ -87,6 +88,8 @@ export function policyFor(mode: Mode): RestartPolicy {
       throw new LifelineError("LAUNCH_USAGE", "mode cpr needs the run configuration: construct a CprRestartPolicy");
     case "retry-one":
       return new RetryOnePolicy();
+    case "elastic":
+      throw new LifelineError("LAUNCH_USAGE", "mode elastic needs the run configuration: construct an ElasticPolicy");
   }
 }
 
@@ -189,7 +192,13 @@ export class Supervisor {
   ) {
     this.policy =
       deps.policy ??
-      (config.mode === "cpr" ? new CprRestartPolicy(config, claimOf(deps)) : config.mode === "retry-one" ? new RetryOnePolicy() : policyFor(config.mode));
+      (config.mode === "cpr"
+        ? new CprRestartPolicy(config, claimOf(deps))
+        : config.mode === "retry-one"
+          ? new RetryOnePolicy()
+          : config.mode === "elastic" && config.elastic !== undefined
+            ? new ElasticPolicy(config.elastic)
+            : policyFor(config.mode));
     this.progressed = new Array<boolean>(config.size).fill(false);
     this.launcher = rankLauncherFor(config);
     this.placement = this.launcher.hosts === undefined ? undefined : new Placement(this.launcher.hosts, config.size);
@@ -228,6 +237,7 @@ export class Supervisor {
       tableFor: this.policy.tableFor === undefined ? undefined : (rank) => this.policy.tableFor!(rank),
       beforeTables: this.policy.beforeTables === undefined ? undefined : () => this.policy.beforeTables!(this.placement?.groups()),
       hosts: this.initialHosts,
+      elastic: this.config.elastic === undefined ? undefined : { ...this.config.elastic, slots: this.config.size },
     });
     this.coordinator = coordinator;
     try {
@@ -563,6 +573,11 @@ export class Supervisor {
         // Only modes with coordinated checkpointing send these; the cpr policy handles them.
         this.policy.onCprMessage?.(ev.rank, ev.msg);
         return;
+      case "elastic": {
+        const failure = this.policy.onElastic?.(ev.detail);
+        if (failure !== undefined) this.fail(failure);
+        return;
+      }
       default: {
         const never: never = ev;
         void never;
@@ -577,7 +592,7 @@ export class Supervisor {
     if (!superseded) this.detector.forget(rank);
     this.deps.reporter.event({ kind: "rank-exited", rank, code: exit.code, signal: exit.signal, killedByLauncher: this.stopping || superseded });
     if (!this.stopping && !superseded) {
-      const fine = this.finalized[rank]! && exit.code === 0;
+      const fine = (this.finalized[rank]! && exit.code === 0) || this.policy.exitIsFine?.(rank, exit.code) === true;
       if (!fine) {
         const how = exit.signal !== null ? `was killed by ${exit.signal}` : exit.code === 0 ? "exited with code 0" : `exited with code ${exit.code}`;
         const when = this.finalized[rank] ? "after finalizing" : exit.code === 0 ? "without calling finalize()" : "before finalizing";
@@ -645,6 +660,7 @@ export class Supervisor {
       maxRestarts: this.config.maxRestarts,
       finalized: this.finalized,
       backoffMs: backoffDelayMs(counted + 1, { random: this.deps.random ?? Math.random }),
+      placeable: this.placement === undefined || failure.rank === undefined || !suspectsHost(failure) || this.placement.canMove(failure.rank),
     });
     switch (decision.kind) {
       case "fail-job": {
@@ -672,11 +688,28 @@ export class Supervisor {
         }
         void this.restartAll(failure, decision.delayMs);
         return;
+      case "continue":
+        this.goOnWithout(failure);
+        return;
       default: {
         const never: never = decision;
         void never;
       }
     }
+  }
+
+  /**
+   * elastic: the job goes on without the failed rank: its process is ended (if it is not gone
+   * already) and not started again; the coordinator has the others go on as a smaller world.
+   */
+  private goOnWithout(failure: RankFailure): void {
+    const rank = failure.rank!;
+    const proc = this.procs[rank];
+    this.detector.forget(rank);
+    void this.reportFailure(failure, "continue");
+    this.coordinator!.rankDown(rank, proc?.attempt ?? 0);
+    if (proc?.alive === true) proc.kill();
+    this.checkAllExited();
   }
 
   /**
@@ -986,6 +1019,10 @@ export class Supervisor {
       recovery: this.policy.summary?.(),
     };
     if (this.failure === undefined) {
+      // elastic: the final world's results, by its ranks; ranks lost on the way are not failures.
+      const world = this.policy.finalWorld?.(this.results);
+      if (world !== undefined)
+        return { ...base, size: world.length, finalizedCount: world.length, results: world, ok: true, exitCode: 0, error: undefined, summary: undefined };
       const allZero = this.procs.every((p) => p?.exit?.code === 0);
       if (finalizedCount === this.config.size && allZero) {
         return { ...base, ok: true, exitCode: 0, error: undefined, summary: undefined };

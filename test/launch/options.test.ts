@@ -131,7 +131,7 @@ describe("resolveRunConfig", () => {
     expect(resolveWith({ mode: "retry-one" }).replicas).toBe(2);
     expect(resolveWith({ mode: "retry-one", replicas: "3" }).replicas).toBe(3);
     expect(usageMessage(() => resolveWith({ mode: "retry-one", replicas: "two" }))).toMatch(/--replicas/);
-    expect(usageMessage(() => resolveWith({ mode: "fast" }))).toMatch(/--mode "fast" is not a mode; use one of cpr, retry-one, none/);
+    expect(usageMessage(() => resolveWith({ mode: "fast" }))).toMatch(/--mode "fast" is not a mode; use one of cpr, retry-one, elastic, none/);
   });
 
   it.each([

@@ -20,6 +20,7 @@ import type { RawFrame } from "../../mpi/cpr-hook.ts";
 import type { Host, Timer } from "../../mpi/host.ts";
 import { PROTO_RETRY_BASE, type RetryDecision, type RetryOneHook, type RetryOneHookFactory, type RetryWorldAccess } from "../../mpi/retry-hook.ts";
 import type { Header } from "../../mpi/wire.ts";
+import { type Deferred, deferred } from "../deferred.ts";
 import { RetryOneRank } from "./rank.ts";
 import type { Lazy, ProtoFrame, RankEffect, RankInput } from "./types.ts";
 
@@ -42,23 +43,6 @@ export interface RetryOneDriverOptions {
 /** The factory World.join takes in mode retry-one. */
 export function retryOneHook(opts: RetryOneDriverOptions = {}): RetryOneHookFactory {
   return (access, host) => new RetryOneDriver(access, host, opts);
-}
-
-interface Deferred<T> {
-  readonly promise: Promise<T>;
-  resolve(v: T): void;
-  reject(e: unknown): void;
-}
-
-function deferred<T>(): Deferred<T> {
-  let resolve!: (v: T) => void;
-  let reject!: (e: unknown) => void;
-  const promise = new Promise<T>((res, rej) => {
-    resolve = res;
-    reject = rej;
-  });
-  promise.catch(() => undefined); // observed by the caller; never an unhandled rejection
-  return { promise, resolve, reject };
 }
 
 /**
