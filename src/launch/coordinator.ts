@@ -184,7 +184,7 @@ export class Coordinator {
    * and it counts as down until a restarted incarnation says hello.
    */
   rankDown(rank: number, attempt: number): void {
-    void this.run({ kind: "rank-down", rank, attempt });
+    void this.run({ kind: "rank-down", rank, attempt, nowMs: performance.now() });
   }
 
   /**

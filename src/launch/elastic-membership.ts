@@ -149,6 +149,12 @@ export class ElasticMembership extends Membership {
 
   protected override admit(identity: string, msg: Extract<RankToCoordinator, { t: "hello" }>): void {
     const slot = msg.rank;
+    if (this.phaseValue === "released") {
+      // Came to join a job that is over: it has nothing to do but end.
+      this.linkUp(identity, msg);
+      this.send(slot, { t: "release" }, true);
+      return;
+    }
     if (this.phaseValue !== "rendezvous" && this.phaseValue !== "running") {
       this.warn(`ignored hello from rank ${slot} (${this.phaseValue})`);
       return;
@@ -193,7 +199,8 @@ export class ElasticMembership extends Membership {
     return { slot: s, attempt: l.attempt, endpoint: l.endpoint ?? "" };
   }
 
-  protected override rankDown(slot: number, attempt: number): void {
+  protected override rankDown(slot: number, attempt: number, nowMs?: number): void {
+    if (nowMs !== undefined) this.nowMs = nowMs;
     const link = this.linksValue[slot]!;
     if (link.attempt !== attempt || (this.phaseValue !== "running" && this.phaseValue !== "rendezvous")) return;
     link.up = false;

@@ -121,8 +121,8 @@ export type MembershipInput =
   | { readonly kind: "round-over" }
   /** cpr: every rank starts again as `attempts[rank]`; a new rendezvous. */
   | { readonly kind: "restart-round"; readonly attempts: readonly number[]; readonly nowMs: number }
-  /** retry-one: incarnation `attempt` of `rank` died. */
-  | { readonly kind: "rank-down"; readonly rank: number; readonly attempt: number }
+  /** retry-one, elastic: incarnation `attempt` of `rank` died (at `nowMs`: elastic times its wait for ranks from it). */
+  | { readonly kind: "rank-down"; readonly rank: number; readonly attempt: number; readonly nowMs?: number }
   /** retry-one: `rank` starts again as incarnation `attempt` while the others run on. */
   | { readonly kind: "restart-rank"; readonly rank: number; readonly attempt: number }
   /** The owner's message to one rank (sent if the rank is up). */
@@ -247,7 +247,7 @@ export class Membership {
         this.restartRound(input.attempts, input.nowMs);
         break;
       case "rank-down":
-        this.rankDown(input.rank, input.attempt);
+        this.rankDown(input.rank, input.attempt, input.nowMs);
         break;
       case "restart-rank":
         this.restartRank(input.rank, input.attempt);
@@ -324,7 +324,7 @@ export class Membership {
    * retry-one: `rank` (incarnation `attempt`) died. The others are told at once (`peer-down`)
    * and it counts as down until a restarted incarnation says hello.
    */
-  protected rankDown(rank: number, attempt: number): void {
+  protected rankDown(rank: number, attempt: number, _nowMs?: number): void {
     const link = this.linksValue[rank]!;
     if (link.attempt !== attempt || this.phaseValue !== "running") return;
     link.up = false;

@@ -311,7 +311,7 @@ export class ElasticSim {
       if (pj.joiners.has(slot)) this.joinerDeaths++;
       if (pj.root === slot) this.rootDeaths++;
     }
-    this.input({ kind: "rank-down", rank: slot, attempt });
+    this.input({ kind: "rank-down", rank: slot, attempt, nowMs: this.net.now });
     if (this.opts.plan !== undefined) {
       this.failure ??= { code: "LAUNCH_RANK_FAILED", message: `slot ${slot} died in a replay` };
       this.input({ kind: "abort", code: "LAUNCH_RANK_FAILED", message: this.failure.message });

@@ -151,12 +151,18 @@ export class ElasticMode extends NoneMode {
     this.hook.beforeStart(table);
   }
 
-  /** Ranks are renumbered at a change: point-to-point messages are refused (README, docs/api.md). */
+  /**
+   * Ranks are renumbered at a change: point-to-point messages are refused (README,
+   * docs/api.md), and the job is stopped with that error — a program that sends them cannot run
+   * in this mode at all, and every rank would fail (and be started again) the same way.
+   */
   override pointToPoint(what: string): void {
-    throw new LifelineError(
+    const err = new LifelineError(
       "MPI_MODE",
       `${what}(): point-to-point messages are not supported in --mode elastic (ranks are renumbered and data re-partitioned when the world changes, so a message between two ranks of the world before has no meaning after it); use collectives, or --mode cpr`,
     );
+    this.core.fatal(err);
+    throw err;
   }
 
   override collective<R>(
