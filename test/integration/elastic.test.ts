@@ -15,7 +15,8 @@
 import { writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
-import { waitGone } from "../launch/helpers.ts";
+import { resolveDrillConfig, runDrill } from "../../src/launch/drill.ts";
+import { ROOT, Sink, waitGone } from "../launch/helpers.ts";
 import { context, type RunOutcome, runDirFor, runLauncher } from "./cpr-run.ts";
 
 const RUN_TIMEOUT_MS = 60_000;
@@ -164,6 +165,29 @@ describe("elastic jobs with real processes", () => {
       expect(await waitGone(r.pids.flat(), 2_000)).toEqual([]);
     },
     2 * RUN_TIMEOUT_MS,
+  );
+
+  it(
+    "lifeline drill --mode elastic: a faulty run is compared with the fault-free replay of its changes",
+    async () => {
+      const stderr = new Sink();
+      const config = resolveDrillConfig(
+        { np: "4", mode: "elastic", maxRestarts: "0", kill: ["2@step:15"], app: "examples/logreg.ts", appArgs: ["--steps", "60"] },
+        { cwd: ROOT },
+      );
+      const o = await runDrill(config, { stdout: new Sink(), stderr, env: { ...process.env, NO_COLOR: "1" }, handleSignals: false });
+      expect(o.exitCode, stderr.text).toBe(0);
+      expect(o.report.runs.map((r) => [r.label, r.verdict?.kind])).toEqual([
+        ["faulty run", "identical"],
+        ["replay of run 1", undefined],
+      ]);
+      expect(o.report.runs[0]!.result.results).toHaveLength(3);
+      expect(stderr.text).toMatch(/fault 1 \(rank 2 @ step:15\): .*the others went back to checkpoint 1[45] and went on without it/);
+      expect(stderr.text).toMatch(/PASS: the faulty run's results are bit-identical to the fault-free replay of their changes of the world/);
+      const pids = o.report.runs.flatMap((r) => r.events.flatMap((e) => (e.ev.kind === "rank-spawned" ? [e.ev.pid] : [])));
+      expect(await waitGone(pids, 2_000)).toEqual([]);
+    },
+    3 * RUN_TIMEOUT_MS,
   );
 
   it(

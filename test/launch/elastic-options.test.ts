@@ -10,6 +10,7 @@ import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
 import { main } from "../../src/cli.ts";
+import { resolveDrillConfig } from "../../src/launch/drill.ts";
 import { DEFAULTS, readReplay, resolveRunConfig, type RunFlags } from "../../src/launch/options.ts";
 import { tempDir, usageMessage } from "./helpers.ts";
 
@@ -85,6 +86,12 @@ describe("elastic flags", () => {
       }),
     ).toMatch(/change 2 .* at a checkpoint from 5 on/);
     expect(bad("empty.json", { recovery: { changes: [{ at: 1, size: 4, keep: [], joined: 0 }] } })).toMatch(/leave at least one/);
+  });
+
+  it("lifeline drill replays each faulty run's changes itself: --replay is refused", () => {
+    expect(usageMessage(() => resolveDrillConfig({ np: "4", mode: "elastic", replay: "x.json", app: "app.ts" }, { cwd: dir }))).toMatch(
+      /drill replays each faulty run's changes of the world itself \(--mode elastic\): drop --replay/,
+    );
   });
 
   it("lifeline coordinator refuses --mode elastic before anything starts", async () => {
