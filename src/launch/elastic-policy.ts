@@ -59,7 +59,9 @@ export class ElasticPolicy implements RestartPolicy {
   }
 
   exitIsFine(rank: number, code: number | null): boolean {
-    return code === 0 && (this.released !== undefined || this.leaving.has(rank));
+    // After the release, a process outside the final world (one starting to join) has nothing to finish.
+    if (this.released !== undefined) return code === 0 || !this.released.includes(rank);
+    return code === 0 && this.leaving.has(rank);
   }
 
   onElastic(ev: ElasticEvent): RankFailure | undefined {

@@ -158,6 +158,8 @@ export class Supervisor {
   private restarting = false;
   /** retry-one: ranks being restarted alone (the others keep running). */
   private readonly replacing = new Set<number>();
+  /** elastic: processes the job went on without (their failure is dealt with, their end is no news). */
+  private readonly letGo = new Set<RankProcess>();
   /**
    * Warm processes waiting to take a restarted rank's place (see spare-entry.ts): one in
    * retry-one (one rank restarts), one per rank in cpr (all restart).
@@ -588,7 +590,7 @@ export class Supervisor {
   private onExit(proc: RankProcess, exit: RankExit): void {
     const rank = proc.rank;
     // A process of an attempt that was replaced (or is being replaced) by a restart of all.
-    const superseded = this.restarting || this.procs[rank] !== proc || this.replacing.has(rank);
+    const superseded = this.restarting || this.procs[rank] !== proc || this.replacing.has(rank) || this.letGo.has(proc);
     if (!superseded) this.detector.forget(rank);
     this.deps.reporter.event({ kind: "rank-exited", rank, code: exit.code, signal: exit.signal, killedByLauncher: this.stopping || superseded });
     if (!this.stopping && !superseded) {
@@ -631,7 +633,9 @@ export class Supervisor {
 
   private onReleaseTimeout(): void {
     this.releaseTimer = undefined;
-    const late = this.procs.flatMap((p) => (p !== undefined && p.alive ? [p] : []));
+    // elastic: a process outside the final world (a rank that was starting, to join) has nothing to finish.
+    for (const p of this.procs) if (p !== undefined && p.alive && !this.finalized[p.rank]) p.kill();
+    const late = this.procs.flatMap((p) => (p !== undefined && p.alive && this.finalized[p.rank] ? [p] : []));
     if (late.length === 0 || this.stopping) return;
     const first = late[0]!;
     this.fail({
@@ -705,6 +709,7 @@ export class Supervisor {
   private goOnWithout(failure: RankFailure): void {
     const rank = failure.rank!;
     const proc = this.procs[rank];
+    if (proc !== undefined) this.letGo.add(proc);
     this.detector.forget(rank);
     void this.reportFailure(failure, "continue");
     this.coordinator!.rankDown(rank, proc?.attempt ?? 0);
