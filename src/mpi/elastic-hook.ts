@@ -44,6 +44,8 @@ export interface ElasticWorldAccess {
    * and size change, and collectives are numbered afresh (frames of other worlds never mix in).
    */
   reshape(view: number, rank: number, slots: readonly number[]): void;
+  /** A checkpoint buffer given to {@link ElasticHook.checkpoint} that nothing refers to any more: its memory may be reused. */
+  recycle(buf: Buffer): void;
   /** Delivers a held collective frame now (it passed classification). */
   inject(frame: RawFrame): void;
   /** This process leaves the job (a replayed change without it, or a release before it got state): it ends. */

@@ -57,7 +57,12 @@ describe("ElasticRank", () => {
     expect(r.changed).toBe(true);
     expect(r.step({ kind: "restore" })).toEqual([]); // until the decision
     const d = r.step({ kind: "decision", decision: { view: 1, target: 2, root: 0, joiners: [3] } });
-    expect(d).toEqual([
+    // Only checkpoint 2 is kept: 1 and 3 (of a lineage undone) go back to the memory pool.
+    expect(d.filter((e) => e.kind === "drop")).toEqual([
+      { kind: "drop", ckpt: ck(1) },
+      { kind: "drop", ckpt: ck(3) },
+    ]);
+    expect(d.filter((e) => e.kind !== "drop")).toEqual([
       { kind: "reshape", view: 1, rank: 0, members: [m(0), m(2), m(3, 1)] },
       { kind: "report", view: 1, at: 2 },
       { kind: "send", to: 3, frame: { t: "state", view: 1, lineage: 1, version: 2, state: ck(2).state, global: ck(2).global, boot: [] } },
@@ -67,6 +72,25 @@ describe("ElasticRank", () => {
     // The new world is a new lineage: checkpoint 3 again, counted among its members only.
     expect(kinds(r.step({ kind: "checkpoint", ckpt: ck(3) }))).toEqual(["send", "send", "checkpointed"]);
     expect(r.step({ kind: "frame", from: 2, attempt: 0, frame: reached(3, 0) })).toEqual([]); // the old lineage's: void
+  });
+
+  it("a checkpoint no rollback can need any more is dropped (its memory reused), unless it was sent to a joiner", () => {
+    const r = member(0, 2);
+    const c1 = ck(1);
+    r.step({ kind: "checkpoint", ckpt: c1 });
+    r.step({ kind: "frame", from: 1, attempt: 0, frame: reached(1) });
+    expect(r.step({ kind: "checkpoint", ckpt: ck(2) })).not.toContainEqual({ kind: "drop", ckpt: c1 }); // slot 1 may still be at 1
+    r.step({ kind: "frame", from: 1, attempt: 0, frame: reached(2) });
+    expect(r.step({ kind: "checkpoint", ckpt: ck(3) })).toContainEqual({ kind: "drop", ckpt: c1 });
+    // Sent to a joiner as the state of a new world: a socket may still read it; never reused.
+    r.step({ kind: "view", news: { id: 1, members: [m(0), m(1), m(2)], leaving: [], rollback: true } });
+    const sent = r.step({ kind: "decision", decision: { view: 1, target: 2, root: 0, joiners: [2] } });
+    expect(kinds(sent)).toContain("send");
+    r.step({ kind: "restore" });
+    expect(kinds(r.step({ kind: "checkpoint", ckpt: ck(3) }))).toContain("checkpointed");
+    r.step({ kind: "view", news: { id: 2, members: [m(0), m(1)], leaving: [], rollback: true } });
+    const again = r.step({ kind: "decision", decision: { view: 2, target: 3, root: 0, joiners: [] } });
+    expect(kinds(again)).toEqual(["reshape", "report"]); // checkpoint 2 goes, but it was sent: not reused
   });
 
   it("ranks join: the rank runs on, waits at its next checkpoint for the decision, and changes world at the target", () => {

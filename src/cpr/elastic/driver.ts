@@ -257,6 +257,10 @@ export class ElasticDriver implements ElasticHook {
         this.booting?.resolve(e.result);
         this.booting = undefined;
         return;
+      case "drop":
+        if (e.ckpt.state !== undefined) a.recycle(e.ckpt.state);
+        if (e.ckpt.global !== undefined) a.recycle(e.ckpt.global);
+        return;
       case "retire":
         if (e.now) a.retire();
         else this.left = true;

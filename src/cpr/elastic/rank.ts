@@ -83,6 +83,8 @@ export class ElasticRank {
   /** The newest checkpoint version reached (entered checkpoint() with). */
   private version = 0;
   private readonly retained = new Map<number, Checkpoint>();
+  /** Checkpoints sent to a peer: a socket may still read them, so their memory is never reused. */
+  private readonly sentOut = new WeakSet<Checkpoint>();
   /** Per member slot, the newest version it reached in this lineage, as far as this rank knows. */
   private readonly reachedBy = new Map<number, number>();
   private boot = new Map<string, Buffer>();
@@ -274,8 +276,7 @@ export class ElasticRank {
     }
     if (news.rollback) {
       this.lineage = news.id;
-      this.retained.clear();
-      this.retained.set(d.target, ckpt);
+      this.forgetAll(d.target);
       this.reachedBy.clear();
     }
     for (const m of news.leaving) this.reachedBy.delete(m.slot);
@@ -295,6 +296,7 @@ export class ElasticRank {
 
   /** The root sends the checkpoint the world starts from to every member that lacks it. */
   private sendState(news: ViewNews, d: Decision, ckpt: Checkpoint): void {
+    if (d.joiners.length > 0) this.sentOut.add(ckpt);
     for (const j of d.joiners) {
       this.send(j, {
         t: "state",
@@ -313,7 +315,7 @@ export class ElasticRank {
     this.awaiting = undefined;
     this.lineage = f.lineage;
     this.version = f.version;
-    this.retained.clear();
+    this.forgetAll(undefined);
     this.retained.set(f.version, { state: f.state ?? undefined, global: f.global ?? undefined });
     this.reachedBy.clear();
     for (const m of s.news.members) this.reachedBy.set(m.slot, f.version);
@@ -336,8 +338,19 @@ export class ElasticRank {
 
   private dropState(): void {
     this.world = undefined;
-    this.retained.clear();
+    this.forgetAll(undefined);
     this.reachedBy.clear();
+  }
+
+  /** Drops every kept checkpoint but version `keep`. */
+  private forgetAll(keep: number | undefined): void {
+    for (const v of [...this.retained.keys()]) if (v !== keep) this.forget(v);
+  }
+
+  private forget(v: number): void {
+    const c = this.retained.get(v);
+    this.retained.delete(v);
+    if (c !== undefined && c !== NOTHING && !this.sentOut.has(c)) this.emit({ kind: "drop", ckpt: c });
   }
 
   // ---- frames from peers ------------------------------------------------------------------------
@@ -408,7 +421,7 @@ export class ElasticRank {
     let committed = this.version;
     for (const m of w.members) committed = Math.min(committed, this.reachedBy.get(m.slot) ?? w.start);
     // Never needed again: a rollback target is at least `committed` (decide.ts).
-    for (const v of this.retained.keys()) if (v < committed) this.retained.delete(v);
+    for (const v of [...this.retained.keys()]) if (v < committed) this.forget(v);
     if (committed >= this.version - 1) {
       this.call = undefined;
       this.emit({ kind: "checkpointed" });

@@ -108,6 +108,8 @@ export type ElasticEffect =
   | { readonly kind: "boot-run"; readonly key: string }
   /** The bootstrap collective's result, from the job's cache. */
   | { readonly kind: "boot-answer"; readonly key: string; readonly result: Buffer }
+  /** A kept checkpoint is not needed any more and was never sent to a peer: its memory may be reused. */
+  | { readonly kind: "drop"; readonly ckpt: Checkpoint }
   /**
    * This rank leaves the job: at once (`now`: news of a world without this incarnation, which
    * was declared gone), or at the release (a replayed change without it: what it sent last may

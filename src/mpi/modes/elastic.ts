@@ -26,6 +26,7 @@
  * const mode = new ElasticMode(core, elasticHook());
  */
 import { LifelineError } from "../../errors.ts";
+import { BouncePool } from "../bounce-pool.ts";
 import { decodeValue, encodeValue } from "../codec.ts";
 import type { CollKind } from "../coll-runner.ts";
 import type * as coll from "../collectives.ts";
@@ -53,6 +54,14 @@ function inWorld(io: coll.CollectiveIo, w: InWorld): coll.CollectiveIo {
   };
 }
 
+/**
+ * Checkpoints of at least this size are encoded into pooled memory, reused once the protocol
+ * drops them (fresh memory faults in every page: several times the copy itself).
+ */
+const CKPT_POOL_BYTES_MIN = 64 * 1024;
+/** Idle checkpoint memory kept for reuse (a rank keeps up to three checkpoints). */
+const CKPT_POOL_BYTES_MAX = 512 * 1024 * 1024;
+
 export class ElasticMode extends NoneMode {
   private readonly hook: ElasticHook;
   private world: InWorld = { slots: [], rank: 0 };
@@ -63,6 +72,8 @@ export class ElasticMode extends NoneMode {
   private stopNow!: (err: LifelineError) => void;
   /** finalize() passed its barrier and waits for the release. */
   private finalizing = false;
+  private readonly pool = new BouncePool(CKPT_POOL_BYTES_MAX, 8);
+  private readonly pooled = new WeakSet<Buffer>();
 
   constructor(core: ModeCore, factory: ElasticHookFactory) {
     super(core);
@@ -99,6 +110,9 @@ export class ElasticMode extends NoneMode {
         // Collectives of the world before are over (abandoned ones too): numbering starts afresh.
         core.runner.colls.reset(worldChanged("a collective of the world before"));
         core.reshape(rank, slots.length);
+      },
+      recycle: (buf) => {
+        if (this.pooled.delete(buf)) this.pool.release(buf);
       },
       inject: (frame) => core.channel.inject(frame),
       retire: () => core.host.exit(0),
@@ -208,10 +222,18 @@ export class ElasticMode extends NoneMode {
     this.core.versions = got.version;
     this.core.resetCollectiveCount();
     if (got.version === 0 || got.state === undefined) return undefined;
-    // Copies: the checkpoint stays kept (and may be sent to a rank that joins) while the program changes its objects.
+    // Copies: the checkpoint stays kept (and may be sent to a rank that joins) while the program
+    // changes its objects. Into pooled memory, already faulted in (a rollback just gave back the
+    // checkpoints it undid): the copy is the program's from now on, never recycled.
+    const copy = (buf: Buffer): Buffer => {
+      if (buf.byteLength < CKPT_POOL_BYTES_MIN) return Buffer.from(buf);
+      const out = this.pool.acquire(buf.byteLength);
+      out.set(buf);
+      return out;
+    };
     return {
-      state: decodeValue(Buffer.from(got.state)),
-      global: got.global === undefined ? undefined : decodeValue(Buffer.from(got.global)),
+      state: decodeValue(copy(got.state)),
+      global: got.global === undefined ? undefined : decodeValue(copy(got.global)),
       version: got.version,
     };
   }
@@ -219,9 +241,18 @@ export class ElasticMode extends NoneMode {
   override async checkpoint(state: unknown, global: unknown): Promise<void> {
     if (this.hook.changed) throw worldChanged("checkpoint()");
     const s = typeof state === "function" ? (state as () => unknown)() : state;
-    await this.hook.checkpoint(encodeValue(s), encodeValue(global));
+    const alloc = (n: number): Buffer => this.buffer(n);
+    await this.hook.checkpoint(encodeValue(s, alloc), encodeValue(global, alloc));
     this.core.versions = this.hook.version;
     this.core.reportStep(false);
+  }
+
+  /** Memory for a checkpoint copy (pooled when large; see recycle in access()). */
+  private buffer(bytes: number): Buffer {
+    if (bytes < CKPT_POOL_BYTES_MIN) return Buffer.allocUnsafe(bytes);
+    const buf = this.pool.acquire(bytes);
+    this.pooled.add(buf);
+    return buf;
   }
 
   override finalize(): void {
