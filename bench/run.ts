@@ -53,6 +53,7 @@ import { installCleanup, killAllSync } from "./lib/procs.ts";
 import { columnsOf, renderTables, type CaseResult, type VariantResult } from "./lib/report.ts";
 import { recoveryRun, renderRecoveryTable, type RecoveryConfig, type RecoveryParts } from "./lib/recovery.ts";
 import { hostRecoveryRun } from "./lib/host-recovery.ts";
+import { elasticBench, elasticText, type ElasticBenchResult } from "./lib/elastic.ts";
 import { calibrate, fmt, fmtRatio, median, quantile, spread } from "./lib/stats.ts";
 import { partnerCostRun, renderPartnerTable, type PartnerCostRun } from "./lib/partner-cost.ts";
 import { renderStartupTable, STARTUP_TARGET, startupRatio, startupRuns, type StartupResult } from "./lib/startup.ts";
@@ -63,10 +64,12 @@ const HELP = `Usage: npm run bench -- [options]
        node --import tsx bench/run.ts [options]      (after npm run build)
 
   --quick               tiny sizes, 3 reps, 5 ms per timing (< 60 s; the smoke test uses it)
-  --only <names>        comma list of: ${[...BENCHMARKS, "recovery", "startup", "partner"].join(", ")}
+  --only <names>        comma list of: ${[...BENCHMARKS, "recovery", "elastic", "startup", "partner"].join(", ")}
                         (retry-one: allreduce under --mode retry-one vs --mode none, np 4;
                         recovery: rank 1 killed, retry-one next to cpr, 4 ranks, 64 MiB global
-                        + 1 MiB local state: kill → caught up; partner: --hosts only, what a
+                        + 1 MiB local state: kill → caught up; elastic: --mode elastic, 4 ranks,
+                        64 MiB model: rank 1 killed → the 3 others computing again, and a late
+                        rank joining → its model received; partner: --hosts only, what a
                         cpr partner copy costs a line, --store-scope host vs shared; startup:
                         a whole 4-rank job of examples/heat.ts as .ts next to the same as .js)
   --recovery-runs <n>   runs per mode of the recovery benchmark (default 3; quick 1)
@@ -106,6 +109,8 @@ interface Options {
   partner: boolean;
   /** Start-up of a .ts program against the same as .js (bench/lib/startup.ts). */
   startup: boolean;
+  /** `--mode elastic`: a loss and a join (bench/lib/elastic.ts), `recoveryRuns` runs each. */
+  elastic: boolean;
   recoveryRuns: number;
   transport: "ipc" | "tcp";
   /** `--hosts`: every rank on a test host of its own. */
@@ -165,12 +170,18 @@ function parseOptions(argv: string[]): Options {
   let recovery = false;
   let partner = false;
   let startup = false;
-  for (const name of (v.only ?? [...BENCHMARKS, "recovery", ...(v.hosts ? ["partner"] : ["startup"])].join(","))
+  let elastic = false;
+  for (const name of (v.only ?? [...BENCHMARKS, "recovery", ...(v.hosts ? ["partner"] : ["elastic", "startup"])].join(","))
     .split(",")
     .map((s) => s.trim())
     .filter(Boolean)) {
     if (name === "recovery") {
       recovery = true;
+      continue;
+    }
+    if (name === "elastic") {
+      if (v.hosts) usage("--only elastic runs on this host: drop --hosts");
+      elastic = true;
       continue;
     }
     if (name === "startup") {
@@ -183,7 +194,8 @@ function parseOptions(argv: string[]): Options {
       partner = true;
       continue;
     }
-    if (!BENCHMARKS.includes(name as Benchmark)) usage(`--only ${name}: expected one of ${[...BENCHMARKS, "recovery", "startup", "partner"].join(", ")}`);
+    if (!BENCHMARKS.includes(name as Benchmark))
+      usage(`--only ${name}: expected one of ${[...BENCHMARKS, "recovery", "elastic", "startup", "partner"].join(", ")}`);
     only.add(name as Benchmark);
   }
   if (v.transport !== "ipc" && v.transport !== "tcp") usage(`--transport ${v.transport}: expected ipc or tcp`);
@@ -213,6 +225,7 @@ function parseOptions(argv: string[]): Options {
     recovery: recovery && v.variant !== "raw",
     partner: partner && v.variant !== "raw",
     startup: startup && v.variant !== "raw",
+    elastic: elastic && v.variant !== "raw",
     hosts: v.hosts,
     recoveryRuns: posInt("recovery-runs", v["recovery-runs"], quick ? 1 : 3),
     transport: v.hosts ? "tcp" : v.transport,
@@ -530,7 +543,13 @@ async function main(): Promise<void> {
       progress(`bench: skipping ${b}: it has no job to measure under --variant ${opts.variant}`);
     }
   }
-  if (opts.recovery || opts.partner || opts.startup || cases.some((c) => Object.values(jobsFor(c, opts)).some((k) => lifelineModeOf(k) !== undefined))) {
+  if (
+    opts.recovery ||
+    opts.partner ||
+    opts.startup ||
+    opts.elastic ||
+    cases.some((c) => Object.values(jobsFor(c, opts)).some((k) => lifelineModeOf(k) !== undefined))
+  ) {
     const missing = LifelineJob.available(ROOT);
     if (missing !== undefined) usage(`the Lifeline jobs need the built package: ${missing}`);
   }
@@ -550,6 +569,7 @@ async function main(): Promise<void> {
   let cluster: TestCluster | undefined;
   let hostsEnv: HostsEnv | undefined;
   let startup: StartupResult | undefined;
+  let elasticResult: ElasticBenchResult | undefined;
   try {
     ctrl = await CtrlServer.open(`ipc://${tmpDir}/ctrl`);
     if (opts.hosts) {
@@ -616,6 +636,7 @@ async function main(): Promise<void> {
     if (recovery !== undefined && opts.hosts) await runHostRecovery(recovery, tmpDir);
     else if (recovery !== undefined) await runRecovery(recovery, tmpDir);
     if (partner !== undefined) await runPartnerCost(partner, tmpDir);
+    if (opts.elastic) elasticResult = await elasticBench(ROOT, opts.recoveryRuns, opts.quick, progress);
     if (opts.startup) {
       progress(`\n== startup: lifeline run -n 4 of examples/heat.ts as .ts and as .js, alternating`);
       startup = await startupRuns({ root: ROOT, runs: opts.quick ? 1 : 5, np: 4, progress });
@@ -631,6 +652,7 @@ async function main(): Promise<void> {
     renderTables(results, opts.transport) +
     (recovery === undefined ? "" : `\n${recoveryText(recovery)}`) +
     (partner === undefined ? "" : `\n${partnerText(partner)}`) +
+    (elasticResult === undefined ? "" : `\n${elasticText(elasticResult)}`) +
     (startup === undefined ? "" : `\n${renderStartupTable(startup)}`);
   process.stdout.write(`\n${tables}\n`);
   const report = {
@@ -665,6 +687,7 @@ async function main(): Promise<void> {
     recovery: recovery === undefined ? undefined : { config: recovery.config, targetS: RECOVERY_TARGET_S, runs: recovery.runs, errors: recovery.errors },
     partner: partner === undefined ? undefined : { ...partner, target: 1.3 },
     startup: startup === undefined ? undefined : { ...startup, ratio: startupRatio(startup), target: STARTUP_TARGET },
+    elastic: elasticResult,
     jobs: jobSummaries,
     tables,
   };
@@ -672,7 +695,8 @@ async function main(): Promise<void> {
   writeFileSync(opts.out, `${JSON.stringify(report, null, 2)}\n`);
   progress(`bench: ${results.length} cases in ${report.durationS.toFixed(0)} s; JSON written to ${path.relative(process.cwd(), opts.out) || opts.out}`);
   clearTimeout(watchdog);
-  const failed = results.filter((r) => r.errors.length > 0).length + (recovery?.errors.length ?? 0) + (startup?.errors.length ?? 0);
+  const failed =
+    results.filter((r) => r.errors.length > 0).length + (recovery?.errors.length ?? 0) + (startup?.errors.length ?? 0) + (elasticResult?.errors.length ?? 0);
   process.exitCode = failed > 0 ? 1 : 0;
 }
 
