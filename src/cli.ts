@@ -193,6 +193,10 @@ function addRunOptions(cmd: Command): void {
     .option("--keep-lines <n>", `recovery lines to keep (default ${DEFAULTS.keepLines})`)
     .option("--max-restarts <n>", `restarts allowed before the job fails (default ${DEFAULTS.maxRestarts})`)
     .option("--replicas <k>", `retry-one: ring successors that keep a copy of each rank's state in memory (default ${DEFAULTS.replicas})`)
+    .option(
+      "--log-limit <size>",
+      "retry-one: bound on each rank's log of sent messages its receivers' checkpoints do not cover yet, e.g. 256MiB (default 1GiB)",
+    )
     .option("--no-spare", "do not keep warm spare processes for restarts (one in retry-one, one per rank in cpr; restarted ranks then start cold)")
     .option("--min-np <n>", "elastic: the fewest ranks the job goes on with; below, it waits --elastic-timeout for ranks to join, then fails (default 1)")
     .option("--max-np <n>", "elastic: the most ranks at once; -n start, the others join when up (default -n)")
@@ -257,6 +261,7 @@ function toFlags(app: string, args: string[], o: Record<string, unknown>): RunFl
     keepLines: str("keepLines"),
     maxRestarts: str("maxRestarts"),
     replicas: str("replicas"),
+    logLimit: str("logLimit"),
     spare: o.spare === false ? false : undefined,
     minNp: str("minNp"),
     maxNp: str("maxNp"),

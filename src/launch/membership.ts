@@ -168,6 +168,8 @@ export class Membership {
   /** retry-one: ranks down (dead, or restarted and not back yet), and those expected back. */
   private readonly down = new Set<number>();
   private readonly rejoining = new Set<number>();
+  /** retry-one: per restarted rank, the checkpoint count its dead incarnations had reported. */
+  private readonly reached = new Map<number, number>();
   /** retry-one: routing ids of dead incarnations (their last messages are ignored quietly). */
   protected readonly gone = new Set<string>();
   /** Effects of the input being handled. */
@@ -356,6 +358,7 @@ export class Membership {
     const rendezvous = this.phaseValue === "rendezvous";
     // Died before the job started: the new incarnation's hello counts in the rendezvous instead.
     if (rendezvous && link.up) this.helloCount--;
+    this.reached.set(rank, Math.max(this.reached.get(rank) ?? 0, link.epoch));
     Object.assign(link, this.incarnation(rank, attempt));
     if (rendezvous) return;
     this.down.add(rank);
@@ -527,6 +530,7 @@ export class Membership {
         // new attempt) follows once it says hello.
         attempts: this.linksValue.map((l, r) => (this.rejoining.has(r) ? l.attempt - 1 : l.attempt)),
         down: [...this.down].sort((a, b) => a - b),
+        reached: this.reached.get(msg.rank) ?? 0,
       }),
     );
     const peer: CoordinatorToRank = { t: "peer", rank: msg.rank, endpoint: msg.endpoint, attempt: msg.attempt };
@@ -553,7 +557,7 @@ export class Membership {
   }
 
   /** Rank `rank`'s table: what every table of the job carries, `fields`, and the owner's extras. */
-  protected tableOf(rank: number, fields: Pick<TableMessage, "endpoints" | "attempts" | "down">): TableMessage {
+  protected tableOf(rank: number, fields: Pick<TableMessage, "endpoints" | "attempts" | "down" | "reached">): TableMessage {
     return {
       t: "table",
       jobKey: this.opts.jobKey,

@@ -119,6 +119,8 @@ export interface RunConfig {
   replicas?: number | undefined;
   /** retry-one: keep a warm spare process for the next restart (`--no-spare` turns it off; default on). */
   spare?: boolean | undefined;
+  /** retry-one: bound on each rank's sender log in bytes (`--log-limit`; the rank's default when undefined). */
+  logLimitBytes?: number | undefined;
   /** `--mode elastic`: the first world and its limits. */
   elastic?: ElasticConfig | undefined;
 }
@@ -151,6 +153,7 @@ export interface RunFlags {
   storeScope?: string | undefined;
   inject?: string[] | undefined;
   replicas?: string | undefined;
+  logLimit?: string | undefined;
   /** false for `--no-spare`. */
   spare?: boolean | undefined;
   minNp?: string | undefined;
@@ -298,6 +301,10 @@ export function resolveRunConfig(flags: RunFlags, ctx: { cwd: string; env?: Node
   const keepLines = flags.keepLines === undefined ? DEFAULTS.keepLines : check(() => parseCount(flags.keepLines!, "--keep-lines", 1, 1000));
   const maxRestarts = flags.maxRestarts === undefined ? DEFAULTS.maxRestarts : check(() => parseCount(flags.maxRestarts!, "--max-restarts", 0, 1_000_000));
   const replicas = flags.replicas === undefined ? DEFAULTS.replicas : check(() => parseCount(flags.replicas!, "--replicas", 0, 1_000));
+  const logLimitBytes = flags.logLimit === undefined ? undefined : check(() => parseBytes(flags.logLimit!, "--log-limit", 1024, 2 ** 50));
+  if (flags.logLimit !== undefined && mode !== undefined && mode !== "retry-one") {
+    problems.push(`--log-limit bounds retry-one's message log; it does nothing in --mode ${mode}`);
+  }
   const restartResetMs =
     flags.restartReset === undefined
       ? undefined
@@ -506,6 +513,7 @@ export function resolveRunConfig(flags: RunFlags, ctx: { cwd: string; env?: Node
     faults,
     replicas: replicas!,
     spare: flags.spare !== false,
+    logLimitBytes,
     ...(elastic === undefined ? {} : { elastic }),
   };
 }
@@ -577,6 +585,33 @@ export function readReplay(path: string, shown: string, np: number): PlannedChan
     at = ch.at!;
     return { at: ch.at, size: ch.size, keep: [...keep], joined: ch.joined };
   });
+}
+
+const BYTE_UNITS: Record<string, number> = {
+  "": 1,
+  b: 1,
+  k: 1024,
+  kb: 1000,
+  kib: 1024,
+  m: 1024 ** 2,
+  mb: 1000 ** 2,
+  mib: 1024 ** 2,
+  g: 1024 ** 3,
+  gb: 1000 ** 3,
+  gib: 1024 ** 3,
+};
+
+/**
+ * A size in bytes: a whole number with an optional unit (`65536`, `64KiB`, `512MiB`, `2GiB`,
+ * `1GB`; `k`/`m`/`g` are binary), within min..max.
+ */
+export function parseBytes(text: string, flag: string, min: number, max: number): number {
+  const m = /^\s*(\d+)\s*([a-zA-Z]*)\s*$/.exec(text);
+  const unit = m === null ? undefined : BYTE_UNITS[m[2]!.toLowerCase()];
+  const n = m === null || unit === undefined ? NaN : Number(m[1]) * unit;
+  if (!Number.isSafeInteger(n)) throw usage(`${flag} must be a size such as 64MiB or 2GiB, got ${JSON.stringify(text)}`);
+  if (n < min || n > max) throw usage(`${flag} ${JSON.stringify(text)} must be between ${min} and ${max} bytes`);
+  return n;
 }
 
 function bounded(ms: number, flag: string, text: string, min: number, max: number): number {

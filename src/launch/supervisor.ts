@@ -466,6 +466,7 @@ export class Supervisor {
     env[ENV.failureTimeoutMs] = String(this.config.failureTimeoutMs);
     env[ENV.faults] = this.config.faults[rank] ?? "";
     if (this.config.replicas !== undefined) env[ENV.replicas] = String(this.config.replicas);
+    if (this.config.logLimitBytes !== undefined) env[ENV.retryLogBytes] = String(this.config.logLimitBytes);
     return env;
   }
 

@@ -59,6 +59,29 @@ interface Lent {
   fail?: (err: unknown) => void;
 }
 
+/** An application message as a sender keeps it for a resend (retry-one's sender-based log). */
+export interface LoggedFrame {
+  /** Its number among the application frames of its channel (the header's collSeq). */
+  readonly appSeq: number;
+  /** Its encoded header (the attempt field is rewritten on a resend). */
+  readonly header: Buffer;
+  /** Its body frames: the log's own copies. */
+  readonly body: readonly Buffer[];
+}
+
+/** Receives every application message a logging mode sends (retry-one). */
+export interface AppLog {
+  record(dest: number, frame: LoggedFrame): void;
+}
+
+/** A frame held back by the closed output gate (see {@link Channel.setGate}). */
+interface Gated {
+  readonly dest: number;
+  readonly frames: readonly (Buffer | Uint8Array)[];
+  readonly resolve: () => void;
+  readonly reject: (err: unknown) => void;
+}
+
 /** What a mode adds to the frames of the channels (mode none: nothing). */
 export interface FrameStamper {
   /** Sets `h.epoch` and `h.flags` of an app or collective frame to `dest` (it may count it). */
@@ -83,6 +106,14 @@ export class Channel {
   /** The job's key, from the coordinator's table (frames of other jobs are refused). */
   jobKey = 0;
   stamper: FrameStamper = { stamp: () => undefined, suppress: () => false };
+  /**
+   * Set by a logging mode (retry-one): application messages are copied for the log, recorded,
+   * and sent without bounce buffers or receipts; a failed hand-over to the transport (the peer
+   * died and is reconnected) is not an error, since the log resends the message.
+   */
+  appLog: AppLog | undefined;
+  /** Frames held back while the output gate is closed, in send order. */
+  private gated: Gated[] | undefined;
   private readonly rank: number;
   private readonly size: number;
   private readonly attempt: number;
@@ -169,11 +200,63 @@ export class Channel {
       if (only.byteLength <= INLINE_BODY_BYTES_MAX) {
         const frame = encodeHeaderInto(h, Buffer.allocUnsafe(HEADER_BYTES + only.byteLength));
         frame.set(only, HEADER_BYTES);
-        return this.transport.send(dest, [frame]);
+        return this.out(dest, h.kind, [frame]);
       }
-      return this.transport.send(dest, [encodeHeader(h), only]);
+      return this.out(dest, h.kind, [encodeHeader(h), only]);
     }
-    return this.transport.send(dest, [encodeHeader(h), ...frames]);
+    return this.out(dest, h.kind, [encodeHeader(h), ...frames]);
+  }
+
+  /** Hands frames to the transport, or holds them back while the gate is closed (not protocol frames). */
+  private out(dest: number, kind: Header["kind"], frames: readonly (Buffer | Uint8Array)[]): Promise<void> {
+    if (this.gated === undefined || kind === Kind.protocol) return this.transport.send(dest, frames);
+    const gated = this.gated;
+    const p = new Promise<void>((resolve, reject) => gated.push({ dest, frames, resolve, reject }));
+    // If the rank fails while it waits (failGated), a caller that no longer awaits it (a
+    // collective whose receive failed first) must not see an unhandled rejection.
+    p.catch(() => undefined);
+    return p;
+  }
+
+  /**
+   * Closes or opens the output gate (retry-one's pessimistic logging: nothing that may depend
+   * on a determinant leaves the rank before every successor holds it). Opening sends what
+   * was held back, in order; protocol frames are never held.
+   */
+  setGate(open: boolean): void {
+    if (!open) {
+      this.gated ??= [];
+      return;
+    }
+    const held = this.gated;
+    this.gated = undefined;
+    if (held === undefined) return;
+    for (const g of held) this.transport.send(g.dest, g.frames).then(g.resolve, g.reject);
+  }
+
+  /** Fails every frame held back by the gate (the rank is failing). */
+  failGated(err: unknown): void {
+    const held = this.gated;
+    if (held === undefined) return;
+    this.gated = [];
+    for (const g of held) g.reject(err);
+  }
+
+  /**
+   * Sends a logged application message again (to a restarted peer, or after this rank's own
+   * restore), stamped with this incarnation's attempt. Never fails: if the peer is gone
+   * again, the log resends it once more when it is back.
+   */
+  resend(dest: number, f: LoggedFrame): void {
+    const header = Buffer.from(f.header);
+    header[38] = this.attempt & 0xff;
+    header[39] = (this.attempt >>> 8) & 0xff;
+    if (dest === this.rank) {
+      this.deliver(decodeHeader(header, { jobKey: "stored", size: this.size }), [...f.body], header, false);
+      return;
+    }
+    const frames = f.body.length === 1 && f.body[0]!.byteLength <= INLINE_BODY_BYTES_MAX ? [Buffer.concat([header, f.body[0]!])] : [header, ...f.body];
+    void this.out(dest, Kind.app, frames).catch(() => undefined);
   }
 
   /** Delivers up to `n` pending sends to self, in order. */
@@ -199,6 +282,7 @@ export class Channel {
    * resolves when the receipt says every byte arrived.
    */
   sendApp(data: unknown, dest: number, tag: number): Promise<void> {
+    if (this.appLog !== undefined) return this.sendLogged(data, dest, tag, this.appLog);
     const body = encodeBody(data, { copy: false });
     // Frames that view the program's arrays; msgpack's own output buffer is ours already.
     const first = body.encoding === Encoding.typedArray ? 0 : 1;
@@ -246,6 +330,23 @@ export class Channel {
     });
   }
 
+  /**
+   * A logged send: the body is copied once, for the log (which resends it to a restarted
+   * peer until the peer's checkpoint covers it), and that copy is what goes out; no bounce
+   * buffer, no receipt. It resolves once the transport has it, or once the transport gave it
+   * up because the peer died (the log has it).
+   */
+  private sendLogged(data: unknown, dest: number, tag: number, log: AppLog): Promise<void> {
+    const body = encodeBody(data, { copy: false });
+    // msgpack's own output buffer is ours already; typed arrays view the program's memory.
+    const first = body.encoding === Encoding.typedArray ? 0 : 1;
+    const frames = body.frames;
+    for (let i = first; i < frames.length; i++) frames[i] = Buffer.from(frames[i]!);
+    const h = this.header(Kind.app, dest, tag, body);
+    log.record(dest, { appSeq: h.collSeq, header: encodeHeader(h), body: frames as Buffer[] });
+    return this.transmit(dest, h, body).catch(() => undefined);
+  }
+
   private returnLent(entry: Lent): void {
     for (const b of entry.bufs) this.bounce.release(b);
     entry.done?.();
@@ -279,6 +380,7 @@ export class Channel {
    * rendezvous sends waiting for a receipt fail with `err`.
    */
   forgetLent(err: unknown): void {
+    this.failGated(err);
     for (const m of this.lent) {
       for (const entry of m.values()) entry.fail?.(err);
       m.clear();
@@ -389,7 +491,7 @@ export class Channel {
   // ---- state at a checkpoint location --------------------------------------------------------
 
   /** The channels' counters, for a checkpoint. */
-  counters(): Pick<LibState, "channelSeqOut" | "appSeqOut"> {
+  counters(): { channelSeqOut: number[]; appSeqOut: number[] } {
     return { channelSeqOut: [...this.channelSeqOut], appSeqOut: [...this.appSeqOut] };
   }
 

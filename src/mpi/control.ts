@@ -84,6 +84,11 @@ export type CoordinatorToRank =
       /** retry-one: ranks down right now (dead, not running again yet). */
       down?: number[];
       /**
+       * retry-one, to a restarted rank: the checkpoint count its previous incarnation had
+       * reported; it has caught up once past it (or once it runs a collective with the others).
+       */
+      reached?: number;
+      /**
        * A job across hosts: each rank's host (an index) at the job's start, the same in every
        * table of the job; retry-one places replicas on other hosts first.
        */

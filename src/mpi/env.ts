@@ -32,6 +32,8 @@ export const ENV = {
   failureTimeoutMs: "LIFELINE_FAILURE_TIMEOUT_MS",
   /** retry-one: ring successors that keep a copy of each rank's state (`--replicas`). */
   replicas: "LIFELINE_REPLICAS",
+  /** retry-one: bound on the sender log, in bytes (messages not yet covered by their receiver's checkpoint). */
+  retryLogBytes: "LIFELINE_RETRY_LOG_BYTES",
   /** tcp: the interface or address the rank's data socket binds and advertises (`--bind`). */
   bind: "LIFELINE_BIND",
 } as const;
@@ -67,6 +69,8 @@ export interface RankPlace {
   failureTimeoutMs: number;
   /** retry-one: ring successors holding each rank's state (default 2). */
   replicas?: number | undefined;
+  /** retry-one: bound on the sender log in bytes (default 1 GiB). */
+  retryLogBytes?: number | undefined;
   /** tcp: interface or IPv4 address the data socket binds and advertises; undefined: loopback. */
   bind?: string | undefined;
 }
@@ -125,6 +129,7 @@ export function resolveRankPlace(opts: InitOptions, env: NodeJS.ProcessEnv): Ran
     heartbeatMs: intFrom(ENV.heartbeatMs, env[ENV.heartbeatMs]) ?? 500,
     failureTimeoutMs: intFrom(ENV.failureTimeoutMs, env[ENV.failureTimeoutMs]) ?? 5000,
     replicas: intFrom(ENV.replicas, env[ENV.replicas]) ?? 2,
+    retryLogBytes: intFrom(ENV.retryLogBytes, env[ENV.retryLogBytes]),
     bind: opts.bind ?? (env[ENV.bind] === "" ? undefined : env[ENV.bind]),
   };
 }

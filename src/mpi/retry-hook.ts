@@ -53,6 +53,21 @@ export interface RetryWorldAccess {
   inject(frame: RawFrame): void;
   /** Fails this rank's pending and future calls and asks the coordinator to stop the job. */
   fatal(code: LifelineErrorCode, message: string): void;
+  /**
+   * Opens or closes the output gate: while closed, no application or collective frame leaves
+   * the rank (a determinant is not yet held by every successor; pessimistic logging).
+   */
+  setGate(open: boolean): void;
+  /** Rank `rank`'s checkpoint is safe and it had consumed `consumed` of this rank's messages. */
+  peerSafe(rank: number, consumed: number): void;
+}
+
+/** What restore() gives back: the checkpoint (undefined: the program's start) and the determinants logged after it. */
+export interface RetryRestoredValue {
+  readonly value: { readonly state: unknown; readonly global: Buffer | undefined; readonly version: number } | undefined;
+  readonly dets: readonly unknown[];
+  /** The ordinal of dets[0]. */
+  readonly detFrom: number;
 }
 
 /** The retry-one protocol's side of the seam. */
@@ -79,16 +94,26 @@ export interface RetryOneHook {
   onProtocol(header: Header, body: unknown): void;
   /** `peer` (after World reconnected) and `peer-down` from the coordinator. */
   onControl(msg: CoordinatorToRank): void;
-  /** checkpoint(): resolves when the version is committed. `state`/`global` are encoded or thunks. */
-  checkpoint(state: Buffer | (() => Buffer), global: Buffer | (() => Buffer)): Promise<void>;
-  /** restore(): the encoded checkpoint from peers, or undefined (nothing saved yet). */
-  restore(): Promise<{ state: Buffer; global: Buffer; version: number } | undefined>;
+  /**
+   * checkpoint(): resolves when every successor holds it. `state` is opaque (a thunk for the
+   * lazy form), `global` encoded or undefined, `consumed[r]` counts rank r's messages this
+   * rank had consumed.
+   */
+  checkpoint(state: unknown, global: Buffer | undefined, consumed: readonly number[]): Promise<void>;
+  /** restore(): the checkpoint from peers and the determinants to replay after it. */
+  restore(): Promise<RetryRestoredValue>;
+  /** Non-deterministic outcomes, ordinals from..: logged at the successors (the gate closes meanwhile). */
+  logDets(from: number, entries: readonly unknown[]): void;
   /** finalize() passed its barrier: the rank keeps serving peers until release. */
   finalize(): void;
   /** The version the program is in and the seqno of its next collective. */
   readonly progress: { readonly version: number; readonly seqno: number };
   /** The view id stamped in collective frames; signature queries of another view are ignored. */
   readonly viewId: number;
+  /** Every rank's incarnation as this rank knows it (frames of older ones are void). */
+  readonly view: readonly number[];
+  /** A restarted rank that has not got its checkpoint back yet. */
+  readonly isRestoring: boolean;
   /** In recovery (rounds running): World's signature queries are off. */
   readonly inRecovery: boolean;
   /** The rank finalized or failed. */
@@ -98,5 +123,5 @@ export interface RetryOneHook {
 /** Builds a hook for one World. */
 export type RetryOneHookFactory = (access: RetryWorldAccess, host: Host) => RetryOneHook;
 
-/** Protocol-frame tags of retry-one (summary, xfer, replica, stored); distinct from cpr's 0x200 range. */
+/** Protocol-frame tags of retry-one (summary, xfer, replica, stored, rack, dets, dack); distinct from cpr's 0x200 range. */
 export const PROTO_RETRY_BASE = 0x300;

@@ -228,7 +228,7 @@ export class World implements WorldApi {
     else if (this.mode === "retry-one") {
       if (opts.retryOne === undefined)
         throw new LifelineError("MPI_INIT", "mode retry-one needs its protocol driver (World.join's retryOne option); use init()");
-      this.modeImpl = new RetryOneMode(core, opts.retryOne);
+      this.modeImpl = new RetryOneMode(core, opts.retryOne, { logBytesMax: this.place.retryLogBytes });
     } else if (this.mode === "elastic") {
       if (opts.elastic === undefined) throw new LifelineError("MPI_INIT", "mode elastic needs its protocol driver (World.join's elastic option); use init()");
       this.modeImpl = new ElasticMode(core, opts.elastic);

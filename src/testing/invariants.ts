@@ -6,7 +6,9 @@
  * channel, nothing delivered to or from a dead node, a dead node runs no code.
  * Communicator level (here): every data frame's header names its real sender and incarnation
  * and numbers the channel's application and collective messages 0, 1, 2, … with no gap and no
- * repeat; the receive path never throws; the coordinator sees at most one finalize per rank
+ * repeat (in retry-one, where senders resend logged messages and restarted ranks re-execute
+ * theirs: a message number on a channel always carries the same tag and bytes, whichever
+ * incarnation sends it); the receive path never throws; the coordinator sees at most one finalize per rank
  * and releases only when all have finalized; at the end, a released job has every rank
  * finalized with the result the coordinator recorded.
  *
@@ -15,6 +17,7 @@
  * inv.afterStep(); // throws AssertionError naming the broken property
  */
 import assert from "node:assert/strict";
+import { createHash } from "node:crypto";
 import { isDeepStrictEqual } from "node:util";
 import { decodeHeader, type Header, HEADER_BYTES, Kind } from "../mpi/wire.ts";
 import { decodeValue } from "../mpi/codec.ts";
@@ -69,14 +72,16 @@ export function clusterInvariants(cluster: SimCluster): ClusterInvariants {
     if (h.source !== src.rank) net.violation(`${d.src} sent a frame claiming source ${h.source}`);
     if (h.attempt !== src.attempt) net.violation(`${d.src} sent a frame claiming attempt ${h.attempt}`);
     if (h.kind === Kind.protocol) return;
-    // retry-one: frames to a dead incarnation die with it and its successor gets the channel
-    // mid-stream, so numbering is checked per incarnation pair and only for order.
     const retry = cluster.mode === "retry-one";
-    const key = retry ? `${d.src}>${d.dst}` : `${d.src}>${dst.rank}`;
+    if (retry) {
+      if (h.kind === Kind.app) sameContent(d, h);
+      return;
+    }
+    const key = `${d.src}>${dst.rank}`;
     const want = expectSeq.get(key);
     // Numbering is 0, 1, 2, … in a first attempt. A restored rank continues from its line's
     // counters, and skips the early messages its peers already hold (suppressed, never sent).
-    const strict = src.attempt === 0 && !retry;
+    const strict = src.attempt === 0;
     if (strict ? h.channelSeq !== (want ?? 0) : want !== undefined && h.channelSeq < want) {
       net.violation(
         `channel ${d.src}→rank ${dst.rank}: message numbered #${h.channelSeq} arrived where #${want ?? 0} was next (a message lost, repeated or numbered out of order)`,
@@ -86,6 +91,17 @@ export function clusterInvariants(cluster: SimCluster): ClusterInvariants {
     let counts = arrived.get(d.dst);
     if (counts === undefined) arrived.set(d.dst, (counts = new Array<number>(cluster.size).fill(0)));
     counts[h.source] = h.channelSeq + 1;
+  };
+  /** retry-one: per channel and application message number, its tag and bytes (as first sent). */
+  const appContent = new Map<string, string>();
+  const sameContent = (d: DataDelivery, h: Header): void => {
+    const hash = createHash("sha1").update(`${h.tag}/${h.encoding}/${h.arrayType}/`);
+    d.frames.forEach((f, i) => hash.update(i === 0 ? f.subarray(HEADER_BYTES) : f));
+    const key = `${h.source}>${parseRankNode(d.dst).rank}#${h.collSeq}`;
+    const digest = hash.digest("hex");
+    const first = appContent.get(key);
+    if (first === undefined) appContent.set(key, digest);
+    else if (first !== digest) net.violation(`channel ${key}: message sent again (by ${d.src}) with other content than the first time`);
   };
   net.controlObservers.push((src, _dst, msg) => {
     if (msg.t !== "cpr-checkpointed") return;

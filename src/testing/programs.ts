@@ -79,7 +79,8 @@ export type Op =
    * only stays consistent if recorded nondet values are replayed after a restore.
    */
   | { readonly kind: "nondetRoute"; readonly tag: number }
-  | { readonly kind: "checkpoint" };
+  /** A checkpoint() location; with `mask`, only the ranks whose bit is set call it (uneven checkpoints). */
+  | { readonly kind: "checkpoint"; readonly mask?: number };
 
 export interface ProgramSpec {
   readonly seed: number;
@@ -98,6 +99,8 @@ export interface GenerateOptions {
   readonly checkpointChance?: number;
   /** Only collectives (awaited one at a time) and checkpoints: retry-one's programs. */
   readonly collectivesOnly?: boolean;
+  /** Checkpoint locations that only some ranks call (a master checkpointing per result, workers per task). */
+  readonly unevenCheckpoints?: boolean;
 }
 
 /** Tags of round i live in [i*TAG_STRIDE, (i+1)*TAG_STRIDE): rounds never share a tag. */
@@ -172,7 +175,7 @@ export function generateProgram(prng: Prng, opts: GenerateOptions): ProgramSpec 
       continue;
     }
     if (cp !== 0.07 && prng.chance(cp)) {
-      ops.push({ kind: "checkpoint" });
+      ops.push(opts.unevenCheckpoints === true && prng.chance(0.5) ? { kind: "checkpoint", mask: prng.index(1 << size) } : { kind: "checkpoint" });
       continue;
     }
     const r = prng.float();
@@ -463,7 +466,9 @@ export function programOf(spec: ProgramSpec): SimProgram {
       const parts = await runOp(world, ctx, spec, i, op);
       st.digests.push(`${op.kind}:${hashOf(parts)}`);
       st.next = i + 1;
-      if (op.kind === "checkpoint") await world.checkpoint({ next: st.next, digests: [...st.digests] });
+      if (op.kind === "checkpoint" && (op.mask === undefined || ((op.mask >> world.rank) & 1) === 1)) {
+        await world.checkpoint({ next: st.next, digests: [...st.digests] });
+      }
     }
     return { ops: st.digests };
   };
@@ -487,7 +492,7 @@ export function describeProgram(spec: ProgramSpec): string {
         case "nondetRoute":
           return `${i}:nondetRoute`;
         case "checkpoint":
-          return `${i}:checkpoint`;
+          return op.mask === undefined ? `${i}:checkpoint` : `${i}:checkpoint(ranks ${op.mask.toString(2)})`;
       }
     })
     .join(" ");

@@ -174,6 +174,8 @@ export interface SimOutcome {
   readonly restarts: number;
   /** Hosts crashed (`hostCrashes`), each taking every rank on it. */
   readonly hostsCrashed: number;
+  /** Ranks the simulator killed (crashes, host crashes), each once. */
+  readonly crashedRanks: readonly number[];
   /** Partitions: cuts made, ranks declared dead by the detector, and incarnations that ended when their lease lapsed. */
   readonly partitions: number;
   readonly declaredDead: number;
@@ -520,6 +522,7 @@ export class SimCluster {
   restarts = 0;
   private linesAfterRestart = 0;
   private hostsCrashed = 0;
+  private readonly crashedRanks = new Set<number>();
   /** cpr: the store every rank and the coordinator use (kill -9 modelled by its crash()). */
   readonly store: MemoryRecoveryStore | undefined;
   /** cpr: each committed line as read back right after its commit. */
@@ -697,6 +700,7 @@ export class SimCluster {
 
   /** Kills rank `rank`'s current incarnation like `kill -9`. */
   crash(rank: number): void {
+    this.crashedRanks.add(rank);
     const link = this.coordinator.links[rank]!;
     this.killRank(rank, link.attempt);
     this.onRankDied(rank, link.attempt, { kind: "crashed" });
@@ -918,7 +922,10 @@ export class SimCluster {
       const ranks = live.filter((r) => hosts[r] === hosts[victim]);
       this.hostsCrashed++;
       this.net.note(`crash host ${hosts[victim]} (ranks ${ranks.join(", ")})`);
-      for (const r of ranks) this.killRank(r, this.coordinator.links[r]!.attempt);
+      for (const r of ranks) {
+        this.crashedRanks.add(r);
+        this.killRank(r, this.coordinator.links[r]!.attempt);
+      }
       for (const r of ranks) this.onRankDied(r, this.coordinator.links[r]!.attempt, { kind: "crashed" });
       return;
     }
@@ -984,6 +991,7 @@ export class SimCluster {
       framesDelivered: this.net.framesDelivered,
       restarts: this.restarts,
       hostsCrashed: this.hostsCrashed,
+      crashedRanks: [...this.crashedRanks].sort((a, b) => a - b),
       partitions: this.partitionsMade,
       declaredDead: this.declaredDead,
       leaseEnds: [...this.leaseEnds],

@@ -61,52 +61,59 @@ export async function runCprSeed(seed: number): Promise<{ spec: ProgramSpec; ref
 }
 
 /**
- * Mode retry-one: a collectives-only program's failure-free reference (mode none, fifo) and a
- * retry-one run with random replicas, network knobs and crashes of any rank at any step —
- * also while a rank is being restored or serving a restore — each restarting that rank alone.
- * A quarter of the seeds run without `peer-down` (only `peer` tells survivors of a restart).
+ * Mode retry-one: a program's failure-free reference (mode none, fifo) and a retry-one run with
+ * random replicas, network knobs and crashes of any rank at any step — also while a rank is
+ * being restored, replays, or serves a restore — each restarting that rank alone. A quarter of
+ * the seeds run without `peer-down` (only `peer` tells survivors of a restart). With `p2p`,
+ * the programs mix point-to-point rounds (every receive style, wildcards, probes, polls,
+ * `nondet`), collectives (also in flight at once) and checkpoint locations that only some
+ * ranks call; a third of those seeds crash two ranks at once (a host of two).
  */
 export async function runRetryOneSeed(
   seed: number,
-  opts: { bigChance?: number; hostCrash?: boolean } = {},
+  opts: { bigChance?: number; hostCrash?: boolean; p2p?: boolean } = {},
 ): Promise<{ spec: ProgramSpec; ref: SimOutcome; out: SimOutcome }> {
   const prng = new Prng(seed);
-  const size = prng.rangeInclusive(2, 4);
+  const size = prng.rangeInclusive(opts.p2p === true ? 3 : 2, 4);
   const spec = generateProgram(prng.fork(1), {
     size,
     opsMax: 12,
     checkpointChance: 0.3,
-    collectivesOnly: true,
+    collectivesOnly: opts.p2p !== true,
+    unevenCheckpoints: opts.p2p === true,
     ...(opts.bigChance === undefined ? {} : { bigChance: opts.bigChance }),
   });
   const program = programOf(spec);
   const knobs = prng.fork(2);
   const ref = await new SimCluster({ seed, size, mode: "none", program, policy: "fifo", stepsMax: 20_000 }).run();
+  const pairs = opts.p2p === true && prng.fork(4).chance(1 / 3);
   const out = await new SimCluster({
     seed,
     size,
     mode: "retry-one",
     program,
-    stepsMax: 60_000,
+    stepsMax: 80_000,
     retryOne: { replicas: knobs.pick([1, 2, 3]), maxRestarts: 10, failureTimeoutMs: 60_000, peerDown: !knobs.chance(0.25) },
     // One crash at a time is always covered (replicas ≥ 1); crashes may still overlap a recovery.
     ...recoveryKnobs(knobs),
     // One whole host (2..size hosts, ranks in blocks as a hostfile places them) lost at once:
     // covered too, since replicas go to other hosts first.
     ...(opts.hostCrash === true ? { hosts: hostBlocks(size, prng.fork(3).rangeInclusive(2, size)), hostCrashes: true, crashesMax: 1, crashChance: 0.02 } : {}),
+    // Two ranks at once: hosts of two ranks each, one of them lost.
+    ...(pairs ? { hosts: hostBlocks(size, Math.ceil(size / 2)), hostCrashes: true, crashesMax: 1, crashChance: 0.02 } : {}),
   }).run();
   return { spec, ref, out };
+}
+
+/** `size` ranks on `hosts` hosts, in contiguous blocks (as a hostfile fills slots). */
+function hostBlocks(size: number, hosts: number): number[] {
+  return Array.from({ length: size }, (_, r) => Math.floor((r * hosts) / size));
 }
 
 /**
  * The network and crash knobs of the recovery swarms (cpr, retry-one), drawn after the mode's
  * own knobs, in this order, so that a seed keeps its schedule.
  */
-/** `size` ranks on `hosts` hosts, in contiguous blocks (as a hostfile fills slots). */
-function hostBlocks(size: number, hosts: number): number[] {
-  return Array.from({ length: size }, (_, r) => Math.floor((r * hosts) / size));
-}
-
 function recoveryKnobs(knobs: Prng): { delayMaxMs: number; advanceChance: number; stickyChance: number; crashChance: number; crashesMax: number } {
   return {
     delayMaxMs: knobs.pick([0, 5, 20, 100]),

@@ -40,7 +40,13 @@ interface Run extends RunOutcome {
   events: Record<string, unknown>[];
 }
 
-async function run(np: number, program: string, flags: readonly string[], args: readonly string[]): Promise<Run> {
+async function run(
+  np: number,
+  program: string,
+  flags: readonly string[],
+  args: readonly string[],
+  watch?: (ev: Record<string, unknown>, pids: readonly number[][]) => void,
+): Promise<Run> {
   const pids: number[][] = [];
   const events: Record<string, unknown>[] = [];
   const name = `run${runs++}`;
@@ -55,10 +61,21 @@ async function run(np: number, program: string, flags: readonly string[], args: 
     onEvent: (ev) => {
       events.push(ev);
       if (ev.event === "rank-spawned") (pids[ev.rank as number] ??= []).push(ev.pid as number);
+      watch?.(ev, pids);
     },
   });
   const recovery = (o.doc as { recovery?: { changes?: Change[] } } | undefined)?.recovery;
   return { ...o, name, pids, changes: recovery?.changes ?? [], events };
+}
+
+/** Sends `sig` to `pid`; false if it is gone. */
+function signal(pid: number, sig: NodeJS.Signals): boolean {
+  try {
+    process.kill(pid, sig);
+    return true;
+  } catch {
+    return false;
+  }
 }
 
 /** A fault-free run of the changes `r` recorded; its results must equal `r`'s. */
@@ -133,7 +150,25 @@ describe("elastic jobs with real processes", () => {
     "boosting: a rank killed is started again and joins at a later checkpoint (4 → 3 → 4 ranks); equal to the replay",
     async () => {
       const args = ["--trees", "16"];
-      const r = await run(4, "examples/boosting.ts", ["--inject", "2@step:4"], args);
+      // The new process must come up before the others finish, however long a loaded machine
+      // takes to start it: they are stopped (SIGSTOP) from the restart's announcement until the
+      // new process joined the job (init()), or ended. Their heartbeats stop meanwhile, hence the
+      // failure timeout. Their results do not depend on when they run.
+      const stopped: number[] = [];
+      const resume = (): void => {
+        for (const pid of stopped.splice(0)) signal(pid, "SIGCONT");
+      };
+      let restarted = false;
+      const r = await run(4, "examples/boosting.ts", ["--inject", "2@step:4", "--failure-timeout", "20s"], args, (ev, pids) => {
+        if (ev.event === "rank-restarting" && ev.rank === 2) {
+          restarted = true;
+          for (const slot of [0, 1, 3]) {
+            const pid = pids[slot]!.at(-1)!;
+            if (signal(pid, "SIGSTOP")) stopped.push(pid);
+          }
+        } else if (restarted && ev.rank === 2 && (ev.event === "rank-up" || ev.event === "rank-exited")) resume();
+        else if (ev.event === "job-stopping" || ev.event === "job-finished") resume();
+      }).finally(resume);
       expect(r.code, context(r)).toBe(0);
       expect(r.changes, context(r)).toEqual([
         { at: expect.any(Number), size: 4, keep: [0, 1, 3], joined: 0 },

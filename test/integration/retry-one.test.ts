@@ -17,14 +17,14 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { waitGone } from "../launch/helpers.ts";
-import { CLI, context, type RunOutcome, runLauncher } from "./cpr-run.ts";
+import { CLI, context, runLauncher } from "./cpr-run.ts";
+import { RUN_TIMEOUT_MS, type Run, retryOneRuns } from "./retry-one-run.ts";
 
-const RUN_TIMEOUT_MS = 60_000;
 const NP = 4;
 const RABIT = "test/fixtures/retry-one/rabit.ts";
 
 let dir: string;
-let runs = 0;
+const { run, expectSameAsNone, expectOnlyRestarted, nextName } = retryOneRuns(() => dir, NP);
 
 beforeAll(async () => {
   if (!existsSync(CLI)) throw new Error(`${CLI} is missing: run \`npm run build\` first`);
@@ -34,56 +34,6 @@ beforeAll(async () => {
 afterAll(async () => {
   if (dir !== undefined) await rm(dir, { recursive: true, force: true });
 });
-
-interface Run extends RunOutcome {
-  /** Pids each rank was started with, in order. */
-  pids: number[][];
-  /** The launcher's `rank-caught-up` events: restarted ranks back with the others. */
-  caughtUp: { rank: number; attempt: number; restored: number; replayed: number }[];
-}
-
-async function run(program: string, flags: readonly string[], args: readonly string[] = []): Promise<Run> {
-  const pids: number[][] = Array.from({ length: NP }, () => []);
-  const caughtUp: Run["caughtUp"] = [];
-  const o = await runLauncher({
-    np: NP,
-    program,
-    flags,
-    args,
-    dir,
-    name: `run${runs++}`,
-    timeoutMs: RUN_TIMEOUT_MS,
-    onEvent: (ev) => {
-      if (ev.event === "rank-spawned") pids[ev.rank as number]!.push(ev.pid as number);
-      if (ev.event === "rank-caught-up")
-        caughtUp.push({ rank: ev.rank as number, attempt: ev.attempt as number, restored: ev.restored as number, replayed: ev.replayed as number });
-    },
-  });
-  return { ...o, pids, caughtUp };
-}
-
-/** Runs `program` in mode none and in retry-one with `faults`; the results must be equal. */
-async function expectSameAsNone(
-  program: string,
-  args: readonly string[],
-  faults: readonly string[],
-  extra: readonly string[] = [],
-  reference?: Run,
-): Promise<Run> {
-  const ref = reference ?? (await run(program, ["--mode", "none"], args));
-  expect(ref.code, context(ref)).toBe(0);
-  expect(ref.doc?.ranks.length, context(ref)).toBe(NP);
-  const r1 = await run(program, ["--mode", "retry-one", ...faults.flatMap((f) => ["--inject", f]), ...extra], args);
-  expect(r1.code, context(r1)).toBe(0);
-  expect(r1.doc?.ranks, context(r1)).toEqual(ref.doc?.ranks);
-  return r1;
-}
-
-/** Only the ranks in `killed` were started again, once per death; the others kept their process. */
-function expectOnlyRestarted(r: Run, deaths: Record<number, number>): void {
-  for (let rank = 0; rank < NP; rank++) expect(r.pids[rank]!.length, `rank ${rank}'s pids ${JSON.stringify(r.pids)}`).toBe(1 + (deaths[rank] ?? 0));
-  expect(r.doc?.restarts).toBe(Object.values(deaths).reduce((a, b) => a + b, 0));
-}
 
 describe("retry-one with real processes", () => {
   it(
@@ -193,7 +143,7 @@ describe("retry-one with real processes", () => {
           flags: ["--mode", "retry-one"],
           args: ARGS,
           dir,
-          name: `run${runs++}`,
+          name: nextName(),
           timeoutMs: RUN_TIMEOUT_MS,
           onEvent: (ev) => {
             if (ev.event === "rank-spawned")
@@ -226,7 +176,7 @@ describe("retry-one with real processes", () => {
           flags: ["--mode", "retry-one"],
           args: ARGS,
           dir,
-          name: `run${runs++}`,
+          name: nextName(),
           timeoutMs: RUN_TIMEOUT_MS,
           onSpawn: (pid) => {
             launcher = pid;
@@ -259,7 +209,7 @@ describe("retry-one with real processes", () => {
           flags: ["--mode", "retry-one", "--no-spare", "--inject", "2@step:20"],
           args,
           dir,
-          name: `run${runs++}`,
+          name: nextName(),
           timeoutMs: RUN_TIMEOUT_MS,
           onEvent: (ev) => {
             events.push(ev.event as string);

@@ -198,7 +198,7 @@ describe("membership: retry-one", () => {
       {
         to: id(1, 1),
         // Rank 3 is restarted but not back: still its dead incarnation here, and down.
-        msg: { t: "table", jobKey: 42, endpoints: ["tcp://h:0.0", "tcp://h:1.1", "tcp://h:2.0", ""], attempts: [0, 1, 0, 0], down: [3] },
+        msg: { t: "table", jobKey: 42, endpoints: ["tcp://h:0.0", "tcp://h:1.1", "tcp://h:2.0", ""], attempts: [0, 1, 0, 0], down: [3], reached: 0 },
       },
       ...[0, 2].map((r) => ({ to: id(r, 0), msg: { t: "peer", rank: 1, endpoint: "tcp://h:1.1", attempt: 1 } })),
     ]);

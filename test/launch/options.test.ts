@@ -131,6 +131,16 @@ describe("resolveRunConfig", () => {
     expect(resolveWith({ mode: "retry-one" }).replicas).toBe(2);
     expect(resolveWith({ mode: "retry-one", replicas: "3" }).replicas).toBe(3);
     expect(usageMessage(() => resolveWith({ mode: "retry-one", replicas: "two" }))).toMatch(/--replicas/);
+    // retry-one's message log bound: sizes with units; meaningless in other modes.
+    expect(resolveWith({ mode: "retry-one" }).logLimitBytes).toBeUndefined();
+    expect(resolveWith({ mode: "retry-one", logLimit: "256MiB" }).logLimitBytes).toBe(256 * 1024 * 1024);
+    expect(resolveWith({ mode: "retry-one", logLimit: "2GB" }).logLimitBytes).toBe(2e9);
+    expect(resolveWith({ mode: "retry-one", logLimit: "65536" }).logLimitBytes).toBe(65536);
+    expect(usageMessage(() => resolveWith({ mode: "retry-one", logLimit: "lots" }))).toMatch(/--log-limit must be a size such as 64MiB/);
+    expect(usageMessage(() => resolveWith({ mode: "retry-one", logLimit: "12" }))).toMatch(/--log-limit "12" must be between 1024/);
+    expect(usageMessage(() => resolveWith({ mode: "cpr", logLimit: "1GiB" }))).toMatch(
+      /--log-limit bounds retry-one's message log; it does nothing in --mode cpr/,
+    );
     expect(usageMessage(() => resolveWith({ mode: "fast" }))).toMatch(/--mode "fast" is not a mode; use one of cpr, retry-one, elastic, none/);
   });
 

@@ -1,27 +1,52 @@
 /**
  * Goal: `decide` maps every combination of rank positions after a failure to the action
- * Rabit's ActionSummary priorities call for (checkpoint-ack > checkpoint > load-checkpoint >
- * load-cache > normal), and reports the combinations nobody can get out of instead of
- * waiting on them. Method: hand-built summaries, one situation per test.
+ * Rabit's ActionSummary priorities call for (load-checkpoint > load-cache > serve the ranks
+ * behind > normal), waits for running ranks instead of failing, and reports the combinations
+ * nobody can get out of instead of waiting on them. Method: hand-built summaries, one
+ * situation per test.
  */
 import { describe, expect, it } from "vitest";
 import { decide, predecessors, successors } from "../../src/cpr/retry-one/agreement.ts";
 import type { CollIdentity, Holding, Position, Summary } from "../../src/cpr/retry-one/types.ts";
+import { emptySummary } from "./summaries.ts";
 
 const sum: CollIdentity = { op: "allreduce:sum", root: -1, type: "Float64Array", length: 4 };
-const coll = (version: number, seqno: number, ident = sum): Position => ({ kind: "coll", version, seqno, ident });
+const coll = (index: number, ident = sum): Position => ({ kind: "coll", index, ident });
+const run = (index: number): Position => ({ kind: "run", index });
 const opts = { size: 4, replicas: 2 };
 
-/** A survivor at `pos` that committed `committed` and holds its own state and its predecessors'. */
-function survivor(rank: number, pos: Position, committed: number, more: Partial<Summary> = {}): Summary {
-  const holds: Holding[] =
-    committed > 0 ? [{ owner: rank, version: committed }, ...predecessors(rank, opts).map((owner) => ({ owner, version: committed }))] : [];
-  const bufCount = pos.kind === "coll" ? pos.seqno : pos.kind === "ckpt" || pos.kind === "final" ? pos.count : 0;
-  return { rank, pos, restoring: false, committed, bufVersion: committed, bufCount, cacheKeys: [], holds, wireSeq: 10, ...more };
+/**
+ * A survivor at `pos` whose checkpoints and its predecessors' are at `version` (collective
+ * index `3 * version`), safe and known to all, with results from that index on.
+ */
+function survivor(rank: number, pos: Position, version: number, more: Partial<Summary> = {}): Summary {
+  const index = 3 * version;
+  const holds: Holding[] = predecessors(rank, opts).map((owner) => ({
+    owner,
+    versions: version > 0 ? [{ version, index, key: `g${version}`, detCount: 0 }] : [],
+    detFrom: 0,
+    detTo: 0,
+  }));
+  const bufTo = pos.kind === "coll" || pos.kind === "final" || pos.kind === "run" ? pos.index : index;
+  return {
+    rank,
+    pos,
+    restoring: false,
+    version,
+    knownSafe: [version, version, version, version],
+    bufFrom: index,
+    bufTo,
+    cacheKeys: [],
+    holds,
+    globals: version > 0 ? [{ version, index, key: `g${version}` }] : [],
+    logsKnown: [],
+    wireSeq: 10,
+    ...more,
+  };
 }
 
 function restarted(rank: number, pos: Position = { kind: "restore" }, more: Partial<Summary> = {}): Summary {
-  return { rank, pos, restoring: true, committed: -1, bufVersion: 0, bufCount: 0, cacheKeys: [], holds: [], wireSeq: 0, ...more };
+  return emptySummary(rank, 4, pos, { restoring: true, ...more });
 }
 
 describe("decide", () => {
@@ -45,111 +70,122 @@ describe("decide", () => {
 
   it("normal: everyone at the same collective, nothing held beyond it → proceed with the highest wire sequence", () => {
     const d = decide(
-      [0, 1, 2, 3].map((r) => survivor(r, coll(2, 5), 2, { wireSeq: 10 + r })),
+      [0, 1, 2, 3].map((r) => survivor(r, coll(8), 2, { wireSeq: 10 + r })),
       opts,
     );
-    expect(d).toEqual({ kind: "proceed", pos: coll(2, 5), wireSeq: 13 });
+    expect(d).toEqual({ kind: "proceed", pos: coll(8), wireSeq: 13 });
   });
 
-  it("a rank behind at (v, s) gets every result from s on from the survivor holding the most", () => {
-    const all = [survivor(0, coll(2, 5), 2), survivor(1, coll(2, 3), 2), survivor(2, coll(2, 5), 2), survivor(3, { kind: "ckpt", version: 2, count: 6 }, 2)];
+  it("ranks behind get every result from their index on from the survivor holding the most", () => {
+    const all = [survivor(0, coll(8), 2), survivor(1, coll(7), 2), survivor(2, coll(8), 2), survivor(3, run(9), 2)];
     const d = decide(all, opts);
-    expect(d.kind).toBe("plan");
-    if (d.kind !== "plan") return;
-    expect(d.transfers).toEqual([
-      { kind: "results", from: 3, to: 0, version: 2, fromSeqno: 5 },
-      { kind: "results", from: 3, to: 1, version: 2, fromSeqno: 3 },
-      { kind: "results", from: 3, to: 2, version: 2, fromSeqno: 5 },
-    ]);
+    expect(d).toEqual({
+      kind: "plan",
+      transfers: [
+        { kind: "results", from: 3, to: 0, fromIndex: 8 },
+        { kind: "results", from: 3, to: 1, fromIndex: 7 },
+        { kind: "results", from: 3, to: 2, fromIndex: 8 },
+      ],
+    });
   });
 
-  it("load-checkpoint: a restarted rank gets its state from the first live successor, results, cache and the replicas it should hold", () => {
+  it("load-checkpoint: a restarted rank gets its newest safe checkpoint from the first holder, the global, every result, the cache and what it held", () => {
     const all = [
-      survivor(0, coll(3, 2), 3, { cacheKeys: ["seed"] }),
+      survivor(0, coll(10), 3, { cacheKeys: ["seed"] }),
       restarted(1),
-      survivor(2, coll(3, 2), 3, { cacheKeys: ["seed"] }),
-      survivor(3, coll(3, 2), 3, { cacheKeys: ["seed"] }),
+      survivor(2, coll(10), 3, { cacheKeys: ["seed"] }),
+      survivor(3, coll(10), 3, { cacheKeys: ["seed"] }),
     ];
     const d = decide(all, opts);
-    expect(d.kind).toBe("plan");
-    if (d.kind !== "plan") return;
-    expect(d.commit).toBeNull();
-    expect(d.transfers).toEqual([
-      { kind: "restore", from: 2, to: 1, version: 3 },
-      { kind: "results", from: 0, to: 1, version: 3, fromSeqno: 0 },
-      { kind: "cache", from: 0, to: 1, keys: ["seed"] },
-      { kind: "replica", from: 0, to: 1, owner: 0, version: 3 },
-      { kind: "replica", from: 3, to: 1, owner: 3, version: 3 },
-    ]);
+    expect(d).toEqual({
+      kind: "plan",
+      transfers: [
+        { kind: "restore", from: 2, to: 1, version: 3 },
+        { kind: "global", from: 0, to: 1, version: 3 },
+        { kind: "results", from: 0, to: 1, fromIndex: 0 },
+        { kind: "cache", from: 0, to: 1, keys: ["seed"] },
+        // Rank 1 holds ranks 0's and 3's data again: from another holder of each.
+        { kind: "held", from: 2, to: 1, owner: 0 },
+        { kind: "held", from: 0, to: 1, owner: 3 },
+      ],
+    });
   });
 
-  it("the restore skips dead holders: the next live holder serves (a server killed mid-restore)", () => {
-    const all = [survivor(0, coll(3, 0), 3), restarted(1), restarted(2), survivor(3, coll(3, 0), 3)];
-    const d = decide(all, opts);
+  it("the restore prefers the holder with the most determinants, then the nearest in ring order", () => {
+    const withDets = (r: number, detTo: number): Summary => {
+      const s = survivor(r, run(9), 3);
+      return { ...s, holds: s.holds.map((h) => (h.owner === 1 ? { ...h, detTo } : h)) };
+    };
+    const d = decide([withDets(0, 0), restarted(1), withDets(2, 4), withDets(3, 7)], opts);
     if (d.kind !== "plan") throw new Error(d.kind);
-    expect(d.transfers.filter((t) => t.kind === "restore")).toEqual([
-      { kind: "restore", from: 3, to: 1, version: 3 },
-      { kind: "restore", from: 3, to: 2, version: 3 },
-    ]);
+    expect(d.transfers[0]).toEqual({ kind: "restore", from: 3, to: 1, version: 3 });
+  });
+
+  it("only a safe checkpoint is restored: a newer one still being acknowledged is ignored", () => {
+    const pending = (r: number): Summary => {
+      const s = survivor(r, run(12), 3);
+      return { ...s, holds: s.holds.map((h) => ({ ...h, versions: [...h.versions, { version: 4, index: 12, key: "g4", detCount: 0 }] })) };
+    };
+    const d = decide([pending(0), restarted(1), pending(2), pending(3)], opts);
+    if (d.kind !== "plan") throw new Error(d.kind);
+    expect(d.transfers[0]).toEqual({ kind: "restore", from: 2, to: 1, version: 3 });
   });
 
   it("more failures than replicas: a rank's checkpoint with every holder dead is a clear CPR_RESTORE error", () => {
-    const all = [restarted(0), restarted(1), restarted(2), survivor(3, coll(1, 0), 1)];
+    const all = [restarted(0), restarted(1), restarted(2), survivor(3, coll(3), 1)];
     const d = decide(all, opts);
-    expect(d.kind).toBe("fail");
-    if (d.kind !== "fail") return;
-    expect(d.code).toBe("CPR_RESTORE");
-    expect(d.message).toMatch(/rank 0's checkpoint of version 1 is lost.*--replicas 2/);
+    expect(d).toMatchObject({ kind: "fail", code: "CPR_RESTORE" });
+    if (d.kind === "fail") expect(d.message).toMatch(/rank 0's checkpoint 1 is lost.*--replicas 2/);
   });
 
-  it("every rank restarted: a clear error, never a silent restart from version 0", () => {
+  it("every rank restarted: a clear error, never a silent restart from the beginning", () => {
     const d = decide([restarted(0), restarted(1), restarted(2), restarted(3)], opts);
     expect(d).toMatchObject({ kind: "fail", code: "CPR_RESTORE" });
-    if (d.kind === "fail") expect(d.message).toMatch(/never restarts silently from the beginning/);
+    if (d.kind === "fail") expect(d.message).toMatch(/no rank kept its memory/);
   });
 
-  it("before the first checkpoint a restarted rank restores version 0 (nothing) and replays version 0", () => {
-    const all = [survivor(0, coll(0, 4), 0), restarted(1), survivor(2, coll(0, 4), 0), survivor(3, coll(0, 4), 0)];
+  it("before the first checkpoint a restarted rank restores the start (version 0) and gets every result", () => {
+    const all = [survivor(0, coll(4), 0), restarted(1), survivor(2, coll(4), 0), survivor(3, coll(4), 0)];
     const d = decide(all, opts);
     if (d.kind !== "plan") throw new Error(d.kind);
-    expect(d.transfers).toEqual([
-      { kind: "restore", from: 0, to: 1, version: 0 },
-      { kind: "results", from: 0, to: 1, version: 0, fromSeqno: 0 },
+    expect(d.transfers.slice(0, 2)).toEqual([
+      { kind: "restore", from: 2, to: 1, version: 0 },
+      { kind: "results", from: 0, to: 1, fromIndex: 0 },
     ]);
   });
 
-  it("checkpoint-ack: one survivor committed v → ranks waiting at that checkpoint commit, the restarted rank restores v", () => {
-    // Rank 1 died inside checkpoint 2 after everyone heard its `stored`; rank 0 committed.
-    const pending = (r: number): Summary =>
-      survivor(r, { kind: "ckpt", version: 1, count: 3 }, 1, {
-        holds: [{ owner: r, version: 2 }, ...predecessors(r, opts).map((owner) => ({ owner, version: 2 }))],
-      });
-    const all = [survivor(0, coll(2, 0), 2), restarted(1), pending(2), pending(3)];
-    const d = decide(all, opts);
-    if (d.kind !== "plan") throw new Error(d.kind);
-    expect(d.commit).toBe(2);
-    expect(d.transfers[0]).toEqual({ kind: "restore", from: 2, to: 1, version: 2 });
+  it("its holders dead too: the start only if nobody knows it logged determinants", () => {
+    const noHolders = (r: number, logsKnown: number[] = []): Summary => ({ ...survivor(r, coll(4), 0), holds: [], logsKnown });
+    const ok = decide([noHolders(0), restarted(1), noHolders(2), noHolders(3)], opts);
+    if (ok.kind !== "plan") throw new Error(ok.kind);
+    expect(ok.transfers[0]).toEqual({ kind: "restore", from: 0, to: 1, version: 0 });
+    const lost = decide([noHolders(0, [1]), restarted(1), noHolders(2), noHolders(3)], opts);
+    expect(lost).toMatchObject({ kind: "fail", code: "CPR_RESTORE", message: expect.stringMatching(/rank 1's logged outcomes are lost/) });
   });
 
-  it("dying inside a checkpoint before anyone committed: the restarted rank restores the previous version", () => {
-    const atCkpt = (r: number): Summary => survivor(r, { kind: "ckpt", version: 1, count: 3 }, 1);
-    const d = decide([atCkpt(0), restarted(1), atCkpt(2), atCkpt(3)], opts);
-    if (d.kind !== "plan") throw new Error(d.kind);
-    expect(d.commit).toBeNull();
-    expect(d.transfers).toContainEqual({ kind: "restore", from: 2, to: 1, version: 1 });
-    expect(d.transfers).toContainEqual({ kind: "results", from: 0, to: 1, version: 1, fromSeqno: 0 });
+  it("the global of the restored checkpoint not kept yet by anyone: wait for the survivor that has not reached that checkpoint", () => {
+    const behind = (r: number): Summary => ({ ...survivor(r, run(9), 3), version: 2, globals: [{ version: 2, index: 6, key: "g2" }] });
+    expect(decide([behind(0), restarted(1), behind(2), behind(3)], opts)).toEqual({ kind: "wait" });
+    const past = (r: number): Summary => ({ ...survivor(r, run(9), 3), globals: [{ version: 3, index: 9, key: "other" }] });
+    expect(decide([past(0), restarted(1), past(2), past(3)], opts)).toMatchObject({
+      kind: "fail",
+      code: "CPR_RESTORE",
+      message: expect.stringMatching(/global must be identical on every rank/),
+    });
+  });
+
+  it("a running rank cannot be waited for in a round: nothing to move and someone runs → wait", () => {
+    expect(decide([survivor(0, coll(5), 1), survivor(1, run(5), 1), survivor(2, coll(5), 1), survivor(3, coll(5), 1)], opts)).toEqual({ kind: "wait" });
   });
 
   it("load-cache: a restarted rank at a bootstrap collective gets every key it lacks, whoever holds it", () => {
     const all = [
-      survivor(0, coll(1, 0), 1, { cacheKeys: ["a", "b"] }),
+      survivor(0, coll(3), 1, { cacheKeys: ["a", "b"] }),
       restarted(1, { kind: "boot", key: "b", ident: sum }),
-      survivor(2, coll(1, 0), 1, { cacheKeys: ["a", "b"] }),
-      survivor(3, coll(1, 0), 1, { cacheKeys: ["a", "b"] }),
+      survivor(2, coll(3), 1, { cacheKeys: ["a", "b"] }),
+      survivor(3, coll(3), 1, { cacheKeys: ["a", "b"] }),
     ];
-    const d = decide(all, opts);
-    if (d.kind !== "plan") throw new Error(d.kind);
-    expect(d.transfers).toEqual([{ kind: "cache", from: 0, to: 1, keys: ["a", "b"] }]);
+    expect(decide(all, opts)).toEqual({ kind: "plan", transfers: [{ kind: "cache", from: 0, to: 1, keys: ["a", "b"] }] });
   });
 
   it("all at the same bootstrap key and nobody has it → proceed (a fresh bootstrap, restarted ranks included)", () => {
@@ -159,29 +195,23 @@ describe("decide", () => {
   });
 
   it("a bootstrap key nobody ever ran, with the others past it: no rank can move → clear error, not a hang", () => {
-    const all = [survivor(0, coll(1, 0), 1), restarted(1, { kind: "boot", key: "new", ident: sum }), survivor(2, coll(1, 0), 1), survivor(3, coll(1, 0), 1)];
-    const d = decide(all, opts);
-    expect(d).toMatchObject({ kind: "fail", code: "CPR_REPLAY" });
+    const all = [survivor(0, coll(3), 1), restarted(1, { kind: "boot", key: "new", ident: sum }), survivor(2, coll(3), 1), survivor(3, coll(3), 1)];
+    expect(decide(all, opts)).toMatchObject({ kind: "fail", code: "CPR_REPLAY" });
   });
 
   it("the same point with another collective identity → MPI_COLLECTIVE_MISMATCH", () => {
     const max: CollIdentity = { ...sum, op: "allreduce:max" };
-    const all = [survivor(0, coll(1, 2), 1), survivor(1, coll(1, 2, max), 1), survivor(2, coll(1, 2), 1), survivor(3, coll(1, 2), 1)];
+    const all = [survivor(0, coll(5), 1), survivor(1, coll(5, max), 1), survivor(2, coll(5), 1), survivor(3, coll(5), 1)];
     expect(decide(all, opts)).toMatchObject({ kind: "fail", code: "MPI_COLLECTIVE_MISMATCH" });
   });
 
-  it("checkpoints after different numbers of collectives → CPR_REPLAY", () => {
-    const all = [0, 1, 2, 3].map((r) => survivor(r, { kind: "ckpt", version: 1, count: r === 2 ? 4 : 3 }, 1, { bufCount: 3 }));
-    expect(decide(all, opts)).toMatchObject({ kind: "fail", code: "CPR_REPLAY" });
-  });
-
   it("a restarted rank calling a collective before restore() → CPR_RESTORE", () => {
-    const all = [survivor(0, coll(1, 0), 1), restarted(1, coll(0, 0)), survivor(2, coll(1, 0), 1), survivor(3, coll(1, 0), 1)];
+    const all = [survivor(0, coll(3), 1), restarted(1, coll(0)), survivor(2, coll(3), 1), survivor(3, coll(3), 1)];
     expect(decide(all, opts)).toMatchObject({ kind: "fail", code: "CPR_RESTORE" });
   });
 
   it("all finalized at the same point → proceed (nothing left to do)", () => {
-    const fin: Position = { kind: "final", version: 3, count: 0 };
+    const fin: Position = { kind: "final", index: 9 };
     expect(
       decide(
         [0, 1, 2, 3].map((r) => survivor(r, fin, 3)),
@@ -190,8 +220,8 @@ describe("decide", () => {
     ).toBe("proceed");
   });
 
-  it("ranks more than one checkpoint apart is a protocol error", () => {
-    const all = [survivor(0, coll(3, 0), 3), survivor(1, coll(1, 0), 1), survivor(2, coll(3, 0), 3), survivor(3, coll(3, 0), 3)];
+  it("results a rank needs that every holder dropped is a protocol error, never a wrong result", () => {
+    const all = [survivor(0, coll(9), 3), survivor(1, coll(2), 3), survivor(2, coll(9), 3), survivor(3, coll(9), 3)];
     expect(decide(all, opts)).toMatchObject({ kind: "fail", code: "CPR_PROTOCOL" });
   });
 });

@@ -12,7 +12,7 @@
  * to a dead incarnation are lost; a dead rank's frames in flight may still arrive (stale).
  *
  * Invariants checked as the run goes: every rank (and every incarnation) sees the same
- * result for a given (version, seqno) and bootstrap key; the programs check every result
+ * result for a given collective index and bootstrap key; the programs check every result
  * against its known value (as Rabit's test programs do). A run ends `ok` (every rank
  * finalized), `failed` (a machine reported an error), or `hang` (a step bound).
  *
@@ -28,7 +28,8 @@ export type Op =
   | { readonly op: "boot"; readonly key: string; readonly ident: CollIdentity; readonly value: number[] | null }
   | { readonly op: "restore" }
   | { readonly op: "coll"; readonly ident: CollIdentity; readonly value: number[] | null }
-  | { readonly op: "ckpt"; readonly state: Lazy; readonly global: Lazy }
+  /** `key` names the global's content (null: no global), as the driver's checksum does. */
+  | { readonly op: "ckpt"; readonly state: Lazy; readonly global: Lazy; readonly key: string | null }
   | { readonly op: "final"; readonly result: unknown };
 
 export interface ProgramContext {
@@ -195,7 +196,7 @@ export class RetryOneSim {
   private readonly seen = new Map<string, string>();
   private readonly stats = { stateThunks: 0, globalThunks: 0 };
   private readonly trace: string[] = [];
-  private readonly frames: Record<string, number> = { summary: 0, xfer: 0, replica: 0, stored: 0, coll: 0 };
+  private readonly frames: Record<string, number> = { summary: 0, xfer: 0, replica: 0, rack: 0, stored: 0, ask: 0, done: 0, coll: 0 };
   private readonly mocks: readonly Mock[];
   private readonly triggers: readonly Trigger[];
 
@@ -335,14 +336,16 @@ export class RetryOneSim {
         this.handle(n, n.machine.step({ kind: "restore" }));
         return;
       case "coll": {
-        const { version, seqno } = n.machine.progress;
-        n.waitingKey = `coll:${version}:${seqno}`;
+        n.waitingKey = `coll:${n.machine.progress.index}`;
         this.handle(n, n.machine.step({ kind: "collective", ident: op.ident }));
         return;
       }
       case "ckpt":
         n.waitingKey = null;
-        this.handle(n, n.machine.step({ kind: "checkpoint", state: op.state, global: op.global }));
+        this.handle(
+          n,
+          n.machine.step({ kind: "checkpoint", state: op.state, global: op.global, key: op.key, consumed: new Array<number>(this.cfg.size).fill(0) }),
+        );
         return;
       case "final":
         n.finalized = true;
@@ -381,7 +384,9 @@ export class RetryOneSim {
           const got = JSON.stringify(e.result);
           const before = this.seen.get(key);
           if (before === undefined) this.seen.set(key, got);
-          else if (before !== got) throw new Error(`invariant: ${key} gave ${got} on rank ${n.rank} (attempt ${n.attempt}) but ${before} before`);
+          else if (before !== got) {
+            throw new Error(`invariant: ${key} gave ${got} on rank ${n.rank} (attempt ${n.attempt}) but ${before} before\n${this.trace.slice(-60).join("\n")}`);
+          }
           if (e.replayed) this.replayed++;
           this.log(`rank ${n.rank}.${n.attempt} complete ${key} ${got}${e.replayed ? " (replayed)" : ""}`);
           n.waiting = null;
@@ -396,8 +401,12 @@ export class RetryOneSim {
           break;
         case "restored":
           n.waiting = null;
-          n.resume = { value: e.value };
-          this.log(`rank ${n.rank}.${n.attempt} restored version ${e.value?.version ?? 0}`);
+          n.resume = { value: e.restored.value };
+          this.log(`rank ${n.rank}.${n.attempt} restored version ${e.restored.value?.version ?? 0}`);
+          break;
+        case "gate":
+        case "peer-safe":
+          // No point-to-point messages here: nothing to hold back or to drop.
           break;
         case "checkpointed":
           n.waiting = null;
@@ -580,5 +589,5 @@ export class RetryOneSim {
 
 /** Type guard for RestoredValue in programs. */
 export function restoredOf<S, G>(v: unknown): { state: S; global: G; version: number } | undefined {
-  return v as RestoredValue as { state: S; global: G; version: number } | undefined;
+  return v as RestoredValue["value"] as { state: S; global: G; version: number } | undefined;
 }

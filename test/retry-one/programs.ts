@@ -74,7 +74,7 @@ export function rabitProgram(opts: RabitProgramOptions): Program {
         state = { kind: "value", value: l };
         global = { kind: "value", value: m };
       }
-      yield { op: "ckpt", state, global };
+      yield { op: "ckpt", state, global, key: JSON.stringify(m) };
     }
     yield { op: "final", result: { model, local } };
   };

@@ -22,72 +22,67 @@ function codeOf(fn: () => unknown): string | undefined {
 }
 
 describe("ResultBuffer", () => {
-  it("serves (version, seqno) to the same collective", () => {
+  it("serves collective #index to the same collective", () => {
     const b = new ResultBuffer({ entriesMax: 10, bytesMax: 1000 });
-    b.add({ version: 0, seqno: 0, ident: sum8, result: "r0", bytes: 64 });
-    b.add({ version: 0, seqno: 1, ident: bcast8, result: "r1", bytes: 64 });
-    expect(b.take(0, 1, bcast8)?.result).toBe("r1");
-    expect(b.take(0, 2, sum8)).toBeUndefined();
-    expect(b.count).toBe(2);
-    expect(b.bytes).toBe(128);
+    b.add({ index: 0, ident: sum8, result: "r0", bytes: 64 });
+    b.add({ index: 1, ident: bcast8, result: "r1", bytes: 64 });
+    expect(b.take(1, bcast8)?.result).toBe("r1");
+    expect(b.take(2, sum8)).toBeUndefined();
+    expect([b.from, b.to, b.count, b.bytes]).toEqual([0, 2, 2, 128]);
   });
 
   it("rejects replay with another op, root, type or length (CPR_REPLAY), never a mixed result", () => {
     const b = new ResultBuffer({ entriesMax: 10, bytesMax: 1000 });
-    b.add({ version: 0, seqno: 0, ident: sum8, result: "r0", bytes: 8 });
-    expect(codeOf(() => b.take(0, 0, bcast8))).toBe("CPR_REPLAY");
-    expect(codeOf(() => b.take(0, 0, { ...sum8, length: 9 }))).toBe("CPR_REPLAY");
-    expect(codeOf(() => b.take(0, 0, { ...sum8, type: "Float32Array" }))).toBe("CPR_REPLAY");
-    expect(codeOf(() => b.take(0, 0, { ...sum8, op: "allreduce:max" }))).toBe("CPR_REPLAY");
-    expect(codeOf(() => b.take(0, 0, { ...bcast8, root: 1 }))).toBe("CPR_REPLAY");
+    b.add({ index: 0, ident: sum8, result: "r0", bytes: 8 });
+    expect(codeOf(() => b.take(0, bcast8))).toBe("CPR_REPLAY");
+    expect(codeOf(() => b.take(0, { ...sum8, length: 9 }))).toBe("CPR_REPLAY");
+    expect(codeOf(() => b.take(0, { ...sum8, type: "Float32Array" }))).toBe("CPR_REPLAY");
+    expect(codeOf(() => b.take(0, { ...sum8, op: "allreduce:max" }))).toBe("CPR_REPLAY");
+    expect(codeOf(() => b.take(0, { ...bcast8, root: 1 }))).toBe("CPR_REPLAY");
   });
 
   it("is bounded by entries and bytes with a clear CPR_CHECKPOINT error", () => {
     const b = new ResultBuffer({ entriesMax: 2, bytesMax: 1000 });
-    b.add({ version: 0, seqno: 0, ident: sum8, result: 0, bytes: 8 });
-    b.add({ version: 0, seqno: 1, ident: sum8, result: 0, bytes: 8 });
-    expect(() => b.add({ version: 0, seqno: 2, ident: sum8, result: 0, bytes: 8 })).toThrow(/resultEntriesMax 2.*call checkpoint\(\) more often/);
+    b.add({ index: 0, ident: sum8, result: 0, bytes: 8 });
+    b.add({ index: 1, ident: sum8, result: 0, bytes: 8 });
+    expect(() => b.add({ index: 2, ident: sum8, result: 0, bytes: 8 })).toThrow(/resultEntriesMax 2.*call checkpoint\(\) more often/);
     const c = new ResultBuffer({ entriesMax: 10, bytesMax: 100 });
-    c.add({ version: 0, seqno: 0, ident: sum8, result: 0, bytes: 60 });
-    expect(codeOf(() => c.add({ version: 0, seqno: 1, ident: sum8, result: 0, bytes: 60 }))).toBe("CPR_CHECKPOINT");
+    c.add({ index: 0, ident: sum8, result: 0, bytes: 60 });
+    expect(codeOf(() => c.add({ index: 1, ident: sum8, result: 0, bytes: 60 }))).toBe("CPR_CHECKPOINT");
   });
 
-  it("takes results in seqno order and accepts a second copy of a held one only if identical", () => {
+  it("takes results in index order and accepts a second copy of a held one only if identical", () => {
     const b = new ResultBuffer({ entriesMax: 10, bytesMax: 1000 });
-    expect(codeOf(() => b.add({ version: 0, seqno: 1, ident: sum8, result: 0, bytes: 8 }))).toBe("CPR_PROTOCOL");
-    b.add({ version: 0, seqno: 0, ident: sum8, result: 0, bytes: 8 });
-    b.add({ version: 0, seqno: 0, ident: sum8, result: 0, bytes: 8 }); // a transfer overlapping what we hold
+    expect(codeOf(() => b.add({ index: 1, ident: sum8, result: 0, bytes: 8 }))).toBe("CPR_PROTOCOL");
+    b.add({ index: 0, ident: sum8, result: 0, bytes: 8 });
+    b.add({ index: 0, ident: sum8, result: 0, bytes: 8 }); // a transfer overlapping what we hold
     expect(b.count).toBe(1);
-    expect(codeOf(() => b.add({ version: 0, seqno: 0, ident: bcast8, result: 0, bytes: 8 }))).toBe("CPR_REPLAY");
-    expect(codeOf(() => b.add({ version: 1, seqno: 1, ident: sum8, result: 0, bytes: 8 }))).toBe("CPR_PROTOCOL");
+    expect(codeOf(() => b.add({ index: 0, ident: bcast8, result: 0, bytes: 8 }))).toBe("CPR_REPLAY");
   });
 
-  it("is emptied by a committed checkpoint (reset to the new version)", () => {
+  it("drops the results below every rank's safe checkpoint, and ignores results below what it keeps", () => {
     const b = new ResultBuffer({ entriesMax: 10, bytesMax: 1000 });
-    b.add({ version: 0, seqno: 0, ident: sum8, result: 0, bytes: 8 });
-    b.reset(1);
-    expect(b.version).toBe(1);
-    expect(b.count).toBe(0);
-    expect(b.bytes).toBe(0);
-    expect(b.take(0, 0, sum8)).toBeUndefined();
+    for (let i = 0; i < 4; i++) b.add({ index: i, ident: sum8, result: i, bytes: 8 });
+    b.dropBelow(2);
+    expect([b.from, b.to, b.count, b.bytes]).toEqual([2, 4, 2, 16]);
+    expect(b.take(1, sum8)).toBeUndefined();
+    b.add({ index: 1, ident: bcast8, result: 9, bytes: 8 }); // below the floor: nobody asks
+    expect(b.count).toBe(2);
+    b.resetTo(7); // a restored rank's buffer begins where it is given results
+    expect([b.from, b.to, b.count, b.bytes]).toEqual([7, 7, 0, 0]);
+    b.add({ index: 7, ident: sum8, result: 7, bytes: 8 });
+    expect(b.take(7, sum8)?.result).toBe(7);
   });
 
-  it("lists at reset only the results it never handed out (a transfer or a replay may still hold the rest)", () => {
-    const fill = (b: ResultBuffer, version: number, n: number): void => {
-      for (let s = 0; s < n; s++) b.add({ version, seqno: s, ident: sum8, result: `v${version}s${s}`, bytes: 8 });
-    };
-    const b = new ResultBuffer({ entriesMax: 10, bytesMax: 1000 });
-    fill(b, 0, 4);
-    expect(b.reset(1)).toEqual(["v0s0", "v0s1", "v0s2", "v0s3"]);
-    fill(b, 1, 4);
-    b.from(2); // seqnos 2 and 3 go out in a transfer
-    expect(b.reset(2)).toEqual(["v1s0", "v1s1"]);
-    fill(b, 2, 4);
-    b.take(2, 1, sum8); // served to this rank's program from seqno 1 on
-    b.from(3);
-    expect(b.reset(3)).toEqual(["v2s0"]);
-    fill(b, 3, 2);
-    expect(b.reset(4)).toEqual(["v3s0", "v3s1"]); // lending does not outlive its version
+  it("lists as dropped only the results it never handed out (a transfer or a replay may still hold the rest)", () => {
+    const b = new ResultBuffer({ entriesMax: 100, bytesMax: 10_000 });
+    for (let i = 0; i < 8; i++) b.add({ index: i, ident: sum8, result: `r${i}`, bytes: 8 });
+    b.take(1, sum8); // served to this rank's program
+    expect(b.slice(6).map((e) => e.index)).toEqual([6, 7]); // sent in a transfer
+    expect(b.dropBelow(4)).toEqual(["r0", "r2", "r3"]);
+    expect(b.dropBelow(8)).toEqual(["r4", "r5"]);
+    for (let i = 8; i < 10; i++) b.add({ index: i, ident: sum8, result: `r${i}`, bytes: 8 });
+    expect(b.dropBelow(10)).toEqual(["r8", "r9"]); // lending one result does not mark later ones
   });
 });
 

@@ -1,6 +1,6 @@
 /**
- * Agreement on "who needs what" after a failure (Rabit's ActionSummary consensus),
- * as one pure function of the N round summaries.
+ * Agreement on "who needs what" after a failure (Rabit's ActionSummary consensus), as one pure
+ * function of the N round summaries.
  *
  * ## Why this is equivalent to Rabit's ActionSummary, and cheaper
  *
@@ -8,12 +8,12 @@
  * load-checkpoint > load-cache > normal, plus min/max seqno) before *every* collective and
  * checkpoint, failures or not, then acts on the reduced value. Two observations:
  *
- * 1. Without a failure since the last agreement, ranks are in lockstep: every rank makes the
- *    same collective calls in the same order (MPI's rule, checked on the wire by each
- *    collective's signature), so the reduced summary would always say "normal, min = max".
+ * 1. Without a failure since the last agreement, ranks are in lockstep on collectives: every
+ *    rank makes the same collective calls in the same order (MPI's rule, checked on the wire by
+ *    each collective's signature), so the reduced summary would always say "normal, min = max".
  *    Lifeline's coordinator tells every survivor about every failure (`peer-down`/`peer-up`),
  *    so a rank *knows* when lockstep may be broken. We therefore run rounds only from a view
- *    change until the round that finds every rank at the same point ("proceed"); the
+ *    change until the round that finds every rank at the same collective ("proceed"); the
  *    failure-free path has no agreement traffic at all (0 extra messages per collective,
  *    where Rabit pays one extra allreduce: ×2 on small messages).
  * 2. In a round every rank receives every summary (an all-to-all of a few dozen bytes each;
@@ -24,56 +24,70 @@
  *    decision without a leader.
  *
  * Rabit's priorities map onto this function's steps:
- * - checkpoint-ack: a survivor that committed version C* proves every rank's state of C* is
- *   at its replicas (it heard `stored` from all), so every rank waiting at checkpoint C*
- *   commits too (`commit`), before anything else is decided;
- * - checkpoint: ranks at a checkpoint with the others behind wait; the ones behind are served
- *   results first (they have the lower seqno: Rabit's "requester = min seqno");
- * - load-checkpoint: a restarted rank at restore() gets the newest committed version C*
- *   from a live holder of its state (and the global, the results of version C* and the
- *   bootstrap cache) in one go;
+ * - load-checkpoint: a restarted rank at restore() gets its newest checkpoint that a live
+ *   holder keeps (with the determinants logged after it, the global from a rank that kept its
+ *   own of that version, the collective results from the checkpoint's collective index on,
+ *   and the bootstrap cache) in one go;
  * - load-cache: a rank at a bootstrap collective whose key some rank holds gets the whole
  *   cache it lacks (so later bootstrap calls, in any order, need no round);
- * - normal: all ranks at the same point with nothing to serve → `proceed` (run it on the
- *   wire; for a checkpoint, the replica/stored protocol).
- * One deviation, on purpose: a result transfer carries *all* held results from the
- * requester's seqno on, not one, so a restarted rank replays a whole version locally
- * (identity-checked per call) instead of paying one round per repeated collective.
+ * - the ranks behind others on collectives (Rabit's "requester = min seqno") are served every
+ *   result the furthest survivor holds, and replay them locally (identity-checked per call);
+ * - normal: all ranks at the same collective with nothing to serve → `proceed` (run it on
+ *   the wire).
+ * Checkpoints are not part of the agreement: each rank's checkpoint is its own (independent
+ *   checkpointing), safe once its successors hold it; sender-based message logging makes any
+ *   rank's safe checkpoint a correct restart point without rolling anyone else back.
  *
- * Progress: a `plan` always moves some rank forward (a commit, a restore, or at least one
- * result or cache entry), and results and cache entries are finite, so rounds end in
- * `proceed` or `fail`. When every rank is blocked and none can serve another, nobody can
- * ever move: that is reported (`fail`), never waited on.
+ * Ranks that are not at a sync point (computing, in point-to-point calls, in a checkpoint)
+ * answer rounds with a `run` position. They cannot be waited for in a round, so a round with
+ * nothing to move and a running rank decides `wait`: the ranks at sync points wait until
+ * some rank's position changes (it reaches a sync point and starts the next round).
  *
- * Safety of the restore version: a checkpoint C* is committed only after every rank's state
- * of C* is stored at its successors, and a rank drops version C*-1 (states, results) only
- * after it committed C*. If some survivor committed C*, every survivor has passed all
- * collectives of C*-1, so nobody needs them; if none did, every survivor still holds version
- * C*-1 in full. Restoring C* = max committed over survivors is therefore always possible
- * when a live holder exists, and always sufficient.
+ * Progress: a `plan` always moves some rank forward (a restore, or at least one result or
+ * cache entry), and results and cache entries are finite, so rounds end in `proceed`, `wait`
+ * or `fail`. When every rank is at a sync point and none can serve another, nobody can ever
+ * move: that is reported (`fail`), never waited on.
+ *
+ * Safety of the restore choice: a rank's checkpoint v at collective index c is *safe* once
+ * every successor holds it and every rank has done the collectives before c; only then does
+ * it broadcast `stored(v)`, and only after that do peers drop what older checkpoints needed
+ * (messages it consumed before v, its older checkpoints and determinants, results below every
+ * rank's safe index). A restarted rank restores the newest safe checkpoint any live rank
+ * knows of. That is a complete restart point: its state, the determinants after it (every
+ * successor acknowledged each one before anything depending on it left the rank), the
+ * messages it received after it (in their senders' logs) and the results of the collectives
+ * after c (in the buffers of the ranks that did them). And no rank can need a result that
+ * only the failed rank had: every rank had done the collectives before c, and the results
+ * after c are kept by every rank that did them until every rank's safe checkpoint is past
+ * them. (A checkpoint that outran a collective some rank had not finished — its result held
+ * by the failed rank alone — is never restored: the simulator found that case.)
  *
  * @example
  * const d = decide(summaries, { size: 4, replicas: 2 });
  * if (d.kind === "proceed") execute(d.pos, d.wireSeq);
  */
 import type { LifelineErrorCode } from "../../errors.ts";
-import { describePosition, type Position, sameIdentity, type Summary } from "./types.ts";
+import { describePosition, type HeldVersion, type Position, sameIdentity, type Summary } from "./types.ts";
 
 export type Transfer =
-  /** Results of `version` from `fromSeqno` on, all that `from` holds. */
-  | { readonly kind: "results"; readonly from: number; readonly to: number; readonly version: number; readonly fromSeqno: number }
+  /** Results from collective `fromIndex` on, all that `from` holds. */
+  | { readonly kind: "results"; readonly from: number; readonly to: number; readonly fromIndex: number }
   | { readonly kind: "cache"; readonly from: number; readonly to: number; readonly keys: readonly string[] }
-  /** `to`'s own state and the global of `version` (0: the program's start, nothing). */
+  /** `to`'s checkpoint `version` (0: the program's start) and its determinants after it. */
   | { readonly kind: "restore"; readonly from: number; readonly to: number; readonly version: number }
-  /** `owner`'s state of `version`, for `to` to hold as a replica. */
-  | { readonly kind: "replica"; readonly from: number; readonly to: number; readonly owner: number; readonly version: number };
+  /** `from`'s own global of its checkpoint `version`, for `to`'s restore. */
+  | { readonly kind: "global"; readonly from: number; readonly to: number; readonly version: number }
+  /** Everything `from` holds of `owner`, for the restarted `to` to hold again (it is one of owner's successors). */
+  | { readonly kind: "held"; readonly from: number; readonly to: number; readonly owner: number };
 
 export type Decision =
   | { readonly kind: "fail"; readonly code: LifelineErrorCode; readonly message: string }
-  /** Ranks at checkpoint `commit - 1 → commit` commit it; then the transfers run. */
-  | { readonly kind: "plan"; readonly commit: number | null; readonly transfers: readonly Transfer[] }
+  /** The transfers run; then every rank at a sync point agrees again. */
+  | { readonly kind: "plan"; readonly transfers: readonly Transfer[] }
   /** Everyone is at `pos`: run it normally, as wire collective `wireSeq`. */
-  | { readonly kind: "proceed"; readonly pos: Position; readonly wireSeq: number };
+  | { readonly kind: "proceed"; readonly pos: Position; readonly wireSeq: number }
+  /** Nothing to move and some rank is running: wait for a rank's position to change. */
+  | { readonly kind: "wait" };
 
 export interface DecideOptions {
   readonly size: number;
@@ -120,14 +134,22 @@ export function predecessors(rank: number, opts: DecideOptions): number[] {
   return out;
 }
 
-const fail = (code: LifelineErrorCode, message: string): Decision => ({ kind: "fail", code, message });
+type Fail = Extract<Decision, { kind: "fail" }>;
+const fail = (code: LifelineErrorCode, message: string): Fail => ({ kind: "fail", code, message });
+
+/** A candidate restart point of a restarted rank: a checkpoint version and the rank that holds it. */
+interface Candidate {
+  readonly from: number;
+  readonly held: HeldVersion;
+  readonly detTo: number;
+}
 
 /**
  * The round's decision, the same on every rank for the same N summaries (ordered by rank).
  * Fails with `CPR_RESTORE` (a checkpoint lost beyond the replicas, every rank restarted, a
- * restarted rank skipping restore()), `CPR_REPLAY` (ranks at different points that nobody
- * can serve), `MPI_COLLECTIVE_MISMATCH` (same point, different collective), `CPR_PROTOCOL`
- * (ranks more than one checkpoint apart: a bug).
+ * restarted rank skipping restore()), `CPR_REPLAY` (ranks at different sync points that
+ * nobody can serve), `MPI_COLLECTIVE_MISMATCH` (same point, different collective),
+ * `CPR_PROTOCOL` (a bug: results a rank needs were dropped).
  */
 export function decide(all: readonly Summary[], opts: DecideOptions): Decision {
   const { size } = opts;
@@ -137,14 +159,14 @@ export function decide(all: readonly Summary[], opts: DecideOptions): Decision {
   const survivors = all.filter((s) => !s.restoring);
   const restoring = all.filter((s) => s.restoring);
   if (survivors.length === 0) {
-    // Never a silent restart from version 0 (Rabit's behaviour when too many die).
+    // Never a silent restart from the beginning (Rabit's behaviour when too many die).
     return fail(
       "CPR_RESTORE",
-      `all ${size} ranks were restarted and no rank kept its memory: the in-memory checkpoints and results are lost and retry-one cannot recover (it never restarts silently from the beginning); use --mode cpr for disk-backed recovery lines`,
+      `all ${size} ranks were restarted and no rank kept its memory: the in-memory checkpoints, logs and results are lost and retry-one cannot recover them`,
     );
   }
   for (const f of restoring) {
-    if (f.pos.kind !== "restore" && f.pos.kind !== "boot") {
+    if (f.pos.kind !== "restore" && f.pos.kind !== "boot" && f.pos.kind !== "run") {
       return fail(
         "CPR_RESTORE",
         `rank ${f.rank} was restarted and called ${describePosition(f.pos)} before restore(); in retry-one mode a program must call restore() before its main loop (only bootstrap collectives may come before it)`,
@@ -152,42 +174,32 @@ export function decide(all: readonly Summary[], opts: DecideOptions): Decision {
     }
   }
 
-  // checkpoint-ack: a survivor that committed C* proves C* complete (it heard `stored` from all).
-  const cStar = Math.max(...survivors.map((s) => s.committed));
-  let commit: number | null = null;
-  const committing = new Set<number>();
-  for (const s of survivors) {
-    if (s.committed === cStar) continue;
-    if (s.committed === cStar - 1 && s.pos.kind === "ckpt" && s.pos.version === cStar - 1) {
-      commit = cStar;
-      committing.add(s.rank);
-      continue;
-    }
-    return fail(
-      "CPR_PROTOCOL",
-      `rank ${s.rank} has committed version ${s.committed} and is at ${describePosition(s.pos)}, but another rank committed version ${cStar}; ranks drifted more than one checkpoint apart`,
-    );
-  }
-  const holds = (s: Summary, owner: number, version: number): boolean => s.holds.some((h) => h.owner === owner && h.version === version);
-  /** The first live holder of (owner, version) in ring order after the owner. */
-  const holderOf = (owner: number, version: number, exclude: number): number | undefined => {
-    for (let i = 0; i < size; i++) {
-      const r = (owner + i) % size;
-      const s = all[r]!;
-      if (r !== exclude && !s.restoring && holds(s, owner, version)) return r;
-    }
-    return undefined;
-  };
-  /** The survivor with the most results of `version` beyond `seqno` (lowest rank on ties). */
-  const resultServer = (version: number, seqno: number, exclude: number): number | undefined => {
+  const transfers: Transfer[] = [];
+  /** Some restarted rank waits for a survivor to reach the checkpoint whose global it needs. */
+  let waiting = false;
+  /** The survivor holding the most results from `index` on (lowest rank on ties), if any holds more. */
+  const resultServer = (index: number, exclude: number): number | undefined | "dropped" => {
     let best: Summary | undefined;
+    let dropped = false;
     for (const s of survivors) {
-      if (s.rank === exclude || committing.has(s.rank) || s.bufVersion !== version || s.bufCount <= seqno) continue;
-      if (best === undefined || s.bufCount > best.bufCount) best = s;
+      if (s.rank === exclude || s.bufTo <= index) continue;
+      if (s.bufFrom > index) {
+        dropped = true;
+        continue;
+      }
+      if (best === undefined || s.bufTo > best.bufTo) best = s;
     }
+    if (best === undefined && dropped) return "dropped";
     return best?.rank;
   };
-  const transfers: Transfer[] = [];
+  const pushResults = (to: number, index: number): Decision | undefined => {
+    const server = resultServer(index, to);
+    if (server === "dropped") {
+      return fail("CPR_PROTOCOL", `rank ${to} needs the collective results from #${index} on, but every rank holding later ones dropped them`);
+    }
+    if (server !== undefined) transfers.push({ kind: "results", from: server, to, fromIndex: index });
+    return undefined;
+  };
   /**
    * Every bootstrap key some rank holds and `to` lacks, grouped by the first holder. A
    * restarted rank that has not restored yet may hold keys too: it ran or received them in
@@ -216,54 +228,52 @@ export function decide(all: readonly Summary[], opts: DecideOptions): Decision {
       if (cacheHolder(f.pos.key, f.rank)) pushCache(f);
       continue;
     }
-    const version = cStar;
-    let from: number | undefined;
-    if (version > 0) {
-      from = holderOf(f.rank, version, f.rank);
-      if (from === undefined) {
-        const holders = successors(f.rank, opts).join(", ");
-        return fail(
-          "CPR_RESTORE",
-          `rank ${f.rank}'s checkpoint of version ${version} is lost: it and every rank holding a replica of it (${holders}) failed before it could be restored; more failures than --replicas ${opts.replicas} can cover (retry-one keeps checkpoints only in memory; use --mode cpr or more replicas)`,
-        );
-      }
-    } else {
-      // Before the first checkpoint the "checkpoint" is the program's start: nothing to copy.
-      from = survivors[0]!.rank;
+    if (f.pos.kind !== "restore") continue;
+    const chosen = restartPoint(f.rank, all, opts);
+    if ("code" in chosen) return chosen;
+    if ("waitForGlobal" in chosen) {
+      waiting = true;
+      continue;
     }
-    transfers.push({ kind: "restore", from, to: f.rank, version });
-    const rs = resultServer(version, 0, f.rank);
-    if (rs !== undefined) transfers.push({ kind: "results", from: rs, to: f.rank, version, fromSeqno: 0 });
+    transfers.push({ kind: "restore", from: chosen.from, to: f.rank, version: chosen.held.version });
+    if (chosen.global !== undefined) transfers.push({ kind: "global", from: chosen.global, to: f.rank, version: chosen.held.version });
+    // Every result a survivor keeps, not only those after f's checkpoint: f keeps them as the
+    // others do, since another rank restarting from an older checkpoint may need them.
+    const server = bufferServer(chosen.held.index, survivors);
+    if (server === "dropped")
+      return fail("CPR_PROTOCOL", `rank ${f.rank} needs the collective results from #${chosen.held.index} on, but every rank holding later ones dropped them`);
+    if (server !== undefined) transfers.push({ kind: "results", from: server, to: f.rank, fromIndex: 0 });
     pushCache(f);
-    if (version > 0) {
-      for (const p of predecessors(f.rank, opts)) {
-        if (p === f.rank) continue;
-        const h = holderOf(p, version, f.rank);
-        if (h !== undefined) transfers.push({ kind: "replica", from: h, to: f.rank, owner: p, version });
-      }
+    // Coverage back at once: what f held of its predecessors comes from another holder (the
+    // predecessor pushes it too when it can, but it may be down itself).
+    for (const p of predecessors(f.rank, opts)) {
+      const h = bestHolder(p, all, f.rank);
+      if (h !== undefined) transfers.push({ kind: "held", from: h, to: f.rank, owner: p });
     }
   }
 
-  // Ranks behind others: serve them what the others completed.
+  // Ranks behind others on collectives: serve them what the others completed.
   for (const s of survivors) {
-    if (committing.has(s.rank)) continue;
     if (s.pos.kind === "coll") {
-      const from = resultServer(s.pos.version, s.pos.seqno, s.rank);
-      if (from !== undefined) transfers.push({ kind: "results", from, to: s.rank, version: s.pos.version, fromSeqno: s.pos.seqno });
+      const r = pushResults(s.rank, s.pos.index);
+      if (r !== undefined) return r;
     } else if (s.pos.kind === "boot") {
       if (cacheHolder(s.pos.key, s.rank)) pushCache(s);
     }
   }
-  if (commit !== null || transfers.length > 0) return { kind: "plan", commit, transfers };
+  if (transfers.length > 0) return { kind: "plan", transfers };
 
-  // normal: nothing to move, so everyone must stand at the same point.
+  // Nothing to move. A running rank cannot be waited for here: wait for positions to change.
+  if (waiting || all.some((s) => s.pos.kind === "run")) return { kind: "wait" };
+
+  // normal: everyone must stand at the same point.
   const first = all[0]!.pos;
   for (const s of all) {
     if (!samePoint(first, s.pos)) {
       const where = all.map((x) => `rank ${x.rank}: ${describePosition(x.pos)}`).join("; ");
       return fail(
         "CPR_REPLAY",
-        `ranks cannot proceed together and none holds what another needs (${where}); after a restart the program must repeat the same collective calls, checkpoints and bootstrap keys`,
+        `ranks cannot proceed together and none holds what another needs (${where}); after a restart the program must repeat the same collective calls and bootstrap keys`,
       );
     }
   }
@@ -279,6 +289,103 @@ export function decide(all: readonly Summary[], opts: DecideOptions): Decision {
   return { kind: "proceed", pos: first, wireSeq: Math.max(...all.map((s) => s.wireSeq)) };
 }
 
+/**
+ * The checkpoint a restarted rank `f` restores: its newest *safe* one, as any live rank knows
+ * it (a checkpoint is safe once every successor holds it and every rank has done the
+ * collectives before it; only then did anyone drop what older checkpoints needed), from a
+ * holder that keeps it, preferring the one with the most determinants. Version 0 (the
+ * program's start) when none was ever safe, from a holder that kept the determinants since
+ * the start.
+ */
+function restartPoint(
+  f: number,
+  all: readonly Summary[],
+  opts: DecideOptions,
+): (Candidate & { readonly global: number | undefined }) | { readonly waitForGlobal: true } | Fail {
+  const target = Math.max(0, ...all.filter((s) => s.rank !== f).map((s) => s.knownSafe[f] ?? 0));
+  const candidates: Candidate[] = [];
+  for (const s of all) {
+    if (s.rank === f) continue;
+    const h = s.holds.find((x) => x.owner === f);
+    if (h === undefined) continue;
+    if (target === 0) {
+      if (h.detFrom === 0) candidates.push({ from: s.rank, held: { version: 0, index: 0, key: null, detCount: 0 }, detTo: h.detTo });
+      continue;
+    }
+    const v = h.versions.find((x) => x.version === target);
+    if (v !== undefined && h.detFrom <= v.detCount) candidates.push({ from: s.rank, held: v, detTo: h.detTo });
+  }
+  // The most determinants first; then ring order after f (deterministic).
+  const ringDistance = (r: number): number => (r - f + opts.size) % opts.size;
+  candidates.sort((a, b) => b.detTo - a.detTo || ringDistance(a.from) - ringDistance(b.from));
+  // Never checkpointed and never logged an outcome (as every rank that could know says):
+  // the program's start is a complete restart point, whoever gives it.
+  if (candidates.length === 0 && target === 0 && !all.some((s) => s.rank !== f && s.logsKnown.includes(f))) {
+    const giver = all.find((s) => s.rank !== f && !s.restoring);
+    if (giver !== undefined) candidates.push({ from: giver.rank, held: { version: 0, index: 0, key: null, detCount: 0 }, detTo: 0 });
+  }
+  const c = candidates[0];
+  if (c !== undefined) {
+    if (c.held.key === null) return { ...c, global: undefined };
+    const g = globalOwner(c.held, all, f);
+    if (g !== undefined) return { ...c, global: g };
+    // A survivor that has not called that checkpoint yet will keep its global when it does.
+    if (all.some((s) => s.rank !== f && !s.restoring && s.version < c.held.version)) return { waitForGlobal: true };
+    return fail(
+      "CPR_RESTORE",
+      `rank ${f}'s checkpoint ${c.held.version} is held, but no rank kept the global of its own checkpoint ${c.held.version} with the same content; the global must be identical on every rank at the same checkpoint (pass it only then)`,
+    );
+  }
+  const holders = successors(f, opts).join(", ");
+  return fail(
+    "CPR_RESTORE",
+    target > 0
+      ? `rank ${f}'s checkpoint ${target} is lost: it and every rank holding a replica of it (${holders}) failed before it could be restored; more failures than --replicas ${opts.replicas} can cover`
+      : `rank ${f}'s logged outcomes are lost: it and every rank holding them (${holders || "none: --replicas 0"}) failed; more failures than --replicas ${opts.replicas} can cover`,
+  );
+}
+
+/**
+ * The survivor whose buffer covers `index` and reaches furthest (the lowest start on ties), if
+ * any survivor holds results; "dropped" if results after `index` exist but none covers it.
+ */
+function bufferServer(index: number, survivors: readonly Summary[]): number | undefined | "dropped" {
+  let best: Summary | undefined;
+  let dropped = false;
+  for (const s of survivors) {
+    if (s.bufTo <= s.bufFrom) continue;
+    if (s.bufFrom > index) {
+      dropped ||= s.bufTo > index;
+      continue;
+    }
+    if (best === undefined || s.bufTo > best.bufTo || (s.bufTo === best.bufTo && s.bufFrom < best.bufFrom)) best = s;
+  }
+  if (best === undefined && dropped) return "dropped";
+  return best?.rank;
+}
+
+/** The rank (not `exclude`, not the owner) holding the most of `owner`'s data: newest checkpoint, then most determinants. */
+function bestHolder(owner: number, all: readonly Summary[], exclude: number): number | undefined {
+  let best: { rank: number; version: number; detTo: number } | undefined;
+  for (const s of all) {
+    if (s.rank === exclude || s.rank === owner) continue;
+    const h = s.holds.find((x) => x.owner === owner);
+    if (h === undefined) continue;
+    const version = Math.max(0, ...h.versions.map((v) => v.version));
+    if (best === undefined || version > best.version || (version === best.version && h.detTo > best.detTo)) best = { rank: s.rank, version, detTo: h.detTo };
+  }
+  return best?.rank;
+}
+
+/** A rank other than `f`, not restoring, that kept its own global of `held.version` with the same key. */
+function globalOwner(held: HeldVersion, all: readonly Summary[], f: number): number | undefined {
+  for (const s of all) {
+    if (s.rank === f || s.restoring) continue;
+    if (s.globals.some((g) => g.version === held.version && g.key === held.key)) return s.rank;
+  }
+  return undefined;
+}
+
 /** The same program point (identity aside, which is checked separately for a clear error). */
 function samePoint(a: Position, b: Position): boolean {
   switch (a.kind) {
@@ -287,10 +394,10 @@ function samePoint(a: Position, b: Position): boolean {
     case "restore":
       return b.kind === "restore";
     case "coll":
-      return b.kind === "coll" && a.version === b.version && a.seqno === b.seqno;
-    case "ckpt":
-      return b.kind === "ckpt" && a.version === b.version && a.count === b.count;
+      return b.kind === "coll" && a.index === b.index;
     case "final":
-      return b.kind === "final" && a.version === b.version && a.count === b.count;
+      return b.kind === "final" && a.index === b.index;
+    case "run":
+      return false;
   }
 }

@@ -15,10 +15,18 @@
  */
 import { LifelineError, type LifelineErrorCode } from "../../errors.ts";
 import { byteLengthOf } from "../../mpi/codec.ts";
+import { crc32 } from "../../store/checksum.ts";
 import type { CoordinatorToRank } from "../../mpi/control.ts";
 import type { RawFrame } from "../../mpi/cpr-hook.ts";
 import type { Host, Timer } from "../../mpi/host.ts";
-import { PROTO_RETRY_BASE, type RetryDecision, type RetryOneHook, type RetryOneHookFactory, type RetryWorldAccess } from "../../mpi/retry-hook.ts";
+import {
+  PROTO_RETRY_BASE,
+  type RetryDecision,
+  type RetryOneHook,
+  type RetryOneHookFactory,
+  type RetryRestoredValue,
+  type RetryWorldAccess,
+} from "../../mpi/retry-hook.ts";
 import type { Header } from "../../mpi/wire.ts";
 import { type Deferred, deferred } from "../deferred.ts";
 import { RetryOneRank } from "./rank.ts";
@@ -30,8 +38,15 @@ export const TAG: Record<ProtoFrame["t"], number> = {
   xfer: PROTO_RETRY_BASE + 1,
   replica: PROTO_RETRY_BASE + 2,
   stored: PROTO_RETRY_BASE + 3,
+  rack: PROTO_RETRY_BASE + 4,
+  dets: PROTO_RETRY_BASE + 5,
+  dack: PROTO_RETRY_BASE + 6,
+  ask: PROTO_RETRY_BASE + 7,
+  done: PROTO_RETRY_BASE + 8,
+  logs: PROTO_RETRY_BASE + 9,
+  lack: PROTO_RETRY_BASE + 10,
 };
-const TAG_LAST = PROTO_RETRY_BASE + 3;
+const TAG_LAST = PROTO_RETRY_BASE + 10;
 
 export interface RetryOneDriverOptions {
   /** Ring successors holding each rank's state (`--replicas`, default 2). */
@@ -56,9 +71,12 @@ function asBuffer(v: unknown): Buffer {
   throw new LifelineError("CPR_PROTOCOL", `retry-one: expected an encoded value, got ${typeof v}`);
 }
 
-function lazyOf(v: Buffer | (() => Buffer)): Lazy {
-  return typeof v === "function" ? { kind: "thunk", thunk: v } : { kind: "value", value: v };
+function lazyOf(v: unknown): Lazy {
+  return typeof v === "function" ? { kind: "thunk", thunk: v as () => unknown } : { kind: "value", value: v };
 }
+
+/** What restore() gives the communicator: the checkpoint (undefined: the start) and the determinants after it. */
+export type RetryRestored = RetryRestoredValue;
 
 export class RetryOneDriver implements RetryOneHook {
   private machine: RetryOneRank | undefined;
@@ -69,7 +87,7 @@ export class RetryOneDriver implements RetryOneHook {
   private call: Deferred<RetryDecision> | undefined;
   private decision: Promise<RetryDecision> | undefined;
   private ckpt: Deferred<void> | undefined;
-  private restoring: Deferred<{ state: Buffer; global: Buffer; version: number } | undefined> | undefined;
+  private restoring: Deferred<RetryRestored> | undefined;
   private failure: LifelineError | undefined;
   /** Collective frames of a newer view than ours, until the coordinator's news arrives. */
   private held: { header: Header; frame: RawFrame }[] = [];
@@ -81,6 +99,8 @@ export class RetryOneDriver implements RetryOneHook {
   private replaying: number | undefined;
   /** The checkpoint version restore() got from the peers (0: none). */
   private restoredVersion = 0;
+  /** A restarted rank: the checkpoint count its previous incarnation had reached (caught up past it). */
+  private reached = Infinity;
 
   constructor(
     private readonly access: RetryWorldAccess,
@@ -93,6 +113,7 @@ export class RetryOneDriver implements RetryOneHook {
 
   beforeStart(table: Extract<CoordinatorToRank, { t: "table" }>): void {
     const nowMs = this.host.now();
+    if (table.reached !== undefined) this.reached = table.reached;
     this.machine = new RetryOneRank({
       rank: this.access.rank,
       size: this.access.size,
@@ -115,6 +136,14 @@ export class RetryOneDriver implements RetryOneHook {
 
   get viewId(): number {
     return this.machine?.viewId ?? 0;
+  }
+
+  get view(): readonly number[] {
+    return this.machine?.view ?? [];
+  }
+
+  get isRestoring(): boolean {
+    return this.machine?.isRestoring ?? this.access.attempt > 0;
   }
 
   get inRecovery(): boolean {
@@ -169,18 +198,25 @@ export class RetryOneDriver implements RetryOneHook {
     else if (msg.t === "peer-down") this.input({ kind: "peer-down", rank: msg.rank, attempt: msg.attempt, nowMs });
   }
 
-  checkpoint(state: Buffer | (() => Buffer), global: Buffer | (() => Buffer)): Promise<void> {
+  checkpoint(state: unknown, global: Buffer | undefined, consumed: readonly number[]): Promise<void> {
     const d = deferred<void>();
     this.ckpt = d;
-    this.input({ kind: "checkpoint", state: lazyOf(state), global: lazyOf(global) });
+    // The global's content names it: a restarted peer takes the global of its checkpoint from
+    // any rank that kept its own with the same key (the global is the same on every rank).
+    const key = global === undefined ? null : `${crc32(global).toString(16)}:${global.byteLength}`;
+    this.input({ kind: "checkpoint", state: lazyOf(state), global: { kind: "value", value: global }, key, consumed });
     return d.promise;
   }
 
-  restore(): Promise<{ state: Buffer; global: Buffer; version: number } | undefined> {
-    const d = deferred<{ state: Buffer; global: Buffer; version: number } | undefined>();
+  restore(): Promise<RetryRestored> {
+    const d = deferred<RetryRestored>();
     this.restoring = d;
     this.input({ kind: "restore" });
     return d.promise;
+  }
+
+  logDets(from: number, entries: readonly unknown[]): void {
+    this.input({ kind: "dets", from, entries });
   }
 
   finalize(): void {
@@ -253,12 +289,19 @@ export class RetryOneDriver implements RetryOneHook {
       case "restored": {
         const d = this.restoring;
         this.restoring = undefined;
-        const v = e.value;
+        const v = e.restored.value;
         this.restoredVersion = v?.version ?? 0;
-        d?.resolve(v === undefined ? undefined : { state: asBuffer(v.state), global: asBuffer(v.global), version: v.version });
+        d?.resolve({
+          value: v === undefined ? undefined : { state: v.state, global: v.global === undefined ? undefined : asBuffer(v.global), version: v.version },
+          dets: e.restored.dets,
+          detFrom: e.restored.detFrom,
+        });
         return;
       }
       case "checkpointed": {
+        // A point-to-point program may run no collective for long: past the checkpoint count
+        // its previous incarnation had reached (the step it died in redone), it has caught up.
+        if (e.version > this.reached) this.reportCaughtUp();
         const d = this.ckpt;
         this.ckpt = undefined;
         d?.resolve();
@@ -266,6 +309,12 @@ export class RetryOneDriver implements RetryOneHook {
       }
       case "recycle":
         for (const r of e.results) if (Buffer.isBuffer(r)) this.access.recycle(r);
+        return;
+      case "gate":
+        this.access.setGate(e.open);
+        return;
+      case "peer-safe":
+        this.access.peerSafe(e.rank, e.consumed);
         return;
       case "fail":
         this.fail(e.code, e.message);

@@ -1,40 +1,50 @@
 /**
- * One rank of retry-one mode (Rabit-style recovery, seeds 000 and 002), as a pure state
- * machine: program calls, protocol frames, failure news and time go in through
- * {@link RetryOneRank.step}; effects come out (send, execute on the wire, complete the
- * program's call, fail). No sockets, timers, clock or randomness; the driver and the test
- * harness run the same code.
+ * One rank of retry-one mode (Rabit-style recovery of the failed rank alone, with
+ * sender-based message logging for point-to-point traffic), as a pure state machine: program
+ * calls, protocol frames, failure news and time go in through {@link RetryOneRank.step};
+ * effects come out (send, execute on the wire, complete the program's call, fail). No
+ * sockets, timers, clock or randomness; the driver and the test harness run the same code.
  *
  * ## The protocol in brief
- * - **Versions and seqnos.** Every checkpoint() ends a version; collective number `seqno`
- *   of version `v` is (v, seqno). Its result goes into the result buffer (bounded), kept
- *   until checkpoint v+1 is committed everywhere.
- * - **Normal mode** (no failure since the last agreement): collectives run straight on the
- *   wire; a checkpoint pushes the rank's state to its `replicas` ring successors (the lazy
- *   form is materialized here, once), then sends `stored(v+1)` to all once it arrived
- *   itself and holds every predecessor's replica; with `stored` from all, v+1 is committed:
- *   the old version's results and states are dropped and checkpoint() returns. The global
- *   is never sent at a checkpoint: every rank keeps its own (it is identical everywhere) and
- *   it is materialized only when a restarted rank needs it (Rabit's LazyCheckPoint).
+ * - **Independent checkpoints.** Every checkpoint() is this rank's own: its state (opaque
+ *   here: the driver packs the program's state with the library's counters and its sender
+ *   log) goes to its `replicas` ring successors, and the checkpoint is *safe* once each of
+ *   them acknowledged it (`rack`); checkpoint() returns then. No rank waits for another's
+ *   checkpoint, so programs whose ranks checkpoint at different rates (a master and its
+ *   workers) work. Once safe, the rank tells every peer (`stored`), with how many of that
+ *   peer's messages it had consumed: what only older checkpoints needed may go.
+ * - **Collectives** have an index (the number of non-bootstrap collectives before them, the
+ *   same on every rank). Results are kept until every rank's safe checkpoint is past them.
+ * - **Determinants.** Every non-deterministic outcome the program sees (which message a
+ *   wildcard receive matched, polls, `nondet()` values) is logged at the successors before
+ *   anything that could depend on it leaves the rank: the machine closes the `gate` while
+ *   some successor has not acknowledged every determinant (`dack`), and the driver holds
+ *   back application and collective frames meanwhile (pessimistic message logging, after
+ *   Johnson and Zwaenepoel; MPICH-V2 and Open MPI's pessimist component work this way).
  * - **Recovery mode** starts when the view changes (a peer died or runs again: every
  *   collective in flight is abandoned, its frames become void) or when a peer's round
  *   summary arrives. At each sync point (collective, bootstrap collective, restore,
- *   checkpoint, finalize) that the rank cannot serve locally it sends its {@link Summary}
- *   to all; with all N summaries it evaluates {@link decide} (agreement.ts, where the
- *   equivalence with Rabit's ActionSummary is argued) and carries out its part: commit,
- *   send transfers, wait for its own, or proceed together in normal mode.
- * - **Restart.** A restarted rank (attempt > 0) starts in recovery mode and holding nothing;
- *   its bootstrap calls are served from a peer's cache (any order), restore() brings its
- *   state, the global, the results of that version and the replicas it should hold, and
- *   each collective it repeats is answered from those results (identity-checked) until it
- *   stands where the survivors wait; then everyone proceeds together.
+ *   finalize) that the rank cannot serve locally it sends its {@link Summary} to all; a rank
+ *   that is not at a sync point answers with a `run` position. With all N summaries every
+ *   rank evaluates {@link decide} (agreement.ts, where the equivalence with Rabit's
+ *   ActionSummary is argued) and carries out its part: send transfers, wait for its own,
+ *   wait for a running rank, or proceed together in normal mode.
+ * - **Restart.** A restarted rank (attempt > 0) starts in recovery mode holding nothing; its
+ *   bootstrap calls are served from a peer's cache (any order), restore() brings its newest
+ *   checkpoint a live successor holds, the determinants after it, the global and the
+ *   collective results from its index on; it then re-executes, replaying the determinants
+ *   in order, while its peers resend the messages they logged for it (driver). Each
+ *   collective it repeats is answered from the results (identity-checked) until it stands
+ *   where the others are. Its predecessors push their checkpoints and determinants to it
+ *   again, so it holds what its previous incarnation held.
  *
  * Errors (as `fail` effects; afterwards every program call fails the same way):
  * `MPI_BOOTSTRAP` (key reused, bootstrap after the first checkpoint, cache bound),
  * `CPR_REPLAY` (a replayed call is not the collective that ran there; ranks stuck at
  * different points), `CPR_RESTORE` (restore() misuse; a checkpoint lost beyond the replicas;
- * every rank restarted), `CPR_CHECKPOINT` (result buffer bound), `MPI_TIMEOUT` (a dead rank
- * not back within the failure timeout), `MPI_COLLECTIVE_MISMATCH`, `CPR_PROTOCOL` (a bug).
+ * every rank restarted), `CPR_CHECKPOINT` (result buffer or determinant bound), `MPI_TIMEOUT`
+ * (a dead rank not back within the failure timeout), `MPI_COLLECTIVE_MISMATCH`, `CPR_PROTOCOL`
+ * (a bug).
  *
  * @example
  * const m = new RetryOneRank({ rank: 0, size: 4, attempt: 0, attempts: [0, 0, 0, 0] });
@@ -46,10 +56,14 @@ import { BootstrapCache, ProtocolError, ResultBuffer } from "./result-buffer.ts"
 import {
   CACHE_ENTRIES_MAX_DEFAULT,
   type CollIdentity,
+  DET_ENTRIES_MAX_DEFAULT,
   FAILURE_TIMEOUT_MS_DEFAULT,
   HELD_FRAMES_MAX_DEFAULT,
+  type HeldVersion,
   type Holding,
   type Lazy,
+  OWN_GLOBALS_MAX,
+  type OwnGlobal,
   type Position,
   type ProtoFrame,
   type RankEffect,
@@ -98,15 +112,26 @@ export class LazyCell {
   }
 }
 
+/** One of this rank's own checkpoints. */
 interface OwnCheckpoint {
   readonly version: number;
+  readonly index: number;
+  readonly detCount: number;
+  readonly key: string | null;
   readonly state: LazyCell;
-  readonly global: LazyCell;
+  /** Per peer, how many of its messages this rank had consumed (sent with `stored`). */
+  readonly consumed: readonly number[];
+  /** Successors (by rank) that acknowledged holding it. */
+  readonly acks: Set<number>;
 }
 
-interface HeldReplica {
-  readonly version: number;
-  readonly state: unknown;
+/** What this rank holds for one predecessor. */
+interface HeldData {
+  /** Checkpoints by version: the newest safe one and newer ones. */
+  readonly versions: Map<number, HeldVersion & { readonly state: unknown }>;
+  /** Determinants, ordinals detFrom..detFrom+dets.length-1. */
+  detFrom: number;
+  dets: unknown[];
 }
 
 type ViewOrder = "same" | "newer" | "stale";
@@ -129,6 +154,26 @@ export function compareView(theirs: readonly number[], mine: readonly number[]):
   return greater ? "newer" : "same";
 }
 
+/** A position's identity (with the rank's version), to tell whether it moved since its last summary. */
+function posKey(p: Position, version: number): string {
+  return `${posKind(p)}@${version}`;
+}
+
+function posKind(p: Position): string {
+  switch (p.kind) {
+    case "boot":
+      return `boot:${p.key}`;
+    case "restore":
+      return "restore";
+    case "coll":
+      return `coll:${p.index}`;
+    case "final":
+      return `final:${p.index}`;
+    case "run":
+      return `run:${p.index}`;
+  }
+}
+
 export class RetryOneRank {
   readonly rank: number;
   readonly size: number;
@@ -138,6 +183,8 @@ export class RetryOneRank {
   private readonly groups: readonly number[] | undefined;
   private readonly failureTimeoutMs: number;
   private readonly heldFramesMax: number;
+  private readonly detEntriesMax: number;
+  private readonly succ: readonly number[];
 
   /**
    * Every rank's incarnation: replaced, never changed in place, so an outgoing frame can carry
@@ -153,9 +200,11 @@ export class RetryOneRank {
   private restoreCalled = false;
   private recovery: boolean;
 
-  private committed = 0;
+  /** This rank's checkpoint count (the version it is in) and collectives since its last one. */
   private version = 0;
   private seqno = 0;
+  /** Non-bootstrap collectives done (the next collective's index). */
+  private index = 0;
   private readonly buffer: ResultBuffer;
   private readonly cache: BootstrapCache;
   private readonly usedKeys = new Set<string>();
@@ -164,26 +213,42 @@ export class RetryOneRank {
   /** Frames of wire collectives below this are void (abandoned executions). */
   private wireFloor = 0;
 
-  private own: OwnCheckpoint | null = null;
-  private ownPending: OwnCheckpoint | null = null;
-  private held = new Map<number, HeldReplica>();
-  private heldPending = new Map<number, HeldReplica>();
-  /**
-   * Replicas of the checkpoint after the pending one (committed + 2): a peer that committed
-   * before us may already push them when two checkpoints follow each other with no collective
-   * between (found by the World simulator). Moved to heldPending at our commit.
-   */
-  private earlyReplicas = new Map<number, HeldReplica>();
+  /** Own checkpoints: the newest safe one, and the one whose replicas are being acknowledged. */
+  private safe: OwnCheckpoint | null = null;
+  private pending: OwnCheckpoint | null = null;
+  /** Globals of own checkpoints kept for restarted peers, by version. */
+  private ownGlobals = new Map<number, OwnGlobal & { readonly global: LazyCell }>();
+  /** Own determinants since the safe checkpoint: ordinals detBase..detBase+dets.length-1. */
+  private detBase = 0;
+  private dets: unknown[] = [];
+  /** Per successor, determinants it acknowledged (ordinals below). */
+  private readonly detAcked = new Map<number, number>();
+  private gateOpen = true;
+  /** Per rank, the newest safe checkpoint known: [version, collective index]. */
+  private readonly knownSafe: [number, number][];
+  /** Per rank, collectives it is known to have done (a lower bound). */
+  private readonly knownIndex: number[];
+  /** Peers waiting to hear that this rank has done some number of collectives (see `ask`). */
+  private readonly wants = new Map<number, number>();
+  /** Ranks known to log determinants; and, once this incarnation logged one, the peers that know it. */
+  private readonly logsKnown = new Set<number>();
+  private logsAcked: Set<number> | null = null;
+  /** Recovery data held per predecessor. */
+  private readonly held = new Map<number, HeldData>();
 
   private pos: Position | null = null;
+  /** checkpoint() was called and returns when the pending checkpoint is safe. */
+  private ckptCall = false;
   private executing: { readonly wireSeq: number } | null = null;
-  private ckptProto: { readonly version: number; readonly storedFrom: Set<number>; storedSent: boolean } | null = null;
-  private readonly earlyStored = new Map<number, Set<number>>();
 
   private round = 0;
   private sentRound = -1;
+  /** The position the summary of `sentRound` reported. */
+  private sentPos = "";
+  /** The last round decided `wait`: the next begins when some rank's position changes. */
+  private waiting = false;
   private readonly summaries = new Map<number, Map<number, Summary>>();
-  /** Transfers this rank waits for after a round's decision, by key (see partKey). */
+  /** Transfers this rank waits for after a round's decision, by key (see transferKey). */
   private awaiting: { readonly round: number; readonly expected: Set<string>; readonly parts: Map<string, TransferPart> } | null = null;
   private readonly earlyXfers = new Map<number, Map<string, TransferPart>>();
   private heldFrames: { from: number; attempt: number; frame: ProtoFrame }[] = [];
@@ -204,6 +269,7 @@ export class RetryOneRank {
     this.groups = opts.groups === undefined ? undefined : [...opts.groups];
     this.failureTimeoutMs = opts.failureTimeoutMs ?? FAILURE_TIMEOUT_MS_DEFAULT;
     this.heldFramesMax = opts.heldFramesMax ?? HELD_FRAMES_MAX_DEFAULT;
+    this.detEntriesMax = opts.detEntriesMax ?? DET_ENTRIES_MAX_DEFAULT;
     const attempts = [...opts.attempts];
     attempts[this.rank] = opts.attempt;
     this.attempts = attempts;
@@ -213,16 +279,23 @@ export class RetryOneRank {
       bytesMax: opts.resultBytesMax ?? RESULT_BYTES_MAX_DEFAULT,
     });
     this.cache = new BootstrapCache(opts.cacheEntriesMax ?? CACHE_ENTRIES_MAX_DEFAULT);
+    this.succ = successors(this.rank, this.opts());
+    for (const s of this.succ) this.detAcked.set(s, 0);
+    this.knownSafe = Array.from({ length: opts.size }, () => [0, 0] as [number, number]);
+    this.knownIndex = new Array<number>(opts.size).fill(0);
     this.restoring = opts.attempt > 0;
     this.recovery = this.restoring;
-    if (this.restoring) this.committed = -1;
+    // A first incarnation holds (empty) records for its predecessors from the start: a
+    // predecessor that dies before its first checkpoint restarts from the program's start,
+    // with the determinants these records collect. A restarted holder gets them pushed.
+    if (!this.restoring) for (const p of predecessors(this.rank, this.opts())) this.held.set(p, { versions: new Map(), detFrom: 0, dets: [] });
   }
 
   // ---- observers (for the driver's reports and the tests) ----------------------------------
 
-  /** The version the program is in and the seqno of its next collective. */
-  get progress(): { version: number; seqno: number; committed: number } {
-    return { version: this.version, seqno: this.seqno, committed: this.committed };
+  /** This rank's checkpoint count and the collectives since its last one (fault coordinates). */
+  get progress(): { version: number; seqno: number; index: number } {
+    return { version: this.version, seqno: this.seqno, index: this.index };
   }
 
   /** A restarted rank that has not got its checkpoint back yet (it holds nothing). */
@@ -247,9 +320,16 @@ export class RetryOneRank {
     return this.attempts;
   }
 
+  /** Every determinant logged so far is held by every successor (see the gate effect). */
+  get isGateOpen(): boolean {
+    return this.gateOpen;
+  }
+
   /** Result entries and bytes held (for bounds checks in tests and reports). */
-  get buffered(): { entries: number; bytes: number; cacheEntries: number; replicas: number } {
-    return { entries: this.buffer.count, bytes: this.buffer.bytes, cacheEntries: this.cache.size, replicas: this.held.size };
+  get buffered(): { entries: number; bytes: number; cacheEntries: number; held: number; dets: number } {
+    let dets = 0;
+    for (const h of this.held.values()) dets += h.dets.length;
+    return { entries: this.buffer.count, bytes: this.buffer.bytes, cacheEntries: this.cache.size, held: this.held.size, dets: dets + this.dets.length };
   }
 
   /**
@@ -305,11 +385,13 @@ export class RetryOneRank {
       case "executed":
         return this.onExecuted(input.result, input.bytes ?? 0);
       case "checkpoint":
-        return this.onCheckpoint(input.state, input.global);
+        return this.onCheckpoint(input);
       case "finalize":
         this.beginCall();
-        this.pos = { kind: "final", version: this.version, count: this.seqno };
+        this.pos = { kind: "final", index: this.index };
         return this.sync();
+      case "dets":
+        return this.onDets(input.from, input.entries);
       case "frame":
         return this.onFrame(input.from, input.attempt, input.frame);
       case "peer-down":
@@ -324,8 +406,11 @@ export class RetryOneRank {
   // ---- program calls ---------------------------------------------------------------------------
 
   private beginCall(): void {
-    if (this.pos !== null) {
-      throw new ProtocolError("CPR_PROTOCOL", `a call while ${this.pos.kind} is still pending; await every collective and checkpoint before the next`);
+    if (this.pos !== null || this.ckptCall) {
+      throw new ProtocolError(
+        "CPR_PROTOCOL",
+        `a call while ${this.ckptCall ? "checkpoint" : this.pos!.kind} is still pending; await every collective and checkpoint before the next`,
+      );
     }
   }
 
@@ -351,7 +436,7 @@ export class RetryOneRank {
     if (this.checkpointCalls > 0) throw new ProtocolError("CPR_RESTORE", "restore() called after checkpoint(); call it once, before the first checkpoint()");
     this.restoreCalled = true;
     if (!this.restoring) {
-      this.out.push({ kind: "restored", value: undefined });
+      this.out.push({ kind: "restored", restored: { value: undefined, dets: [], detFrom: 0 } });
       return;
     }
     this.pos = { kind: "restore" };
@@ -362,17 +447,8 @@ export class RetryOneRank {
   private onCollective(ident: CollIdentity): void {
     this.beginCall();
     this.requireRestored("a collective");
-    this.pos = { kind: "coll", version: this.version, seqno: this.seqno, ident };
+    this.pos = { kind: "coll", index: this.index, ident };
     if (!this.serveLocally()) this.sync();
-  }
-
-  private onCheckpoint(state: Lazy, global: Lazy): void {
-    this.beginCall();
-    this.requireRestored("checkpoint()");
-    this.checkpointCalls++;
-    this.ownPending = { version: this.version + 1, state: new LazyCell(state), global: new LazyCell(global) };
-    this.pos = { kind: "ckpt", version: this.version, count: this.seqno };
-    this.sync();
   }
 
   private requireRestored(what: string): void {
@@ -389,11 +465,13 @@ export class RetryOneRank {
     const p = this.pos;
     if (p === null) return true;
     if (p.kind === "coll") {
-      const e = this.buffer.take(p.version, p.seqno, p.ident);
+      const e = this.buffer.take(p.index, p.ident);
       if (e === undefined) return false;
+      this.index++;
       this.seqno++;
       this.pos = null;
       this.out.push({ kind: "complete", result: e.result, replayed: true });
+      this.answerWants();
       return true;
     }
     if (p.kind === "boot") {
@@ -419,10 +497,8 @@ export class RetryOneRank {
       case "boot":
         this.execute(p.ident);
         return;
-      case "ckpt":
-        this.startCheckpoint();
-        return;
       case "final":
+      case "run":
         return;
       case "restore":
         throw new ProtocolError("CPR_PROTOCOL", "restore() outside recovery mode");
@@ -442,68 +518,169 @@ export class RetryOneRank {
     }
     this.executing = null;
     if (p.kind === "coll") {
-      this.buffer.add({ version: p.version, seqno: p.seqno, ident: p.ident, result, bytes });
+      this.buffer.add({ index: p.index, ident: p.ident, result, bytes });
+      this.index++;
       this.seqno++;
     } else {
       this.cache.put({ key: p.key, ident: p.ident, result });
     }
     this.pos = null;
     this.out.push({ kind: "complete", result, replayed: false });
+    this.answerWants();
   }
 
-  // ---- checkpoints: replicas to ring successors, `stored` to all, commit ---------------------
+  // ---- checkpoints: replicas to the successors, acknowledged, then `stored` to all -------------
 
-  private startCheckpoint(): void {
-    const own = this.ownPending!;
-    const version = own.version;
-    this.ckptProto = { version, storedFrom: this.earlyStored.get(version) ?? new Set(), storedSent: false };
-    this.earlyStored.delete(version);
-    if (this.replicas > 0) {
-      const state = own.state.lend();
-      for (const to of successors(this.rank, this.opts())) {
-        this.send(to, { t: "replica", view: this.viewNow(), version, state });
-      }
+  private onCheckpoint(input: Extract<RankInput, { kind: "checkpoint" }>): void {
+    this.beginCall();
+    this.requireRestored("checkpoint()");
+    this.checkpointCalls++;
+    const ckpt: OwnCheckpoint = {
+      version: this.version + 1,
+      index: this.index,
+      detCount: this.detBase + this.dets.length,
+      key: input.key,
+      state: new LazyCell(input.state),
+      consumed: [...input.consumed],
+      acks: new Set(),
+    };
+    this.pending = ckpt;
+    this.ckptCall = true;
+    if (input.key !== null) {
+      this.ownGlobals.set(ckpt.version, { version: ckpt.version, index: ckpt.index, key: input.key, global: new LazyCell(input.global) });
     }
-    this.checkStored();
-  }
-
-  private checkStored(): void {
-    const proto = this.ckptProto;
-    if (proto === null) return;
-    if (!proto.storedSent) {
-      for (const p of predecessors(this.rank, this.opts())) {
-        if (this.heldPending.get(p)?.version !== proto.version) return;
-      }
-      proto.storedSent = true;
-      proto.storedFrom.add(this.rank);
-      for (let r = 0; r < this.size; r++) if (r !== this.rank) this.send(r, { t: "stored", view: this.viewNow(), version: proto.version });
-    }
-    if (proto.storedFrom.size === this.size) this.commit(proto.version);
-  }
-
-  private commit(version: number): void {
-    const p = this.pos;
-    if (p === null || p.kind !== "ckpt" || p.version + 1 !== version || this.ownPending?.version !== version) {
-      throw new ProtocolError("CPR_PROTOCOL", `commit of version ${version} while not at that checkpoint`);
-    }
-    this.committed = version;
-    this.version = version;
+    this.version = ckpt.version;
     this.seqno = 0;
-    // The results and the previous checkpoint's own copies are dropped: what was never handed
-    // out may be reused.
-    const dropped = [...this.buffer.reset(version), ...(this.own === null ? [] : [...this.own.state.unlent, ...this.own.global.unlent])];
-    if (dropped.length > 0) this.out.push({ kind: "recycle", results: dropped });
-    this.own = this.ownPending;
-    this.ownPending = null;
-    const held = new Map<number, HeldReplica>();
-    for (const [owner, h] of this.heldPending) if (h.version === version) held.set(owner, h);
-    this.held = held;
-    this.heldPending = new Map();
-    for (const [owner, h] of this.earlyReplicas) if (h.version === version + 1) this.heldPending.set(owner, h);
-    this.earlyReplicas = new Map();
-    this.ckptProto = null;
-    this.pos = null;
-    this.out.push({ kind: "checkpointed", version });
+    this.moved();
+    for (const to of this.succ) this.sendReplica(to, ckpt, false);
+    // It is safe only once every rank has done the collectives before it (else a result only
+    // this rank holds could be lost with it): ask those not known to have.
+    for (let r = 0; r < this.size; r++)
+      if (r !== this.rank && this.knownIndex[r]! < ckpt.index) this.send(r, { t: "ask", view: this.viewNow(), index: ckpt.index });
+    this.checkSafe();
+  }
+
+  private sendReplica(to: number, c: OwnCheckpoint, safe: boolean): void {
+    this.send(to, { t: "replica", view: this.viewNow(), version: c.version, index: c.index, key: c.key, detCount: c.detCount, safe, state: c.state.lend() });
+  }
+
+  /** Answers the peers waiting for this rank to have done some number of collectives. */
+  private answerWants(): void {
+    if (this.restoring) return;
+    for (const [r, want] of this.wants) {
+      if (this.index >= want) {
+        this.wants.delete(r);
+        this.send(r, { t: "done", view: this.viewNow(), index: this.index });
+      }
+    }
+  }
+
+  private learnIndex(r: number, index: number): void {
+    if (index > this.knownIndex[r]!) {
+      this.knownIndex[r] = index;
+      this.checkSafe();
+    }
+  }
+
+  private checkSafe(): void {
+    const p = this.pending;
+    if (p === null) return;
+    for (const s of this.succ) if (!p.acks.has(s)) return;
+    for (let r = 0; r < this.size; r++) if (r !== this.rank && this.knownIndex[r]! < p.index) return;
+    const old = this.safe;
+    this.safe = p;
+    this.pending = null;
+    if (old !== null) this.recycle(old.state.unlent);
+    // Determinants before the checkpoint are in its state's past: nobody replays them again.
+    const drop = p.detCount - this.detBase;
+    if (drop > 0) {
+      this.dets.splice(0, drop);
+      this.detBase = p.detCount;
+    }
+    this.learnSafe(this.rank, p.version, p.index);
+    for (let r = 0; r < this.size; r++) {
+      if (r === this.rank) continue;
+      this.send(r, { t: "stored", view: this.viewNow(), version: p.version, index: p.index, detCount: p.detCount, consumed: p.consumed[r] ?? 0 });
+    }
+    if (this.ckptCall) {
+      this.ckptCall = false;
+      this.out.push({ kind: "checkpointed", version: p.version });
+    }
+  }
+
+  /** Rank `r`'s checkpoint `version` (at collective `index`) is safe: drop what nobody needs. */
+  private learnSafe(r: number, version: number, index: number): void {
+    const k = this.knownSafe[r]!;
+    if (version <= k[0]) return;
+    this.knownSafe[r] = [version, index];
+    let minIndex = Infinity;
+    let minVersion = Infinity;
+    for (const [v, i] of this.knownSafe) {
+      minIndex = Math.min(minIndex, i);
+      minVersion = Math.min(minVersion, v);
+    }
+    this.recycle(this.buffer.dropBelow(minIndex));
+    // Own globals: a restarted rank restores a checkpoint at least as new as its safe one, so
+    // versions below every rank's safe one are never asked for; of the rest keep the newest few.
+    const keep = [...this.ownGlobals.keys()].filter((v) => v >= minVersion).sort((a, b) => b - a);
+    const kept = new Set(keep.slice(0, OWN_GLOBALS_MAX));
+    if (this.pending !== null) kept.add(this.pending.version);
+    if (this.safe !== null) kept.add(this.safe.version);
+    for (const [v, g] of this.ownGlobals) {
+      if (!kept.has(v)) {
+        this.ownGlobals.delete(v);
+        this.recycle(g.global.unlent);
+      }
+    }
+  }
+
+  private recycle(results: unknown[]): void {
+    if (results.length > 0) this.out.push({ kind: "recycle", results });
+  }
+
+  // ---- determinants ------------------------------------------------------------------------------
+
+  private onDets(from: number, entries: readonly unknown[]): void {
+    const count = this.detBase + this.dets.length;
+    if (from !== count) throw new ProtocolError("CPR_PROTOCOL", `determinant #${from} logged while #${count} was expected`);
+    if (this.dets.length + entries.length > this.detEntriesMax) {
+      throw new ProtocolError(
+        "CPR_CHECKPOINT",
+        `rank ${this.rank} logged ${this.dets.length + entries.length} non-deterministic outcomes since its last safe checkpoint (detEntriesMax ${this.detEntriesMax}); call checkpoint() more often`,
+      );
+    }
+    this.dets.push(...entries);
+    if (this.logsAcked === null && entries.length > 0) {
+      // Every peer learns that this rank's history has outcomes only its successors hold:
+      // without them it can never restart from its start.
+      this.logsAcked = new Set();
+      for (let r = 0; r < this.size; r++) if (r !== this.rank) this.send(r, { t: "logs", view: this.viewNow() });
+    }
+    for (const s of this.succ) this.send(s, { t: "dets", view: this.viewNow(), from, entries });
+    this.updateGate();
+  }
+
+  private updateGate(): void {
+    const count = this.detBase + this.dets.length;
+    let open = true;
+    for (const s of this.succ) if ((this.detAcked.get(s) ?? 0) < count) open = false;
+    if (this.logsAcked !== null && this.logsAcked.size < this.size - 1) open = false;
+    if (open !== this.gateOpen) {
+      this.gateOpen = open;
+      this.out.push({ kind: "gate", open });
+    }
+  }
+
+  /** Everything a successor holds of this rank, again (it restarted, or this rank did). */
+  private pushTo(s: number): void {
+    this.detAcked.set(s, this.detBase);
+    if (this.safe !== null) this.sendReplica(s, this.safe, true);
+    if (this.pending !== null) {
+      this.pending.acks.delete(s);
+      this.sendReplica(s, this.pending, false);
+    }
+    this.send(s, { t: "dets", view: this.viewNow(), from: this.detBase, entries: [...this.dets] });
+    this.updateGate();
   }
 
   // ---- failures and views ----------------------------------------------------------------------
@@ -511,6 +688,12 @@ export class RetryOneRank {
   private onPeerDown(rank: number, attempt: number, nowMs: number): void {
     if (rank === this.rank || attempt < this.attempts[rank]!) return;
     if (!this.down.has(rank)) this.down.set(rank, nowMs);
+    if (this.succ.includes(rank)) {
+      // What it held died with it: its acknowledgements no longer count.
+      this.pending?.acks.delete(rank);
+      this.detAcked.set(rank, this.detBase);
+      this.updateGate();
+    }
     // The view changes only when the rank runs again (peer-up); until then no round can
     // complete, but what runs on the wire with the dead rank must be given up now.
     this.enterRecovery(false);
@@ -523,6 +706,17 @@ export class RetryOneRank {
     this.attempts = attempts;
     this.viewIdNow = attempts.reduce((s, a) => s + a, 0);
     this.down.delete(rank);
+    // Its previous incarnation's copies of our data died with it: push them again.
+    if (this.succ.includes(rank) && !this.restoring) this.pushTo(rank);
+    if (this.logsAcked !== null) {
+      this.logsAcked.delete(rank);
+      this.send(rank, { t: "logs", view: this.viewNow() });
+      this.updateGate();
+    }
+    // Its previous incarnation would have told us when it had done the collectives before
+    // our pending checkpoint: ask the new one.
+    if (this.pending !== null && this.knownIndex[rank]! < this.pending.index) this.send(rank, { t: "ask", view: this.viewNow(), index: this.pending.index });
+    // The data it held for us is gone; the data we held for it stays (it restores from us).
     this.enterRecovery(true);
     const held = this.heldFrames;
     this.heldFrames = [];
@@ -541,9 +735,9 @@ export class RetryOneRank {
   }
 
   /**
-   * Lockstep may be broken: abandon what runs on the wire (its frames become void), restart
-   * the checkpoint barrier, and agree again at the sync point. A view change restarts the
-   * round count (everyone in the new view starts at round 0).
+   * Lockstep may be broken: abandon what runs on the wire (its frames become void) and agree
+   * again at the sync point. A view change restarts the round count (everyone in the new
+   * view starts at round 0).
    */
   private enterRecovery(viewChanged: boolean): void {
     this.recovery = true;
@@ -553,14 +747,12 @@ export class RetryOneRank {
       this.summaries.clear();
       this.earlyXfers.clear();
       this.awaiting = null;
-      this.earlyStored.clear();
     }
     if (this.executing !== null) {
       this.out.push({ kind: "abandon", wireSeq: this.executing.wireSeq });
       this.executing = null;
     }
     this.wireFloor = this.wireSeq;
-    this.ckptProto = null;
     if (this.pos !== null && this.awaiting === null) this.sync();
   }
 
@@ -581,61 +773,137 @@ export class RetryOneRank {
       this.heldFrames.push({ from, attempt, frame });
       return;
     }
-    if (order === "stale") return;
+    if (order === "stale") {
+      // Recovery data addressed to our incarnation is never stale (its sender knows us and
+      // pushes again after any view change it learns of); only agreement traffic is.
+      if (frame.t === "summary" || frame.t === "xfer") return;
+    }
     switch (frame.t) {
       case "summary":
         return this.onSummary(from, frame.round, frame.summary);
       case "xfer":
         return this.onXfer(from, frame.round, frame.part);
       case "replica":
-        if (!this.restoring && frame.version === this.committed + 2) this.earlyReplicas.set(from, { version: frame.version, state: frame.state });
-        if (this.restoring || frame.version !== this.committed + 1) return;
-        this.heldPending.set(from, { version: frame.version, state: frame.state });
-        return this.checkStored();
-      case "stored": {
-        const proto = this.ckptProto;
-        if (proto !== null && proto.version === frame.version) {
-          proto.storedFrom.add(from);
-          return this.checkStored();
-        }
-        // committed + 2: a peer already at the checkpoint after the one we still commit.
-        if (frame.version === this.committed + 1 || frame.version === this.committed + 2) {
-          const set = this.earlyStored.get(frame.version) ?? new Set<number>();
-          set.add(from);
-          this.earlyStored.set(frame.version, set);
+        return this.onReplica(from, frame);
+      case "rack":
+        if (this.pending !== null && this.pending.version === frame.version) {
+          this.pending.acks.add(from);
+          this.checkSafe();
         }
         return;
+      case "dets":
+        return this.onHeldDets(from, frame.from, frame.entries);
+      case "dack":
+        if (this.succ.includes(from) && frame.upTo > (this.detAcked.get(from) ?? 0)) {
+          this.detAcked.set(from, frame.upTo);
+          this.updateGate();
+        }
+        return;
+      case "stored":
+        return this.onStored(from, frame);
+      case "ask":
+        this.wants.set(from, Math.max(this.wants.get(from) ?? 0, frame.index));
+        return this.answerWants();
+      case "done":
+        return this.learnIndex(from, frame.index);
+      case "logs":
+        this.logsKnown.add(from);
+        this.send(from, { t: "lack", view: this.viewNow() });
+        return;
+      case "lack":
+        if (this.logsAcked !== null) {
+          this.logsAcked.add(from);
+          this.updateGate();
+        }
+        return;
+    }
+  }
+
+  private heldFor(owner: number): HeldData {
+    let h = this.held.get(owner);
+    if (h === undefined) {
+      h = { versions: new Map(), detFrom: 0, dets: [] };
+      this.held.set(owner, h);
+    }
+    return h;
+  }
+
+  private onReplica(from: number, f: Extract<ProtoFrame, { t: "replica" }>): void {
+    const h = this.heldFor(from);
+    if (f.version >= (this.knownSafe[from]?.[0] ?? 0)) {
+      h.versions.set(f.version, { version: f.version, index: f.index, key: f.key, detCount: f.detCount, state: f.state });
+    }
+    if (f.safe) this.learnSafe(from, f.version, f.index);
+    this.send(from, { t: "rack", view: this.viewNow(), version: f.version });
+  }
+
+  private onHeldDets(from: number, first: number, entries: readonly unknown[]): void {
+    const h = this.heldFor(from);
+    const end = h.detFrom + h.dets.length;
+    if (h.dets.length === 0 && first !== end) {
+      // A fresh record (a push after a restart): it starts where the owner's log starts.
+      h.detFrom = first;
+    } else if (first > end) {
+      throw new ProtocolError("CPR_PROTOCOL", `rank ${from}'s determinants from #${first} arrived while #${end} was expected`);
+    }
+    // Entries from `first` on replace what was held there (a newer incarnation of the owner
+    // logs its own outcomes in place of an older one's that never took effect).
+    h.dets.length = Math.max(0, first - h.detFrom);
+    for (const e of entries) h.dets.push(e);
+    this.send(from, { t: "dack", view: this.viewNow(), upTo: h.detFrom + h.dets.length });
+  }
+
+  private onStored(from: number, f: Extract<ProtoFrame, { t: "stored" }>): void {
+    this.learnSafe(from, f.version, f.index);
+    this.learnIndex(from, f.index);
+    const h = this.held.get(from);
+    if (h !== undefined) {
+      for (const v of [...h.versions.keys()]) if (v < f.version) h.versions.delete(v);
+      const drop = Math.min(h.dets.length, f.detCount - h.detFrom);
+      if (drop > 0) {
+        h.dets.splice(0, drop);
+        h.detFrom += drop;
       }
     }
+    this.out.push({ kind: "peer-safe", rank: from, consumed: f.consumed });
   }
 
   // ---- agreement rounds ------------------------------------------------------------------------
 
+  private currentPos(): Position {
+    return this.pos ?? { kind: "run", index: this.index };
+  }
+
   private summary(): Summary {
     const holds: Holding[] = [];
-    if (!this.restoring) {
-      if (this.own !== null) holds.push({ owner: this.rank, version: this.own.version });
-      if (this.ownPending !== null && this.pos?.kind === "ckpt") holds.push({ owner: this.rank, version: this.ownPending.version });
-      for (const [owner, h] of this.held) holds.push({ owner, version: h.version });
-      for (const [owner, h] of this.heldPending) holds.push({ owner, version: h.version });
+    for (const [owner, h] of this.held) {
+      const versions: HeldVersion[] = [];
+      for (const v of h.versions.values()) versions.push({ version: v.version, index: v.index, key: v.key, detCount: v.detCount });
+      holds.push({ owner, versions, detFrom: h.detFrom, detTo: h.detFrom + h.dets.length });
     }
+    const globals: OwnGlobal[] = [];
+    if (!this.restoring) for (const g of this.ownGlobals.values()) globals.push({ version: g.version, index: g.index, key: g.key });
     return {
       rank: this.rank,
-      pos: this.pos!,
+      pos: this.currentPos(),
       restoring: this.restoring,
-      committed: this.restoring ? -1 : this.committed,
-      bufVersion: this.buffer.version,
-      bufCount: this.buffer.count,
+      version: this.restoring ? 0 : this.version,
+      knownSafe: this.knownSafe.map(([v]) => v),
+      bufFrom: this.buffer.from,
+      bufTo: this.buffer.to,
       cacheKeys: this.cache.keys,
       holds,
+      globals,
+      logsKnown: [...this.logsKnown],
       wireSeq: this.wireSeq,
     };
   }
 
   private sendSummary(): void {
-    if (this.down.size > 0 || this.sentRound === this.round || this.pos === null || this.awaiting !== null) return;
+    if (this.down.size > 0 || this.sentRound === this.round || this.awaiting !== null) return;
     this.sentRound = this.round;
     const s = this.summary();
+    this.sentPos = posKey(s.pos, s.version);
     this.record(this.round, s);
     for (let r = 0; r < this.size; r++) if (r !== this.rank) this.send(r, { t: "summary", view: this.viewNow(), round: this.round, summary: s });
     this.tryDecide();
@@ -644,11 +912,11 @@ export class RetryOneRank {
   private onSummary(from: number, round: number, s: Summary): void {
     if (round < this.round || s.rank !== from) return;
     this.record(round, s);
-    if (!this.recovery) {
-      // A peer needs agreement (it restarted, or it saw a failure we have not heard of):
-      // lockstep may be broken, so join the round at our sync point.
-      this.enterRecovery(false);
-    }
+    if (!s.restoring && (s.pos.kind === "coll" || s.pos.kind === "final" || s.pos.kind === "run")) this.learnIndex(from, s.pos.index);
+    // A peer needs agreement (it restarted, or it saw a failure we have not heard of): lockstep
+    // may be broken, so take part in the round, wherever we are (a running rank answers too).
+    if (!this.recovery) this.enterRecovery(false);
+    if (round === this.round) this.sendSummary();
     this.tryDecide();
   }
 
@@ -677,15 +945,21 @@ export class RetryOneRank {
       case "fail":
         throw new ProtocolError(d.code, d.message);
       case "proceed": {
+        this.waiting = false;
         this.recovery = false;
         this.wireSeq = Math.max(this.wireSeq, d.wireSeq);
         this.wireFloor = this.wireSeq;
         this.sync();
         return;
       }
+      case "wait":
+        this.waiting = true;
+        this.moved();
+        if (this.summaries.has(this.round)) this.sendSummary();
+        this.tryDecide();
+        return;
       case "plan": {
-        const p = this.pos;
-        if (d.commit !== null && !this.restoring && p !== null && p.kind === "ckpt" && p.version + 1 === d.commit) this.commit(d.commit);
+        this.waiting = false;
         const expected = new Set<string>();
         for (const t of d.transfers) {
           if (t.from === this.rank) this.send(t.to, { t: "xfer", view: this.viewNow(), round, part: this.part(t) });
@@ -698,44 +972,74 @@ export class RetryOneRank {
           for (const [key, part] of early) this.acceptPart(key, part);
           return;
         }
-        if (!this.serveLocally()) this.sync();
+        this.afterRound();
         return;
       }
     }
   }
 
+  /**
+   * After a `wait`: a rank whose position or version changed since it reported starts the
+   * next round (the others only answer it, or rounds would spin).
+   */
+  private moved(): void {
+    if (!this.waiting || !this.recovery || this.awaiting !== null || this.sentRound === this.round) return;
+    if (posKey(this.currentPos(), this.restoring ? 0 : this.version) === this.sentPos) return;
+    this.sendSummary();
+  }
+
+  /** After a plan: on to the next round at a sync point (or answer one a peer already began). */
+  private afterRound(): void {
+    if (!this.serveLocally()) this.sync();
+    if (this.pos === null && this.summaries.has(this.round)) this.sendSummary();
+    this.tryDecide();
+  }
+
   private part(t: Transfer): TransferPart {
     switch (t.kind) {
       case "results":
-        if (this.buffer.version !== t.version)
-          throw new ProtocolError("CPR_PROTOCOL", `asked for results of version ${t.version}, holding ${this.buffer.version}`);
-        return { kind: "results", version: t.version, entries: this.buffer.from(t.fromSeqno) };
+        return { kind: "results", entries: this.buffer.slice(t.fromIndex) };
       case "cache":
         return { kind: "cache", entries: this.cache.pick(t.keys) };
       case "restore": {
-        if (t.version === 0) return { kind: "restore", version: 0, state: undefined, global: undefined };
-        const state = this.stateOf(t.to, t.version);
-        const own = this.ownAt(t.version);
-        return { kind: "restore", version: t.version, state, global: own.global.lend() };
+        const knownSafe = this.knownSafe.map(([v, i]) => [v, i] as const);
+        const h = this.held.get(t.to) ?? (t.version === 0 ? { versions: new Map(), detFrom: 0, dets: [] } : undefined);
+        if (h === undefined) throw new ProtocolError("CPR_PROTOCOL", `rank ${this.rank} was asked to restore rank ${t.to}, whose data it does not hold`);
+        if (t.version === 0) {
+          if (h.detFrom !== 0)
+            throw new ProtocolError(
+              "CPR_PROTOCOL",
+              `rank ${this.rank} was asked for rank ${t.to}'s determinants from the start, but holds them from #${h.detFrom}`,
+            );
+          return { kind: "restore", version: 0, index: 0, key: null, detCount: 0, state: undefined, dets: [...h.dets], knownSafe };
+        }
+        const v = h.versions.get(t.version);
+        if (v === undefined)
+          throw new ProtocolError("CPR_PROTOCOL", `rank ${this.rank} was asked for rank ${t.to}'s checkpoint ${t.version}, which it does not hold`);
+        return {
+          kind: "restore",
+          version: v.version,
+          index: v.index,
+          key: v.key,
+          detCount: v.detCount,
+          state: v.state,
+          dets: h.dets.slice(v.detCount - h.detFrom),
+          knownSafe,
+        };
       }
-      case "replica":
-        return { kind: "replica", owner: t.owner, version: t.version, state: this.stateOf(t.owner, t.version) };
+      case "held": {
+        const h = this.held.get(t.owner);
+        if (h === undefined) throw new ProtocolError("CPR_PROTOCOL", `rank ${this.rank} was asked for what it holds of rank ${t.owner}, which is nothing`);
+        const [v, i] = this.knownSafe[t.owner]!;
+        return { kind: "held", owner: t.owner, safe: [v, i], versions: [...h.versions.values()], detFrom: h.detFrom, dets: [...h.dets] };
+      }
+      case "global": {
+        if (!this.ownGlobals.has(t.version))
+          throw new ProtocolError("CPR_PROTOCOL", `rank ${this.rank} was asked for its global of checkpoint ${t.version}, which it does not keep`);
+        const globals = [...this.ownGlobals.values()].map((g) => ({ version: g.version, index: g.index, key: g.key, global: g.global.lend() }));
+        return { kind: "global", globals };
+      }
     }
-  }
-
-  private ownAt(version: number): OwnCheckpoint {
-    if (this.own?.version === version) return this.own;
-    if (this.ownPending?.version === version) return this.ownPending;
-    throw new ProtocolError("CPR_PROTOCOL", `rank ${this.rank} was asked for checkpoint ${version}, which it does not hold`);
-  }
-
-  private stateOf(owner: number, version: number): unknown {
-    if (owner === this.rank) return this.ownAt(version).state.lend();
-    const h = this.held.get(owner)?.version === version ? this.held.get(owner) : this.heldPending.get(owner);
-    if (h === undefined || h.version !== version) {
-      throw new ProtocolError("CPR_PROTOCOL", `rank ${this.rank} was asked for rank ${owner}'s state of version ${version}, which it does not hold`);
-    }
-    return h.state;
   }
 
   private onXfer(from: number, round: number, part: TransferPart): void {
@@ -765,43 +1069,97 @@ export class RetryOneRank {
   private finishTransfers(): void {
     const parts = [...this.awaiting!.parts.values()];
     this.awaiting = null;
-    // The checkpoint first: it sets the version that the results and replicas belong to.
-    parts.sort((a, b) => (a.kind === "restore" ? 0 : 1) - (b.kind === "restore" ? 0 : 1));
+    // The checkpoint first: it sets where the results begin.
+    const order = { restore: 0, global: 1, results: 2, cache: 3, held: 4 } as const;
+    parts.sort((a, b) => order[a.kind] - order[b.kind]);
+    const globals = parts.find((p) => p.kind === "global")?.globals ?? [];
+    const results = parts.find((p) => p.kind === "results")?.entries ?? [];
     for (const part of parts) {
       switch (part.kind) {
-        case "restore": {
-          this.restoring = false;
-          this.committed = part.version;
-          this.version = part.version;
-          this.seqno = 0;
-          this.buffer.reset(part.version);
-          if (part.version > 0) {
-            this.own = {
-              version: part.version,
-              state: new LazyCell({ kind: "value", value: part.state }),
-              global: new LazyCell({ kind: "value", value: part.global }),
-            };
-            // Handed to the program by `restored` (it may view them): never recycled.
-            this.own.state.lend();
-            this.own.global.lend();
-          }
-          this.pos = null;
-          const value = part.version > 0 ? { state: part.state, global: part.global, version: part.version } : undefined;
-          this.out.push({ kind: "restored", value });
+        case "restore":
+          this.restoreFrom(part, globals, results[0]?.index ?? part.index);
           break;
-        }
-        case "replica":
-          if (part.version === this.committed) this.held.set(part.owner, { version: part.version, state: part.state });
+        case "global":
           break;
         case "results":
-          for (const e of part.entries) if (e.version === this.buffer.version) this.buffer.add(e);
+          for (const e of part.entries) if (e.index >= this.buffer.from) this.buffer.add(e, true);
           break;
         case "cache":
           for (const e of part.entries) this.cache.put(e);
           break;
+        case "held":
+          this.adoptHeld(part);
+          break;
       }
     }
-    if (!this.serveLocally()) this.sync();
+    this.afterRound();
+  }
+
+  /**
+   * A predecessor's data from another holder. Unless the predecessor itself pushed newer data
+   * meanwhile, this is what we hold of it now.
+   */
+  private adoptHeld(part: Extract<TransferPart, { kind: "held" }>): void {
+    this.learnSafe(part.owner, part.safe[0], part.safe[1]);
+    const mine = this.held.get(part.owner);
+    const newest = (vs: Iterable<{ version: number }>): number => Math.max(0, ...[...vs].map((v) => v.version));
+    if (mine !== undefined) {
+      const a = newest(mine.versions.values()),
+        b = newest(part.versions);
+      if (a > b || (a === b && mine.detFrom + mine.dets.length >= part.detFrom + part.dets.length)) return;
+    }
+    const versions = new Map<number, HeldVersion & { readonly state: unknown }>();
+    for (const v of part.versions) versions.set(v.version, v);
+    this.held.set(part.owner, { versions, detFrom: part.detFrom, dets: [...part.dets] });
+  }
+
+  private restoreFrom(
+    part: Extract<TransferPart, { kind: "restore" }>,
+    globals: readonly (OwnGlobal & { readonly global: unknown })[],
+    resultsFrom: number,
+  ): void {
+    this.restoring = false;
+    this.version = part.version;
+    this.index = part.index;
+    this.seqno = 0;
+    // The buffer starts where the results it is given start (results before its own checkpoint
+    // are kept for peers that may restart from older ones).
+    this.buffer.resetTo(Math.min(part.index, resultsFrom));
+    part.knownSafe.forEach(([v, i], r) => {
+      const k = this.knownSafe[r]!;
+      if (v > k[0]) this.knownSafe[r] = [v, i];
+      if (i > this.knownIndex[r]!) this.knownIndex[r] = i;
+    });
+    this.knownSafe[this.rank] = [part.version, part.index];
+    // The determinants replayed after the checkpoint are this rank's log again.
+    this.detBase = part.detCount;
+    this.dets = [...part.dets];
+    if (part.version > 0) {
+      this.safe = {
+        version: part.version,
+        index: part.index,
+        detCount: part.detCount,
+        key: part.key,
+        state: new LazyCell({ kind: "value", value: part.state }),
+        consumed: [],
+        acks: new Set(this.succ),
+      };
+      // Handed to the program by `restored` (it may view it): never recycled.
+      this.safe.state.lend();
+    }
+    // The giver's globals are ours now: a peer restarting from one of those checkpoints may ask.
+    for (const g of globals) {
+      const cell = new LazyCell({ kind: "value", value: g.global });
+      cell.lend();
+      this.ownGlobals.set(g.version, { version: g.version, index: g.index, key: g.key, global: cell });
+    }
+    const global = part.key === null ? undefined : this.ownGlobals.get(part.version)?.global.get();
+    this.pos = null;
+    const value = part.version > 0 ? { state: part.state, global, version: part.version } : undefined;
+    this.out.push({ kind: "restored", restored: { value, dets: part.dets, detFrom: part.detCount } });
+    // Our successors may have restarted while we were gone: they hold what we push now.
+    for (const s of this.succ) this.pushTo(s);
+    this.answerWants();
   }
 
   // ---- helpers ---------------------------------------------------------------------------------
@@ -822,7 +1180,7 @@ export class RetryOneRank {
 
 /** Names one transfer (sender, kind, owner) so a duplicate can never stand in for another. */
 function transferKey(from: number, t: Transfer | TransferPart): string {
-  return `${from}:${t.kind}:${t.kind === "replica" ? t.owner : ""}`;
+  return `${from}:${t.kind}:${t.kind === "held" ? t.owner : ""}`;
 }
 
 function isProgramCall(input: RankInput): boolean {

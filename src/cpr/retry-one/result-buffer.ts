@@ -1,9 +1,10 @@
 /**
- * The result buffer (results of every collective since the last checkpoint, by seqno) and the
- * bootstrap cache (results of bootstrap collectives, by key, for the job's lifetime).
+ * The result buffer (results of every collective that some rank's safe checkpoint has not yet
+ * passed, by collective index) and the bootstrap cache (results of bootstrap collectives, by
+ * key, for the job's lifetime).
  *
  * Both check identity on every read: a replayed call must be the same collective (op, root,
- * type, length) at the same (version, seqno) as the one whose result is served. Rabit checked
+ * type, length) at the same collective index as the one whose result is served. Rabit checked
  * only the seqno, so a restarted rank that ran a bootstrap allreduce got the result of an
  * unrelated broadcast (the "bootstrap operations" problem of Rabit's design notes): its worst
  * bug. Here a
@@ -11,8 +12,8 @@
  *
  * @example
  * const buf = new ResultBuffer({ entriesMax: 1024, bytesMax: 1 << 20 });
- * buf.add({ version: 3, seqno: 0, ident, result, bytes: 8 }); // throws BufferError when full
- * buf.take(3, 0, ident);                                       // entry, or IdentityError
+ * buf.add({ index: 0, ident, result, bytes: 8 }); // throws ProtocolError when full
+ * buf.take(0, ident);                               // the entry, or CPR_REPLAY on another identity
  */
 import type { LifelineErrorCode } from "../../errors.ts";
 import { type CacheEntry, type CollIdentity, describeIdentity, type ResultEntry, sameIdentity } from "./types.ts";
@@ -28,20 +29,24 @@ export class ProtocolError extends Error {
 }
 
 export class ResultBuffer {
-  private versionNow = 0;
+  /** Index of entries[0]: results below it were dropped (every rank checkpointed past them). */
+  private base = 0;
   private readonly entries: ResultEntry[] = [];
   private bytesNow = 0;
-  /** Seqnos from here on were handed out in a transfer (other code may still hold them). */
-  private lentFrom = Infinity;
+  /** Indices handed out (served or sent: other code may still hold their results). */
+  private readonly lent = new Set<number>();
 
   constructor(private readonly limits: { readonly entriesMax: number; readonly bytesMax: number }) {}
 
-  /** The version whose results are held (the last committed checkpoint's). */
-  get version(): number {
-    return this.versionNow;
+  /** Results held: indices from..to-1. */
+  get from(): number {
+    return this.base;
   }
 
-  /** Results held: seqnos 0..count-1. */
+  get to(): number {
+    return this.base + this.entries.length;
+  }
+
   get count(): number {
     return this.entries.length;
   }
@@ -51,63 +56,77 @@ export class ResultBuffer {
   }
 
   /**
-   * A checkpoint committed: results of older versions are never needed again. Returns the
-   * dropped results that were never handed out by {@link from} (their memory may be reused).
+   * No rank can need results below `index` any more (every rank's safe checkpoint is past
+   * them). Returns the dropped results that were never handed out (their memory may be reused).
    */
-  reset(version: number): unknown[] {
-    const unlent = this.entries.slice(0, Math.min(this.lentFrom, this.entries.length)).map((e) => e.result);
-    this.versionNow = version;
-    this.entries.length = 0;
-    this.bytesNow = 0;
-    this.lentFrom = Infinity;
+  dropBelow(index: number): unknown[] {
+    const n = Math.min(Math.max(0, index - this.base), this.entries.length);
+    if (n === 0) return [];
+    const unlent: unknown[] = [];
+    for (let i = 0; i < n; i++) {
+      const e = this.entries[i]!;
+      this.bytesNow -= e.bytes;
+      if (!this.lent.delete(e.index)) unlent.push(e.result);
+    }
+    this.entries.splice(0, n);
+    this.base += n;
     return unlent;
   }
 
+  /** Starts over at `index` (a restored rank: what it holds begins at its checkpoint). */
+  resetTo(index: number): void {
+    this.entries.length = 0;
+    this.bytesNow = 0;
+    this.base = index;
+    this.lent.clear();
+  }
+
   /**
-   * Appends the result of (version, seqno), which must be the next one. An entry that is
+   * Appends the result of collective `index`, which must be the next one. An entry that is
    * already held must be the same collective (a second source for it, e.g. a transfer).
+   * `received`: it came from another rank (its memory is not ours to reuse when dropped).
    */
-  add(e: ResultEntry): void {
-    if (e.version !== this.versionNow) {
-      throw new ProtocolError("CPR_PROTOCOL", `result of version ${e.version} offered to the buffer of version ${this.versionNow}`);
-    }
-    if (e.seqno < this.entries.length) {
-      this.check(this.entries[e.seqno]!, e.version, e.seqno, e.ident);
+  add(e: ResultEntry, received = false): void {
+    if (e.index < this.base) return; // below every checkpoint: nobody will ask for it
+    if (e.index < this.to) {
+      this.check(this.entries[e.index - this.base]!, e.index, e.ident);
       return;
     }
-    if (e.seqno !== this.entries.length) {
-      throw new ProtocolError("CPR_PROTOCOL", `result (version ${e.version}, seqno ${e.seqno}) offered out of order; the buffer holds ${this.entries.length}`);
+    if (e.index !== this.to) {
+      throw new ProtocolError("CPR_PROTOCOL", `result of collective #${e.index} offered out of order; the buffer holds #${this.base}..#${this.to - 1}`);
     }
     if (this.entries.length + 1 > this.limits.entriesMax || this.bytesNow + e.bytes > this.limits.bytesMax) {
       throw new ProtocolError(
         "CPR_CHECKPOINT",
-        `retry-one keeps every collective result since the last checkpoint, and version ${e.version} reached ${this.entries.length + 1} results / ${this.bytesNow + e.bytes} bytes (resultEntriesMax ${this.limits.entriesMax}, resultBytesMax ${this.limits.bytesMax}); call checkpoint() more often or raise the limits`,
+        `retry-one keeps every collective result since the oldest rank's checkpoint, and that reached ${this.entries.length + 1} results / ${this.bytesNow + e.bytes} bytes (resultEntriesMax ${this.limits.entriesMax}, resultBytesMax ${this.limits.bytesMax}); every rank must call checkpoint() more often, or raise the limits`,
       );
     }
     this.entries.push(e);
     this.bytesNow += e.bytes;
+    if (received) this.lent.add(e.index);
   }
 
-  /** The held result of (version, seqno), identity-checked (and handed out); undefined when not held. */
-  take(version: number, seqno: number, ident: CollIdentity): ResultEntry | undefined {
-    if (version !== this.versionNow || seqno >= this.entries.length) return undefined;
-    const e = this.entries[seqno]!;
-    this.check(e, version, seqno, ident);
-    this.lentFrom = Math.min(this.lentFrom, seqno); // served to the program: handed out
+  /** The held result of collective `index`, identity-checked (and handed out); undefined when not held. */
+  take(index: number, ident: CollIdentity): ResultEntry | undefined {
+    if (index < this.base || index >= this.to) return undefined;
+    const e = this.entries[index - this.base]!;
+    this.check(e, index, ident);
+    this.lent.add(index); // served to the program: handed out
     return e;
   }
 
-  /** Entries from `fromSeqno` on, for a transfer: they are handed out (never listed by {@link reset}). */
-  from(fromSeqno: number): ResultEntry[] {
-    this.lentFrom = Math.min(this.lentFrom, fromSeqno);
-    return this.entries.slice(fromSeqno);
+  /** Entries from `index` on, for a transfer: they are handed out (never listed by {@link dropBelow}). */
+  slice(index: number): ResultEntry[] {
+    const out = this.entries.slice(Math.max(index, this.base) - this.base);
+    for (const e of out) this.lent.add(e.index);
+    return out;
   }
 
-  private check(e: ResultEntry, version: number, seqno: number, ident: CollIdentity): void {
-    if (e.seqno !== seqno || e.version !== version || !sameIdentity(e.ident, ident)) {
+  private check(e: ResultEntry, index: number, ident: CollIdentity): void {
+    if (e.index !== index || !sameIdentity(e.ident, ident)) {
       throw new ProtocolError(
         "CPR_REPLAY",
-        `replay diverged at collective (version ${version}, seqno ${seqno}): this call is ${describeIdentity(ident)}, but the collective that ran there was ${describeIdentity(e.ident)}; the program must make the same collective calls after a restart (retry-one needs a deterministic program between checkpoints)`,
+        `replay diverged at collective #${index}: this call is ${describeIdentity(ident)}, but the collective that ran there was ${describeIdentity(e.ident)}; the program must make the same collective calls after a restart (retry-one needs a program that is deterministic apart from what the library logs)`,
       );
     }
   }

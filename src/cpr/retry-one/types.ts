@@ -1,10 +1,12 @@
 /**
- * Vocabulary of retry-one mode (Rabit-style recovery, seeds 000 and 002): collective
- * identities, positions of a rank in its program, round summaries, protocol frames, and the
- * machine's inputs and effects.
+ * Vocabulary of retry-one mode (Rabit-style recovery of the failed rank alone, extended with
+ * sender-based message logging for point-to-point programs): collective identities, positions
+ * of a rank in its program, round summaries, protocol frames, and the machine's inputs and
+ * effects.
  *
- * Results, states and globals are opaque to the machines (`unknown`): the driver stores them
- * encoded (Buffers), the test harness stores plain values. The machines never look inside.
+ * Results, states, globals and determinants are opaque to the machines (`unknown`): the
+ * driver stores them encoded (Buffers), the test harness stores plain values. The machines
+ * never look inside.
  *
  * @example
  * const ident: CollIdentity = { op: "allreduce:sum", root: -1, type: "Float64Array", length: 8 };
@@ -12,9 +14,9 @@
 import type { LifelineErrorCode } from "../../errors.ts";
 
 /**
- * What a collective call is, as far as replay must check it (op, root, type, length,
- * and the sequence number). The sequence number is not part of it: it is the position.
- * `root` is -1 for rootless collectives.
+ * What a collective call is, as far as replay must check it (op, root, type, length).
+ * Its position is its collective index (see {@link Position}). `root` is -1 for rootless
+ * collectives.
  */
 export interface CollIdentity {
   readonly op: string;
@@ -50,24 +52,32 @@ export function describeIdentity(i: CollIdentity): string {
  */
 export type Lazy<T = unknown> = { readonly kind: "value"; readonly value: T } | { readonly kind: "thunk"; readonly thunk: () => T };
 
-/** Where a rank stands when it cannot go on without the others (a sync point). */
+/**
+ * Where a rank stands, as its round summary says. Every rank makes the same collective calls
+ * in the same order, so a collective's *index* (how many non-bootstrap collectives came
+ * before it since the program's start) names it on every rank, whatever each rank's own
+ * checkpoints were.
+ */
 export type Position =
   /** A bootstrap collective under `key` (before the first checkpoint). */
   | { readonly kind: "boot"; readonly key: string; readonly ident: CollIdentity }
   /** A restarted rank at restore(): it needs its checkpoint from peers. */
   | { readonly kind: "restore" }
-  /** Collective number `seqno` of `version` (since checkpoint `version`). */
-  | { readonly kind: "coll"; readonly version: number; readonly seqno: number; readonly ident: CollIdentity }
-  /** checkpoint() that ends `version` (making `version + 1`) after `count` collectives. */
-  | { readonly kind: "ckpt"; readonly version: number; readonly count: number }
-  /** finalize() after `count` collectives of `version`; the rank stays to serve peers. */
-  | { readonly kind: "final"; readonly version: number; readonly count: number };
+  /** Collective number `index`. */
+  | { readonly kind: "coll"; readonly index: number; readonly ident: CollIdentity }
+  /** finalize() after `index` collectives; the rank stays to serve peers. */
+  | { readonly kind: "final"; readonly index: number }
+  /**
+   * Not at a sync point: computing, in point-to-point calls, or in a checkpoint() waiting for
+   * its replicas, with `index` collectives done. It answers rounds but cannot be waited for.
+   */
+  | { readonly kind: "run"; readonly index: number };
 
 /**
  * A sync point for error messages.
  *
  * @example
- * describePosition({ kind: "ckpt", version: 2, count: 5 }); // → "checkpoint 3 after 5 collective(s) of version 2"
+ * describePosition({ kind: "final", index: 5 }); // → "finalize() after 5 collective(s)"
  */
 export function describePosition(p: Position): string {
   switch (p.kind) {
@@ -76,47 +86,75 @@ export function describePosition(p: Position): string {
     case "restore":
       return "restore()";
     case "coll":
-      return `collective (version ${p.version}, seqno ${p.seqno}) ${describeIdentity(p.ident)}`;
-    case "ckpt":
-      return `checkpoint ${p.version + 1} after ${p.count} collective(s) of version ${p.version}`;
+      return `collective #${p.index} ${describeIdentity(p.ident)}`;
     case "final":
-      return `finalize() after ${p.count} collective(s) of version ${p.version}`;
+      return `finalize() after ${p.index} collective(s)`;
+    case "run":
+      return `running after ${p.index} collective(s)`;
   }
 }
 
-/** One replica (or own copy) of a rank's state that a rank holds. */
-export interface Holding {
-  readonly owner: number;
+/** A checkpoint of one rank as its holders describe it in their summaries. */
+export interface HeldVersion {
   readonly version: number;
+  /** Collectives the owner had done at the checkpoint. */
+  readonly index: number;
+  /** The global's key (see {@link RankInput} checkpoint), or null for no global. */
+  readonly key: string | null;
+  /** Determinants the owner had logged at the checkpoint. */
+  readonly detCount: number;
 }
 
 /**
- * What a rank tells every peer at the start of an agreement round: where it is and what it
- * can serve. Every rank gets all N summaries, so every rank computes the same decision
- * (see agreement.ts).
+ * What a rank holds of a predecessor's recovery data: checkpoints (the newest safe one and
+ * newer ones still being acknowledged) and the determinants logged since the safe one.
+ */
+export interface Holding {
+  readonly owner: number;
+  readonly versions: readonly HeldVersion[];
+  /** Determinants held: ordinals detFrom..detTo-1. */
+  readonly detFrom: number;
+  readonly detTo: number;
+}
+
+/** A global a rank keeps of its own checkpoint `version` (to give a restarted peer). */
+export interface OwnGlobal {
+  readonly version: number;
+  readonly index: number;
+  readonly key: string;
+}
+
+/**
+ * What a rank tells every peer in an agreement round: where it is and what it can serve.
+ * Every rank gets all N summaries, so every rank computes the same decision (agreement.ts).
  */
 export interface Summary {
   readonly rank: number;
   readonly pos: Position;
-  /** A restarted rank that has not restored yet: it holds nothing (its memory died). */
+  /** A restarted rank that has not restored yet (its memory died with its predecessor). */
   readonly restoring: boolean;
-  /** Latest committed checkpoint version (0: the program's start). -1 while restoring. */
-  readonly committed: number;
-  /** The result buffer covers seqnos 0..bufCount-1 of version bufVersion. */
-  readonly bufVersion: number;
-  readonly bufCount: number;
+  /** Its own checkpoints so far (the version it is in; 0 while restoring). */
+  readonly version: number;
+  /** Per rank, the newest checkpoint version this rank knows to be safe (0: none). */
+  readonly knownSafe: readonly number[];
+  /** Collective results held: indices bufFrom..bufTo-1. */
+  readonly bufFrom: number;
+  readonly bufTo: number;
   /** Keys of the bootstrap cache. */
   readonly cacheKeys: readonly string[];
-  /** States held (own and replicas; committed and pending). */
+  /** Recovery data held for predecessors. */
   readonly holds: readonly Holding[];
+  /** Globals of its own checkpoints it keeps. */
+  readonly globals: readonly OwnGlobal[];
+  /** Ranks known to have logged determinants (a rank that never did can restart from its start anywhere). */
+  readonly logsKnown: readonly number[];
   /** Collective executions started so far on the wire (World's collective sequence). */
   readonly wireSeq: number;
 }
 
 /** A buffered collective result, with the identity it was produced under. */
 export interface ResultEntry {
-  readonly version: number;
-  readonly seqno: number;
+  readonly index: number;
   readonly ident: CollIdentity;
   readonly result: unknown;
   readonly bytes: number;
@@ -130,26 +168,92 @@ export interface CacheEntry {
 
 /** A piece of data one rank sends another after a round's decision. */
 export type TransferPart =
-  | { readonly kind: "results"; readonly version: number; readonly entries: readonly ResultEntry[] }
+  | { readonly kind: "results"; readonly entries: readonly ResultEntry[] }
   | { readonly kind: "cache"; readonly entries: readonly CacheEntry[] }
-  /** A restarted rank's checkpoint: its own state and the global (version 0: none). */
-  | { readonly kind: "restore"; readonly version: number; readonly state: unknown; readonly global: unknown }
-  /** A replica the restarted rank holds for a ring predecessor (coverage restored at once). */
-  | { readonly kind: "replica"; readonly owner: number; readonly version: number; readonly state: unknown };
+  /**
+   * A restarted rank's checkpoint (version 0: the program's start, no state) with the
+   * determinants it logged after it, and what the sender knows of every rank's safe
+   * checkpoint (version and collective index).
+   */
+  | {
+      readonly kind: "restore";
+      readonly version: number;
+      readonly index: number;
+      readonly key: string | null;
+      readonly detCount: number;
+      readonly state: unknown;
+      readonly dets: readonly unknown[];
+      readonly knownSafe: readonly (readonly [number, number])[];
+    }
+  /**
+   * The globals the sender keeps of its own checkpoints (that of the restarted rank's
+   * checkpoint among them): the restarted rank keeps them as its own, as it would have.
+   */
+  | { readonly kind: "global"; readonly globals: readonly (OwnGlobal & { readonly global: unknown })[] }
+  /** What the sender holds of `owner` (a predecessor of the restarted rank), for it to hold again. */
+  | {
+      readonly kind: "held";
+      readonly owner: number;
+      /** The owner's newest safe checkpoint as the sender knows it: [version, collective index]. */
+      readonly safe: readonly [number, number];
+      readonly versions: readonly (HeldVersion & { readonly state: unknown })[];
+      readonly detFrom: number;
+      readonly dets: readonly unknown[];
+    };
 
 /**
  * Protocol frames between rank machines (the driver sends them as `protocol` frames with the
- * tags in INTEGRATION.md). `view` is the sender's attempt vector.
+ * tags in driver.ts). `view` is the sender's attempt vector.
  */
 export type ProtoFrame =
   | { readonly t: "summary"; readonly view: readonly number[]; readonly round: number; readonly summary: Summary }
   | { readonly t: "xfer"; readonly view: readonly number[]; readonly round: number; readonly part: TransferPart }
-  /** Checkpoint `version`: the sender's state, for a ring successor to hold. */
-  | { readonly t: "replica"; readonly view: readonly number[]; readonly version: number; readonly state: unknown }
-  /** Checkpoint `version`: the sender has arrived and holds every replica of its predecessors. */
-  | { readonly t: "stored"; readonly view: readonly number[]; readonly version: number };
+  /** The sender's checkpoint `version`, for a successor to hold (`safe`: already safe, a push after a restart). */
+  | {
+      readonly t: "replica";
+      readonly view: readonly number[];
+      readonly version: number;
+      readonly index: number;
+      readonly key: string | null;
+      readonly detCount: number;
+      readonly safe: boolean;
+      readonly state: unknown;
+    }
+  /** The holder keeps the sender's checkpoint `version`. */
+  | { readonly t: "rack"; readonly view: readonly number[]; readonly version: number }
+  /** The sender's determinants with ordinals from..from+entries.length-1 (later ones are void). */
+  | { readonly t: "dets"; readonly view: readonly number[]; readonly from: number; readonly entries: readonly unknown[] }
+  /** The holder keeps the sender's determinants up to ordinal upTo-1. */
+  | { readonly t: "dack"; readonly view: readonly number[]; readonly upTo: number }
+  /** Tell me once you have done `index` collectives (a checkpoint at that index waits for it). */
+  | { readonly t: "ask"; readonly view: readonly number[]; readonly index: number }
+  /** The sender has done `index` collectives. */
+  | { readonly t: "done"; readonly view: readonly number[]; readonly index: number }
+  /** The sender logs determinants (so it can never restart from its start without them). */
+  | { readonly t: "logs"; readonly view: readonly number[] }
+  /** The receiver knows the sender of `logs` logs determinants. */
+  | { readonly t: "lack"; readonly view: readonly number[] }
+  /**
+   * The sender's checkpoint `version` is safe (every successor holds it): the receiver may
+   * drop what only older checkpoints need — the messages it sent the sender that the sender
+   * had consumed (`consumed`), its copies of the sender's older checkpoints and determinants.
+   */
+  | {
+      readonly t: "stored";
+      readonly view: readonly number[];
+      readonly version: number;
+      readonly index: number;
+      readonly detCount: number;
+      readonly consumed: number;
+    };
 
-export type RestoredValue = { readonly state: unknown; readonly global: unknown; readonly version: number } | undefined;
+/** What restore() gives back: the checkpoint, and the determinants to replay after it. */
+export interface RestoredValue {
+  readonly value: { readonly state: unknown; readonly global: unknown; readonly version: number } | undefined;
+  /** Determinants logged after the checkpoint, in order (ordinals detFrom..). */
+  readonly dets: readonly unknown[];
+  readonly detFrom: number;
+}
 
 /** Inputs of {@link RetryOneRank.step}. Time is an input (`nowMs`), never read. */
 export type RankInput =
@@ -160,8 +264,21 @@ export type RankInput =
   | { readonly kind: "collective"; readonly ident: CollIdentity }
   /** The collective the machine asked to `execute` finished on the wire. */
   | { readonly kind: "executed"; readonly result: unknown; readonly bytes?: number }
-  | { readonly kind: "checkpoint"; readonly state: Lazy; readonly global: Lazy }
+  /**
+   * The program calls checkpoint(). `key` names the global's content (equal keys: equal
+   * globals; null: no global); `consumed[r]` is how many of rank r's messages this rank had
+   * received at this point (each peer gets its own count when the checkpoint is safe).
+   */
+  | {
+      readonly kind: "checkpoint";
+      readonly state: Lazy;
+      readonly global: Lazy;
+      readonly key: string | null;
+      readonly consumed: readonly number[];
+    }
   | { readonly kind: "finalize" }
+  /** Non-deterministic outcomes of the program, ordinals from..: logged at the successors. */
+  | { readonly kind: "dets"; readonly from: number; readonly entries: readonly unknown[] }
   /** A protocol frame from `from` (incarnation `attempt`). */
   | { readonly kind: "frame"; readonly from: number; readonly attempt: number; readonly frame: ProtoFrame }
   /** The detector or coordinator says `rank` died (its incarnation `attempt`). */
@@ -185,16 +302,25 @@ export type RankEffect =
   | { readonly kind: "abandon"; readonly wireSeq: number }
   /** Resolve the program's pending collective (or bootstrap collective) with `result`. */
   | { readonly kind: "complete"; readonly result: unknown; readonly replayed: boolean }
-  | { readonly kind: "restored"; readonly value: RestoredValue }
-  /** checkpoint() returns: `version` is committed (every rank's state is at its replicas). */
+  | { readonly kind: "restored"; readonly restored: RestoredValue }
+  /** checkpoint() returns: `version` is safe (every successor holds it). */
   | { readonly kind: "checkpointed"; readonly version: number }
   /**
-   * Values the machine dropped at a commit and never handed out — results of the older version
-   * (never sent in a transfer, never served to the program) and its own encoded state and
-   * global of the previous checkpoint (never sent to a peer): nothing refers to them any more,
-   * so their memory may be reused. Values that were handed out are not listed.
+   * Values the machine dropped and never handed out (results below every rank's safe
+   * checkpoint, its own older checkpoint copies): their memory may be reused.
    */
   | { readonly kind: "recycle"; readonly results: readonly unknown[] }
+  /**
+   * Whether every determinant logged so far is held by every successor. While it is not,
+   * nothing that could depend on them may leave the rank: the driver holds back every
+   * application and collective frame (pessimistic logging).
+   */
+  | { readonly kind: "gate"; readonly open: boolean }
+  /**
+   * Rank `rank`'s checkpoint is safe and it had consumed `consumed` of this rank's messages:
+   * the messages below that need not be kept for it any more.
+   */
+  | { readonly kind: "peer-safe"; readonly rank: number; readonly consumed: number }
   /** Fail the pending call and every later one with this error; the job cannot go on. */
   | { readonly kind: "fail"; readonly code: LifelineErrorCode; readonly message: string };
 
@@ -209,11 +335,13 @@ export interface RetryOneOptions {
   readonly replicas?: number;
   /** Each rank's host (index) at the job's start: replicas go to other hosts first (see agreement.ts). */
   readonly groups?: readonly number[] | undefined;
-  /** Bounds on the result buffer (entries, bytes) between two checkpoints. */
+  /** Bounds on the result buffer (entries, bytes) above every rank's safe checkpoint. */
   readonly resultEntriesMax?: number;
   readonly resultBytesMax?: number;
   /** Bootstrap cache entries. */
   readonly cacheEntriesMax?: number;
+  /** Determinants logged since this rank's safe checkpoint. */
+  readonly detEntriesMax?: number;
   /** A dead rank not running again within this long fails the survivors. */
   readonly failureTimeoutMs?: number;
   /** Frames held for a newer view than ours. */
@@ -226,5 +354,8 @@ export const REPLICAS_DEFAULT = 2;
 export const RESULT_ENTRIES_MAX_DEFAULT = 65_536;
 export const RESULT_BYTES_MAX_DEFAULT = 1 << 30;
 export const CACHE_ENTRIES_MAX_DEFAULT = 4096;
+export const DET_ENTRIES_MAX_DEFAULT = 1 << 20;
 export const FAILURE_TIMEOUT_MS_DEFAULT = 60_000;
 export const HELD_FRAMES_MAX_DEFAULT = 65_536;
+/** Own globals kept for restarted peers (newest first) beyond what every rank's safe checkpoint needs. */
+export const OWN_GLOBALS_MAX = 4;

@@ -11,7 +11,7 @@
  * const mode = new CprMode(core, coordinatedHook(openParts)); // World.connect, in mode cpr
  */
 import { LifelineError } from "../../errors.ts";
-import { decodeBody, encodeValue } from "../codec.ts";
+import { encodeValue } from "../codec.ts";
 import type { CoordinatorToRank } from "../control.ts";
 import {
   type CprHook,
@@ -24,26 +24,19 @@ import {
   type RawFrame,
 } from "../cpr-hook.ts";
 import type { Timer } from "../host.ts";
-import type { Poller, RequestImpl } from "../request.ts";
-import type { Message } from "../types.ts";
-import { decodeHeader, encodeHeader, frameId, type Header } from "../wire.ts";
-import { type AppEnvelope, type ModeCore, NoneMode, type PolledRecv, type RestoredState } from "./none.ts";
+import { encodeHeader, frameId, type Header } from "../wire.ts";
+import { LoggedMode } from "./logged.ts";
+import type { ModeCore, RestoredState } from "./none.ts";
 
 /** How long a released rank waits for the driver's background writes before it leaves. */
 const CPR_CLOSE_WAIT_MS = 5_000;
 
-export class CprMode extends NoneMode {
-  override readonly keepsFrames = true;
+export class CprMode extends LoggedMode {
   /** Late messages are delivered again from the log after a recovery: no views of accumulators. */
   override readonly liveOnly = false;
   private readonly hook: CprHook;
   /** Results of bootstrap collectives by key (encoded), kept in every checkpoint. */
   private readonly bootstrapResults = new Map<string, Buffer>();
-  /**
-   * Receives completed from the log by a replayed poll whose re-sent copy has not arrived yet
-   * (their posted receives stay in place and swallow it). A checkpoint waits for them.
-   */
-  private ghosts = 0;
 
   constructor(core: ModeCore, factory: CprHookFactory) {
     super(core);
@@ -150,64 +143,6 @@ export class CprMode extends NoneMode {
     this.hook.logNondet(ordinal, entry);
   }
 
-  override recvPoller<T>(recv: PolledRecv): Poller<Message<T>> {
-    return (req) => this.pollRecv(req, recv);
-  }
-
-  override sendPoller(): Poller<void> {
-    return (req) => this.pollSend(req);
-  }
-
-  override ghostSwallowed(): void {
-    this.ghosts--;
-  }
-
-  /**
-   * A poll (`test()`/`done`) of an irecv: its outcome depends on timing, so it is logged while
-   * recording — for a receive seen done, with the message's frame — and replayed on recovery.
-   * A replayed "done" whose message has not arrived again yet completes the request from the
-   * log and leaves its posted receive as a ghost, narrowed to the logged (source, tag) in its
-   * place in posting order, to swallow the copy the sender re-sends.
-   */
-  private pollRecv<T>(req: RequestImpl<Message<T>>, recv: PolledRecv): { done: boolean; value: Message<T> | undefined } | undefined {
-    const ticket = this.hook.nondet("test");
-    const r = ticket.replay;
-    if (r?.k === "test") {
-      if (!r.done) return { done: false, value: undefined };
-      if (req.settled) return { done: true, value: req.peek() };
-      if (r.msg === undefined) {
-        this.core.fatal(
-          new LifelineError("CPR_REPLAY", `rank ${this.core.rank}: replay: a receive's poll #${ticket.ordinal} was logged done without its message`),
-        );
-        return undefined;
-      }
-      const h = decodeHeader(r.msg.header, { jobKey: "stored", size: this.core.size });
-      const env: AppEnvelope = { source: h.source, tag: h.tag, data: decodeBody(h.encoding, h.arrayType, r.msg.body), raw: r.msg };
-      const w = recv.waiter!;
-      this.core.matcher.replace(w, { ...w, source: env.source, tag: env.tag });
-      recv.waiter = undefined;
-      this.core.recvCompletedFromLog();
-      this.ghosts++;
-      req.complete({ source: env.source, tag: env.tag, data: env.data } as Message<T>);
-      return { done: true, value: req.peek() };
-    }
-    const done = req.settled;
-    const raw = done ? recv.raw() : undefined;
-    // Copied: the program may change the arrays it received.
-    const msg = raw === undefined ? undefined : { header: Buffer.from(raw.header), body: raw.body.map((b) => Buffer.from(b)) };
-    this.hook.logNondet(ticket.ordinal, msg === undefined ? { k: "test", done } : { k: "test", done, msg });
-    return { done, value: done ? req.peek() : undefined };
-  }
-
-  /** A poll of an isend: whether it was done is timing; logged and replayed. */
-  private pollSend(req: RequestImpl<void>): { done: boolean; value: undefined } {
-    const ticket = this.hook.nondet("test");
-    if (ticket.replay?.k === "test") return { done: ticket.replay.done, value: undefined };
-    const done = req.settled;
-    this.hook.logNondet(ticket.ordinal, { k: "test", done });
-    return { done, value: undefined };
-  }
-
   /**
    * A bootstrap collective's result is kept for the job's lifetime (it travels in every
    * checkpoint); a restored rank gets it from there without running the collective again.
@@ -242,15 +177,6 @@ export class CprMode extends NoneMode {
     this.hook.checkpoint(state, global, () => this.core.channel.deliverSelf(Infinity));
     if (this.hook.epoch !== before) this.core.versions = this.hook.epoch;
     this.core.reportStep(this.hook.epoch !== before);
-  }
-
-  override nondet<T>(fn: () => T): T {
-    if (typeof fn !== "function") throw new TypeError("nondet(fn) needs a function");
-    const ticket = this.hook.nondet("value");
-    if (ticket.replay?.k === "value") return ticket.replay.v as T;
-    const v = fn();
-    this.hook.logNondet(ticket.ordinal, { k: "value", v });
-    return v;
   }
 
   /**

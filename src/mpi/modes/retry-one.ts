@@ -1,24 +1,62 @@
 /**
- * Mode retry-one: only a failed rank restarts; it restores its checkpoint from its peers'
- * memory and gets the results of the collectives it missed from their buffers. The protocol's
- * driver (src/cpr/retry-one, plugged in through the {@link RetryOneHook} seam) decides, for
- * each collective call, whether it runs on the wire (with the sequence number and view id the
- * driver chose) or is answered from a buffer. This adapter binds the driver to the
- * communicator: it runs collectives that way (a run abandoned because a peer failed asks the
- * driver again), keeps every result for the driver (pooled memory for large ones), and
- * rewrites the collectives whose result is not the same on every rank — reduce, gather,
- * scatter, alltoall — into ones whose result is (so a buffered result serves any rank).
- * Point-to-point calls and `nondet()` cannot be replayed from a buffer: they are refused.
+ * Mode retry-one: only a failed rank restarts; it restores its own newest checkpoint from its
+ * peers' memory, gets the results of the collectives it missed from their buffers, and is sent
+ * again every message it had received after that checkpoint. The protocol's driver
+ * (src/cpr/retry-one, plugged in through the {@link RetryOneHook} seam) decides, for each
+ * collective call, whether it runs on the wire (with the sequence number and view id the
+ * driver chose) or is answered from a buffer, keeps and replicates checkpoints and
+ * determinants, and holds the output gate. This adapter binds it to the communicator.
+ *
+ * ## Point-to-point: sender-based message logging
+ * (Johnson and Zwaenepoel, "Sender-based message logging", FTCS 1987; pessimistic, as in
+ * MPICH-V2 and Open MPI's pessimist message-logging component.)
+ * - Every application message a rank sends is kept in its *sender log* (its own copy of the
+ *   body, which is also what goes out), per destination, until the destination's checkpoint
+ *   that has consumed it is safe (`peerSafe`). The log is part of the sender's checkpoint, so
+ *   a restarted sender still has the messages it sent before its checkpoint.
+ * - Every channel numbers its application messages (`appSeq`). A receiver accepts them in
+ *   order, once: below the next expected number a message is a copy it already has (dropped),
+ *   above it the message waits for the ones before it.
+ * - Every non-deterministic outcome (which message a wildcard receive or probe matched, what
+ *   an iprobe or a poll saw, the index `waitAny` returned, a `nondet()` value) is a
+ *   determinant: the driver logs it at the rank's successors, and no application or collective
+ *   frame leaves the rank until every successor holds every determinant so far (the gate).
+ * - A rank's checkpoint holds its program state, its channel counters, how many of each
+ *   peer's messages it had consumed, and its sender log.
+ *
+ * Why a restarted rank then re-executes exactly as before and nobody else rolls back:
+ * 1. It starts from its own checkpoint C. Every message it consumed after C is still in its
+ *    sender's log (a sender drops a message only after a safe checkpoint of the receiver that
+ *    consumed it, and C is at least the newest checkpoint any survivor knows to be safe); the
+ *    senders resend them when it is back (and a restarted sender resends its whole restored
+ *    log), and its counters drop the copies it already had at C.
+ * 2. Deterministic receives (a named source) match the same messages as before: channels are
+ *    FIFO and messages are accepted in `appSeq` order. Every outcome that depends on timing
+ *    is replayed from its determinant, and every determinant whose effects reached anyone is
+ *    held by every successor (the gate), so a live successor can give it back. Outcomes that
+ *    were never made safe had no effects outside the rank: re-executing them anew is
+ *    indistinguishable from a run where the rank failed before them.
+ * 3. So its re-execution sends the same messages with the same numbers: the receivers drop
+ *    the copies they already have, keep the rest. Its collectives are answered from the
+ *    survivors' buffers (identity-checked) until it is where they are.
+ * 4. Several ranks restarting at once each follow 1–3: a restarted sender's log holds what it
+ *    sent before its checkpoint, its re-execution regenerates the rest.
+ *
+ * Collectives are as in Rabit: run on the wire or answered from a buffer; reduce, gather,
+ * scatter and alltoall are rewritten into ones whose result is the same on every rank (so a
+ * buffered result serves any rank).
  *
  * @example
  * const mode = new RetryOneMode(core, retryOneHook({ replicas: 2, failureTimeoutMs: 5000 }));
  */
 import { LifelineError } from "../../errors.ts";
 import { BouncePool } from "../bounce-pool.ts";
+import type { AppLog, LoggedFrame } from "../channel.ts";
 import { byteLengthOf, decodeValue, encodedValueHead, encodeValue, isTypedArray } from "../codec.ts";
 import type { CollKind } from "../coll-runner.ts";
 import * as coll from "../collectives.ts";
 import type { CoordinatorToRank } from "../control.ts";
+import type { NondetEntry, NondetTicket, RawFrame } from "../cpr-hook.ts";
 import {
   PROTO_RETRY_BASE,
   type RetryCollIdentity,
@@ -28,19 +66,24 @@ import {
   type RetryWorldAccess,
 } from "../retry-hook.ts";
 import type { ReduceOp } from "../types.ts";
-import { Encoding, type Header, Kind } from "../wire.ts";
-import { type CollectiveCall, type ModeCore, NoneMode, type RestoredState } from "./none.ts";
+import { decodeHeader, Encoding, type Header, Kind } from "../wire.ts";
+import { LoggedMode } from "./logged.ts";
+import type { CollectiveCall, ModeCore, RestoredState } from "./none.ts";
 
 /** Steps of a second algorithm run in the same collective (reduce, then bcast). */
 const RETRY_STEP_SHIFT = 1 << 20;
 /**
  * Results of at least this size are copied for the result buffer into pooled memory, reused
- * once the protocol drops them at the next checkpoint (fresh memory faults in every page:
- * several times the copy itself).
+ * once the protocol drops them (fresh memory faults in every page: several times the copy
+ * itself).
  */
 const RESULT_POOL_BYTES_MIN = 64 * 1024;
 /** Idle memory of results and checkpoint copies kept for reuse. */
 const RESULT_POOL_BYTES_MAX = 512 * 1024 * 1024;
+/** Messages kept in the sender log, all destinations together (see logBytesMax). */
+export const LOG_BYTES_MAX_DEFAULT = 1024 * 1024 * 1024;
+/** Messages that arrived ahead of their turn (or before the rank restored), per rank. */
+const HELD_APP_FRAMES_MAX = 65_536;
 
 /** The internal signal that ends a collective the protocol abandoned (never user-visible). */
 class Abandoned extends Error {}
@@ -52,7 +95,30 @@ function identOf(op: string, root: number, data: unknown): RetryCollIdentity {
   return { op, root, type: data === undefined ? "none" : "msgpack", length: 0 };
 }
 
-export class RetryOneMode extends NoneMode {
+/** The library's part of a checkpoint (beside the program's encoded state). */
+interface PackedLib {
+  readonly channelSeqOut: number[];
+  readonly appSeqOut: number[];
+  /** Per peer, its messages consumed at the checkpoint (the next one to accept). */
+  readonly consumed: number[];
+  /** Non-deterministic calls before the checkpoint (the next ticket's ordinal). */
+  readonly ordinal: number;
+}
+
+/** A checkpoint as it travels to the successors: program state, library counters, sender log. */
+interface Packed {
+  readonly s: Buffer;
+  readonly lib: PackedLib;
+  /** [destination, appSeq, header, ...body] per logged message. */
+  readonly log: readonly (readonly [number, number, Buffer, ...Buffer[]])[];
+}
+
+export interface RetryOneModeOptions {
+  /** Bound on the sender log (bytes of bodies, all destinations); beyond it the job stops with CPR_CHECKPOINT. */
+  readonly logBytesMax?: number;
+}
+
+export class RetryOneMode extends LoggedMode implements AppLog {
   private readonly hook: RetryOneHook;
   /** The epoch field of collective frames (the protocol's view id). */
   private collEpoch = 0;
@@ -62,10 +128,36 @@ export class RetryOneMode extends NoneMode {
   private readonly resultPool = new BouncePool(RESULT_POOL_BYTES_MAX, 8);
   private readonly pooledResults = new WeakSet<Buffer>();
 
-  constructor(core: ModeCore, factory: RetryOneHookFactory) {
+  /** The sender log: per destination, the messages it may still need, by appSeq. */
+  private log: LoggedFrame[][];
+  private logBytes = 0;
+  private readonly logBytesMax: number;
+  /** Per source, the appSeq of the next message to accept. */
+  private readonly expected: number[];
+  /** Per source, messages that arrived ahead of their turn, by appSeq. */
+  private readonly ahead: Map<number, RawFrame>[];
+  /** Messages held until the rank restored, or until the coordinator's news of their sender's incarnation. */
+  private heldApp: RawFrame[] = [];
+  private restoreCalled = false;
+  /** A restarted rank until its restore() got the checkpoint (its counters are unknown). */
+  private awaitingRestore: boolean;
+  /** Non-deterministic calls so far (the next ticket's ordinal). */
+  private ordinal = 0;
+  /** Determinants logged so far (the machine's count). */
+  private logged = 0;
+  /** After a restore: outcomes to replay, by the ordinal of their call. */
+  private replay: Map<number, NondetEntry> | undefined;
+
+  constructor(core: ModeCore, factory: RetryOneHookFactory, opts: RetryOneModeOptions = {}) {
     super(core);
     this.hook = factory(this.access(), core.host);
     core.runner.colls.supersede = true;
+    core.channel.appLog = this;
+    this.logBytesMax = opts.logBytesMax ?? LOG_BYTES_MAX_DEFAULT;
+    this.log = Array.from({ length: core.size }, () => []);
+    this.expected = new Array<number>(core.size).fill(0);
+    this.ahead = Array.from({ length: core.size }, () => new Map<number, RawFrame>());
+    this.awaitingRestore = core.attempt > 0;
   }
 
   /** What the retry-one driver may do with this communicator. */
@@ -94,6 +186,8 @@ export class RetryOneMode extends NoneMode {
         core.fatal(err);
         core.failPending(err);
       },
+      setGate: (open) => core.channel.setGate(open),
+      peerSafe: (rank, consumed) => this.dropLogged(rank, consumed),
     };
   }
 
@@ -114,7 +208,9 @@ export class RetryOneMode extends NoneMode {
   }
 
   override classify(header: Header, rawHeader: Buffer, body: Buffer[]): boolean {
-    return header.kind !== Kind.collective || this.hook.arrive(header, { header: rawHeader, body });
+    if (header.kind === Kind.collective) return this.hook.arrive(header, { header: rawHeader, body });
+    if (header.kind !== Kind.app) return true;
+    return this.acceptApp(header, { header: rawHeader, body });
   }
 
   override onProtocol(header: Header, body: unknown): boolean {
@@ -124,27 +220,156 @@ export class RetryOneMode extends NoneMode {
   }
 
   override onControl(msg: CoordinatorToRank): void {
-    if (msg.t === "peer" || msg.t === "peer-down") this.hook.onControl(msg);
+    if (msg.t === "peer") {
+      // The peer runs again (World connected its new endpoint): it gets every message we
+      // still keep for it, in order; it drops the ones its checkpoint already has.
+      if (msg.rank !== this.core.rank) for (const f of this.log[msg.rank] ?? []) this.core.channel.resend(msg.rank, f);
+      this.hook.onControl(msg);
+      this.reclassifyHeld();
+      return;
+    }
+    if (msg.t === "peer-down") this.hook.onControl(msg);
   }
 
   override async beforeStart(table: Extract<CoordinatorToRank, { t: "table" }>): Promise<void> {
     this.hook.beforeStart(table);
   }
 
-  /** Collectives only are replayed from peers: point-to-point calls are refused (README, docs/api.md). */
-  override pointToPoint(what: string): void {
-    throw new LifelineError(
-      "MPI_MODE",
-      `${what}(): point-to-point messages are not recoverable in --mode retry-one (only collectives are replayed from peers); use --mode cpr`,
-    );
+  // ---- point-to-point: the sender log and ordered, once-only arrival ---------------------------
+
+  /** Every message the channel sends (AppLog): kept until its receiver's safe checkpoint covers it. */
+  record(dest: number, frame: LoggedFrame): void {
+    this.log[dest]!.push(frame);
+    this.logBytes += byteLengthOf(frame.body);
+    if (this.logBytes > this.logBytesMax) {
+      let worst = 0;
+      for (let d = 0; d < this.log.length; d++)
+        if (byteLengthOf(this.log[d]!.flatMap((f) => f.body)) > byteLengthOf(this.log[worst]!.flatMap((f) => f.body))) worst = d;
+      const err = new LifelineError(
+        "CPR_CHECKPOINT",
+        `rank ${this.core.rank} keeps ${this.logBytes} bytes of messages that their receivers have not covered with a safe checkpoint yet (most for rank ${worst}: ${this.log[worst]!.length} messages), above the bound of ${this.logBytesMax} bytes; in retry-one every rank must call checkpoint() now and then (each message is kept until its receiver's next checkpoint), or raise the bound (--log-limit)`,
+      );
+      this.core.fatal(err);
+      this.core.failPending(err);
+    }
   }
 
-  override nondet<T>(_fn: () => T): T {
-    throw new LifelineError(
-      "MPI_MODE",
-      "nondet() is not recoverable in --mode retry-one (a restarted rank would compute a different value); broadcast such a value from one rank with a collective, or use --mode cpr",
-    );
+  /** `rank`'s safe checkpoint had consumed `consumed` of our messages: those are never needed again. */
+  private dropLogged(rank: number, consumed: number): void {
+    const l = this.log[rank];
+    if (l === undefined) return;
+    let n = 0;
+    while (n < l.length && l[n]!.appSeq < consumed) {
+      this.logBytes -= byteLengthOf(l[n]!.body);
+      n++;
+    }
+    if (n > 0) l.splice(0, n);
   }
+
+  /**
+   * An application frame from a peer: accepted if it is the next of its channel; a copy of
+   * one already accepted, or from a dead incarnation, is dropped; one ahead of its turn, or
+   * from an incarnation we have not heard of, or arriving before this restarted rank has its
+   * checkpoint back, waits.
+   */
+  private acceptApp(h: Header, frame: RawFrame): boolean {
+    const src = h.source;
+    if (this.awaitingRestore) return this.holdApp(frame);
+    const known = this.hook.view[src] ?? 0;
+    if (h.attempt < known) return false;
+    if (h.attempt > known) return this.holdApp(frame);
+    const want = this.expected[src]!;
+    const seq = h.collSeq;
+    if (seq < want) return false;
+    if (seq > want) {
+      const ahead = this.ahead[src]!;
+      if (ahead.size >= HELD_APP_FRAMES_MAX) this.overflow(`messages from rank ${src} ahead of #${want}`);
+      else ahead.set(seq, frame);
+      return false;
+    }
+    this.expected[src] = want + 1;
+    if (this.ahead[src]!.size > 0) this.core.host.defer(() => this.drainAhead(src));
+    return true;
+  }
+
+  private holdApp(frame: RawFrame): false {
+    if (this.heldApp.length >= HELD_APP_FRAMES_MAX) this.overflow("messages waiting for this rank's restore or for news of their sender");
+    else this.heldApp.push(frame);
+    return false;
+  }
+
+  private overflow(what: string): void {
+    const err = new LifelineError("CPR_PROTOCOL", `rank ${this.core.rank}: more than ${HELD_APP_FRAMES_MAX} ${what}`);
+    this.core.fatal(err);
+    this.core.failPending(err);
+  }
+
+  /** Delivers the messages that waited for the one just accepted, in order. */
+  private drainAhead(src: number): void {
+    const ahead = this.ahead[src]!;
+    for (;;) {
+      const want = this.expected[src]!;
+      const f = ahead.get(want);
+      if (f === undefined) return;
+      ahead.delete(want);
+      this.expected[src] = want + 1;
+      this.core.channel.inject(f);
+    }
+  }
+
+  /** Held messages, classified again (the rank restored, or heard of a restart). */
+  private reclassifyHeld(): void {
+    if (this.awaitingRestore || this.heldApp.length === 0) return;
+    const held = this.heldApp;
+    this.heldApp = [];
+    for (const f of held) {
+      let h: Header;
+      try {
+        h = decodeHeader(f.header, { jobKey: "stored", size: this.core.size });
+      } catch {
+        continue; // it was checked on arrival
+      }
+      if (this.acceptApp(h, f)) this.core.channel.inject(f);
+    }
+  }
+
+  /** Point-to-point calls are recoverable here, but only after restore() (a restarted rank's counters come from it). */
+  override pointToPoint(what: string): void {
+    if (!this.restoreCalled) {
+      throw new LifelineError(
+        "CPR_RESTORE",
+        `${what}() before restore(); in --mode retry-one a program must call restore() before any point-to-point call (a restarted rank's message counters come from its checkpoint)`,
+      );
+    }
+  }
+
+  // ---- determinants --------------------------------------------------------------------------
+
+  override ticket(kind: NondetEntry["k"]): NondetTicket | undefined {
+    const ordinal = this.ordinal++;
+    const replay = this.replay?.get(ordinal);
+    if (replay === undefined) return { ordinal, replay: undefined };
+    this.replay!.delete(ordinal);
+    if (this.replay!.size === 0) this.replay = undefined;
+    if (replay.k !== kind) {
+      const err = new LifelineError(
+        "CPR_REPLAY",
+        `rank ${this.core.rank}: replay diverged at non-deterministic call #${ordinal}: it is a ${kind} here, but a ${replay.k} was logged there; the program must make the same calls after a restart`,
+      );
+      this.core.fatal(err);
+      throw err;
+    }
+    return { ordinal, replay };
+  }
+
+  override logNondet(ordinal: number, entry: NondetEntry): void {
+    // Closes the gate at once (the driver's machine does, synchronously), before anything that
+    // depends on this outcome can be sent.
+    this.hook.logDets(this.logged, [[ordinal, entry]]);
+    this.logged++;
+  }
+
+  // ---- collectives -------------------------------------------------------------------------------
 
   /** The collective calls not finished yet, in program order: each starts when the one before ended. */
   private queue: Promise<unknown> = Promise.resolve();
@@ -288,23 +513,83 @@ export class RetryOneMode extends NoneMode {
     );
   }
 
+  // ---- checkpoint and restore ------------------------------------------------------------------
+
   override async restore(): Promise<RestoredState | undefined> {
     const got = await this.hook.restore();
-    if (got === undefined) return undefined;
-    this.core.versions = got.version;
+    this.restoreCalled = true;
+    this.logged = got.detFrom + got.dets.length;
+    if (got.dets.length > 0) {
+      this.replay = new Map();
+      for (const item of got.dets) {
+        const [ordinal, entry] = item as [number, NondetEntry];
+        this.replay.set(ordinal, entry);
+      }
+    }
+    const v = got.value;
+    let restored: RestoredState | undefined;
+    if (v !== undefined) {
+      const packed = v.state as Packed;
+      const lib = packed.lib;
+      const { channel } = this.core;
+      channel.restoreCounters(lib);
+      lib.consumed.forEach((n, r) => {
+        this.expected[r] = n;
+      });
+      this.ordinal = lib.ordinal;
+      this.logBytes = 0;
+      this.log = Array.from({ length: this.core.size }, () => []);
+      for (const [dest, appSeq, header, ...body] of packed.log) {
+        this.log[dest]!.push({ appSeq, header: Buffer.from(header), body: body.map((b) => Buffer.from(b)) });
+        this.logBytes += byteLengthOf(body);
+      }
+      // What this rank sent before its checkpoint goes out again (the receivers keep what
+      // they lack); its own messages to itself that it had not consumed come back at once.
+      for (let dest = 0; dest < this.core.size; dest++) {
+        const minSeq = dest === this.core.rank ? lib.consumed[dest]! : 0;
+        for (const f of this.log[dest]!) if (f.appSeq >= minSeq) channel.resend(dest, f);
+      }
+      this.core.versions = v.version;
+      restored = { state: decodeValue(Buffer.from(packed.s)), global: v.global === undefined ? undefined : decodeValue(v.global), version: v.version };
+    }
     // Counted as in the run that took the checkpoint (fault coordinates: version, seqno).
     this.core.resetCollectiveCount();
-    return { state: decodeValue(got.state), global: decodeValue(got.global), version: got.version };
+    this.awaitingRestore = false;
+    this.reclassifyHeld();
+    return restored;
   }
 
   override async checkpoint(state: unknown, global: unknown): Promise<void> {
-    // Encoded now (a copy: later changes must not reach the checkpoint), or, for the
-    // function form, when the protocol really needs a copy (Rabit's lazy checkpoint).
-    const lazy = typeof state === "function";
+    if (this.ghosts > 0) {
+      // A replayed poll completed a receive from the log and its re-sent copy is still on its
+      // way: a checkpoint now would count it as not consumed. Not a checkpoint location this
+      // time; the next one is.
+      this.core.reportStep(false);
+      return;
+    }
+    const { channel, matcher, rank, size } = this.core;
+    // Messages to self still queued are part of the channel: into the matcher first.
+    channel.deliverSelf(Infinity);
+    const counters = channel.counters();
+    const queued = new Array<number>(size).fill(0);
+    for (const env of matcher.queuedInOrder()) queued[env.source]!++;
+    const consumed = this.expected.map((n, r) => (r === rank ? counters.appSeqOut[r]! : n) - queued[r]!);
+    const lib: PackedLib = { channelSeqOut: counters.channelSeqOut, appSeqOut: counters.appSeqOut, consumed, ordinal: this.ordinal };
+    const log: [number, number, Buffer, ...Buffer[]][] = [];
+    this.log.forEach((l, dest) => {
+      for (const f of l) log.push([dest, f.appSeq, f.header, ...f.body]);
+    });
+    // The program state now (a copy: later changes must not reach the checkpoint), or, for the
+    // function form, when a copy is first needed; the library's part is taken now either way.
     const alloc = (n: number): Buffer => this.resultBuffer(n);
-    const s = lazy ? () => encodeValue((state as () => unknown)(), alloc) : encodeValue(state, alloc);
-    const g = lazy ? () => encodeValue(global, alloc) : encodeValue(global, alloc);
-    await this.hook.checkpoint(s, g);
+    const packed =
+      typeof state === "function"
+        ? (): Packed => ({ s: encodeValue((state as () => unknown)(), alloc), lib, log })
+        : { s: encodeValue(state, alloc), lib, log };
+    const g = global === undefined ? undefined : encodeValue(global, alloc);
+    await this.hook.checkpoint(packed, g, consumed);
+    // Our own messages to ourselves that the checkpoint consumed are never needed again.
+    this.dropLogged(rank, consumed[rank]!);
     this.core.versions = this.hook.progress.version;
     this.core.reportStep(true);
   }
