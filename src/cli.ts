@@ -194,6 +194,10 @@ function addRunOptions(cmd: Command): void {
     .option("--max-restarts <n>", `restarts allowed before the job fails (default ${DEFAULTS.maxRestarts})`)
     .option("--replicas <k>", `retry-one: ring successors that keep a copy of each rank's state in memory (default ${DEFAULTS.replicas})`)
     .option(
+      "--durable-every <n>",
+      `retry-one: every n-th checkpoint of each rank also goes to --store, the floor a restart of every rank falls back to (default ${DEFAULTS.durableEvery}; 0: none)`,
+    )
+    .option(
       "--log-limit <size>",
       "retry-one: bound on each rank's log of sent messages its receivers' checkpoints do not cover yet, e.g. 256MiB (default 1GiB)",
     )
@@ -262,6 +266,7 @@ function toFlags(app: string, args: string[], o: Record<string, unknown>): RunFl
     maxRestarts: str("maxRestarts"),
     replicas: str("replicas"),
     logLimit: str("logLimit"),
+    durableEvery: str("durableEvery"),
     spare: o.spare === false ? false : undefined,
     minNp: str("minNp"),
     maxNp: str("maxNp"),

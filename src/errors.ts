@@ -29,6 +29,7 @@ export type LifelineErrorCode =
   | "MPI_WORLD_CHANGED" // elastic: the world changed (a rank left or joined); call restore() and go on with the new rank and size
   // checkpoint-restart
   | "CPR_RESTORE" // restore() misuse or a restore that cannot be served
+  | "CPR_LOST" // retry-one: more failures at once than the replicas cover; the in-memory recovery data is gone
   | "CPR_CHECKPOINT" // checkpoint() misuse (e.g. outstanding requests at a checkpoint location)
   | "CPR_PROTOCOL" // a protocol message that makes no sense in the current state
   | "CPR_REPLAY" // replay diverged from the log (the program is not piecewise deterministic)

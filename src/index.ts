@@ -11,6 +11,7 @@
 import { type InitOptions, resolveRankPlace } from "./mpi/env.ts";
 import { World } from "./mpi/world.ts";
 import type { CprHookFactory } from "./mpi/cpr-hook.ts";
+import type { RetryOneHookFactory } from "./mpi/retry-hook.ts";
 import { startWatchdog } from "./launch/watchdog.ts";
 import { BACKOFF_MAX_MS } from "./launch/backoff.ts";
 
@@ -56,10 +57,17 @@ export async function init(options: InitOptions = {}): Promise<World> {
     // failure timeout; past that the survivors fail with MPI_TIMEOUT. This is the backstop: when
     // --max-restarts is exhausted the launcher stops the job at once (LAUNCH_RESTARTS).
     const deadPeerTimeoutMs = 2 * place.failureTimeoutMs + BACKOFF_MAX_MS;
-    const retryOne =
-      place.mode === "retry-one"
-        ? (await import("./cpr/retry-one/driver.ts")).retryOneHook({ replicas: place.replicas, failureTimeoutMs: deadPeerTimeoutMs })
-        : undefined;
+    // Its durable floor (and a restart of every rank from it) uses the rank's part store, as cpr.
+    let retryOne: RetryOneHookFactory | undefined;
+    if (place.mode === "retry-one") {
+      const [{ retryOneHook }, { LevelRecoveryStore }] = await Promise.all([import("./cpr/retry-one/driver.ts"), import("./store/level-store.ts")]);
+      retryOne = retryOneHook({
+        replicas: place.replicas,
+        failureTimeoutMs: deadPeerTimeoutMs,
+        durableEvery: place.durableEvery,
+        openParts: () => new LevelRecoveryStore(place.store).openRank(place.rank),
+      });
+    }
     const elastic = place.mode === "elastic" ? (await import("./cpr/elastic/driver.ts")).elasticHook() : undefined;
     const world = await World.join(place, { cpr, retryOne, elastic });
     watchdog.joined();

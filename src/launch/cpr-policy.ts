@@ -368,7 +368,7 @@ export class CprRestartPolicy implements RestartPolicy {
 
   onCprMessage(rank: number, msg: Extract<RankToCoordinator, { t: `cpr-${string}` }>): void {
     if (msg.t === "cpr-held" || msg.t === "cpr-copy") this.onPrepareAnswer(rank, msg);
-    else this.driver.input(initiatorInputOf(rank, msg, this.now()));
+    else if (msg.t !== "cpr-durable") this.driver.input(initiatorInputOf(rank, msg, this.now())); // retry-one's own
   }
 
   decide(failure: RankFailure, job: JobView): PolicyDecision {

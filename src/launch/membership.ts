@@ -254,9 +254,12 @@ export class Membership {
       case "restart-rank":
         this.restartRank(input.rank, input.attempt);
         break;
-      case "send":
-        if (this.linksValue[input.rank]?.up === true) this.send(input.rank, input.msg);
+      case "send": {
+        // A rank that finalized gets nothing but its release (it may have left already).
+        const link = this.linksValue[input.rank];
+        if (link?.up === true && !link.finalized) this.send(input.rank, input.msg);
         break;
+      }
       case "broadcast":
         if (this.phaseValue === "running")
           this.linksValue.forEach((l, r) => {
@@ -316,6 +319,11 @@ export class Membership {
     this.byIdentity.clear();
     this.helloCount = 0;
     this.finalizedCount = 0;
+    // retry-one's bookkeeping of single restarts belongs to the execution given up: every rank
+    // starts again (from the durable floor), none is down or behind.
+    this.down.clear();
+    this.rejoining.clear();
+    this.reached.clear();
     this.roundValue++;
     this.linksValue.forEach((l, r) => Object.assign(l, this.incarnation(r, attempts[r]!)));
     this.phaseValue = "rendezvous";
@@ -453,7 +461,8 @@ export class Membership {
       case "cpr-part-failed":
       case "cpr-held":
       case "cpr-copy":
-        // The coordinated-checkpoint protocol's messages go to the initiator (the owner).
+      case "cpr-durable":
+        // The checkpoint protocols' messages go to the restart policy (the owner).
         this.emit({ kind: "cpr", rank, msg });
         return;
       case "retry-caught-up":
@@ -656,6 +665,12 @@ function malformed(msg: RankToCoordinator, size: number): string | undefined {
     case "cpr-copy":
       if (!isRank(m.of) || !isCount(m.epoch)) return "cpr-copy needs of (a rank) and an epoch count";
       return m.part instanceof Uint8Array || typeof m.error === "string" ? undefined : "cpr-copy needs the part's bytes or an error";
+    case "cpr-durable": {
+      const counts = (v: unknown): boolean => Array.isArray(v) && v.length === size && v.every(isCount);
+      return isCount(m.epoch) && isPartRef(m.ref) && isCount(m.index) && counts(m.sent) && counts(m.consumed) && counts(m.logFrom)
+        ? undefined
+        : "cpr-durable needs an epoch, a part reference, a collective index, and sent, consumed and logFrom counts per rank";
+    }
     case "retry-caught-up":
       return isCount(m.attempt) && isCount(m.restored) && isCount(m.version) && isCount(m.seqno) && isCount(m.replayed)
         ? undefined

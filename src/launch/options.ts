@@ -121,6 +121,8 @@ export interface RunConfig {
   spare?: boolean | undefined;
   /** retry-one: bound on each rank's sender log in bytes (`--log-limit`; the rank's default when undefined). */
   logLimitBytes?: number | undefined;
+  /** retry-one: every how many own checkpoints a rank writes one to `--store` too (0: no durable floor). */
+  durableEvery?: number | undefined;
   /** `--mode elastic`: the first world and its limits. */
   elastic?: ElasticConfig | undefined;
 }
@@ -154,6 +156,7 @@ export interface RunFlags {
   inject?: string[] | undefined;
   replicas?: string | undefined;
   logLimit?: string | undefined;
+  durableEvery?: string | undefined;
   /** false for `--no-spare`. */
   spare?: boolean | undefined;
   minNp?: string | undefined;
@@ -179,6 +182,8 @@ export const DEFAULTS = {
   transport: "ipc" as "ipc" | "tcp",
   replicas: 2,
   rsh: "ssh",
+  /** retry-one's durable floor: every 10th checkpoint of each rank (measured: see docs/cli.md). */
+  durableEvery: 10,
   /** elastic: how long a world below --min-np waits for ranks to join. */
   elasticTimeoutMs: 30_000,
 } as const;
@@ -357,14 +362,6 @@ export function resolveRunConfig(flags: RunFlags, ctx: { cwd: string; env?: Node
       "--resume and --fresh contradict each other: --resume continues the job from its newest recovery line, --fresh discards the lines and starts over",
     );
   }
-  if ((flags.resume === true || flags.fresh === true) && mode !== undefined && mode !== "cpr") {
-    const flag = flags.resume === true ? "--resume" : "--fresh";
-    problems.push(
-      mode === "none"
-        ? `${flag} needs recovery lines, and --mode none keeps none; run with --mode cpr to take lines a later run can resume from`
-        : `${flag}: --mode ${mode} keeps its checkpoints in the ranks' memory, so nothing outlives the launcher to resume from; run with --mode cpr to take lines a later run can resume from`,
-    );
-  }
 
   const launcher = check((): LauncherKind => {
     const raw = flags.launcher ?? (flags.hostfile === undefined ? "local" : "rsh");
@@ -431,6 +428,30 @@ export function resolveRunConfig(flags: RunFlags, ctx: { cwd: string; env?: Node
             );
           return flags.storeScope;
         });
+  // retry-one's durable floor: on a store every rank reaches (one host, or a shared filesystem).
+  const durableEvery = check(() => {
+    if (flags.durableEvery === undefined) return mode === "retry-one" && storeScope === "shared" ? DEFAULTS.durableEvery : 0;
+    if (mode !== undefined && mode !== "retry-one") {
+      throw usage(
+        `--durable-every is retry-one's durable floor; it does nothing in --mode ${mode}${mode === "cpr" ? " (cpr's lines are on disk already)" : ""}`,
+      );
+    }
+    const n = parseCount(flags.durableEvery, "--durable-every", 0, 1_000_000);
+    if (n > 0 && storeScope === "host") {
+      throw usage(
+        "--durable-every needs --store in a directory every rank reaches (--store-scope shared: one host, or a shared filesystem); with a store on each host's own disk, retry-one relies on its in-memory replicas on other hosts",
+      );
+    }
+    return n;
+  });
+  if ((flags.resume === true || flags.fresh === true) && mode !== undefined && mode !== "cpr" && !(mode === "retry-one" && (durableEvery ?? 0) > 0)) {
+    const flag = flags.resume === true ? "--resume" : "--fresh";
+    problems.push(
+      mode === "none"
+        ? `${flag} needs recovery lines, and --mode none keeps none; run with --mode cpr to take lines a later run can resume from`
+        : `${flag}: --mode ${mode} keeps its checkpoints in the ranks' memory, and its durable floor is off (--durable-every 0 or --store-scope host), so nothing outlives the launcher to resume from`,
+    );
+  }
   if (rsh.length === 0) problems.push('--rsh needs a command (e.g. ssh, or "ssh -p 2222")');
   const bindAddress =
     flags.bind === undefined
@@ -514,6 +535,7 @@ export function resolveRunConfig(flags: RunFlags, ctx: { cwd: string; env?: Node
     replicas: replicas!,
     spare: flags.spare !== false,
     logLimitBytes,
+    durableEvery: durableEvery ?? 0,
     ...(elastic === undefined ? {} : { elastic }),
   };
 }

@@ -69,8 +69,8 @@ export interface RestartPolicy {
   attach?(ctx: PolicyContext): Promise<void>;
   /** Every rank said hello and got the table (at the start and after each restart). */
   onReady?(): void;
-  /** A rank's progress report. */
-  onStep?(rank: number, steps: number): void;
+  /** A rank's progress report: checkpoint() calls this attempt, and the epoch (cpr) or checkpoint count (retry-one) it is in. */
+  onStep?(rank: number, steps: number, epoch: number): void;
   /** Every rank is down for a restart of all: choose what they restore from. */
   prepareRestart?(attempt: number): Promise<void>;
   /**

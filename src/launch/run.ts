@@ -55,8 +55,9 @@ export async function runJob(config: RunConfig, io: RunIo): Promise<JobOutcome> 
   const name = basename(config.app, extname(config.app))
     .replace(/[^A-Za-z0-9_.-]/g, "_")
     .slice(0, 32);
-  // Only cpr keeps recovery lines; the other modes leave the store's lines alone.
-  const claim: StoreClaim | undefined = config.mode === "cpr" ? await claimStore(config, { jobIdBase: name }) : undefined;
+  // cpr keeps recovery lines, retry-one its durable floor's; mode none leaves the store alone.
+  const keepsLines = config.mode === "cpr" || (config.mode === "retry-one" && (config.durableEvery ?? 0) > 0);
+  const claim: StoreClaim | undefined = keepsLines ? await claimStore(config, { jobIdBase: name }) : undefined;
   const jobId = claim?.job.id ?? `${name}-${randomBytes(4).toString("hex")}`;
   const runDir = makeRunDir();
   const reporter =

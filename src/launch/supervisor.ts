@@ -197,7 +197,7 @@ export class Supervisor {
       (config.mode === "cpr"
         ? new CprRestartPolicy(config, claimOf(deps))
         : config.mode === "retry-one"
-          ? new RetryOnePolicy()
+          ? new RetryOnePolicy(config, deps.claim)
           : config.mode === "elastic" && config.elastic !== undefined
             ? new ElasticPolicy(config.elastic)
             : policyFor(config.mode));
@@ -467,6 +467,7 @@ export class Supervisor {
     env[ENV.faults] = this.config.faults[rank] ?? "";
     if (this.config.replicas !== undefined) env[ENV.replicas] = String(this.config.replicas);
     if (this.config.logLimitBytes !== undefined) env[ENV.retryLogBytes] = String(this.config.logLimitBytes);
+    if (this.config.mode === "retry-one") env[ENV.durableEvery] = String(this.config.durableEvery ?? 0);
     return env;
   }
 
@@ -507,7 +508,7 @@ export class Supervisor {
       case "step":
         this.detector.stepped(ev.rank, now);
         if (ev.steps > 0) this.progressed[ev.rank] = true;
-        this.policy.onStep?.(ev.rank, ev.steps);
+        this.policy.onStep?.(ev.rank, ev.steps, ev.epoch);
         this.deps.reporter.event({ kind: "rank-step", rank: ev.rank, steps: ev.steps, epoch: ev.epoch });
         return;
       case "heartbeat":

@@ -21,7 +21,7 @@ import { BouncePool } from "./bounce-pool.ts";
 import { decodeBody, type EncodedBody, encodeBody } from "./codec.ts";
 import type { LibState, RawFrame } from "./cpr-hook.ts";
 import type { Host, Timer, Transport } from "./host.ts";
-import { decodeHeader, Encoding, encodeHeader, encodeHeaderInto, Flag, type Header, HEADER_BYTES, Kind } from "./wire.ts";
+import { decodeHeader, Encoding, encodeHeader, encodeHeaderInto, Flag, type Header, HEADER_BYTES, Kind, restamp } from "./wire.ts";
 
 /** Protocol-frame tag of a receipt for messages sent from bounce buffers (see sendApp). */
 export const PROTO_RECEIPT = 0x102;
@@ -244,13 +244,13 @@ export class Channel {
 
   /**
    * Sends a logged application message again (to a restarted peer, or after this rank's own
-   * restore), stamped with this incarnation's attempt. Never fails: if the peer is gone
-   * again, the log resends it once more when it is back.
+   * restore), stamped with this run's job key and this incarnation's attempt (a resumed job's
+   * restored log was written by an earlier run). Never fails: if the peer is gone again, the
+   * log resends it once more when it is back.
    */
   resend(dest: number, f: LoggedFrame): void {
     const header = Buffer.from(f.header);
-    header[38] = this.attempt & 0xff;
-    header[39] = (this.attempt >>> 8) & 0xff;
+    restamp(header, this.jobKey, this.attempt);
     if (dest === this.rank) {
       this.deliver(decodeHeader(header, { jobKey: "stored", size: this.size }), [...f.body], header, false);
       return;

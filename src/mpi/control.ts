@@ -41,6 +41,21 @@ export type RankToCoordinator =
   | { t: "cpr-held"; rank: number; parts: { ref: PartRefWire; where: string }[] }
   /** Per-host stores: the answer to `cpr-fetch`, the copy's bytes (or why there are none). */
   | { t: "cpr-copy"; rank: number; of: number; epoch: number; part?: Uint8Array; error?: string }
+  /**
+   * retry-one's durable floor: the rank's own checkpoint `epoch` (its version) is in its part
+   * store, with what the launcher needs to tell whether it fits other ranks' (per peer:
+   * messages sent, consumed, and the first one its sender log holds; collectives done).
+   */
+  | {
+      t: "cpr-durable";
+      rank: number;
+      epoch: number;
+      ref: PartRefWire;
+      index: number;
+      sent: number[];
+      consumed: number[];
+      logFrom: number[];
+    }
   // ---- retry-one, see src/cpr/retry-one ----
   /**
    * A restarted rank caught up: it restored checkpoint `restored` from its peers (0: none),
@@ -96,6 +111,12 @@ export type CoordinatorToRank =
       /** The job's recovery mode; a rank started for another one refuses to run (MPI_INIT). */
       mode?: string;
       /**
+       * retry-one: every rank restarts at once from a durable line (the floor, or a resumed
+       * job): each rank's version in it (0: its start) and its collective index. This rank's
+       * part is `restore`'s (absent when its version is 0).
+       */
+      retryStart?: { versions: number[]; index: number };
+      /**
        * elastic: the world this rank starts in (`members`, absent for a rank that joins a running
        * job) and the checkpoint versions at which a replayed change of the world is due (`plan`).
        */
@@ -142,6 +163,8 @@ export type CoordinatorToRank =
   | { t: "cpr-fetch"; of: number; ref: PartRefWire; where: string }
   /** Line `epoch` will never be committed: delete your part of it (or do not write it). */
   | { t: "cpr-aborted"; epoch: number }
+  /** retry-one's durable floor: keep your parts of these versions (and newer ones); the older others may go. */
+  | { t: "cpr-durable-keep"; keep: number[] }
   /**
    * The answer to a heartbeat on the watchdog's socket: the coordinator is there and this
    * incarnation is still the rank's current one. A rank that hears none for its failure

@@ -34,6 +34,8 @@ export const ENV = {
   replicas: "LIFELINE_REPLICAS",
   /** retry-one: bound on the sender log, in bytes (messages not yet covered by their receiver's checkpoint). */
   retryLogBytes: "LIFELINE_RETRY_LOG_BYTES",
+  /** retry-one: every how many own checkpoints one goes to the store too (`--durable-every`; 0: none). */
+  durableEvery: "LIFELINE_DURABLE_EVERY",
   /** tcp: the interface or address the rank's data socket binds and advertises (`--bind`). */
   bind: "LIFELINE_BIND",
 } as const;
@@ -71,6 +73,8 @@ export interface RankPlace {
   replicas?: number | undefined;
   /** retry-one: bound on the sender log in bytes (default 1 GiB). */
   retryLogBytes?: number | undefined;
+  /** retry-one: every how many own checkpoints one is written to the store too (0: none). */
+  durableEvery?: number | undefined;
   /** tcp: interface or IPv4 address the data socket binds and advertises; undefined: loopback. */
   bind?: string | undefined;
 }
@@ -130,6 +134,7 @@ export function resolveRankPlace(opts: InitOptions, env: NodeJS.ProcessEnv): Ran
     failureTimeoutMs: intFrom(ENV.failureTimeoutMs, env[ENV.failureTimeoutMs]) ?? 5000,
     replicas: intFrom(ENV.replicas, env[ENV.replicas]) ?? 2,
     retryLogBytes: intFrom(ENV.retryLogBytes, env[ENV.retryLogBytes]),
+    durableEvery: intFrom(ENV.durableEvery, env[ENV.durableEvery]) ?? 0,
     bind: opts.bind ?? (env[ENV.bind] === "" ? undefined : env[ENV.bind]),
   };
 }

@@ -14,7 +14,7 @@
  * const world = await World.join(place, { retryOne: (access, host) => new RetryOneDriver(access, host, opts) });
  */
 import type { LifelineErrorCode } from "../errors.ts";
-import type { CoordinatorToRank } from "./control.ts";
+import type { CoordinatorToRank, RankToCoordinator } from "./control.ts";
 import type { RawFrame } from "./cpr-hook.ts";
 import type { Host } from "./host.ts";
 import type { Header } from "./wire.ts";
@@ -60,6 +60,18 @@ export interface RetryWorldAccess {
   setGate(open: boolean): void;
   /** Rank `rank`'s checkpoint is safe and it had consumed `consumed` of this rank's messages. */
   peerSafe(rank: number, consumed: number): void;
+  /** Sends a control message to the coordinator (the durable floor's reports). */
+  sendControl(msg: RankToCoordinator): void;
+}
+
+/** The library's counters at a checkpoint, per peer rank (the durable floor records them). */
+export interface RetryCheckpointLib {
+  /** Messages consumed from each rank. */
+  readonly consumed: readonly number[];
+  /** Messages sent to each rank. */
+  readonly sent: readonly number[];
+  /** Per destination, the first message the sender log holds (= sent when it holds none). */
+  readonly logFrom: readonly number[];
 }
 
 /** What restore() gives back: the checkpoint (undefined: the program's start) and the determinants logged after it. */
@@ -72,8 +84,11 @@ export interface RetryRestoredValue {
 
 /** The retry-one protocol's side of the seam. */
 export interface RetryOneHook {
-  /** The table arrived (every rank's attempt; ranks down now); before the transport delivers. */
-  beforeStart(table: Extract<CoordinatorToRank, { t: "table" }>): void;
+  /**
+   * The table arrived (every rank's attempt; ranks down now; for a restart of every rank, the
+   * durable line); before the transport delivers.
+   */
+  beforeStart(table: Extract<CoordinatorToRank, { t: "table" }>): Promise<void>;
   /** A collective call, before anything is sent. `bootstrapKey` for bootstrap collectives. */
   beforeCollective(call: { readonly ident: RetryCollIdentity; readonly bootstrapKey?: string }): Promise<RetryDecision>;
   /** The collective of the last `run` decision was abandoned: how it goes on now. */
@@ -96,10 +111,9 @@ export interface RetryOneHook {
   onControl(msg: CoordinatorToRank): void;
   /**
    * checkpoint(): resolves when every successor holds it. `state` is opaque (a thunk for the
-   * lazy form), `global` encoded or undefined, `consumed[r]` counts rank r's messages this
-   * rank had consumed.
+   * lazy form), `global` encoded or undefined, `lib` the message counters at this point.
    */
-  checkpoint(state: unknown, global: Buffer | undefined, consumed: readonly number[]): Promise<void>;
+  checkpoint(state: unknown, global: Buffer | undefined, lib: RetryCheckpointLib): Promise<void>;
   /** restore(): the checkpoint from peers and the determinants to replay after it. */
   restore(): Promise<RetryRestoredValue>;
   /** Non-deterministic outcomes, ordinals from..: logged at the successors (the gate closes meanwhile). */
@@ -116,8 +130,8 @@ export interface RetryOneHook {
   readonly isRestoring: boolean;
   /** In recovery (rounds running): World's signature queries are off. */
   readonly inRecovery: boolean;
-  /** The rank finalized or failed. */
-  close(): void;
+  /** The rank finalized or failed (a durable write under way may finish first, briefly). */
+  close(): Promise<void>;
 }
 
 /** Builds a hook for one World. */

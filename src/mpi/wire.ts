@@ -92,6 +92,13 @@ export function encodeHeaderInto(h: Header, b: Buffer): Buffer {
   return b;
 }
 
+/** Sets the job key and the sender attempt of an encoded header (a logged frame sent again). */
+export function restamp(b: Buffer, jobKey: number, attempt: number): void {
+  put32(b, 8, jobKey);
+  b[38] = attempt & 0xff;
+  b[39] = (attempt >>> 8) & 0xff;
+}
+
 /** Little-endian u32 (or i32: the same bits) at `o`. */
 function put32(b: Buffer, o: number, v: number): void {
   b[o] = v & 0xff;

@@ -68,9 +68,9 @@ export class KvLineManifest extends KvHandle implements LineManifest {
     this.nowMs = opts.nowMs;
   }
 
-  async commitLine(epoch: number, parts: readonly PartRef[], opts?: { meta?: Uint8Array; job?: LineJob }): Promise<LineRecord> {
+  async commitLine(epoch: number, parts: readonly PartRef[], opts?: { meta?: Uint8Array; job?: LineJob; mixed?: boolean }): Promise<LineRecord> {
     checkEpoch(epoch);
-    const sorted = checkParts(epoch, parts);
+    const sorted = checkParts(epoch, parts, opts?.mixed === true);
     const meta = opts?.meta;
     const job = opts?.job;
     if (job !== undefined && (typeof job.id !== "string" || job.id === "" || !Number.isSafeInteger(job.run) || job.run < 1)) {
@@ -100,7 +100,8 @@ export class KvLineManifest extends KvHandle implements LineManifest {
         v: FORMAT_VERSION,
         epoch,
         timeMs,
-        parts: sorted.map((p) => [p.rank, p.checksum, p.bytes]),
+        // A part of another epoch (a line of independent checkpoints) names its own.
+        parts: sorted.map((p) => (p.epoch === epoch ? [p.rank, p.checksum, p.bytes] : [p.rank, p.checksum, p.bytes, p.epoch])),
         meta: meta ?? null,
         job: job === undefined ? null : [job.id, job.run],
       });
@@ -119,7 +120,7 @@ export class KvLineManifest extends KvHandle implements LineManifest {
       return {
         epoch,
         timeMs,
-        parts: sorted.map((p) => ({ rank: p.rank, epoch, checksum: p.checksum, bytes: p.bytes })),
+        parts: sorted.map((p) => ({ rank: p.rank, epoch: p.epoch, checksum: p.checksum, bytes: p.bytes })),
         meta: meta === undefined ? undefined : Buffer.from(meta),
         job: job === undefined ? undefined : { id: job.id, run: job.run },
       };
@@ -248,12 +249,12 @@ export class KvLineManifest extends KvHandle implements LineManifest {
       const rawParts = rec["parts"];
       if (!Array.isArray(rawParts) || rawParts.length === 0) throw corrupt(`${what}: no parts`);
       const parts = rawParts.map((p: unknown, i): PartRef => {
-        if (!Array.isArray(p) || p.length !== 3) throw corrupt(`${what}: part ${i} is malformed`);
-        const [rank, checksum, bytes] = p as unknown[];
-        const fields = { rank, checksum, bytes };
+        if (!Array.isArray(p) || (p.length !== 3 && p.length !== 4)) throw corrupt(`${what}: part ${i} is malformed`);
+        const [rank, checksum, bytes, own] = p as unknown[];
+        const fields = { rank, checksum, bytes, own: own ?? epoch };
         const r = uintField(fields, "rank", what);
         if (r !== i) throw corrupt(`${what}: part ${i} names rank ${r}`);
-        return { rank: r, epoch, checksum: checksumField(fields, "checksum", what), bytes: uintField(fields, "bytes", what) };
+        return { rank: r, epoch: uintField(fields, "own", what), checksum: checksumField(fields, "checksum", what), bytes: uintField(fields, "bytes", what) };
       });
       return { epoch, timeMs, parts, meta: bytesField(rec, "meta", what), job: lineJobField(rec, what) };
     } catch (err) {
@@ -333,13 +334,15 @@ function decodeJob(value: Buffer, what: string): JobRecord {
   };
 }
 
-/** Checks a line's parts: ranks 0..n-1 once each, all of `epoch`. Returns them sorted by rank. */
-function checkParts(epoch: number, parts: readonly PartRef[]): PartRef[] {
+/** Checks a line's parts: ranks 0..n-1 once each, all of `epoch` (or, `mixed`, each of its own). Returns them sorted by rank. */
+function checkParts(epoch: number, parts: readonly PartRef[], mixed: boolean): PartRef[] {
   if (!Array.isArray(parts) || parts.length === 0) throw new RangeError("commitLine: a line needs at least one part");
   parts.forEach((p, i) => {
     if (p === null || typeof p !== "object") throw new TypeError(`commitLine: parts[${i}] is not a PartRef`);
     if (!Number.isInteger(p.rank) || p.rank < 0) throw new RangeError(`commitLine: parts[${i}].rank is not a non-negative integer`);
-    if (p.epoch !== epoch) throw new RangeError(`commitLine: rank ${p.rank}'s part is of line ${String(p.epoch)}, not ${epoch}`);
+    if (mixed ? !Number.isSafeInteger(p.epoch) || p.epoch < 0 : p.epoch !== epoch) {
+      throw new RangeError(`commitLine: rank ${p.rank}'s part is of line ${String(p.epoch)}, not ${epoch}`);
+    }
     if (!Number.isInteger(p.checksum) || p.checksum < 0 || p.checksum > 0xffffffff)
       throw new RangeError(`commitLine: rank ${p.rank}'s checksum is not a 32-bit unsigned integer`);
     if (!Number.isSafeInteger(p.bytes) || p.bytes < 0) throw new RangeError(`commitLine: rank ${p.rank}'s byte count is not a non-negative integer`);

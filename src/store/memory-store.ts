@@ -128,6 +128,23 @@ export class MemoryRecoveryStore implements RecoveryStore, StoreFaults {
     this.locks.clear();
   }
 
+  /**
+   * The process holding rank `rank`'s part store dies now (one rank killed, the others run
+   * on): that handle dies as in {@link crash} and its lock is released.
+   *
+   * @example
+   * store.crashRank(2);
+   * const parts = await store.openRank(2); // the restarted rank opens it again
+   */
+  crashRank(rank: number): void {
+    const path = `${this.location}/rank-${rank}/parts`;
+    const holder = this.locks.get(path);
+    if (holder === undefined) return;
+    holder.kill();
+    holder.invalidate();
+    this.locks.delete(path);
+  }
+
   // ---- StoreFaults ------------------------------------------------------------------------
 
   async corruptPart(rank: number, epoch: number): Promise<void> {

@@ -134,7 +134,16 @@ export async function recoverLocal(manifest: LineManifest, ranks: readonly RankP
   for (const { epoch } of choice.skipped) await manifest.abortLine(epoch);
   // A crash between a commit and its pruning leaves one line too many; catch up here.
   if (keep !== undefined) await manifest.prune(keep);
-  const kept = (await manifest.list()).map((l) => l.epoch);
-  await Promise.all(ranks.map((r) => r.retain(kept, { dropNewer: true })));
+  // Each rank keeps its parts of the kept lines (a line of independent checkpoints names each
+  // rank's own epoch).
+  const kept = await manifest.list();
+  await Promise.all(
+    ranks.map((r) =>
+      r.retain(
+        kept.flatMap((l) => l.parts.filter((p) => p.rank === r.rank).map((p) => p.epoch)),
+        { dropNewer: true },
+      ),
+    ),
+  );
   return choice;
 }

@@ -258,9 +258,11 @@ export interface LineManifest {
    * Commits line `epoch` with one part per rank, in one synced write: after it resolves the
    * line survives any crash; if it does not, the line does not exist. Call it only after
    * every rank's {@link RankPartStore.putPart} resolved. `parts` must name ranks
-   * `0..n-1` once each, all with this epoch, and `epoch` must be newer than every committed
-   * line (`RangeError` otherwise); `opts.meta` is at most {@link META_BYTES_MAX} bytes;
-   * `opts.job` records which job and run committed the line.
+   * `0..n-1` once each, all with this epoch (with `opts.mixed`, each part may be of its own
+   * epoch: a line of independent checkpoints, as retry-one's durable floor commits), and
+   * `epoch` must be newer than every committed line (`RangeError` otherwise); `opts.meta` is
+   * at most {@link META_BYTES_MAX} bytes; `opts.job` records which job and run committed the
+   * line.
    * Clears an abort marker of the same epoch. Rejects with `STORE_NOT_OPEN`, `STORE_IO`,
    * `STORE_CORRUPT` (the newest existing record is damaged).
    *
@@ -268,7 +270,7 @@ export interface LineManifest {
    * const line = await manifest.commitLine(7, refs, { meta: encodeValue({ job: "heat" }) });
    * line.parts.length; // the job size
    */
-  commitLine(epoch: number, parts: readonly PartRef[], opts?: { meta?: Uint8Array; job?: LineJob }): Promise<LineRecord>;
+  commitLine(epoch: number, parts: readonly PartRef[], opts?: { meta?: Uint8Array; job?: LineJob; mixed?: boolean }): Promise<LineRecord>;
 
   /**
    * Marks line `epoch` aborted, so that its parts may be deleted. If `epoch` had been

@@ -30,6 +30,11 @@ export interface ClusterInvariants {
   atEnd(): void;
   /** A recovery line was committed: check it is a consistent cut with complete channel logs. */
   onLine(line: CommittedLine): void;
+  /**
+   * retry-one: every rank restarts from the durable floor. The re-execution from there logs
+   * nothing it replays, so a message number may carry other content than before.
+   */
+  onRestartAll(): void;
 }
 
 /** A rank's part as the coordinated driver writes it (src/cpr/coordinated/driver.ts). */
@@ -136,6 +141,9 @@ export function clusterInvariants(cluster: SimCluster): ClusterInvariants {
         (rank) => atCheckpoint.get(`${rank}/${line.record.epoch}`),
         (m) => net.violations.push(m),
       );
+    },
+    onRestartAll() {
+      appContent.clear();
     },
     atEnd() {
       this.afterStep();

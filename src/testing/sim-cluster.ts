@@ -26,13 +26,15 @@ import { type CheckpointEvery, CprInitiator, INITIATOR_TICK_MS as CPR_TICK_MS, i
 import { InitiatorDriver } from "../cpr/coordinated/initiator-driver.ts";
 import { coordinatedHook, type PartStoreLike } from "../cpr/coordinated/driver.ts";
 import { retryOneHook } from "../cpr/retry-one/driver.ts";
+import { DurableCandidates } from "../cpr/retry-one/durable.ts";
 import { isLifelineError, LifelineError } from "../errors.ts";
-import { EXIT_COORDINATOR_LOST, type RankToCoordinator } from "../mpi/control.ts";
+import { EXIT_COORDINATOR_LOST, type CoordinatorToRank, type RankToCoordinator } from "../mpi/control.ts";
+import { decodeValue, encodeValue } from "../mpi/codec.ts";
 import type { Mode, RankPlace } from "../mpi/env.ts";
 import { World } from "../mpi/world.ts";
 import { MemoryRecoveryStore } from "../store/memory-store.ts";
 import { recoverLocal } from "../store/recovery.ts";
-import { KEEP_LINES_DEFAULT, type LineManifest, type LineRecord, type RankPartStore } from "../store/types.ts";
+import { KEEP_LINES_DEFAULT, type LineManifest, type LineRecord, type PartRef, type RankPartStore } from "../store/types.ts";
 import { BACKOFF_BASE_MS, BACKOFF_MAX_MS } from "../launch/backoff.ts";
 import {
   type CoordinatorEvent,
@@ -127,6 +129,15 @@ export interface SimRetryOneOptions {
   readonly noRestart?: readonly number[];
   /** Send `peer-down` at once on a death (the launcher does); without it only `peer` tells. */
   readonly peerDown?: boolean;
+  /**
+   * The durable floor (`--durable-every`): every rank writes every nth safe checkpoint to the
+   * simulated store, the coordinator commits the newest consistent set of them as a line (as
+   * src/launch/retry-one-policy.ts does), and failures beyond the replicas (`CPR_LOST`)
+   * restart every rank from the newest line instead of failing the job. 0 or absent: off.
+   */
+  readonly durableEvery?: number;
+  /** Durable lines kept (default {@link KEEP_LINES_DEFAULT}). */
+  readonly keepLines?: number;
 }
 
 export interface SimCprOptions {
@@ -172,6 +183,10 @@ export interface SimOutcome {
   readonly simMs: number;
   readonly framesDelivered: number;
   readonly restarts: number;
+  /** retry-one: restarts of every rank from the durable floor (failures beyond the replicas). */
+  readonly fallbacks: number;
+  /** retry-one: the durable line each of them restarted from (0: the program's start). */
+  readonly fallbackLines: readonly number[];
   /** Hosts crashed (`hostCrashes`), each taking every rank on it. */
   readonly hostsCrashed: number;
   /** Ranks the simulator killed (crashes, host crashes), each once. */
@@ -237,6 +252,16 @@ export class SimCoordinator {
   onCommitted: (epoch: number) => void = () => undefined;
   /** Sees every event of the membership machine first (the cluster's failure detector). */
   observer: (ev: CoordinatorEvent) => void = () => undefined;
+  /** retry-one's durable floor: the checkpoints the ranks reported that a newer line may use. */
+  readonly durable: DurableCandidates<PartRef> | undefined;
+  /** retry-one: manifest writes for the floor, one at a time. */
+  private durableWrites: Promise<void> = Promise.resolve();
+  /** retry-one: bumped by every restart of all ranks (a commit under way then is given up). */
+  private durableGeneration = 0;
+  /** retry-one: the start of every rank the next tables carry (a restart from the floor); cleared once they went out. */
+  allStart: { line: LineRecord | undefined; versions: number[]; index: number } | undefined;
+  /** retry-one: a rank reported CPR_LOST; true if the cluster restarts every rank from the floor. */
+  onLost: () => boolean = () => false;
 
   constructor(
     private readonly net: SimNetwork,
@@ -244,7 +269,10 @@ export class SimCoordinator {
     readonly jobKey: number,
     private readonly cpr: SimCprOptions | undefined,
     hosts?: readonly number[],
+    /** retry-one's durable floor on: the lines it keeps. */
+    private readonly durableKeep?: number,
   ) {
+    this.durable = durableKeep === undefined ? undefined : new DurableCandidates(size);
     this.membership = new Membership({
       size,
       jobKey,
@@ -319,6 +347,8 @@ export class SimCoordinator {
     const nowMs = this.net.now;
     switch (ev.kind) {
       case "ready":
+        // Every rank got its table: later tables (single restarts) restore from peers again.
+        this.allStart = undefined;
         this.startInitiator();
         return;
       case "step":
@@ -326,12 +356,16 @@ export class SimCoordinator {
         return;
       case "cpr":
         if (ev.msg.t === "cpr-held" || ev.msg.t === "cpr-copy") this.net.violation(`rank ${ev.rank} sent ${ev.msg.t}, which only per-host stores ask for`);
-        this.driver.input(initiatorInputOf(ev.rank, ev.msg, nowMs));
+        else if (ev.msg.t === "cpr-durable" && this.durable !== undefined) this.onDurable(ev.rank, ev.msg);
+        else if (ev.msg.t === "cpr-durable") this.net.violation(`rank ${ev.rank} sent ${ev.msg.t} without a durable floor`);
+        else this.driver.input(initiatorInputOf(ev.rank, ev.msg, nowMs));
         return;
       case "released":
         this.stopInitiator();
         return;
       case "rank-abort":
+        // Beyond the replicas, with the durable floor on: every rank restarts from it.
+        if (ev.code === "CPR_LOST" && this.onLost()) return;
         this.aborts.push({ rank: ev.rank, code: ev.code, message: ev.message });
         this.abortAll(ev.code, `rank ${ev.rank}: ${ev.message}`);
         return;
@@ -361,8 +395,66 @@ export class SimCoordinator {
     }
   }
 
-  /** cpr: rank `rank`'s part of the line the ranks restore from, for its table. */
+  /** retry-one: a durable checkpoint of `rank` is in the store; a newer line may be committed. */
+  private onDurable(rank: number, msg: Extract<RankToCoordinator, { t: "cpr-durable" }>): void {
+    this.durable!.add(
+      rank,
+      { version: msg.epoch, index: msg.index, sent: msg.sent, consumed: msg.consumed, logFrom: msg.logFrom },
+      { rank: msg.ref.rank, epoch: msg.ref.epoch, checksum: msg.ref.checksum, bytes: msg.ref.bytes },
+      this.net.now,
+    );
+    const generation = this.durableGeneration;
+    this.durableWrites = this.durableWrites
+      .then(() => this.commitDurable(generation))
+      .catch((err: unknown) => {
+        // A restart of every rank crashed the store under the commit: it is given up.
+        if (generation === this.durableGeneration) this.net.violations.push(`durable line: ${(err as Error).stack ?? String(err)}`);
+      });
+  }
+
+  /** Commits the newest consistent set of durable checkpoints, as src/launch/retry-one-policy.ts does. */
+  private async commitDurable(generation: number): Promise<void> {
+    const durable = this.durable!;
+    const next = durable.next();
+    if (next === undefined || generation !== this.durableGeneration) return;
+    const manifest = this.manifest!;
+    const epoch = Math.max(0, ...(await manifest.list()).map((l) => l.epoch)) + 1;
+    if (generation !== this.durableGeneration) return;
+    await manifest.commitLine(
+      epoch,
+      next.chosen.map((c) => c.ref),
+      { mixed: true, meta: encodeValue({ index: next.index }) },
+    );
+    if (generation !== this.durableGeneration) return;
+    durable.committed(next.versions);
+    this.committed.push(epoch);
+    await manifest.prune(this.durableKeep!);
+    const kept = await manifest.list();
+    if (generation !== this.durableGeneration) return;
+    for (let r = 0; r < this.size; r++) {
+      const msg: CoordinatorToRank = { t: "cpr-durable-keep", keep: kept.map((l) => l.parts[r]!.epoch) };
+      this.input({ kind: "send", rank: r, msg });
+    }
+  }
+
+  /** retry-one: every rank is gone for a restart from the floor; what was being committed is given up or done. */
+  async durableStopped(): Promise<void> {
+    this.durableGeneration++;
+    await this.durableWrites;
+  }
+
+  /** cpr: rank `rank`'s part of the line the ranks restore from, for its table; retry-one: the start from the floor. */
   private restoreOf(rank: number): Partial<TableMessage> {
+    const start = this.allStart;
+    if (start !== undefined) {
+      const ref = start.line?.parts[rank];
+      return {
+        retryStart: { versions: [...start.versions], index: start.index },
+        ...(ref === undefined
+          ? {}
+          : { restore: { epoch: start.line!.epoch, ref: { rank: ref.rank, epoch: ref.epoch, checksum: ref.checksum, bytes: ref.bytes } } }),
+      };
+    }
     const line = this.restoreLine;
     const ref = line?.parts[rank];
     return line !== undefined && ref !== undefined
@@ -544,6 +636,10 @@ export class SimCluster {
   private readonly isolated: { rank: number; attempt: number }[] = [];
   /** retry-one: ranks whose restart is scheduled. */
   private readonly replacing = new Set<number>();
+  /** retry-one: restarts of every rank from the durable floor, and a counter that outdates scheduled single restarts. */
+  private fallbacks = 0;
+  private readonly fallbackLines: number[] = [];
+  private generation = 0;
   /** Exits behind a partition, which the launcher learns of when it heals. */
   private unreported: { rank: number; attempt: number; code: number }[] = [];
 
@@ -561,8 +657,10 @@ export class SimCluster {
     });
     const jobKey = (this.prng.fork(JOB_KEY_SALT).next() | 1) >>> 0;
     const cpr = opts.mode === "cpr" ? (opts.cpr ?? { every: { ms: 100 } }) : undefined;
-    this.coordinator = new SimCoordinator(this.net, opts.size, jobKey, cpr, opts.hosts);
-    if (cpr !== undefined) this.store = new MemoryRecoveryStore({ name: `sim-${opts.seed}`, nowMs: () => this.net.now });
+    const floor = this.durableEvery > 0;
+    this.coordinator = new SimCoordinator(this.net, opts.size, jobKey, cpr, opts.hosts, floor ? (opts.retryOne?.keepLines ?? KEEP_LINES_DEFAULT) : undefined);
+    if (cpr !== undefined || floor) this.store = new MemoryRecoveryStore({ name: `sim-${opts.seed}`, nowMs: () => this.net.now });
+    this.coordinator.onLost = () => this.onLost();
     this.ends = Array.from({ length: opts.size }, () => ({ kind: "running" }));
     this.worlds = new Array(opts.size).fill(undefined);
     this.invariants = clusterInvariants(this);
@@ -590,6 +688,11 @@ export class SimCluster {
 
   private get retryOne(): SimRetryOneOptions | undefined {
     return this.opts.mode === "retry-one" ? (this.opts.retryOne ?? {}) : undefined;
+  }
+
+  /** retry-one's durable floor (0: off). */
+  private get durableEvery(): number {
+    return this.retryOne?.durableEvery ?? 0;
   }
 
   /** The ranks' watchdogs and the detector (always with partitions). */
@@ -676,7 +779,19 @@ export class SimCluster {
           retryOne:
             this.retryOne === undefined
               ? undefined
-              : retryOneHook({ replicas: this.retryOne.replicas ?? 2, failureTimeoutMs: this.retryOne.failureTimeoutMs ?? 5000 }),
+              : retryOneHook({
+                  replicas: this.retryOne.replicas ?? 2,
+                  failureTimeoutMs: this.retryOne.failureTimeoutMs ?? 5000,
+                  ...(store === undefined || this.durableEvery === 0
+                    ? {}
+                    : {
+                        durableEvery: this.durableEvery,
+                        openParts: async () => {
+                          if (reach !== undefined) await reach();
+                          return simParts(await store.openRank(rank), this.net, node, { slow: false, reach }, this.written, undefined);
+                        },
+                      }),
+                }),
         },
       );
       this.worlds[rank] = world;
@@ -710,6 +825,8 @@ export class SimCluster {
   private killRank(rank: number, attempt: number): void {
     this.net.kill(rankNode(rank, attempt));
     this.stopWatchdog(rank, attempt);
+    // retry-one's durable floor: the part store's lock dies with the process.
+    if (this.cpr === undefined) this.store?.crashRank(rank);
   }
 
   /**
@@ -877,12 +994,84 @@ export class SimCluster {
     const delay = Math.min(BACKOFF_MAX_MS, BACKOFF_BASE_MS * 2 ** Math.min(this.restarts - 1, 3));
     this.net.note(`restart rank ${rank} alone in ${delay} ms`);
     this.replacing.add(rank);
+    const generation = this.generation;
     this.net.timer(COORDINATOR, delay, undefined, () => {
+      // Every rank restarted from the durable floor meanwhile: this restart is moot.
+      if (generation !== this.generation) return;
       this.replacing.delete(rank);
       if (this.coordinator.phase !== "running") return;
       this.coordinator.restartRank(rank, attempt + 1);
       this.launch(rank, attempt + 1);
     });
+  }
+
+  /** retry-one: a rank reported CPR_LOST; with the durable floor every rank restarts from it. */
+  private onLost(): boolean {
+    if (this.restartPending) return true;
+    if (this.durableEvery === 0 || this.restarts >= (this.retryOne!.maxRestarts ?? 10)) return false;
+    this.restartFromFloor();
+    return true;
+  }
+
+  /**
+   * retry-one, beyond the replicas: kill every rank, then — after a back-off — start each
+   * from its checkpoint in the newest durable line that verifies (from the start if none), as
+   * src/launch/retry-one-policy.ts does.
+   */
+  private restartFromFloor(): void {
+    this.restartPending = true;
+    this.restarts++;
+    this.fallbacks++;
+    this.generation++;
+    this.replacing.clear();
+    for (let r = 0; r < this.opts.size; r++) {
+      const link = this.coordinator.links[r]!;
+      if (!this.net.isCut(rankNode(r, link.attempt))) this.killRank(r, link.attempt);
+      this.ends[r] = { kind: "running" };
+    }
+    const settled = this.coordinator.durableStopped();
+    this.store!.crash();
+    this.net.note(`beyond the replicas: restart all from the durable floor (restart ${this.restarts})`);
+    const delay = Math.min(BACKOFF_MAX_MS, BACKOFF_BASE_MS * 2 ** Math.min(this.restarts - 1, 3));
+    const stopped = this.coordinator.beginRestart();
+    this.net.timer(
+      COORDINATOR,
+      delay,
+      undefined,
+      () =>
+        void Promise.all([stopped, settled])
+          .then(() => this.prepareFloorRestart())
+          .catch((err: unknown) => this.net.violations.push(`restart from the durable floor failed: ${(err as Error).stack ?? String(err)}`)),
+    );
+  }
+
+  private async prepareFloorRestart(): Promise<void> {
+    const store = this.store!;
+    const coordinator = this.coordinator;
+    coordinator.manifest = await store.openManifest();
+    const stores: RankPartStore[] = [];
+    let line: LineRecord | undefined;
+    try {
+      for (let r = 0; r < this.opts.size; r++) stores.push(await store.openRank(r));
+      const choice = await recoverLocal(coordinator.manifest, stores, { keep: this.retryOne!.keepLines ?? KEEP_LINES_DEFAULT });
+      for (const w of choice.warnings) coordinator.warnings.push(w);
+      line = choice.line;
+    } finally {
+      await Promise.all(stores.map((s) => s.close()));
+    }
+    const versions = line === undefined ? new Array<number>(this.opts.size).fill(0) : line.parts.map((p) => p.epoch);
+    const meta = line?.meta === undefined ? undefined : (decodeValue(line.meta) as { index?: unknown });
+    coordinator.allStart = { line, versions, index: typeof meta?.index === "number" ? meta.index : 0 };
+    coordinator.durable!.restarted(line === undefined ? undefined : versions);
+    this.fallbackLines.push(line?.epoch ?? 0);
+    // A re-execution from the line may send other messages than the dead one under the same numbers.
+    this.invariants.onRestartAll();
+    const attempts = coordinator.links.map((l) => l.attempt + 1);
+    coordinator.restartRound(attempts, undefined);
+    this.lastHeardMs.fill(undefined);
+    this.net.note(`restart all from durable line ${line?.epoch ?? 0} (checkpoints ${versions.join(", ")})`);
+    this.restartPending = false;
+    for (let r = 0; r < this.opts.size; r++) this.launch(r, attempts[r]!);
   }
 
   private async prepareRestart(): Promise<void> {
@@ -939,10 +1128,11 @@ export class SimCluster {
     const simMsMax = this.opts.simMsMax ?? 600_000;
     if (this.store !== undefined) {
       this.coordinator.manifest = await this.store.openManifest();
-      this.coordinator.onCommitted = (epoch) => {
-        if (this.restarts > 0) this.linesAfterRestart++;
-        this.readBackLine(epoch);
-      };
+      if (this.cpr !== undefined)
+        this.coordinator.onCommitted = (epoch) => {
+          if (this.restarts > 0) this.linesAfterRestart++;
+          this.readBackLine(epoch);
+        };
     }
     for (let r = 0; r < this.opts.size; r++) this.launch(r, 0);
     const lease = this.lease;
@@ -990,6 +1180,8 @@ export class SimCluster {
       simMs: this.net.now,
       framesDelivered: this.net.framesDelivered,
       restarts: this.restarts,
+      fallbacks: this.fallbacks,
+      fallbackLines: [...this.fallbackLines],
       hostsCrashed: this.hostsCrashed,
       crashedRanks: [...this.crashedRanks].sort((a, b) => a - b),
       partitions: this.partitionsMade,

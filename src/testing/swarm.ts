@@ -67,11 +67,13 @@ export async function runCprSeed(seed: number): Promise<{ spec: ProgramSpec; ref
  * the seeds run without `peer-down` (only `peer` tells survivors of a restart). With `p2p`,
  * the programs mix point-to-point rounds (every receive style, wildcards, probes, polls,
  * `nondet`), collectives (also in flight at once) and checkpoint locations that only some
- * ranks call; a third of those seeds crash two ranks at once (a host of two).
+ * ranks call; a third of those seeds crash two ranks at once (a host of two). With `floor`,
+ * one replica, more crashes, and the durable floor on: failures beyond the replica restart
+ * every rank from the newest consistent set of durable checkpoints.
  */
 export async function runRetryOneSeed(
   seed: number,
-  opts: { bigChance?: number; hostCrash?: boolean; p2p?: boolean } = {},
+  opts: { bigChance?: number; hostCrash?: boolean; p2p?: boolean; floor?: boolean } = {},
 ): Promise<{ spec: ProgramSpec; ref: SimOutcome; out: SimOutcome }> {
   const prng = new Prng(seed);
   const size = prng.rangeInclusive(opts.p2p === true ? 3 : 2, 4);
@@ -87,15 +89,25 @@ export async function runRetryOneSeed(
   const knobs = prng.fork(2);
   const ref = await new SimCluster({ seed, size, mode: "none", program, policy: "fifo", stepsMax: 20_000 }).run();
   const pairs = opts.p2p === true && prng.fork(4).chance(1 / 3);
+  // The durable floor: one replica, crashes that overlap often, a durable checkpoint every 1–2
+  // versions; failures beyond the replica restart every rank from the newest durable line.
+  const floor = opts.floor === true ? prng.fork(5) : undefined;
   const out = await new SimCluster({
     seed,
     size,
     mode: "retry-one",
     program,
     stepsMax: 80_000,
-    retryOne: { replicas: knobs.pick([1, 2, 3]), maxRestarts: 10, failureTimeoutMs: 60_000, peerDown: !knobs.chance(0.25) },
+    retryOne: {
+      replicas: knobs.pick([1, 2, 3]),
+      maxRestarts: 10,
+      failureTimeoutMs: 60_000,
+      peerDown: !knobs.chance(0.25),
+      ...(floor === undefined ? {} : { replicas: 1, durableEvery: floor.pick([1, 1, 2]), keepLines: floor.rangeInclusive(1, 2) }),
+    },
     // One crash at a time is always covered (replicas ≥ 1); crashes may still overlap a recovery.
     ...recoveryKnobs(knobs),
+    ...(floor === undefined ? {} : { crashChance: floor.pick([0.02, 0.05]), crashesMax: floor.rangeInclusive(2, 4) }),
     // One whole host (2..size hosts, ranks in blocks as a hostfile places them) lost at once:
     // covered too, since replicas go to other hosts first.
     ...(opts.hostCrash === true ? { hosts: hostBlocks(size, prng.fork(3).rangeInclusive(2, size)), hostCrashes: true, crashesMax: 1, crashChance: 0.02 } : {}),

@@ -1,6 +1,7 @@
 /**
- * Goal: `lifeline drill --mode cpr` passes on every shipped example with a step kill each
- * (and `--mode retry-one` on the collective ones: logreg, boosting),
+ * Goal: `lifeline drill` passes on every shipped example with a step kill each, in
+ * `--mode cpr` and in `--mode retry-one` (where only the killed rank restarts, point-to-point
+ * programs included),
  * and on real runs with the other kill forms — `send:N` (token ring, two faults in a row) and
  * Rabit's `mock=rank,version,seqno,ndeath` (logistic regression, after recovery lines were
  * committed, so the job rolls back to a line) — and every fault really fires, is detected
@@ -115,6 +116,45 @@ describe("drills on every example, mode cpr", () => {
 });
 
 describe("drills in mode retry-one (only the failed rank restarts, from its peers' memory)", () => {
+  it(
+    "taskfarm: a worker killed at its 15th step restores from its peers; the master resends its tasks",
+    async () => {
+      const o = await drill({ mode: "retry-one", kill: ["1@step:15"] }, ["examples/taskfarm.ts", "--tasks", "24", "--steps", "1000", "--spin-ms", "3"]);
+      expectRecovered(o, 1);
+      expect(o.report.runs[1]!.faultReports[0]!.restoredFromPeers, o.stderr).toBe(true);
+    },
+    DRILL_TEST_MS,
+  );
+
+  it(
+    "token-ring: rank 1 killed at its 20th step, then rank 0 at its 10th send in the next attempt",
+    async () => {
+      const o = await drill({ mode: "retry-one", kill: ["1@step:20", "0@send:10"] }, [
+        "examples/token-ring.ts",
+        "--laps",
+        "30",
+        "--len",
+        "64",
+        "--work",
+        "100000",
+      ]);
+      expectRecovered(o, 2);
+    },
+    DRILL_TEST_MS,
+  );
+
+  it(
+    "heat: rank 0 killed at its 40th step (isend/irecv halos) restores from rank 1's memory",
+    async () => {
+      const o = await drill({ mode: "retry-one", kill: ["0@step:40"] }, ["examples/heat.ts", "--rows", "64", "--cols", "64", "--iters", "300"]);
+      expectRecovered(o, 1);
+      const [fault] = o.report.runs[1]!.faultReports;
+      expect(fault!.restoredFromPeers, o.stderr).toBe(true);
+      expect(fault!.restoreEpoch, o.stderr).toBeGreaterThan(0);
+    },
+    DRILL_TEST_MS,
+  );
+
   it(
     "logreg: rank 1 killed at its 10th step restores checkpoint 9 from its peers and catches up",
     async () => {

@@ -13,6 +13,19 @@ import { context, type RunOutcome, runLauncher } from "./cpr-run.ts";
 
 export const RUN_TIMEOUT_MS = 60_000;
 
+/**
+ * An event handler that SIGKILLs `ranks` in one instant (their current processes) once rank
+ * `ranks[0]` reported `step` checkpoints: several failures at once, whatever the timing.
+ */
+export function killTogetherAt(step: number, ranks: readonly number[]): (ev: Record<string, unknown>, pids: readonly (readonly number[])[]) => void {
+  let done = false;
+  return (ev, pids) => {
+    if (done || ev.event !== "rank-step" || ev.rank !== ranks[0] || (ev.steps as number) < step) return;
+    done = true;
+    for (const r of ranks) process.kill(pids[r]!.at(-1)!, "SIGKILL");
+  };
+}
+
 export interface Run extends RunOutcome {
   /** Pids each rank was started with, in order. */
   pids: number[][];
@@ -24,7 +37,13 @@ export function retryOneRuns(dirOf: () => string, np: number) {
   let runs = 0;
   /** A fresh name for a run's results and store in the directory. */
   const nextName = (): string => `run${runs++}`;
-  const run = async (program: string, flags: readonly string[], args: readonly string[] = []): Promise<Run> => {
+  /** `onEvent` also sees every event, with the pids so far (e.g. to kill ranks from outside). */
+  const run = async (
+    program: string,
+    flags: readonly string[],
+    args: readonly string[] = [],
+    onEvent?: (ev: Record<string, unknown>, pids: readonly (readonly number[])[]) => void,
+  ): Promise<Run> => {
     const pids: number[][] = Array.from({ length: np }, () => []);
     const caughtUp: Run["caughtUp"] = [];
     const o = await runLauncher({
@@ -39,6 +58,7 @@ export function retryOneRuns(dirOf: () => string, np: number) {
         if (ev.event === "rank-spawned") pids[ev.rank as number]!.push(ev.pid as number);
         if (ev.event === "rank-caught-up")
           caughtUp.push({ rank: ev.rank as number, attempt: ev.attempt as number, restored: ev.restored as number, replayed: ev.replayed as number });
+        onEvent?.(ev, pids);
       },
     });
     return { ...o, pids, caughtUp };

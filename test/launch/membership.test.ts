@@ -205,6 +205,22 @@ describe("membership: retry-one", () => {
     expect(m.phase).toBe("running");
   });
 
+  it("a restart of every rank (retry-one's durable floor) forgets the single restarts of the execution given up", () => {
+    const m = running(3);
+    m.step({ kind: "rank-down", rank: 1, attempt: 0 });
+    m.step({ kind: "restart-rank", rank: 1, attempt: 1 });
+    m.step({ kind: "rank-down", rank: 2, attempt: 0 });
+    m.step({ kind: "round-over" });
+    m.step({ kind: "restart-round", attempts: [2, 2, 2], nowMs: 0 });
+    for (let r = 0; r < 3; r++) from(m, hello(r, 2, 3));
+    expect(m.phase).toBe("running");
+    // Later, rank 0 alone restarts: its table names no rank down and no position reached.
+    m.step({ kind: "rank-down", rank: 0, attempt: 2 });
+    m.step({ kind: "restart-rank", rank: 0, attempt: 3 });
+    const back = sends(from(m, hello(0, 3, 3)));
+    expect(back[0]!.msg).toMatchObject({ t: "table", attempts: [3, 2, 2], down: [], reached: 0 });
+  });
+
   it("the dead incarnation's last messages are dropped quietly; the release waits for the new one's result", () => {
     const m = running(2);
     from(m, { t: "finalize", rank: 1, result: encodeValue(1) });

@@ -110,13 +110,31 @@ describe("resolveRunConfig", () => {
     );
   });
 
-  it("--resume / --fresh: cpr only, not both", () => {
+  it("--resume / --fresh: cpr, or retry-one with its durable floor; not both", () => {
     expect(resolveWith({ mode: "cpr", resume: true }).resume).toBe("resume");
     expect(resolveWith({ mode: "cpr", fresh: true }).resume).toBe("fresh");
+    expect(resolveWith({ mode: "retry-one", resume: true }).resume).toBe("resume");
+    expect(resolveWith({ mode: "retry-one", fresh: true, durableEvery: "3" }).resume).toBe("fresh");
     expect(usageMessage(() => resolveWith({ mode: "cpr", resume: true, fresh: true }))).toContain("--resume and --fresh contradict each other");
     expect(usageMessage(() => resolveWith({ mode: "none", resume: true }))).toContain("--resume needs recovery lines, and --mode none keeps none");
-    expect(usageMessage(() => resolveWith({ mode: "retry-one", fresh: true }))).toContain(
-      "--fresh: --mode retry-one keeps its checkpoints in the ranks' memory",
+    expect(usageMessage(() => resolveWith({ mode: "retry-one", fresh: true, durableEvery: "0" }))).toContain(
+      "--fresh: --mode retry-one keeps its checkpoints in the ranks' memory, and its durable floor is off",
+    );
+  });
+
+  it("--durable-every: retry-one's durable floor, on by default with a shared store, off on each host's own disk", () => {
+    expect(resolveWith({ mode: "retry-one" }).durableEvery).toBe(10);
+    expect(resolveWith({ mode: "retry-one", durableEvery: "4" }).durableEvery).toBe(4);
+    expect(resolveWith({ mode: "retry-one", durableEvery: "0" }).durableEvery).toBe(0);
+    expect(resolveWith({ mode: "cpr" }).durableEvery).toBe(0);
+    expect(resolveWith({ mode: "retry-one", storeScope: "host" }).durableEvery).toBe(0);
+    expect(usageMessage(() => resolveWith({ mode: "retry-one", durableEvery: "often" }))).toMatch(/--durable-every/);
+    expect(usageMessage(() => resolveWith({ mode: "retry-one", durableEvery: "-1" }))).toMatch(/--durable-every/);
+    expect(usageMessage(() => resolveWith({ mode: "cpr", durableEvery: "5" }))).toContain(
+      "--durable-every is retry-one's durable floor; it does nothing in --mode cpr",
+    );
+    expect(usageMessage(() => resolveWith({ mode: "retry-one", storeScope: "host", durableEvery: "5" }))).toContain(
+      "--durable-every needs --store in a directory every rank reaches",
     );
   });
 

@@ -131,16 +131,16 @@ describe("decide", () => {
     expect(d.transfers[0]).toEqual({ kind: "restore", from: 2, to: 1, version: 3 });
   });
 
-  it("more failures than replicas: a rank's checkpoint with every holder dead is a clear CPR_RESTORE error", () => {
+  it("more failures than replicas: a rank's checkpoint with every holder dead is a clear CPR_LOST error", () => {
     const all = [restarted(0), restarted(1), restarted(2), survivor(3, coll(3), 1)];
     const d = decide(all, opts);
-    expect(d).toMatchObject({ kind: "fail", code: "CPR_RESTORE" });
+    expect(d).toMatchObject({ kind: "fail", code: "CPR_LOST" });
     if (d.kind === "fail") expect(d.message).toMatch(/rank 0's checkpoint 1 is lost.*--replicas 2/);
   });
 
   it("every rank restarted: a clear error, never a silent restart from the beginning", () => {
     const d = decide([restarted(0), restarted(1), restarted(2), restarted(3)], opts);
-    expect(d).toMatchObject({ kind: "fail", code: "CPR_RESTORE" });
+    expect(d).toMatchObject({ kind: "fail", code: "CPR_LOST" });
     if (d.kind === "fail") expect(d.message).toMatch(/no rank kept its memory/);
   });
 
@@ -160,7 +160,7 @@ describe("decide", () => {
     if (ok.kind !== "plan") throw new Error(ok.kind);
     expect(ok.transfers[0]).toEqual({ kind: "restore", from: 0, to: 1, version: 0 });
     const lost = decide([noHolders(0, [1]), restarted(1), noHolders(2), noHolders(3)], opts);
-    expect(lost).toMatchObject({ kind: "fail", code: "CPR_RESTORE", message: expect.stringMatching(/rank 1's logged outcomes are lost/) });
+    expect(lost).toMatchObject({ kind: "fail", code: "CPR_LOST", message: expect.stringMatching(/rank 1's logged outcomes are lost/) });
   });
 
   it("the global of the restored checkpoint not kept yet by anyone: wait for the survivor that has not reached that checkpoint", () => {

@@ -155,7 +155,29 @@ describe("RetryOneRank: determinants", () => {
     const view = [0, 0, 0];
     m1!.step({ kind: "frame", from: 0, attempt: 0, frame: { t: "dets", view, from: 0, entries: ["a", "b", "c"] } });
     expect(m1!.buffered.dets).toBe(3);
-    m1!.step({ kind: "frame", from: 0, attempt: 0, frame: { t: "replica", view, version: 1, index: 0, key: null, detCount: 2, safe: false, state: "s" } });
+    m1!.step({
+      kind: "frame",
+      from: 0,
+      attempt: 0,
+      frame: {
+        t: "replica",
+        view,
+        version: 1,
+        index: 0,
+        key: null,
+        detCount: 2,
+        safe: false,
+        state: "s",
+        known: {
+          safe: [
+            [0, 0],
+            [0, 0],
+            [0, 0],
+          ],
+          logs: [],
+        },
+      },
+    });
     m1!.step({ kind: "frame", from: 0, attempt: 0, frame: { t: "stored", view, version: 1, index: 0, detCount: 2, consumed: 0 } });
     expect(m1!.buffered.dets).toBe(1); // only "c", after the checkpoint
     // Rank 0's next incarnation logs its own outcome at ordinal 2 (the old "c" never took effect).

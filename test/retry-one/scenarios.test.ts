@@ -146,7 +146,7 @@ describe("failures retry-one must survive", () => {
     for (const o of outs) expect(o.stats.globalThunks).toBeLessThanOrEqual(2);
   });
 
-  it("die same with replicas 2: when rank 1 and both its holders are dead at once → a clear CPR_RESTORE error, no hang", () => {
+  it("die same with replicas 2: when rank 1 and both its holders are dead at once → a clear CPR_LOST error, no hang", () => {
     // Slow restarts, so that the three are usually dead at once; where a schedule lets rank 1
     // come back before the others die, recovery must succeed instead.
     const want = referenceResults(program("local"), SIZE);
@@ -156,7 +156,7 @@ describe("failures retry-one must survive", () => {
         return;
       }
       expect(o.status).toBe("failed");
-      expect(o.failures[0]!.code).toBe("CPR_RESTORE");
+      expect(o.failures[0]!.code).toBe("CPR_LOST");
       expect(o.failures[0]!.message).toMatch(/rank 1's checkpoint 2 is lost.*--replicas 2/);
     });
     expect(outs.filter((o) => o.status === "failed").length).toBeGreaterThan(SEEDS / 2);

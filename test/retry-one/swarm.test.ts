@@ -5,7 +5,7 @@
  * Invariants (checked by the harness and here): every rank and incarnation sees the same
  * result for each (version, seqno) and bootstrap key; every program check passes; within
  * the replicas' coverage every run ends with each rank's final state equal to its
- * failure-free one; beyond it, a run ends ok or with a clear CPR_RESTORE error, never a hang
+ * failure-free one; beyond it, a run ends ok or with a clear CPR_LOST error, never a hang
  * and never a wrong result.
  * Method: swarm testing — each seed draws the job (2–5 ranks, 1–3 replicas, program kind,
  * iterations, bootstrap on/off) and the fault mix, then one schedule. `SEED=n` reproduces a
@@ -118,7 +118,7 @@ describe("retry-one swarm", () => {
     }
   });
 
-  it("beyond the coverage: ok with the right results or a clear CPR_RESTORE error; never a hang (≥ 1000 schedules)", () => {
+  it("beyond the coverage: ok with the right results or a clear CPR_LOST error; never a hang (≥ 1000 schedules)", () => {
     const seeds = swarmSeeds(1000);
     const totals = runSwarm(seeds, true, (o, job) => {
       if (o.status === "ok") {
@@ -127,7 +127,7 @@ describe("retry-one swarm", () => {
       }
       expect(o.status).toBe("failed");
       for (const f of o.failures) {
-        expect(f.code).toBe("CPR_RESTORE");
+        expect(f.code).toBe("CPR_LOST");
         expect(f.message).toMatch(/is lost: it and every rank holding a replica|ranks were restarted and no rank kept its memory/);
       }
     });

@@ -25,7 +25,7 @@ describe("simulation, mode retry-one", () => {
         const { spec, ref, out } = await runRetryOneSeed(seed);
         const where = `program: ${describeProgram(spec)}`;
         expect(ref.status, `reference run\n${where}\n${ref.report}`).toBe("ok");
-        if (out.status === "failed" && out.aborts.length > 0 && out.aborts.every((a) => a.code === "CPR_RESTORE" && /lost/.test(a.message))) {
+        if (out.status === "failed" && out.aborts.length > 0 && out.aborts.every((a) => a.code === "CPR_LOST")) {
           // The crashes took a checkpoint and all its replicas (or every rank's memory): a
           // clear error every rank agrees on is the right end, never a hang or a silent restart.
           beyond++;
@@ -50,7 +50,9 @@ describe("simulation, mode retry-one", () => {
     if (seeds.length >= 100) {
       expect(restarts, "the swarm should exercise restarts").toBeGreaterThan(0);
       expect(caughtUp, "restarted ranks should report catching up").toBeGreaterThan(0);
-      expect(beyond, "failures beyond the replicas' coverage should be rare").toBeLessThan(seeds.length / 20);
+      // About 4 % of these seeds crash more ranks at once than their replicas cover (84 of the
+      // 2000 CI seeds; 69 with the coordinated-version protocol this mode had before).
+      expect(beyond, "failures beyond the replicas' coverage should be rare").toBeLessThan(seeds.length / 16);
     }
   }, 600_000);
 
@@ -72,7 +74,7 @@ describe("simulation, mode retry-one", () => {
     for (const seed of swarmSeeds(200)) {
       const { spec, ref, out } = await runRetryOneSeed(seed, { bigChance: 0.5 });
       const where = `program: ${describeProgram(spec)}\nreproduce with SEED=${seed}`;
-      if (out.status === "failed" && out.aborts.length > 0 && out.aborts.every((a) => a.code === "CPR_RESTORE" && /lost/.test(a.message))) continue;
+      if (out.status === "failed" && out.aborts.length > 0 && out.aborts.every((a) => a.code === "CPR_LOST")) continue;
       expect(out.status, `${where}\n${out.report}`).toBe("ok");
       expect(out.results, `${where}\n${out.report}`).toEqual(ref.results);
       replayed += out.caughtUp.reduce((n, c) => n + c.replayed, 0);
@@ -92,6 +94,19 @@ describe("simulation, mode retry-one", () => {
       const { ref, out } = await runRetryOneSeed(seed);
       expect(out.status, out.report).toBe("ok");
       expect(out.results, out.report).toEqual(ref.results);
+    }
+    // With the durable floor (one replica, overlapping crashes):
+    // 1197: a single restart after a restart of every rank got a table still naming a rank
+    // down from the execution given up, and waited for it (a hang; membership.ts).
+    // 50608: a rank restored from a holder that was itself restoring learnt nothing of that
+    // holder's safe checkpoint, although the results it was given had been trimmed for it; when
+    // that checkpoint was later lost, the survivors restarted its owner from the start instead
+    // of reporting CPR_LOST (knowledge now travels with every transfer and checkpoint).
+    for (const seed of [1197, 50608]) {
+      const { ref, out } = await runRetryOneSeed(seed, { p2p: true, floor: true });
+      expect(out.status, out.report).toBe("ok");
+      expect(out.results, out.report).toEqual(ref.results);
+      expect(out.fallbacks, out.report).toBeGreaterThan(0);
     }
   });
 
@@ -126,11 +141,12 @@ describe("simulation, mode retry-one", () => {
   it("point-to-point and mixed programs, uneven checkpoints, crashes anywhere (also in replay, two at once): failure-free results, only the failed ranks restarted (2000 seeds)", async () => {
     let restarts = 0;
     let beyond = 0;
-    for (const seed of swarmSeeds(2000)) {
+    const seeds = swarmSeeds(2000);
+    for (const seed of seeds) {
       const { spec, ref, out } = await runRetryOneSeed(seed, { p2p: true });
       const where = `program: ${describeProgram(spec)}\nreproduce with SEED=${seed} (p2p)\n${out.report}`;
       expect(ref.status, `reference run\n${where}`).toBe("ok");
-      if (out.status === "failed" && out.aborts.length > 0 && out.aborts.every((a) => a.code === "CPR_RESTORE" && /lost/.test(a.message))) {
+      if (out.status === "failed" && out.aborts.length > 0 && out.aborts.every((a) => a.code === "CPR_LOST")) {
         beyond++;
         continue;
       }
@@ -142,7 +158,36 @@ describe("simulation, mode retry-one", () => {
       });
       restarts += out.restarts;
     }
-    expect(restarts, "the swarm should exercise restarts").toBeGreaterThan(500);
-    expect(beyond, "failures beyond the replicas' coverage should be rare").toBeLessThan(100);
+    if (seeds.length >= 100) {
+      expect(restarts, "the swarm should exercise restarts").toBeGreaterThan(seeds.length / 4);
+      // About 2.4 % (242 of 10,000 seeds from SEED_BASE=7000000).
+      expect(beyond, "failures beyond the replicas' coverage should be rare").toBeLessThan(seeds.length / 20);
+    }
+  }, 600_000);
+
+  it("the durable floor: one replica, overlapping crashes; failures beyond it restart every rank from the newest consistent durable line, failure-free results (2000 seeds)", async () => {
+    let fallbacks = 0;
+    let fromLine = 0;
+    const seeds = swarmSeeds(2000);
+    for (const seed of seeds) {
+      const { spec, ref, out } = await runRetryOneSeed(seed, { p2p: true, floor: true });
+      const where = `program: ${describeProgram(spec)}\nreproduce with SEED=${seed} (p2p, floor)\n${out.report}`;
+      expect(ref.status, `reference run\n${where}`).toBe("ok");
+      expect(out.status, where).toBe("ok");
+      expect(out.results, `retry-one results differ from the failure-free ones\n${where}`).toEqual(ref.results);
+      if (out.fallbacks === 0) {
+        out.attempts.forEach((a, r) => {
+          if (!out.crashedRanks.includes(r)) expect(a, `rank ${r} was never crashed but runs as attempt ${a}\n${where}`).toBe(0);
+        });
+      }
+      fallbacks += out.fallbacks;
+      fromLine += out.fallbackLines.filter((l) => l > 0).length;
+    }
+    if (seeds.length >= 100) {
+      // 398 restarts from the floor in the 2000 seeds from 1000, 72 of them from a durable line
+      // (the rest from the start: the programs are short); 1041 in 5000 seeds from 50000.
+      expect(fallbacks, "the swarm should fail beyond the replica").toBeGreaterThan(seeds.length / 20);
+      expect(fromLine, "some fallbacks should find a durable line").toBeGreaterThan(seeds.length / 100);
+    }
   }, 600_000);
 });

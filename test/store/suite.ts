@@ -277,6 +277,24 @@ export function recoveryStoreSuite(name: string, factory: StoreFactory): void {
         ).rejects.toThrow(TypeError);
       });
 
+      it("commits a line of parts of different epochs when asked (independent checkpoints), and reads it back", async () => {
+        const m = await manifest();
+        const ranks = [await rank(0), await rank(1), await rank(2)];
+        const refs = [
+          await ranks[0]!.putPart(7, bytesOf(SMALL, 0)),
+          await ranks[1]!.putPart(3, bytesOf(SMALL, 1)),
+          await ranks[2]!.putPart(1, bytesOf(SMALL, 2)),
+        ];
+        await expect(m.commitLine(1, refs)).rejects.toThrow(/of line 7, not 1/);
+        const line = await m.commitLine(1, refs, { mixed: true, job: { id: "farm-1", run: 1 } });
+        expect(line.parts.map((p) => p.epoch)).toEqual([7, 3, 1]);
+        await closeAll();
+        const again = await manifest();
+        expect(await again.latestCommitted()).toEqual(line);
+        const parts = [await rank(0), await rank(1), await rank(2)];
+        expect((await latestLine(again, localVerifier(parts))).line?.epoch).toBe(1);
+      });
+
       it("keeps the job record: absent at first, replaced by putJob, durable across reopen", async () => {
         const m = await manifest();
         expect(await m.job()).toBeUndefined();

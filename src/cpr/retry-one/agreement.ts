@@ -146,8 +146,8 @@ interface Candidate {
 
 /**
  * The round's decision, the same on every rank for the same N summaries (ordered by rank).
- * Fails with `CPR_RESTORE` (a checkpoint lost beyond the replicas, every rank restarted, a
- * restarted rank skipping restore()), `CPR_REPLAY` (ranks at different sync points that
+ * Fails with `CPR_LOST` (a checkpoint or logged outcomes lost beyond the replicas, every rank
+ * restarted), `CPR_RESTORE` (a restarted rank skipping restore(), a global that differs), `CPR_REPLAY` (ranks at different sync points that
  * nobody can serve), `MPI_COLLECTIVE_MISMATCH` (same point, different collective),
  * `CPR_PROTOCOL` (a bug: results a rank needs were dropped).
  */
@@ -161,7 +161,7 @@ export function decide(all: readonly Summary[], opts: DecideOptions): Decision {
   if (survivors.length === 0) {
     // Never a silent restart from the beginning (Rabit's behaviour when too many die).
     return fail(
-      "CPR_RESTORE",
+      "CPR_LOST",
       `all ${size} ranks were restarted and no rank kept its memory: the in-memory checkpoints, logs and results are lost and retry-one cannot recover them`,
     );
   }
@@ -338,7 +338,7 @@ function restartPoint(
   }
   const holders = successors(f, opts).join(", ");
   return fail(
-    "CPR_RESTORE",
+    "CPR_LOST",
     target > 0
       ? `rank ${f}'s checkpoint ${target} is lost: it and every rank holding a replica of it (${holders}) failed before it could be restored; more failures than --replicas ${opts.replicas} can cover`
       : `rank ${f}'s logged outcomes are lost: it and every rank holding them (${holders || "none: --replicas 0"}) failed; more failures than --replicas ${opts.replicas} can cover`,

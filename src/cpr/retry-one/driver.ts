@@ -13,9 +13,10 @@
  * @example
  * const world = await World.join(place, { retryOne: retryOneHook({ replicas: 2, failureTimeoutMs: 5000 }) });
  */
-import { LifelineError, type LifelineErrorCode } from "../../errors.ts";
+import { errorMessage, LifelineError, type LifelineErrorCode } from "../../errors.ts";
 import { byteLengthOf } from "../../mpi/codec.ts";
 import { crc32 } from "../../store/checksum.ts";
+import { decodeValue, encodeValue } from "../../mpi/codec.ts";
 import type { CoordinatorToRank } from "../../mpi/control.ts";
 import type { RawFrame } from "../../mpi/cpr-hook.ts";
 import type { Host, Timer } from "../../mpi/host.ts";
@@ -24,13 +25,14 @@ import {
   type RetryDecision,
   type RetryOneHook,
   type RetryOneHookFactory,
+  type RetryCheckpointLib,
   type RetryRestoredValue,
   type RetryWorldAccess,
 } from "../../mpi/retry-hook.ts";
 import type { Header } from "../../mpi/wire.ts";
-import { type Deferred, deferred } from "../deferred.ts";
+import type { PartStoreLike } from "../coordinated/driver.ts";
 import { RetryOneRank } from "./rank.ts";
-import type { Lazy, ProtoFrame, RankEffect, RankInput } from "./types.ts";
+import type { AllRestart, CollIdentity, Lazy, ProtoFrame, RankEffect, RankInput } from "./types.ts";
 
 /** Protocol-frame tags of retry-one (distinct from cpr's 0x200 range). */
 export const TAG: Record<ProtoFrame["t"], number> = {
@@ -53,11 +55,47 @@ export interface RetryOneDriverOptions {
   readonly replicas?: number | undefined;
   /** A dead rank not running again within this long fails the survivors (`--failure-timeout`). */
   readonly failureTimeoutMs?: number | undefined;
+  /** The durable floor: every `durableEvery`-th own checkpoint goes to the part store too (0: none). */
+  readonly durableEvery?: number | undefined;
+  /** This rank's part store (opened on first use): durable checkpoints, and a restart of every rank from them. */
+  readonly openParts?: (() => Promise<PartStoreLike>) | undefined;
+}
+
+/** How long a released rank waits for a durable write still under way. */
+const DURABLE_CLOSE_WAIT_MS = 5_000;
+const DURABLE_FORMAT = 1;
+
+/** A durable checkpoint as it is stored (one part per version in the rank's part store). */
+interface DurablePart {
+  readonly v: number;
+  readonly version: number;
+  readonly index: number;
+  readonly key: string | null;
+  readonly state: unknown;
+  readonly global: Buffer | null;
+  readonly cache: readonly [string, CollIdentity, unknown][];
 }
 
 /** The factory World.join takes in mode retry-one. */
 export function retryOneHook(opts: RetryOneDriverOptions = {}): RetryOneHookFactory {
   return (access, host) => new RetryOneDriver(access, host, opts);
+}
+
+interface Deferred<T> {
+  readonly promise: Promise<T>;
+  resolve(v: T): void;
+  reject(e: unknown): void;
+}
+
+function deferred<T>(): Deferred<T> {
+  let resolve!: (v: T) => void;
+  let reject!: (e: unknown) => void;
+  const promise = new Promise<T>((res, rej) => {
+    resolve = res;
+    reject = rej;
+  });
+  promise.catch(() => undefined); // observed by the caller; never an unhandled rejection
+  return { promise, resolve, reject };
 }
 
 /**
@@ -101,6 +139,13 @@ export class RetryOneDriver implements RetryOneHook {
   private restoredVersion = 0;
   /** A restarted rank: the checkpoint count its previous incarnation had reached (caught up past it). */
   private reached = Infinity;
+  /** The checkpoint being taken: its global and counters (a durable one writes them). */
+  private taking: { version: number; global: Buffer | undefined; key: string | null; lib: RetryCheckpointLib } | undefined;
+  /** Durable writes, one at a time; the newest due one waits while another runs. */
+  private durableWrite: Promise<void> | undefined;
+  private durableNext: { version: number; global: Buffer | undefined; key: string | null; lib: RetryCheckpointLib } | undefined;
+  private parts: Promise<PartStoreLike> | undefined;
+  private closing = false;
 
   constructor(
     private readonly access: RetryWorldAccess,
@@ -111,9 +156,12 @@ export class RetryOneDriver implements RetryOneHook {
     this.replaying = access.attempt > 0 ? 0 : undefined;
   }
 
-  beforeStart(table: Extract<CoordinatorToRank, { t: "table" }>): void {
-    const nowMs = this.host.now();
+  async beforeStart(table: Extract<CoordinatorToRank, { t: "table" }>): Promise<void> {
     if (table.reached !== undefined) this.reached = table.reached;
+    const allRestart = table.retryStart === undefined ? undefined : await this.allRestartOf(table);
+    // Every rank restarted together (the durable floor): nobody catches up with anyone.
+    if (allRestart !== undefined) this.replaying = undefined;
+    const nowMs = this.host.now();
     this.machine = new RetryOneRank({
       rank: this.access.rank,
       size: this.access.size,
@@ -123,6 +171,7 @@ export class RetryOneDriver implements RetryOneHook {
       groups: table.hosts,
       failureTimeoutMs: this.failureTimeoutMs,
       nowMs,
+      allRestart,
     });
     for (const r of table.down ?? []) this.input({ kind: "peer-down", rank: r, attempt: table.attempts[r] ?? 0, nowMs });
     this.timer = this.host.every(Math.max(50, this.failureTimeoutMs / 4), () => this.input({ kind: "tick", nowMs: this.host.now() }));
@@ -193,18 +242,23 @@ export class RetryOneDriver implements RetryOneHook {
   }
 
   onControl(msg: CoordinatorToRank): void {
+    if (msg.t === "cpr-durable-keep") {
+      this.keepDurable(msg.keep);
+      return;
+    }
     const nowMs = this.host.now();
     if (msg.t === "peer") this.input({ kind: "peer-up", rank: msg.rank, attempt: msg.attempt, nowMs });
     else if (msg.t === "peer-down") this.input({ kind: "peer-down", rank: msg.rank, attempt: msg.attempt, nowMs });
   }
 
-  checkpoint(state: unknown, global: Buffer | undefined, consumed: readonly number[]): Promise<void> {
+  checkpoint(state: unknown, global: Buffer | undefined, lib: RetryCheckpointLib): Promise<void> {
     const d = deferred<void>();
     this.ckpt = d;
     // The global's content names it: a restarted peer takes the global of its checkpoint from
     // any rank that kept its own with the same key (the global is the same on every rank).
     const key = global === undefined ? null : `${crc32(global).toString(16)}:${global.byteLength}`;
-    this.input({ kind: "checkpoint", state: lazyOf(state), global: { kind: "value", value: global }, key, consumed });
+    this.taking = { version: (this.machine?.progress.version ?? 0) + 1, global, key, lib };
+    this.input({ kind: "checkpoint", state: lazyOf(state), global: { kind: "value", value: global }, key, consumed: lib.consumed });
     return d.promise;
   }
 
@@ -226,9 +280,114 @@ export class RetryOneDriver implements RetryOneHook {
     this.input({ kind: "finalize" });
   }
 
-  close(): void {
+  async close(): Promise<void> {
     this.timer?.stop();
     this.timer = undefined;
+    this.closing = true;
+    this.durableNext = undefined;
+    // A write under way finishes (or not: a store stuck on a dead disk must not keep this
+    // released rank alive; no line depends on an unreported part).
+    let timer: Timer | undefined;
+    await Promise.race([this.durableWrite, new Promise<void>((resolve) => (timer = this.host.after(DURABLE_CLOSE_WAIT_MS, resolve)))]);
+    timer?.stop();
+    const parts = await this.parts?.catch(() => undefined);
+    await parts?.close().catch(() => undefined);
+  }
+
+  // ---- the durable floor ---------------------------------------------------------------------
+
+  private partStore(): Promise<PartStoreLike> {
+    const open = this.opts.openParts;
+    if (open === undefined) return Promise.reject(new LifelineError("CPR_RESTORE", `rank ${this.access.rank} has no part store (LIFELINE_STORE)`));
+    this.parts ??= open();
+    return this.parts;
+  }
+
+  /** A restart of every rank: this rank's part of the line (none: it starts from its program's start). */
+  private async allRestartOf(table: Extract<CoordinatorToRank, { t: "table" }>): Promise<AllRestart> {
+    const start = table.retryStart!;
+    const spec = table.restore;
+    if (spec === undefined) return { part: undefined, versions: start.versions, index: start.index };
+    if (spec.ref.rank !== this.access.rank || spec.ref.epoch !== start.versions[this.access.rank]) {
+      throw new LifelineError("CPR_RESTORE", `rank ${this.access.rank} was told to restore rank ${spec.ref.rank}'s durable checkpoint ${spec.ref.epoch}`);
+    }
+    const part = decodeValue(await (await this.partStore()).readPart(spec.ref)) as DurablePart;
+    if (part.v !== DURABLE_FORMAT || part.version !== spec.ref.epoch || part.index !== start.index) {
+      throw new LifelineError(
+        "CPR_RESTORE",
+        `rank ${this.access.rank}'s durable checkpoint ${spec.ref.epoch} has format ${part.v}, version ${part.version} and collective index ${part.index}; expected format ${DURABLE_FORMAT}, version ${spec.ref.epoch}, index ${start.index}`,
+      );
+    }
+    return {
+      part: {
+        version: part.version,
+        index: part.index,
+        key: part.key,
+        state: part.state,
+        global: part.global === null ? undefined : part.global,
+        cache: part.cache.map(([key, ident, result]) => ({ key, ident, result })),
+      },
+      versions: start.versions,
+      index: start.index,
+    };
+  }
+
+  /**
+   * Writes the checkpoint just made safe to the part store, in the background (the program
+   * goes on), and tells the launcher, which records it for a durable line. One write at a
+   * time; while one runs, only the newest due checkpoint waits.
+   */
+  private writeDurable(c: { version: number; global: Buffer | undefined; key: string | null; lib: RetryCheckpointLib }): void {
+    if (this.closing) return;
+    if (this.durableWrite !== undefined) {
+      this.durableNext = c;
+      return;
+    }
+    const m = this.machine!;
+    const safe = m.safeCheckpoint(c.version);
+    if (safe === undefined) return; // superseded already
+    const part: DurablePart = {
+      v: DURABLE_FORMAT,
+      version: c.version,
+      index: safe.index,
+      key: c.key,
+      state: safe.state,
+      global: c.global ?? null,
+      cache: m.bootstrapEntries.map((e) => [e.key, e.ident, e.result] as [string, CollIdentity, unknown]),
+    };
+    const rank = this.access.rank;
+    this.durableWrite = (async () => {
+      try {
+        const ref = await (await this.partStore()).putPart(c.version, encodeValue(part));
+        this.access.sendControl({
+          t: "cpr-durable",
+          rank,
+          epoch: c.version,
+          ref: { rank: ref.rank, epoch: ref.epoch, checksum: ref.checksum, bytes: ref.bytes },
+          index: part.index,
+          sent: [...c.lib.sent],
+          consumed: [...c.lib.consumed],
+          logFrom: [...c.lib.logFrom],
+        });
+      } catch (err) {
+        this.host.warn(
+          `lifeline: rank ${rank}: could not write durable checkpoint ${c.version}: ${errorMessage(err)} (the durable floor stays at an older one)`,
+        );
+      }
+    })().finally(() => {
+      this.durableWrite = undefined;
+      const next = this.durableNext;
+      this.durableNext = undefined;
+      if (next !== undefined) this.writeDurable(next);
+    });
+  }
+
+  /** The launcher's word on which durable checkpoints lines still use (older others go). */
+  private keepDurable(keep: readonly number[]): void {
+    if (this.opts.openParts === undefined) return;
+    void this.partStore()
+      .then((parts) => parts.retain(keep))
+      .catch((err: unknown) => this.host.warn(`lifeline: rank ${this.access.rank}: could not delete old durable checkpoints: ${errorMessage(err)}`));
   }
 
   // ---- the machine loop ----------------------------------------------------------------------
@@ -302,6 +461,9 @@ export class RetryOneDriver implements RetryOneHook {
         // A point-to-point program may run no collective for long: past the checkpoint count
         // its previous incarnation had reached (the step it died in redone), it has caught up.
         if (e.version > this.reached) this.reportCaughtUp();
+        const every = this.opts.durableEvery ?? 0;
+        if (every > 0 && e.version % every === 0 && this.taking?.version === e.version) this.writeDurable(this.taking);
+        this.taking = undefined;
         const d = this.ckpt;
         this.ckpt = undefined;
         d?.resolve();

@@ -37,12 +37,21 @@
  *   collective it repeats is answered from the results (identity-checked) until it stands
  *   where the others are. Its predecessors push their checkpoints and determinants to it
  *   again, so it holds what its previous incarnation held.
+ * - **Knowledge survives restarts.** A failed rank restarts from its newest checkpoint that
+ *   any live rank *knows* to be safe, and what ranks drop (results, logged messages, held
+ *   checkpoints, globals) they drop on account of such knowledge. So knowledge must never be
+ *   lost while its consequences live on: a restarted rank learns, with every piece of data
+ *   it is given, what the giver knew (results trimmed by the giver, a holder's record), and
+ *   with its own checkpoint what it knew when it took it (its sender log was trimmed then).
+ *   Otherwise a chain of restarts could leave every live rank ignorant of a checkpoint the
+ *   survivors' trimmed data depends on, and a later failure of its owner would restart it
+ *   from an older point whose results and messages are gone, instead of reporting the loss.
  *
  * Errors (as `fail` effects; afterwards every program call fails the same way):
  * `MPI_BOOTSTRAP` (key reused, bootstrap after the first checkpoint, cache bound),
  * `CPR_REPLAY` (a replayed call is not the collective that ran there; ranks stuck at
- * different points), `CPR_RESTORE` (restore() misuse; a checkpoint lost beyond the replicas;
- * every rank restarted), `CPR_CHECKPOINT` (result buffer or determinant bound), `MPI_TIMEOUT`
+ * different points), `CPR_RESTORE` (restore() misuse), `CPR_LOST` (a checkpoint or logged
+ * outcomes lost beyond the replicas; every rank restarted), `CPR_CHECKPOINT` (result buffer or determinant bound), `MPI_TIMEOUT`
  * (a dead rank not back within the failure timeout), `MPI_COLLECTIVE_MISMATCH`, `CPR_PROTOCOL`
  * (a bug).
  *
@@ -54,6 +63,8 @@
 import { decide, type Decision, type DecideOptions, predecessors, successors, type Transfer } from "./agreement.ts";
 import { BootstrapCache, ProtocolError, ResultBuffer } from "./result-buffer.ts";
 import {
+  type AllRestart,
+  type CacheEntry,
   CACHE_ENTRIES_MAX_DEFAULT,
   type CollIdentity,
   DET_ENTRIES_MAX_DEFAULT,
@@ -61,6 +72,7 @@ import {
   HELD_FRAMES_MAX_DEFAULT,
   type HeldVersion,
   type Holding,
+  type Knowledge,
   type Lazy,
   OWN_GLOBALS_MAX,
   type OwnGlobal,
@@ -119,6 +131,8 @@ interface OwnCheckpoint {
   readonly detCount: number;
   readonly key: string | null;
   readonly state: LazyCell;
+  /** What this rank knew when it took the checkpoint (see Knowledge). */
+  readonly known: Knowledge;
   /** Per peer, how many of its messages this rank had consumed (sent with `stored`). */
   readonly consumed: readonly number[];
   /** Successors (by rank) that acknowledged holding it. */
@@ -128,7 +142,7 @@ interface OwnCheckpoint {
 /** What this rank holds for one predecessor. */
 interface HeldData {
   /** Checkpoints by version: the newest safe one and newer ones. */
-  readonly versions: Map<number, HeldVersion & { readonly state: unknown }>;
+  readonly versions: Map<number, HeldVersion & { readonly state: unknown; readonly known: Knowledge }>;
   /** Determinants, ordinals detFrom..detFrom+dets.length-1. */
   detFrom: number;
   dets: unknown[];
@@ -183,6 +197,8 @@ export class RetryOneRank {
   private readonly groups: readonly number[] | undefined;
   private readonly failureTimeoutMs: number;
   private readonly heldFramesMax: number;
+  /** A restart of every rank from the durable floor (see RetryOneOptions.allRestart). */
+  private readonly allRestart: AllRestart | undefined;
   private readonly detEntriesMax: number;
   private readonly succ: readonly number[];
 
@@ -283,12 +299,44 @@ export class RetryOneRank {
     for (const s of this.succ) this.detAcked.set(s, 0);
     this.knownSafe = Array.from({ length: opts.size }, () => [0, 0] as [number, number]);
     this.knownIndex = new Array<number>(opts.size).fill(0);
-    this.restoring = opts.attempt > 0;
+    this.allRestart = opts.allRestart;
+    this.restoring = opts.attempt > 0 && opts.allRestart === undefined;
     this.recovery = this.restoring;
     // A first incarnation holds (empty) records for its predecessors from the start: a
     // predecessor that dies before its first checkpoint restarts from the program's start,
     // with the determinants these records collect. A restarted holder gets them pushed.
     if (!this.restoring) for (const p of predecessors(this.rank, this.opts())) this.held.set(p, { versions: new Map(), detFrom: 0, dets: [] });
+    if (opts.allRestart !== undefined) this.startFrom(opts.allRestart);
+  }
+
+  /** Every rank restarts from a durable line: this rank's part of it is its safe checkpoint. */
+  private startFrom(a: AllRestart): void {
+    a.versions.forEach((v, r) => {
+      this.knownSafe[r] = [v, a.index];
+      this.knownIndex[r] = a.index;
+    });
+    this.index = a.index;
+    this.buffer.resetTo(a.index);
+    const p = a.part;
+    if (p === undefined) return;
+    this.version = p.version;
+    for (const e of p.cache) this.cache.put(e);
+    this.safe = {
+      version: p.version,
+      index: p.index,
+      detCount: 0,
+      key: p.key,
+      state: new LazyCell({ kind: "value", value: p.state }),
+      known: this.knowledge(),
+      consumed: [],
+      acks: new Set(this.succ),
+    };
+    this.safe.state.lend(); // the program gets it at restore(): never recycled
+    if (p.key !== null) {
+      const cell = new LazyCell({ kind: "value", value: p.global });
+      cell.lend();
+      this.ownGlobals.set(p.version, { version: p.version, index: p.index, key: p.key, global: cell });
+    }
   }
 
   // ---- observers (for the driver's reports and the tests) ----------------------------------
@@ -323,6 +371,17 @@ export class RetryOneRank {
   /** Every determinant logged so far is held by every successor (see the gate effect). */
   get isGateOpen(): boolean {
     return this.gateOpen;
+  }
+
+  /** This rank's safe checkpoint `version` (its state and collective index), if it is still the newest safe one. */
+  safeCheckpoint(version: number): { state: unknown; index: number } | undefined {
+    const c = this.safe;
+    return c === null || c.version !== version ? undefined : { state: c.state.get(), index: c.index };
+  }
+
+  /** The bootstrap cache (a durable checkpoint keeps it: a restart of every rank needs it). */
+  get bootstrapEntries(): readonly CacheEntry[] {
+    return this.cache.pick(this.cache.keys);
   }
 
   /** Result entries and bytes held (for bounds checks in tests and reports). */
@@ -435,6 +494,17 @@ export class RetryOneRank {
     if (this.restoreCalled) throw new ProtocolError("CPR_RESTORE", "restore() called twice; call it once, before the main loop");
     if (this.checkpointCalls > 0) throw new ProtocolError("CPR_RESTORE", "restore() called after checkpoint(); call it once, before the first checkpoint()");
     this.restoreCalled = true;
+    const a = this.allRestart;
+    if (a !== undefined) {
+      const p = a.part;
+      this.out.push({
+        kind: "restored",
+        restored: { value: p === undefined ? undefined : { state: p.state, global: p.global, version: p.version }, dets: [], detFrom: 0 },
+      });
+      // The successors hold it in memory again (a single failure is then recovered from them).
+      if (p !== undefined) for (const s of this.succ) this.pushTo(s);
+      return;
+    }
     if (!this.restoring) {
       this.out.push({ kind: "restored", restored: { value: undefined, dets: [], detFrom: 0 } });
       return;
@@ -541,6 +611,7 @@ export class RetryOneRank {
       detCount: this.detBase + this.dets.length,
       key: input.key,
       state: new LazyCell(input.state),
+      known: this.knowledge(),
       consumed: [...input.consumed],
       acks: new Set(),
     };
@@ -561,7 +632,17 @@ export class RetryOneRank {
   }
 
   private sendReplica(to: number, c: OwnCheckpoint, safe: boolean): void {
-    this.send(to, { t: "replica", view: this.viewNow(), version: c.version, index: c.index, key: c.key, detCount: c.detCount, safe, state: c.state.lend() });
+    this.send(to, {
+      t: "replica",
+      view: this.viewNow(),
+      version: c.version,
+      index: c.index,
+      key: c.key,
+      detCount: c.detCount,
+      safe,
+      state: c.state.lend(),
+      known: c.known,
+    });
   }
 
   /** Answers the peers waiting for this rank to have done some number of collectives. */
@@ -606,6 +687,19 @@ export class RetryOneRank {
       this.ckptCall = false;
       this.out.push({ kind: "checkpointed", version: p.version });
     }
+  }
+
+  /** What this rank knows that its memory may reflect (see Knowledge). */
+  private knowledge(): Knowledge {
+    return { safe: this.knownSafe.map(([v, i]) => [v, i] as const), logs: [...this.logsKnown] };
+  }
+
+  /** Knowledge that came with data from other ranks. */
+  private learn(known: Knowledge): void {
+    known.safe.forEach(([v, i], r) => {
+      if (r !== this.rank) this.learnSafe(r, v, i);
+    });
+    for (const r of known.logs) if (r !== this.rank) this.logsKnown.add(r);
   }
 
   /** Rank `r`'s checkpoint `version` (at collective `index`) is safe: drop what nobody needs. */
@@ -831,7 +925,7 @@ export class RetryOneRank {
   private onReplica(from: number, f: Extract<ProtoFrame, { t: "replica" }>): void {
     const h = this.heldFor(from);
     if (f.version >= (this.knownSafe[from]?.[0] ?? 0)) {
-      h.versions.set(f.version, { version: f.version, index: f.index, key: f.key, detCount: f.detCount, state: f.state });
+      h.versions.set(f.version, { version: f.version, index: f.index, key: f.key, detCount: f.detCount, state: f.state, known: f.known });
     }
     if (f.safe) this.learnSafe(from, f.version, f.index);
     this.send(from, { t: "rack", view: this.viewNow(), version: f.version });
@@ -998,11 +1092,10 @@ export class RetryOneRank {
   private part(t: Transfer): TransferPart {
     switch (t.kind) {
       case "results":
-        return { kind: "results", entries: this.buffer.slice(t.fromIndex) };
+        return { kind: "results", entries: this.buffer.slice(t.fromIndex), known: this.knowledge() };
       case "cache":
-        return { kind: "cache", entries: this.cache.pick(t.keys) };
+        return { kind: "cache", entries: this.cache.pick(t.keys), known: this.knowledge() };
       case "restore": {
-        const knownSafe = this.knownSafe.map(([v, i]) => [v, i] as const);
         const h = this.held.get(t.to) ?? (t.version === 0 ? { versions: new Map(), detFrom: 0, dets: [] } : undefined);
         if (h === undefined) throw new ProtocolError("CPR_PROTOCOL", `rank ${this.rank} was asked to restore rank ${t.to}, whose data it does not hold`);
         if (t.version === 0) {
@@ -1011,7 +1104,7 @@ export class RetryOneRank {
               "CPR_PROTOCOL",
               `rank ${this.rank} was asked for rank ${t.to}'s determinants from the start, but holds them from #${h.detFrom}`,
             );
-          return { kind: "restore", version: 0, index: 0, key: null, detCount: 0, state: undefined, dets: [...h.dets], knownSafe };
+          return { kind: "restore", version: 0, index: 0, key: null, detCount: 0, state: undefined, dets: [...h.dets], known: this.knowledge() };
         }
         const v = h.versions.get(t.version);
         if (v === undefined)
@@ -1024,20 +1117,19 @@ export class RetryOneRank {
           detCount: v.detCount,
           state: v.state,
           dets: h.dets.slice(v.detCount - h.detFrom),
-          knownSafe,
+          known: mergeKnowledge(this.knowledge(), v.known),
         };
       }
       case "held": {
         const h = this.held.get(t.owner);
         if (h === undefined) throw new ProtocolError("CPR_PROTOCOL", `rank ${this.rank} was asked for what it holds of rank ${t.owner}, which is nothing`);
-        const [v, i] = this.knownSafe[t.owner]!;
-        return { kind: "held", owner: t.owner, safe: [v, i], versions: [...h.versions.values()], detFrom: h.detFrom, dets: [...h.dets] };
+        return { kind: "held", owner: t.owner, versions: [...h.versions.values()], detFrom: h.detFrom, dets: [...h.dets], known: this.knowledge() };
       }
       case "global": {
         if (!this.ownGlobals.has(t.version))
           throw new ProtocolError("CPR_PROTOCOL", `rank ${this.rank} was asked for its global of checkpoint ${t.version}, which it does not keep`);
         const globals = [...this.ownGlobals.values()].map((g) => ({ version: g.version, index: g.index, key: g.key, global: g.global.lend() }));
-        return { kind: "global", globals };
+        return { kind: "global", globals, known: this.knowledge() };
       }
     }
   }
@@ -1074,6 +1166,8 @@ export class RetryOneRank {
     parts.sort((a, b) => order[a.kind] - order[b.kind]);
     const globals = parts.find((p) => p.kind === "global")?.globals ?? [];
     const results = parts.find((p) => p.kind === "results")?.entries ?? [];
+    // What the givers knew comes with their data (results trimmed, logs dropped on its account).
+    const known = parts.reduce<Knowledge | undefined>((k, p) => (k === undefined ? p.known : mergeKnowledge(k, p.known)), undefined);
     for (const part of parts) {
       switch (part.kind) {
         case "restore":
@@ -1092,6 +1186,7 @@ export class RetryOneRank {
           break;
       }
     }
+    if (known !== undefined) this.learn(known);
     this.afterRound();
   }
 
@@ -1100,7 +1195,8 @@ export class RetryOneRank {
    * meanwhile, this is what we hold of it now.
    */
   private adoptHeld(part: Extract<TransferPart, { kind: "held" }>): void {
-    this.learnSafe(part.owner, part.safe[0], part.safe[1]);
+    const [v, i] = part.known.safe[part.owner] ?? [0, 0];
+    this.learnSafe(part.owner, v, i);
     const mine = this.held.get(part.owner);
     const newest = (vs: Iterable<{ version: number }>): number => Math.max(0, ...[...vs].map((v) => v.version));
     if (mine !== undefined) {
@@ -1108,7 +1204,7 @@ export class RetryOneRank {
         b = newest(part.versions);
       if (a > b || (a === b && mine.detFrom + mine.dets.length >= part.detFrom + part.dets.length)) return;
     }
-    const versions = new Map<number, HeldVersion & { readonly state: unknown }>();
+    const versions = new Map<number, HeldVersion & { readonly state: unknown; readonly known: Knowledge }>();
     for (const v of part.versions) versions.set(v.version, v);
     this.held.set(part.owner, { versions, detFrom: part.detFrom, dets: [...part.dets] });
   }
@@ -1125,7 +1221,7 @@ export class RetryOneRank {
     // The buffer starts where the results it is given start (results before its own checkpoint
     // are kept for peers that may restart from older ones).
     this.buffer.resetTo(Math.min(part.index, resultsFrom));
-    part.knownSafe.forEach(([v, i], r) => {
+    part.known.safe.forEach(([v, i], r) => {
       const k = this.knownSafe[r]!;
       if (v > k[0]) this.knownSafe[r] = [v, i];
       if (i > this.knownIndex[r]!) this.knownIndex[r] = i;
@@ -1141,6 +1237,7 @@ export class RetryOneRank {
         detCount: part.detCount,
         key: part.key,
         state: new LazyCell({ kind: "value", value: part.state }),
+        known: part.known,
         consumed: [],
         acks: new Set(this.succ),
       };
@@ -1194,4 +1291,14 @@ function isProgramCall(input: RankInput): boolean {
     default:
       return false;
   }
+}
+
+/** Both pieces of knowledge: per rank the newer safe checkpoint, and every rank known to have logged. */
+export function mergeKnowledge(a: Knowledge, b: Knowledge): Knowledge {
+  const safe = a.safe.map(([v, i], r) => {
+    const o = b.safe[r];
+    return o !== undefined && o[0] > v ? ([o[0], o[1]] as const) : ([v, i] as const);
+  });
+  for (let r = a.safe.length; r < b.safe.length; r++) safe.push([b.safe[r]![0], b.safe[r]![1]] as const);
+  return { safe, logs: [...new Set([...a.logs, ...b.logs])].sort((x, y) => x - y) };
 }

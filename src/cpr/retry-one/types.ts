@@ -94,6 +94,19 @@ export function describePosition(p: Position): string {
   }
 }
 
+/**
+ * What a rank knows of the others that its data may reflect: every rank's newest safe
+ * checkpoint, `[version, collective index]` (results, logged messages and held checkpoints
+ * older than it may have been dropped), and the ranks known to have logged non-deterministic
+ * outcomes. It travels with every piece of data a restarted rank gets (and with each
+ * checkpoint, as the owner knew it then): a rank whose memory reflects a fact must know it,
+ * or a later failure could be decided on knowledge that died with the ranks that had it.
+ */
+export interface Knowledge {
+  readonly safe: readonly (readonly [number, number])[];
+  readonly logs: readonly number[];
+}
+
 /** A checkpoint of one rank as its holders describe it in their summaries. */
 export interface HeldVersion {
   readonly version: number;
@@ -168,12 +181,12 @@ export interface CacheEntry {
 
 /** A piece of data one rank sends another after a round's decision. */
 export type TransferPart =
-  | { readonly kind: "results"; readonly entries: readonly ResultEntry[] }
-  | { readonly kind: "cache"; readonly entries: readonly CacheEntry[] }
+  | { readonly kind: "results"; readonly entries: readonly ResultEntry[]; readonly known: Knowledge }
+  | { readonly kind: "cache"; readonly entries: readonly CacheEntry[]; readonly known: Knowledge }
   /**
    * A restarted rank's checkpoint (version 0: the program's start, no state) with the
-   * determinants it logged after it, and what the sender knows of every rank's safe
-   * checkpoint (version and collective index).
+   * determinants it logged after it, and what the sender knows merged with what the owner
+   * knew at the checkpoint.
    */
   | {
       readonly kind: "restore";
@@ -183,22 +196,21 @@ export type TransferPart =
       readonly detCount: number;
       readonly state: unknown;
       readonly dets: readonly unknown[];
-      readonly knownSafe: readonly (readonly [number, number])[];
+      readonly known: Knowledge;
     }
   /**
    * The globals the sender keeps of its own checkpoints (that of the restarted rank's
    * checkpoint among them): the restarted rank keeps them as its own, as it would have.
    */
-  | { readonly kind: "global"; readonly globals: readonly (OwnGlobal & { readonly global: unknown })[] }
+  | { readonly kind: "global"; readonly globals: readonly (OwnGlobal & { readonly global: unknown })[]; readonly known: Knowledge }
   /** What the sender holds of `owner` (a predecessor of the restarted rank), for it to hold again. */
   | {
       readonly kind: "held";
       readonly owner: number;
-      /** The owner's newest safe checkpoint as the sender knows it: [version, collective index]. */
-      readonly safe: readonly [number, number];
-      readonly versions: readonly (HeldVersion & { readonly state: unknown })[];
+      readonly versions: readonly (HeldVersion & { readonly state: unknown; readonly known: Knowledge })[];
       readonly detFrom: number;
       readonly dets: readonly unknown[];
+      readonly known: Knowledge;
     };
 
 /**
@@ -218,6 +230,8 @@ export type ProtoFrame =
       readonly detCount: number;
       readonly safe: boolean;
       readonly state: unknown;
+      /** What the sender knew when it took the checkpoint (its state reflects it). */
+      readonly known: Knowledge;
     }
   /** The holder keeps the sender's checkpoint `version`. */
   | { readonly t: "rack"; readonly view: readonly number[]; readonly version: number }
@@ -348,6 +362,28 @@ export interface RetryOneOptions {
   readonly heldFramesMax?: number;
   /** The time at construction (for the failure timeout of ranks already down). */
   readonly nowMs?: number;
+  /**
+   * Every rank restarts at once from the durable floor (or a resumed job): this rank starts
+   * from its checkpoint `part` of the line (its program start when undefined), the line's
+   * versions of every rank and its collective index. Nobody restores from peers.
+   */
+  readonly allRestart?: AllRestart | undefined;
+}
+
+/** See {@link RetryOneOptions.allRestart}. */
+export interface AllRestart {
+  readonly part:
+    | {
+        readonly version: number;
+        readonly index: number;
+        readonly key: string | null;
+        readonly state: unknown;
+        readonly global: unknown;
+        readonly cache: readonly CacheEntry[];
+      }
+    | undefined;
+  readonly versions: readonly number[];
+  readonly index: number;
 }
 
 export const REPLICAS_DEFAULT = 2;

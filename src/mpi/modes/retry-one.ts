@@ -157,7 +157,10 @@ export class RetryOneMode extends LoggedMode implements AppLog {
     this.log = Array.from({ length: core.size }, () => []);
     this.expected = new Array<number>(core.size).fill(0);
     this.ahead = Array.from({ length: core.size }, () => new Map<number, RawFrame>());
-    this.awaitingRestore = core.attempt > 0;
+    // Until restore() the counters of what to accept are unknown: a restarted rank's, and every
+    // rank's when the whole job starts again from durable checkpoints (a resumed job runs
+    // attempt 0 again). No receive can come before restore() anyway (pointToPoint()).
+    this.awaitingRestore = true;
   }
 
   /** What the retry-one driver may do with this communicator. */
@@ -188,6 +191,7 @@ export class RetryOneMode extends LoggedMode implements AppLog {
       },
       setGate: (open) => core.channel.setGate(open),
       peerSafe: (rank, consumed) => this.dropLogged(rank, consumed),
+      sendControl: (msg) => core.sendControl(msg),
     };
   }
 
@@ -228,11 +232,11 @@ export class RetryOneMode extends LoggedMode implements AppLog {
       this.reclassifyHeld();
       return;
     }
-    if (msg.t === "peer-down") this.hook.onControl(msg);
+    if (msg.t === "peer-down" || msg.t === "cpr-durable-keep") this.hook.onControl(msg);
   }
 
-  override async beforeStart(table: Extract<CoordinatorToRank, { t: "table" }>): Promise<void> {
-    this.hook.beforeStart(table);
+  override beforeStart(table: Extract<CoordinatorToRank, { t: "table" }>): Promise<void> {
+    return this.hook.beforeStart(table);
   }
 
   // ---- point-to-point: the sender log and ordered, once-only arrival ---------------------------
@@ -535,6 +539,7 @@ export class RetryOneMode extends LoggedMode implements AppLog {
       channel.restoreCounters(lib);
       lib.consumed.forEach((n, r) => {
         this.expected[r] = n;
+        for (const seq of this.ahead[r]!.keys()) if (seq < n) this.ahead[r]!.delete(seq);
       });
       this.ordinal = lib.ordinal;
       this.logBytes = 0;
@@ -556,6 +561,7 @@ export class RetryOneMode extends LoggedMode implements AppLog {
     this.core.resetCollectiveCount();
     this.awaitingRestore = false;
     this.reclassifyHeld();
+    for (let r = 0; r < this.core.size; r++) this.drainAhead(r);
     return restored;
   }
 
@@ -587,7 +593,10 @@ export class RetryOneMode extends LoggedMode implements AppLog {
         ? (): Packed => ({ s: encodeValue((state as () => unknown)(), alloc), lib, log })
         : { s: encodeValue(state, alloc), lib, log };
     const g = global === undefined ? undefined : encodeValue(global, alloc);
-    await this.hook.checkpoint(packed, g, consumed);
+    // Per destination, the first message the log holds: the durable floor checks that what was
+    // in flight at a checkpoint can be sent again.
+    const logFrom = this.log.map((l, dest) => l[0]?.appSeq ?? counters.appSeqOut[dest]!);
+    await this.hook.checkpoint(packed, g, { consumed, sent: counters.appSeqOut, logFrom });
     // Our own messages to ourselves that the checkpoint consumed are never needed again.
     this.dropLogged(rank, consumed[rank]!);
     this.core.versions = this.hook.progress.version;
@@ -599,7 +608,7 @@ export class RetryOneMode extends LoggedMode implements AppLog {
     this.hook.finalize();
   }
 
-  override async close(): Promise<void> {
-    this.hook.close();
+  override close(): Promise<void> {
+    return this.hook.close();
   }
 }
