@@ -32,6 +32,7 @@ import {
   caseKey,
   cpuPerOpSeconds,
   describeKind,
+  insecureKind,
   display,
   jobsOf,
   lifelineModeOf,
@@ -79,6 +80,9 @@ const HELP = `Usage: npm run bench -- [options]
                         root), over tcp; the Lifeline launcher on host 0 starts its ranks
                         through the ssh-like agent (implies --transport tcp); recovery then
                         kills a whole host (bench/lib/host-recovery.ts)
+  --curve               CURVE's cost: pingpong, stream and allreduce (and bcast, barrier) of a Lifeline
+                        job over tcp (CURVE on, the default) against the same job under --insecure,
+                        in the same run, instead of against raw zeromq.js (implies --transport tcp)
   --mode <m>            the Lifeline job's recovery mode: none (default), cpr or retry-one
                         (retry-one allows collectives only: use --only allreduce,bcast,barrier);
                         not used by the retry-one benchmark, which always runs both modes
@@ -115,6 +119,8 @@ interface Options {
   transport: "ipc" | "tcp";
   /** `--hosts`: every rank on a test host of its own. */
   hosts: boolean;
+  /** `--curve`: Lifeline with CURVE vs Lifeline under --insecure (see plan.ts `jobsOf`). */
+  curve: boolean;
   reps: number;
   targetMs: number;
   variant: "both" | "lifeline" | "raw";
@@ -153,6 +159,7 @@ function parseOptions(argv: string[]): Options {
         np: { type: "string" },
         "cpu-prof": { type: "string" },
         hosts: { type: "boolean", default: false },
+        curve: { type: "boolean", default: false },
         verbose: { type: "boolean", default: false },
         help: { type: "boolean", short: "h", default: false },
       },
@@ -201,6 +208,8 @@ function parseOptions(argv: string[]): Options {
   if (v.transport !== "ipc" && v.transport !== "tcp") usage(`--transport ${v.transport}: expected ipc or tcp`);
   if (v.hosts && v.transport === "ipc" && argv.includes("--transport"))
     usage("--hosts runs over tcp (the hosts have their own addresses): drop --transport ipc");
+  if (v.curve && v.transport === "ipc" && argv.includes("--transport")) usage("--curve measures tcp links (ipc has no CURVE): drop --transport ipc");
+  if (v.curve && v.variant !== "both") usage("--curve compares two Lifeline jobs: drop --variant");
   if (v.mode !== "none" && v.mode !== "cpr" && v.mode !== "retry-one") usage(`--mode ${v.mode}: expected none, cpr or retry-one`);
   if (v.variant !== "both" && v.variant !== "lifeline" && v.variant !== "raw") usage(`--variant ${v.variant}: expected both, lifeline or raw`);
   if (v.payload !== "f64" && v.payload !== "u8") usage(`--payload ${v.payload}: expected f64 or u8`);
@@ -227,8 +236,9 @@ function parseOptions(argv: string[]): Options {
     startup: startup && v.variant !== "raw",
     elastic: elastic && v.variant !== "raw",
     hosts: v.hosts,
+    curve: v.curve,
     recoveryRuns: posInt("recovery-runs", v["recovery-runs"], quick ? 1 : 3),
-    transport: v.hosts ? "tcp" : v.transport,
+    transport: v.hosts || v.curve ? "tcp" : v.transport,
     reps: posInt("reps", v.reps, quick ? 3 : 15),
     targetMs: posInt("target-ms", v["target-ms"], quick ? 5 : 50),
     variant: v.variant,
@@ -281,7 +291,7 @@ const ROLES: readonly Role[] = ["subject", "baseline"];
  * Lifeline job, measure nothing).
  */
 function jobsFor(c: Case, opts: Options): Partial<Record<Role, JobKind>> {
-  const { subject, baseline } = jobsOf(c.bench, opts.mode);
+  const { subject, baseline } = jobsOf(c.bench, opts.mode, opts.curve);
   const out: Partial<Record<Role, JobKind>> = {};
   if (opts.variant !== "raw") out.subject = subject;
   if (opts.variant !== "lifeline" && baseline !== undefined && (opts.variant !== "raw" || lifelineModeOf(baseline) === undefined)) out.baseline = baseline;
@@ -312,7 +322,9 @@ class JobPool {
     if (n >= JobPool.STARTS_MAX) throw new Error(`${describeKind(kind)} np ${this.np} failed ${n} times; not starting it again`);
     this.starts.set(kind, n + 1);
     const job =
-      kind === "raw-pingpong" || kind === "raw-pushpull" ? new RawJob(kind, this.np, this.env, n) : new LifelineJob(this.np, this.env, n, lifelineModeOf(kind));
+      kind === "raw-pingpong" || kind === "raw-pushpull"
+        ? new RawJob(kind, this.np, this.env, n)
+        : new LifelineJob(this.np, this.env, n, lifelineModeOf(kind), insecureKind(kind));
     progress(`  starting ${job.name} (${this.np} processes${job instanceof LifelineJob ? ` via \`lifeline run --mode ${job.mode}\`` : ""})`);
     const t0 = performance.now();
     this.jobs.set(kind, job);
@@ -481,7 +493,7 @@ async function runCase(c: Case, pool: JobPool, opts: Options, peers: PeersFile):
   }
   const mpiTcp = peerFigure(peers, c) ?? null;
   const ratioMpiTcp = subject !== null && mpiTcp !== null ? ratioOf(c, subject.medianPerOpS, peerPerOpSeconds(c, mpiTcp)) : null;
-  const t = targetFor(c);
+  const t = targetFor(c, opts.curve);
   return {
     key: caseKey(c),
     bench: c.bench,
@@ -616,7 +628,7 @@ async function main(): Promise<void> {
           const r = await runCase(c, pool, opts, peers);
           results.push(r);
           const u = r.unit;
-          const col = columnsOf(c.bench);
+          const col = columnsOf(c.bench, r.kinds.baseline);
           progress(
             `    ${col.subject} ${fmt(r.subject?.value)} ${u} (${r.subject?.iters ?? "-"} ops/timing)` +
               `, ${col.baseline} ${fmt(r.baseline?.value)} ${u} (${r.baseline?.iters ?? "-"} ops/timing)` +
@@ -676,7 +688,9 @@ async function main(): Promise<void> {
       loop: "event-loop-active seconds per op summed over the job's processes (performance.eventLoopUtilization: main thread not waiting in epoll)",
       variants:
         "each case compares a subject job with a baseline job (results[].kinds; each figure names its job and kind): " +
-        `pingpong, stream, allreduce: lifeline --mode ${opts.mode} vs the raw zeromq.js program; bcast, barrier: lifeline --mode ${opts.mode} alone; ` +
+        (opts.curve
+          ? `every benchmark but retry-one: lifeline --mode ${opts.mode} over tcp with CURVE (the default) vs the same job with --insecure; `
+          : `pingpong, stream, allreduce: lifeline --mode ${opts.mode} vs the raw zeromq.js program; bcast, barrier: lifeline --mode ${opts.mode} alone; `) +
         "retry-one: allreduce blocks in lifeline --mode retry-one (checkpoint(null), untimed, after each block) vs lifeline --mode none",
       timing: `calibrated to ~${opts.targetMs} ms per timed block, 1 warm-up block, ${opts.reps} timed blocks per variant, subject and baseline alternating (S B, B S, ...), barrier before each block`,
       figure: "median over the timed blocks of seconds per operation",

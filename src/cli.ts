@@ -18,6 +18,7 @@ import { fileURLToPath } from "node:url";
 import { Command, CommanderError, Option } from "commander";
 import { errorMessage, isLifelineError, LifelineError } from "./errors.ts";
 import { MODES } from "./mpi/env.ts";
+import { makeJobKeys, writeKeyDir } from "./mpi/keys.ts";
 import { DEFAULTS, NP_MAX, parseCount, resolveRunConfig, type RunConfig, type RunFlags } from "./launch/options.ts";
 import { runStandalone } from "./launch/standalone.ts";
 import type { OutStream } from "./launch/progress.ts";
@@ -154,12 +155,29 @@ function buildProgram(io: CliIo, setExit: (code: number) => void): Command {
   addRunOptions(coordinator);
   coordinator
     .option("--port <port>", "tcp port to listen on (default 0: one the OS picks, shown in the job-starting event)")
+    .option("--keys <dir>", "the job's keys, made by `lifeline keys <dir>` (the ranks get <dir>/ranks.key as LIFELINE_KEYS); required unless --insecure")
     .passThroughOptions()
     .action(async (app: string, args: string[], opts: Record<string, unknown>) => {
       const flags = toFlags(app, args, opts);
       const config = resolveRunConfig({ ...flags, transport: flags.transport ?? "tcp" }, { cwd: io.cwd, env: io.env });
       const port = resolveStandalone(config, opts);
       setExit(await runStandalone({ ...config, port }, { stdout: io.stdout, stderr: io.stderr, env: io.env, handleSignals: io.handleSignals ?? true }));
+    });
+
+  program
+    .command("keys")
+    .summary("make the keys of a job that lifeline coordinator runs")
+    .description(
+      "Make a job's keys in <dir> (created 0700): coordinator.key for `lifeline coordinator --keys <dir>`, and ranks.key for the ranks\n" +
+        "(LIFELINE_KEYS=<path of ranks.key>; on Kubernetes, a Secret made from it). Both 0600; existing keys are never overwritten.\n" +
+        "`lifeline run` needs none of this: it makes each job's keys itself. See docs/security.md.",
+    )
+    .argument("<dir>", "directory for the key files")
+    .action((dir: string) => {
+      const files = writeKeyDir(resolvePath(io.cwd, dir), makeJobKeys({ curve: true }));
+      io.stdout.write(
+        `lifeline: made a job's keys: ${files.coordinator} (for lifeline coordinator --keys ${dir}), ${files.ranks} (for the ranks: LIFELINE_KEYS)\n`,
+      );
     });
 
   program
@@ -242,6 +260,9 @@ function addRunOptions(cmd: Command): void {
       "--launcher <local|rsh|slurm>",
       "how ranks are started: local (this host), rsh (--hostfile's hosts through --rsh) or slurm (job steps of the Slurm allocation lifeline runs in, on its nodes or --hostfile's; needs --bind); default rsh with --hostfile, else local",
     )
+    .option("--insecure", "tcp without CURVE: links neither authenticated nor encrypted, for a network you trust (a warning says so); see docs/security.md")
+    .option("--max-message <size>", "the longest message a rank sends or accepts, e.g. 64MiB (default 1GiB); longer ones are refused")
+    .option("--max-unexpected <size>", "bytes of messages a rank may hold that no receive has taken yet (default 1GiB); past it the job stops with MPI_LIMIT")
     .option(
       "--inject <rank@trigger>",
       "inject a fault: 1@step:5, 2@send:3, 0@time:1500, 1@hang:step:2 (repeatable)",
@@ -291,6 +312,10 @@ function toFlags(app: string, args: string[], o: Record<string, unknown>): RunFl
     rsh: str("rsh"),
     launcher: str("launcher"),
     inject: (o.inject as string[] | undefined) ?? [],
+    insecure: o.insecure === true,
+    keys: str("keys"),
+    maxMessage: str("maxMessage"),
+    maxUnexpected: str("maxUnexpected"),
     app,
     appArgs: args,
   };
@@ -316,6 +341,10 @@ function resolveStandalone(config: RunConfig, opts: Record<string, unknown>): nu
       "--store-scope host needs to know each rank's host, which only lifeline run does (--hostfile); lifeline coordinator keeps lines in one --store every rank reaches",
     );
   if (config.faults.some((f) => f !== "")) problems.push("--inject sets the ranks' fault variables, which the engine starts: set LIFELINE_FAULTS there");
+  if (config.keys === undefined && config.insecure !== true)
+    problems.push(
+      "lifeline coordinator needs the job's keys: make them with `lifeline keys DIR`, pass --keys DIR, and give the ranks DIR/ranks.key as LIFELINE_KEYS (or run with --insecure on a network you trust)",
+    );
   let port = 0;
   if (typeof opts.port === "string") {
     try {

@@ -27,6 +27,7 @@ export type LifelineErrorCode =
   | "MPI_BOOTSTRAP" // a bootstrap key reused, or a bootstrap collective after the first checkpoint
   | "MPI_TIMEOUT" // a bounded wait ran out
   | "MPI_WORLD_CHANGED" // elastic: the world changed (a rank left or joined); call restore() and go on with the new rank and size
+  | "MPI_LIMIT" // a message longer than --max-message, or more unmatched messages than --max-unexpected
   // checkpoint-restart
   | "CPR_RESTORE" // restore() misuse or a restore that cannot be served
   | "CPR_LOST" // retry-one: more failures at once than the replicas cover; the in-memory recovery data is gone

@@ -9,6 +9,7 @@
  * await world.finalize(sum);
  */
 import { type InitOptions, resolveRankPlace } from "./mpi/env.ts";
+import { loadRankKeys } from "./mpi/keys.ts";
 import { World } from "./mpi/world.ts";
 import type { CprHookFactory } from "./mpi/cpr-hook.ts";
 import type { RetryOneHookFactory } from "./mpi/retry-hook.ts";
@@ -31,6 +32,9 @@ export { MODES } from "./mpi/env.ts";
  */
 export async function init(options: InitOptions = {}): Promise<World> {
   const place = resolveRankPlace(options, process.env);
+  // Read once (a remote rank's come on stdin), for the main thread's links and the watchdog's.
+  const { keys, warning } = loadRankKeys(place);
+  if (warning !== undefined) process.stderr.write(`lifeline: rank ${place.rank}: ${warning}\n`);
   const watchdog = startWatchdog({
     fd: place.watchFd,
     coordinator: place.coordinator,
@@ -39,6 +43,7 @@ export async function init(options: InitOptions = {}): Promise<World> {
     heartbeatMs: place.heartbeatMs,
     failureTimeoutMs: place.failureTimeoutMs,
     faults: place.faults,
+    keys: place.transport === "tcp" ? keys : { token: keys.token },
   });
   try {
     await watchdog.ready;
@@ -69,7 +74,7 @@ export async function init(options: InitOptions = {}): Promise<World> {
       });
     }
     const elastic = place.mode === "elastic" ? (await import("./cpr/elastic/driver.ts")).elasticHook() : undefined;
-    const world = await World.join(place, { cpr, retryOne, elastic });
+    const world = await World.join(place, { cpr, retryOne, keys, elastic });
     watchdog.joined();
     world.onClose(() => watchdog.stop());
     return world;

@@ -121,10 +121,13 @@ export class LifelineJob extends Job {
   /** What the ranks reported in their hello (transport, pid, mode). */
   readonly hellos: ProcMessage[] = [];
   readonly mode: LifelineMode;
+  /** Run with `--insecure` (no CURVE on tcp): the baseline of `--curve`. */
+  readonly insecure: boolean;
 
-  constructor(np: number, env: JobEnv, incarnation = 0, mode: LifelineMode = env.mode) {
-    super(`lifeline${np}${mode === "none" ? "" : `-${mode}`}${incarnation > 0 ? `-${incarnation}` : ""}`, np, env);
+  constructor(np: number, env: JobEnv, incarnation = 0, mode: LifelineMode = env.mode, insecure = false) {
+    super(`lifeline${np}${mode === "none" ? "" : `-${mode}`}${insecure ? "-insecure" : ""}${incarnation > 0 ? `-${incarnation}` : ""}`, np, env);
     this.mode = mode;
+    this.insecure = insecure;
     this.resultsFile = path.join(env.tmpDir, `${this.name}-results.json`);
   }
 
@@ -147,6 +150,7 @@ export class LifelineJob extends Job {
       "--mode",
       this.mode,
       ...where,
+      ...(this.insecure ? ["--insecure"] : []),
       "--results",
       this.resultsFile,
       "--store",
@@ -200,7 +204,13 @@ export class LifelineJob extends Job {
       await Promise.all(this.ids.map((id) => this.env.ctrl.send(id, { t: "quit" }).catch(() => undefined)));
     }
     const status = await child.waitOrKill(this.broken === undefined ? 30_000 : 0);
-    const summary: Record<string, unknown> = { mode: this.mode, exitCode: status.code, signal: status.signal, killed: status.killed };
+    const summary: Record<string, unknown> = {
+      mode: this.mode,
+      ...(this.insecure ? { insecure: true } : {}),
+      exitCode: status.code,
+      signal: status.signal,
+      killed: status.killed,
+    };
     if (existsSync(this.resultsFile)) {
       const res = JSON.parse(readFileSync(this.resultsFile, "utf8")) as { ranks?: unknown[]; restarts?: number };
       const ranks = res.ranks ?? [];

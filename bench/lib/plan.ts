@@ -33,19 +33,26 @@ export type LifelineMode = "none" | "cpr" | "retry-one";
 
 /**
  * A measuring job, as the harness's job pool keys it: a Lifeline job (mpi-bench.ts under the
- * launcher) in one recovery mode, or one of the raw zeromq.js programs.
+ * launcher) in one recovery mode — `lifeline-insecure:` with `--insecure` (no CURVE on tcp,
+ * the baseline of `--curve`) — or one of the raw zeromq.js programs.
  */
-export type JobKind = `lifeline:${LifelineMode}` | "raw-pingpong" | "raw-pushpull";
+export type JobKind = `lifeline:${LifelineMode}` | `lifeline-insecure:${LifelineMode}` | "raw-pingpong" | "raw-pushpull";
 
 /** The recovery mode of a Lifeline job kind; undefined for a raw program. */
 export function lifelineModeOf(kind: JobKind): LifelineMode | undefined {
-  return kind.startsWith("lifeline:") ? (kind.slice("lifeline:".length) as LifelineMode) : undefined;
+  const colon = kind.indexOf(":");
+  return colon < 0 ? undefined : (kind.slice(colon + 1) as LifelineMode);
+}
+
+/** A Lifeline job kind run with `--insecure`. */
+export function insecureKind(kind: JobKind): boolean {
+  return kind.startsWith("lifeline-insecure:");
 }
 
 /** E.g. "lifeline --mode retry-one", "raw-pushpull": for tables, messages and the JSON. */
 export function describeKind(kind: JobKind): string {
   const mode = lifelineModeOf(kind);
-  return mode === undefined ? kind : `lifeline --mode ${mode}`;
+  return mode === undefined ? kind : `lifeline --mode ${mode}${insecureKind(kind) ? " --insecure" : ""}`;
 }
 
 /**
@@ -54,10 +61,13 @@ export function describeKind(kind: JobKind): string {
  * - pingpong, stream, allreduce: Lifeline under `--mode <mode>` vs the raw zeromq.js program;
  * - bcast, barrier: Lifeline under `--mode <mode>`, no baseline;
  * - retry-one: Lifeline under `--mode retry-one` vs Lifeline under `--mode none`, whatever
- *   `mode` is.
+ *   `mode` is;
+ * - with `curve` (tcp): every benchmark but retry-one compares Lifeline (CURVE on, the
+ *   default) with the same Lifeline job under `--insecure`.
  */
-export function jobsOf(bench: Benchmark, mode: LifelineMode): { subject: JobKind; baseline: JobKind | undefined } {
+export function jobsOf(bench: Benchmark, mode: LifelineMode, curve = false): { subject: JobKind; baseline: JobKind | undefined } {
   if (bench === "retry-one") return { subject: "lifeline:retry-one", baseline: "lifeline:none" };
+  if (curve) return { subject: `lifeline:${mode}`, baseline: `lifeline-insecure:${mode}` };
   return { subject: `lifeline:${mode}`, baseline: rawProgramFor(bench) };
 }
 
@@ -211,7 +221,13 @@ export interface Target {
  * The targets, all relative to the case's baseline measured in the same run: the message path's
  * against the raw zeromq.js programs; retry-one's against the Lifeline job under `--mode none`.
  */
-export function targetFor(c: Case): Target | undefined {
+export function targetFor(c: Case, curve = false): Target | undefined {
+  if (curve) {
+    // Issue 12's targets for CURVE against the same job without it.
+    if (c.bench === "pingpong" && c.bytes === 8) return { text: "<= 1.15x insecure", met: (r) => r <= 1.15 };
+    if (c.bench === "allreduce" && c.bytes === MiB && c.np === 4) return { text: "<= 1.5x insecure", met: (r) => r <= 1.5 };
+    if (c.bench !== "retry-one") return undefined;
+  }
   if (c.bench === "retry-one" && c.bytes === 8) return { text: "<= 1.5x none", met: (r) => r <= 1.5 };
   if (c.bench === "retry-one" && c.bytes === 16 * MiB) return { text: "<= 1.05x none", met: (r) => r <= 1.05 };
   if (c.bench === "pingpong" && c.bytes === 8) return { text: "<= 1.15x raw", met: (r) => r <= 1.15 };

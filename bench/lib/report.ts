@@ -2,7 +2,7 @@
  * Result records and the tables printed at the end of a run (Markdown, so they can be pasted
  * into an issue as they are).
  */
-import { BENCHMARKS, describeKind, type BenchName, type Benchmark, type JobKind, type Unit } from "./plan.ts";
+import { BENCHMARKS, describeKind, insecureKind, type BenchName, type Benchmark, type JobKind, type Unit } from "./plan.ts";
 import { fmt, fmtRatio } from "./stats.ts";
 
 export interface VariantResult {
@@ -83,8 +83,12 @@ export interface Columns {
 const LIFELINE_VS_RAW: Columns = { subject: "Lifeline", baseline: "raw", subjectShort: "L", baselineShort: "raw", peers: true };
 const RETRY_ONE_VS_NONE: Columns = { subject: "retry-one", baseline: "none", subjectShort: "r1", baselineShort: "none", peers: false };
 
-export function columnsOf(bench: Benchmark): Columns {
-  return bench === "retry-one" ? RETRY_ONE_VS_NONE : LIFELINE_VS_RAW;
+const CURVE_VS_INSECURE: Columns = { subject: "CURVE", baseline: "insecure", subjectShort: "C", baselineShort: "ins", peers: false };
+
+/** The columns of a benchmark's table; `baseline`: the kind of job its cases compare with (`--curve`: an insecure Lifeline job). */
+export function columnsOf(bench: Benchmark, baseline?: JobKind | null): Columns {
+  if (bench === "retry-one") return RETRY_ONE_VS_NONE;
+  return baseline !== undefined && baseline !== null && insecureKind(baseline) ? CURVE_VS_INSECURE : LIFELINE_VS_RAW;
 }
 
 const TITLES: Record<Benchmark, string> = {
@@ -111,13 +115,14 @@ export function renderTables(results: readonly CaseResult[], transport: string):
     const rows = results.filter((r) => r.bench === bench);
     if (rows.length === 0) continue;
     const u = rows[0]!.unit;
-    const col = columnsOf(bench);
+    const col = columnsOf(bench, rows[0]!.kinds.baseline);
     const vs = `${col.subjectShort} / ${col.baselineShort}`;
     const ratioHead = `${col.subjectShort}/${col.baselineShort} (${u === "MB/s" ? "MB/s" : "time"}) [IQR]`;
     // A Lifeline job under another mode than none (--mode) says so in the title.
     const modes = [...new Set(rows.map((r) => r.kinds.subject).filter((k): k is JobKind => k !== null && k !== "lifeline:none"))];
     const modeNote = bench === "retry-one" || modes.length === 0 ? "" : `, Lifeline = ${modes.map(describeKind).join(", ")}`;
-    out.push(`### ${TITLES[bench]} — transport ${transport}${modeNote}`, "");
+    const curveNote = col === CURVE_VS_INSECURE ? " — CURVE (the default on tcp) vs the same job under --insecure" : "";
+    out.push(`### ${TITLES[bench]} — transport ${transport}${modeNote}${curveNote}`, "");
     const head = ["case", `${col.subject} ${u}`, `${col.baseline} ${u}`, ratioHead];
     if (col.peers) head.push(`Open MPI TCP ${u}`, `${col.subjectShort}/MPI-TCP`);
     head.push(`spread ${vs}`, `CPU us/op ${vs}`, "target", "met");

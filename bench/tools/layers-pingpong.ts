@@ -93,7 +93,7 @@ async function setup(): Promise<Map<Variant, Link>> {
       kind: Kind.app,
       flags: 0,
       encoding: 2,
-      jobKey: JOB_KEY,
+      key: JOB_KEY,
       source: side,
       tag: 7,
       channelSeq: 0,
@@ -114,7 +114,7 @@ async function setup(): Promise<Map<Variant, Link>> {
     t.start(
       (frames) => {
         if (v === "transport") return deliver(frames[1]);
-        const h = decodeHeader(frames[0], { jobKey: JOB_KEY, size: 2 });
+        const h = decodeHeader(frames[0], { keysIn: [JOB_KEY, JOB_KEY], size: 2 });
         const data = decodeBody(h.encoding, h.arrayType, frames.slice(1));
         if (v === "+wire") return deliver(data);
         matcher.arrive({ source: h.source, tag: h.tag, data });
@@ -130,7 +130,7 @@ async function setup(): Promise<Map<Variant, Link>> {
         kind: Kind.app,
         flags: 0,
         encoding: body.encoding,
-        jobKey: JOB_KEY,
+        key: JOB_KEY,
         source: side,
         tag: 7,
         channelSeq: seq++,

@@ -50,7 +50,7 @@ async function main(): Promise<void> {
   let want = 0;
   t.start(
     (frames) => {
-      const h = decodeHeader(frames[0], { jobKey: JOB_KEY, size: 2 });
+      const h = decodeHeader(frames[0], { keysIn: [JOB_KEY, JOB_KEY], size: 2 });
       decodeBody(h.encoding, h.arrayType, frames.slice(1));
       if (++count === want) waiter?.();
     },
@@ -64,7 +64,7 @@ async function main(): Promise<void> {
       kind: Kind.app,
       flags: 0,
       encoding: body.encoding,
-      jobKey: JOB_KEY,
+      key: JOB_KEY,
       source: side,
       tag: 1,
       channelSeq: 0,

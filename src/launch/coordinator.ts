@@ -12,23 +12,42 @@
  * Anything on the Router that is not a well-formed message from a known rank (a stray
  * process, a port scanner on tcp) is dropped with a rate-limited warning, never a crash.
  *
+ * With keys (src/mpi/keys.ts, docs/security.md) on tcp, the Router is a CURVE server with the
+ * job's coordinator key pair and accepts the job's member key only (ZAP: a refused peer is
+ * named by its address in the warning); each rank incarnation's routing id carries its token.
+ * It makes the job's channel keys (random, one per ordered pair of ranks) for the tables.
+ *
  * The logic (rendezvous, tables, release, aborts, restarts, the lease) is the pure
  * {@link Membership} machine, which the simulator runs too; this class is its I/O: the
  * Router, the decoding of frames, the chain of sends and the rendezvous timer.
  *
  * @example
- * const coord = new Coordinator({ size: 2, jobKey, transport: "ipc", runDir, rendezvousTimeoutMs: 30_000, onEvent });
+ * const coord = new Coordinator({ size: 2, keys, transport: "ipc", runDir, rendezvousTimeoutMs: 30_000, onEvent });
  * const endpoint = await coord.start(); // pass to ranks as LIFELINE_COORDINATOR
  * // ... onEvent({ kind: "ready" }) once both said hello; coord.abort("LAUNCH_RANK_FAILED", "rank 1 died")
  * await coord.close();
  */
 import assert from "node:assert/strict";
+import { randomFillSync } from "node:crypto";
 import { join } from "node:path";
 import { Router } from "zeromq";
 import { LifelineError, errorMessage } from "../errors.ts";
 import { DEFAULT_TCP_HOST } from "../mpi/bind.ts";
 import { controlIdentity, decodeControl, encodeControl, heartbeatIdentity, type CoordinatorToRank, type RankToCoordinator } from "../mpi/control.ts";
-import { type CoordinatorEvent, Membership, type MembershipEffect, type MembershipInput, printable, type RankLink, type TableMessage } from "./membership.ts";
+import { DEFAULT_MAX_MESSAGE_BYTES } from "../mpi/env.ts";
+import { tokenOf, type CoordinatorKeys } from "../mpi/keys.ts";
+import { curveServer, refusalWarnings, registerZap, watchHandshakes, type ZapDomain } from "../mpi/zmq/zap.ts";
+import { FRAME_SLACK_BYTES } from "../mpi/zmq/zmq-transport.ts";
+import {
+  type CoordinatorEvent,
+  Membership,
+  type MembershipEffect,
+  type MembershipInput,
+  type MembershipOptions,
+  printable,
+  type RankLink,
+  type TableMessage,
+} from "./membership.ts";
 import { ElasticMembership, type ElasticMembershipOptions } from "./elastic-membership.ts";
 
 export type { CoordinatorEvent, RankLink } from "./membership.ts";
@@ -36,8 +55,13 @@ export type { CoordinatorEvent, RankLink } from "./membership.ts";
 /** Construction options of a {@link Coordinator}. */
 export interface CoordinatorOptions {
   size: number;
-  /** Random per job; ranks use it to reject data messages from other jobs. */
-  jobKey: number;
+  /**
+   * The job's keys: CURVE (used on tcp) and the token secret of the ranks' routing ids.
+   * Absent: neither (`lifeline coordinator --insecure`).
+   */
+  keys?: CoordinatorKeys | undefined;
+  /** The longest message a rank may send here (a finalize result, a part copy); default 1 GiB. */
+  maxMessageBytes?: number | undefined;
   transport: "ipc" | "tcp";
   /** tcp: the address to bind and advertise (default the loopback address). */
   host?: string | undefined;
@@ -85,15 +109,29 @@ export class Coordinator {
   private sendChain: Promise<void> = Promise.resolve();
   private readLoop: Promise<void> | undefined;
   private endpointValue: string | undefined;
+  private zap: ZapDomain | undefined;
+  /** Connections refused by CURVE or ZAP, reported a few times per kind (a stranger retries every 100 ms). */
+  private readonly refusal = refusalWarnings((message) => this.opts.onEvent({ kind: "warning", message }));
 
   constructor(private readonly opts: CoordinatorOptions) {
-    const machine = {
+    const channelKeys = new Uint32Array(opts.size * opts.size);
+    randomFillSync(channelKeys);
+    const tokens = opts.keys?.tokens;
+    const tokenCache = new Map<string, string>();
+    const token = (rank: number, attempt: number): string | undefined => {
+      if (tokens === undefined) return undefined;
+      const at = `${rank}.${attempt}`;
+      let t = tokenCache.get(at);
+      if (t === undefined) tokenCache.set(at, (t = tokenOf(tokens, rank, attempt)));
+      return t;
+    };
+    const machine: MembershipOptions = {
       size: opts.size,
-      jobKey: opts.jobKey,
+      channelKeys,
       mode: opts.mode,
       hosts: opts.hosts,
-      identity: controlIdentity,
-      heartbeatIdentity,
+      identity: (rank, attempt) => controlIdentity(rank, attempt, token(rank, attempt)),
+      heartbeatIdentity: (rank, attempt) => heartbeatIdentity(rank, attempt, token(rank, attempt)),
       rendezvousTimeoutMs: opts.rendezvousTimeoutMs,
       warningsMax: opts.warningsMax,
       tableFor: opts.tableFor,
@@ -104,7 +142,12 @@ export class Coordinator {
     // mandatory: a send to a rank that is gone fails (and is reported) instead of vanishing;
     // sendTimeout bounds a send to a rank whose queue is full, so one stuck rank cannot
     // block the release or abort of the others (sends are serialized).
-    this.router = new Router({ linger: 0, mandatory: true, sendTimeout: opts.sendTimeoutMs ?? 2_000 });
+    this.router = new Router({
+      linger: 0,
+      mandatory: true,
+      sendTimeout: opts.sendTimeoutMs ?? 2_000,
+      maxMessageSize: (opts.maxMessageBytes ?? DEFAULT_MAX_MESSAGE_BYTES) + FRAME_SLACK_BYTES,
+    });
   }
 
   /** The endpoint ranks connect to (`LIFELINE_COORDINATOR`); set by {@link start}. */
@@ -142,10 +185,21 @@ export class Coordinator {
     } else {
       // Port 0: the OS picks a free port, so concurrent jobs (and tests) never collide.
       address = `tcp://${this.opts.host ?? DEFAULT_TCP_HOST}:${this.opts.port ?? 0}`;
+      const curve = this.opts.keys?.curve;
+      if (curve !== undefined) {
+        // The handler is up before anything can connect; `stray` warnings are rate-limited.
+        this.zap = await registerZap({
+          allowed: [curve.member],
+          refused: (peer, why) => this.refusal(why, `refused a connection from ${peer} on the control socket: ${why}`),
+        });
+        Object.assign(this.router, curveServer(curve.server, this.zap.domain));
+        watchHandshakes(this.router, (why) => this.refusal(why, `refused ${why} on the control socket (a peer without this job's keys)`));
+      }
     }
     try {
       await this.router.bind(address);
     } catch (err) {
+      this.zap?.close();
       throw new LifelineError("LAUNCH_SPAWN", `coordinator cannot bind ${address}: ${errorMessage(err)}`, { cause: err });
     }
     this.endpointValue = this.router.lastEndpoint ?? address;
@@ -213,6 +267,7 @@ export class Coordinator {
     // Pending sends are abandoned: close() with linger 0 drops them, which is what we want
     // when the job is over (ranks that still wait are killed by the supervisor).
     this.router.close();
+    this.zap?.close();
     await this.readLoop?.catch(() => undefined);
   }
 
@@ -337,6 +392,15 @@ export class Coordinator {
    */
   private sendTo(identity: string, msg: CoordinatorToRank, quiet: boolean, rank: number | undefined): Promise<void> {
     const frame = encodeControl(msg);
+    const max = this.opts.maxMessageBytes ?? DEFAULT_MAX_MESSAGE_BYTES;
+    if (frame.length > max) {
+      // The rank's socket would drop the link rather than take it.
+      this.opts.onEvent({
+        kind: "warning",
+        message: `could not send ${msg.t} to ${rank === undefined ? printable(identity) : `rank ${rank}`}: ${frame.length} bytes, longer than the job's limit of ${max} bytes (--max-message; a recovery-line part travels in one message)`,
+      });
+      return Promise.resolve();
+    }
     const next = this.sendChain.then(async () => {
       if (this.machine.phase === "closed") return;
       try {

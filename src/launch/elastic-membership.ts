@@ -29,7 +29,7 @@
  * does not count: the rollback's news sends its ranks round their loop again, to finalize again.
  *
  * @example
- * const m = new ElasticMembership({ slots: 5, initial: 4, minNp: 2, maxNp: 5, waitMs: 30_000, jobKey, identity, heartbeatIdentity });
+ * const m = new ElasticMembership({ slots: 5, initial: 4, minNp: 2, maxNp: 5, waitMs: 30_000, channelKeys, identity, heartbeatIdentity });
  * m.step({ kind: "start", nowMs: 0 }); // then feed hellos; a rank-down starts a round
  */
 import assert from "node:assert/strict";
@@ -183,8 +183,12 @@ export class ElasticMembership extends Membership {
     this.reconsider();
   }
 
-  private endpointsNow(): { endpoints: string[]; attempts: number[] } {
-    return { endpoints: this.linksValue.map((l) => (l.up ? (l.endpoint ?? "") : "")), attempts: this.linksValue.map((l) => l.attempt) };
+  private endpointsNow(): Pick<TableMessage, "endpoints" | "attempts" | "curveKeys"> {
+    return {
+      endpoints: this.linksValue.map((l) => (l.up ? (l.endpoint ?? "") : "")),
+      attempts: this.linksValue.map((l) => l.attempt),
+      ...this.curveKeys(),
+    };
   }
 
   /** A slot's table: the first world (for its members) and the replayed changes still due. */
@@ -196,7 +200,7 @@ export class ElasticMembership extends Membership {
 
   private member(s: number): ElasticMember {
     const l = this.linksValue[s]!;
-    return { slot: s, attempt: l.attempt, endpoint: l.endpoint ?? "" };
+    return { slot: s, attempt: l.attempt, endpoint: l.endpoint ?? "", ...(l.curveKey === undefined ? {} : { curveKey: l.curveKey }) };
   }
 
   protected override rankDown(slot: number, attempt: number, nowMs?: number): void {

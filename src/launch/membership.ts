@@ -13,10 +13,18 @@
  * Every incoming message is checked here (fields, sender's routing identity, attempt), since
  * ranks, stray processes and port scanners all reach the same socket: anything that is not a
  * well-formed message from the current incarnation of a rank is dropped with a warning (capped
- * at `warningsMax`), never a crash.
+ * at `warningsMax`), never a crash. Identity is the routing id: a message counts as rank r's
+ * only from incarnation r's own routing id (which, in a job with keys, carries a token only
+ * that incarnation holds; src/mpi/keys.ts), naming rank r itself. A hello, step, abort or
+ * finalize from any other routing id — another rank's, an old incarnation's, a stranger's —
+ * changes nothing, and a heartbeat counts only from the watchdog routing id of the attempt
+ * the machine expects. Warnings never print a token.
+ *
+ * The tables also hand each rank the keys of its channels (`channelKeys`, a size × size
+ * matrix by source and destination; src/mpi/wire.ts) and its peers' CURVE keys.
  *
  * @example
- * const m = new Membership({ size: 2, jobKey: 7, identity: controlIdentity, heartbeatIdentity });
+ * const m = new Membership({ size: 2, channelKeys: new Uint32Array(4), identity: controlIdentity, heartbeatIdentity });
  * for (const eff of m.step({ kind: "start", nowMs: 0 })) perform(eff); // then feed { kind: "message", identity, msg }
  */
 import assert from "node:assert/strict";
@@ -64,6 +72,8 @@ export interface RankLink {
   up: boolean;
   pid: number | undefined;
   endpoint: string | undefined;
+  /** tcp with keys: its data socket's CURVE key. */
+  curveKey: string | undefined;
   steps: number;
   epoch: number;
   finalized: boolean;
@@ -75,8 +85,11 @@ export type MembershipPhase = "new" | "rendezvous" | "running" | "restarting" | 
 /** Construction options of a {@link Membership}. */
 export interface MembershipOptions {
   readonly size: number;
-  /** Random per job; sent in every table (ranks reject data messages from other jobs by it). */
-  readonly jobKey: number;
+  /**
+   * Random per job: the key of the channel from rank s to rank d at `s * size + d`; each table
+   * carries its rank's row and column (ranks refuse frames without their channel's key).
+   */
+  readonly channelKeys: ArrayLike<number>;
   /** The job's recovery mode, sent in the table: a rank started for another mode refuses to run. */
   readonly mode?: string | undefined;
   /** A job across hosts: each rank's host index at the job's start (`table.hosts`). */
@@ -386,6 +399,7 @@ export class Membership {
       up: false,
       pid: undefined,
       endpoint: undefined,
+      curveKey: undefined,
       steps: 0,
       epoch: 0,
       finalized: false,
@@ -484,7 +498,7 @@ export class Membership {
     const link = this.linksValue[msg.rank]!;
     const expected = this.opts.identity(msg.rank, msg.attempt);
     if (identity !== expected) {
-      this.warn(`ignored hello for rank ${msg.rank} attempt ${msg.attempt} from routing id ${printable(identity)} (expected ${expected})`);
+      this.warn(`ignored hello for rank ${msg.rank} attempt ${msg.attempt} from routing id ${printable(identity)} (expected ${printable(expected)})`);
       return;
     }
     if (msg.size !== this.opts.size) {
@@ -522,6 +536,7 @@ export class Membership {
     link.up = true;
     link.pid = msg.pid;
     link.endpoint = msg.endpoint;
+    link.curveKey = msg.curveKey;
     this.byIdentity.set(identity, msg.rank);
     this.emit({ kind: "rank-up", rank: msg.rank, attempt: msg.attempt, pid: msg.pid, endpoint: msg.endpoint });
   }
@@ -535,6 +550,7 @@ export class Membership {
       msg.rank,
       this.tableOf(msg.rank, {
         endpoints: this.linksValue.map((l) => l.endpoint ?? ""),
+        ...this.curveKeys(),
         // A rank restarted but not back yet is still its dead incarnation here: its `peer` (the
         // new attempt) follows once it says hello.
         attempts: this.linksValue.map((l, r) => (this.rejoining.has(r) ? l.attempt - 1 : l.attempt)),
@@ -542,7 +558,13 @@ export class Membership {
         reached: this.reached.get(msg.rank) ?? 0,
       }),
     );
-    const peer: CoordinatorToRank = { t: "peer", rank: msg.rank, endpoint: msg.endpoint, attempt: msg.attempt };
+    const peer: CoordinatorToRank = {
+      t: "peer",
+      rank: msg.rank,
+      endpoint: msg.endpoint,
+      attempt: msg.attempt,
+      ...(msg.curveKey === undefined ? {} : { curveKey: msg.curveKey }),
+    };
     this.linksValue.forEach((l, r) => {
       if (l.up && r !== msg.rank) this.send(r, peer, true);
     });
@@ -561,15 +583,24 @@ export class Membership {
   private sendTables(): void {
     const endpoints = this.linksValue.map((l) => l.endpoint!);
     const attempts = this.linksValue.map((l) => l.attempt);
-    for (let r = 0; r < this.opts.size; r++) this.send(r, this.tableOf(r, { endpoints, attempts }));
+    const curveKeys = this.curveKeys();
+    for (let r = 0; r < this.opts.size; r++) this.send(r, this.tableOf(r, { endpoints, attempts, ...curveKeys }));
     this.emit({ kind: "ready", endpoints });
   }
 
+  /** The ranks' CURVE keys for a table, if they have any ("" for a rank down). */
+  protected curveKeys(): Pick<TableMessage, "curveKeys"> {
+    return this.linksValue.some((l) => l.curveKey !== undefined) ? { curveKeys: this.linksValue.map((l) => l.curveKey ?? "") } : {};
+  }
+
   /** Rank `rank`'s table: what every table of the job carries, `fields`, and the owner's extras. */
-  protected tableOf(rank: number, fields: Pick<TableMessage, "endpoints" | "attempts" | "down" | "reached">): TableMessage {
+  protected tableOf(rank: number, fields: Pick<TableMessage, "endpoints" | "attempts" | "down" | "reached" | "curveKeys">): TableMessage {
+    const size = this.opts.size;
+    const keys = this.opts.channelKeys;
     return {
       t: "table",
-      jobKey: this.opts.jobKey,
+      keysIn: Array.from({ length: size }, (_, s) => keys[s * size + rank]!),
+      keysOut: Array.from({ length: size }, (_, d) => keys[rank * size + d]!),
       ...fields,
       ...(this.opts.hosts === undefined ? {} : { hosts: [...this.opts.hosts] }),
       ...(this.opts.mode === undefined ? {} : { mode: this.opts.mode }),
@@ -638,6 +669,7 @@ function malformed(msg: RankToCoordinator, size: number): string | undefined {
       if (!isCount(m.attempt) || !isCount(m.pid) || !isCount(m.size) || typeof m.endpoint !== "string" || m.endpoint === "") {
         return "hello needs attempt, pid, size and endpoint";
       }
+      if (m.curveKey !== undefined && (typeof m.curveKey !== "string" || m.curveKey.length !== 40)) return "hello's curveKey is not a CURVE key";
       return undefined;
     case "step":
       return isCount(m.steps) && isCount(m.epoch) ? undefined : "step needs steps and epoch counts";
@@ -693,13 +725,15 @@ function isPartRef(v: unknown): boolean {
 }
 
 /**
- * A routing id for a log line: zeromq generates binary ids for peers that set none.
+ * A routing id for a log line: zeromq generates binary ids for peers that set none. A token
+ * (everything after a `/`, src/mpi/control.ts `controlIdentity`) is never printed.
  *
  * @example
- * printable("r1.0"); // '"r1.0"'
+ * printable("r1.0");         // '"r1.0"'
+ * printable("r1.0/5f3a9c…"); // '"r1.0/…"'
  */
 export function printable(identity: string): string {
-  return /^[\x20-\x7e]{1,64}$/.test(identity)
-    ? JSON.stringify(identity)
-    : `a peer with binary id ${Buffer.from(identity, "latin1").toString("hex").slice(0, 32)}`;
+  const slash = identity.indexOf("/");
+  const shown = slash < 0 ? identity : `${identity.slice(0, slash)}/…`;
+  return /^[\x20-\x7e]{1,64}$/.test(identity) ? JSON.stringify(shown) : `a peer with binary id ${Buffer.from(identity, "latin1").toString("hex").slice(0, 32)}`;
 }

@@ -13,7 +13,7 @@ import { existsSync, readFileSync, statSync } from "node:fs";
 import { dirname, extname, isAbsolute, resolve } from "node:path";
 import { LifelineError, isLifelineError } from "../errors.ts";
 import { resolveBind } from "../mpi/bind.ts";
-import { MODES, type Mode } from "../mpi/env.ts";
+import { DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_MAX_UNEXPECTED_BYTES, MODES, type Mode } from "../mpi/env.ts";
 import { parseFaults } from "../mpi/faults.ts";
 import type { PlannedChange } from "./elastic-membership.ts";
 import { launcherHosts, LAUNCHERS, parseHostfile, Placement, type HostSlots, type LauncherKind } from "./hosts.ts";
@@ -123,6 +123,17 @@ export interface RunConfig {
   logLimitBytes?: number | undefined;
   /** retry-one: every how many own checkpoints a rank writes one to `--store` too (0: no durable floor). */
   durableEvery?: number | undefined;
+  /**
+   * `--insecure`: no CURVE on tcp (docs/security.md says what that gives up). Absent or false:
+   * every tcp link is authenticated and encrypted.
+   */
+  insecure?: boolean | undefined;
+  /** `lifeline coordinator --keys`: the job's key directory (or coordinator key file), absolute. */
+  keys?: string | undefined;
+  /** `--max-message`: the longest message body a rank sends or accepts, in bytes. */
+  maxMessageBytes?: number | undefined;
+  /** `--max-unexpected`: bytes of unmatched messages a rank may hold before the job stops. */
+  maxUnexpectedBytes?: number | undefined;
   /** `--mode elastic`: the first world and its limits. */
   elastic?: ElasticConfig | undefined;
 }
@@ -159,6 +170,10 @@ export interface RunFlags {
   durableEvery?: string | undefined;
   /** false for `--no-spare`. */
   spare?: boolean | undefined;
+  insecure?: boolean | undefined;
+  keys?: string | undefined;
+  maxMessage?: string | undefined;
+  maxUnexpected?: string | undefined;
   minNp?: string | undefined;
   maxNp?: string | undefined;
   elasticTimeout?: string | undefined;
@@ -184,9 +199,42 @@ export const DEFAULTS = {
   rsh: "ssh",
   /** retry-one's durable floor: every 10th checkpoint of each rank (measured: see docs/cli.md). */
   durableEvery: 10,
+  maxMessageBytes: DEFAULT_MAX_MESSAGE_BYTES,
+  maxUnexpectedBytes: DEFAULT_MAX_UNEXPECTED_BYTES,
   /** elastic: how long a world below --min-np waits for ranks to join. */
   elasticTimeoutMs: 30_000,
 } as const;
+
+/** The largest `--max-message`: a Node buffer's limit, less ZeroMQ's frame slack. */
+const MAX_MESSAGE_LIMIT = 2 ** 32 - 128 * 1024;
+
+/** Size units: `k`/`m`/`g` and `KiB`/`MiB`/`GiB` are binary, `KB`/`MB`/`GB` decimal. */
+const UNIT_BYTES: Record<string, number> = {
+  b: 1,
+  k: 1024,
+  kb: 1000,
+  kib: 1024,
+  m: 1024 ** 2,
+  mb: 1000 ** 2,
+  mib: 1024 ** 2,
+  g: 1024 ** 3,
+  gb: 1000 ** 3,
+  gib: 1024 ** 3,
+};
+
+/**
+ * Parses a size: a number of bytes with an optional unit (see UNIT_BYTES), e.g. `65536`,
+ * `64KiB`, `1GiB`, `1.5G`, `2GB`. Throws `LAUNCH_USAGE` naming `flag` for anything else or
+ * outside [min, max].
+ */
+export function parseBytes(text: string, flag: string, min: number, max: number): number {
+  const m = /^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$/i.exec(text);
+  const unit = UNIT_BYTES[(m?.[2] ?? "").toLowerCase() || "b"];
+  if (m === null || unit === undefined) throw usage(`${flag} ${JSON.stringify(text)} is not a size; write e.g. 65536, 64KiB, 256MiB or 1GiB`);
+  const n = Math.floor(Number(m[1]) * unit);
+  if (!Number.isSafeInteger(n) || n < min || n > max) throw usage(`${flag} ${JSON.stringify(text)} must be from ${min} to ${max} bytes`);
+  return n;
+}
 
 const UNIT_MS: Record<string, number> = { ms: 1, s: 1_000, m: 60_000, h: 3_600_000 };
 
@@ -462,6 +510,24 @@ export function resolveRunConfig(flags: RunFlags, ctx: { cwd: string; env?: Node
           return r.address;
         });
 
+  const maxMessageBytes =
+    flags.maxMessage === undefined ? DEFAULTS.maxMessageBytes : check(() => parseBytes(flags.maxMessage!, "--max-message", 1024, MAX_MESSAGE_LIMIT));
+  const maxUnexpectedBytes =
+    flags.maxUnexpected === undefined
+      ? DEFAULTS.maxUnexpectedBytes
+      : check(() => parseBytes(flags.maxUnexpected!, "--max-unexpected", 1024, Number.MAX_SAFE_INTEGER));
+  const keys =
+    flags.keys === undefined
+      ? undefined
+      : check(() => {
+          if (flags.insecure === true)
+            throw usage("--keys and --insecure contradict each other: --keys secures the links with the job's keys, --insecure turns that off");
+          const path = resolve(ctx.cwd, flags.keys!);
+          if (!existsSync(path))
+            throw usage(`--keys ${JSON.stringify(flags.keys)}: ${path} does not exist (make the job's keys with \`lifeline keys ${flags.keys}\`)`);
+          return path;
+        });
+
   if (flags.json === true && flags.quiet === true) {
     problems.push("--json and --quiet cannot be combined: --json is for machines, which can filter its events themselves");
   }
@@ -536,6 +602,10 @@ export function resolveRunConfig(flags: RunFlags, ctx: { cwd: string; env?: Node
     spare: flags.spare !== false,
     logLimitBytes,
     durableEvery: durableEvery ?? 0,
+    insecure: flags.insecure === true,
+    keys,
+    maxMessageBytes: maxMessageBytes!,
+    maxUnexpectedBytes: maxUnexpectedBytes!,
     ...(elastic === undefined ? {} : { elastic }),
   };
 }
@@ -607,33 +677,6 @@ export function readReplay(path: string, shown: string, np: number): PlannedChan
     at = ch.at!;
     return { at: ch.at, size: ch.size, keep: [...keep], joined: ch.joined };
   });
-}
-
-const BYTE_UNITS: Record<string, number> = {
-  "": 1,
-  b: 1,
-  k: 1024,
-  kb: 1000,
-  kib: 1024,
-  m: 1024 ** 2,
-  mb: 1000 ** 2,
-  mib: 1024 ** 2,
-  g: 1024 ** 3,
-  gb: 1000 ** 3,
-  gib: 1024 ** 3,
-};
-
-/**
- * A size in bytes: a whole number with an optional unit (`65536`, `64KiB`, `512MiB`, `2GiB`,
- * `1GB`; `k`/`m`/`g` are binary), within min..max.
- */
-export function parseBytes(text: string, flag: string, min: number, max: number): number {
-  const m = /^\s*(\d+)\s*([a-zA-Z]*)\s*$/.exec(text);
-  const unit = m === null ? undefined : BYTE_UNITS[m[2]!.toLowerCase()];
-  const n = m === null || unit === undefined ? NaN : Number(m[1]) * unit;
-  if (!Number.isSafeInteger(n)) throw usage(`${flag} must be a size such as 64MiB or 2GiB, got ${JSON.stringify(text)}`);
-  if (n < min || n > max) throw usage(`${flag} ${JSON.stringify(text)} must be between ${min} and ${max} bytes`);
-  return n;
 }
 
 function bounded(ms: number, flag: string, text: string, min: number, max: number): number {

@@ -5,7 +5,8 @@
  * - Command: a `.ts` app runs as `node --import <tsx loader> app.ts` — one process, with the
  *   tsx that ships with lifeline, so users need no TypeScript tooling of their own; a `.js`
  *   app runs as `node app.js`.
- * - stdio: stdin is ignored (N ranks cannot share a terminal's input); stdout and stderr are
+ * - stdio: stdin is ignored (N ranks cannot share a terminal's input), except that a rank on
+ *   another host reads its key file's text there (`RankSpawnSpec.stdin`); stdout and stderr are
  *   pipes read line by line; fd 3 is a pipe (the rank's heartbeats come back on it) whose other end only the launcher holds (libuv
  *   opens it close-on-exec, so sibling ranks do not inherit it). When the launcher dies, even
  *   by SIGKILL, the rank reads EOF there and ends itself (src/index.ts watches it).
@@ -51,6 +52,8 @@ export interface RankSpawnSpec {
   appArgs: readonly string[];
   env: NodeJS.ProcessEnv;
   cwd: string;
+  /** Written to the rank's stdin, which is then closed (a remote rank's keys: LIFELINE_KEYS=-). */
+  stdin?: string;
 }
 
 /** Where a rank's output lines go. */
@@ -346,7 +349,7 @@ export function spawnRemoteRank(spec: RankSpawnSpec, site: RemoteSite, sink: Ran
     try {
       child = spawn(argv[0]!, argv.slice(1), {
         cwd: spec.cwd,
-        stdio: ["ignore", "pipe", "pipe"],
+        stdio: [spec.stdin === undefined ? "ignore" : "pipe", "pipe", "pipe"],
         detached: true,
         windowsHide: true,
         ...(env === undefined ? {} : { env }),
@@ -368,6 +371,10 @@ export function spawnRemoteRank(spec: RankSpawnSpec, site: RemoteSite, sink: Ran
     child.once("spawn", () => {
       child.off("error", onError);
       child.on("error", () => undefined);
+      if (spec.stdin !== undefined) {
+        child.stdin!.on("error", () => undefined); // EPIPE: the agent died; its exit tells
+        child.stdin!.end(spec.stdin);
+      }
       resolve(new RankProcess(spec.rank, spec.attempt, child.pid!, child, sink, site));
     });
   });

@@ -34,10 +34,21 @@ import type { RunConfig } from "./options.ts";
 import { FATAL_KINDS, type JobEnd, type JobView, type PolicyContext, type PolicyDecision, type RankFailure, type RestartPolicy } from "./policy.ts";
 
 /** A start of every rank from a durable line (or from the start: `line` undefined). */
-interface AllStart {
+export interface AllStart {
   readonly line: LineRecord | undefined;
   readonly versions: number[];
   readonly index: number;
+}
+
+/** What rank `rank`'s table carries for a start of every rank from `start` (the simulator's too). */
+export function allStartTable(start: AllStart, rank: number): Partial<Extract<CoordinatorToRank, { t: "table" }>> {
+  const ref = start.line?.parts[rank];
+  return {
+    retryStart: { versions: [...start.versions], index: start.index },
+    ...(ref === undefined
+      ? {}
+      : { restore: { epoch: start.line!.epoch, ref: { rank: ref.rank, epoch: ref.epoch, checksum: ref.checksum, bytes: ref.bytes } } }),
+  };
 }
 
 export class RetryOnePolicy implements RestartPolicy {
@@ -221,15 +232,7 @@ export class RetryOnePolicy implements RestartPolicy {
   }
 
   tableFor(rank: number): Partial<Extract<CoordinatorToRank, { t: "table" }>> {
-    const start = this.allStart;
-    if (start === undefined) return {};
-    const ref = start.line?.parts[rank];
-    return {
-      retryStart: { versions: [...start.versions], index: start.index },
-      ...(ref === undefined
-        ? {}
-        : { restore: { epoch: start.line!.epoch, ref: { rank: ref.rank, epoch: ref.epoch, checksum: ref.checksum, bytes: ref.bytes } } }),
-    };
+    return this.allStart === undefined ? {} : allStartTable(this.allStart, rank);
   }
 
   onReady(): void {

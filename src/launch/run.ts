@@ -14,6 +14,7 @@ import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { basename, extname, join, resolve } from "node:path";
 import { errorMessage, isLifelineError, LifelineError } from "../errors.ts";
+import { makeJobKeys } from "../mpi/keys.ts";
 import type { RunConfig } from "./options.ts";
 import { createReporter, pickStyle, type OutStream, type Reporter } from "./progress.ts";
 import { claimStore, type StoreClaim } from "./job-store.ts";
@@ -40,6 +41,10 @@ export interface RunIo {
   random?: () => number;
 }
 
+/** The progress output's warning for `--insecure` on tcp (docs/security.md, "--insecure"). */
+export const INSECURE_WARNING =
+  "--insecure: the job's tcp links are neither authenticated nor encrypted; anyone who can reach its ports can read its messages, and forge them once they have read a rank's token (use it only on a network you trust)";
+
 /** Signals that stop a job gracefully; a second one kills the ranks at once. */
 const STOP_SIGNALS: readonly NodeJS.Signals[] = ["SIGINT", "SIGTERM", "SIGHUP"];
 
@@ -50,8 +55,9 @@ const STOP_SIGNALS: readonly NodeJS.Signals[] = ["SIGINT", "SIGTERM", "SIGHUP"];
  * `STORE_LOCKED`: another launcher uses it; other `STORE_*` errors), and for launcher bugs.
  */
 export async function runJob(config: RunConfig, io: RunIo): Promise<JobOutcome> {
-  // Random, and unrelated to the job id that is printed and kept in the store.
-  const jobKey = randomBytes(4).readUInt32LE(0);
+  // Fresh for every run, and unrelated to the job id that is printed and kept in the store;
+  // CURVE on every tcp link unless --insecure (ipc links are files in the private run dir).
+  const keys = makeJobKeys({ curve: config.transport === "tcp" && config.insecure !== true });
   const name = basename(config.app, extname(config.app))
     .replace(/[^A-Za-z0-9_.-]/g, "_")
     .slice(0, 32);
@@ -68,6 +74,7 @@ export async function runJob(config: RunConfig, io: RunIo): Promise<JobOutcome> 
       stderr: io.stderr,
       size: config.size,
     });
+  if (config.insecure === true && config.transport === "tcp") reporter.event({ kind: "warning", message: INSECURE_WARNING });
   // A .ts program whose ranks run here is compiled once for the job (compile-cache.ts); ranks
   // on other hosts keep the tsx loader (they may not see the compiled file).
   let runApp: string | undefined;
@@ -84,7 +91,7 @@ export async function runJob(config: RunConfig, io: RunIo): Promise<JobOutcome> 
     reporter,
     runDir,
     jobId,
-    jobKey,
+    keys,
     baseEnv: io.env,
     ...(io.random === undefined ? {} : { random: io.random }),
     ...(claim === undefined ? {} : { claim }),

@@ -143,8 +143,9 @@ export const SLURM_STEP_WORDS = "${SLURM_JOB_ID}.${SLURM_STEP_ID}";
 /**
  * The `srun` command line that runs the shell line `line` as a step of its own on `host`: one
  * task on that one node, sharing the job's resources with every other step (`--overlap`), not
- * killed with its step's other tasks (there are none) or on a bad exit, stdin closed, and
- * srun's own informational lines left out (its errors still come through, on stderr).
+ * killed with its step's other tasks (there are none) or on a bad exit, srun's stdin passed to
+ * the task (it carries the rank's keys, then ends), and srun's own informational lines left
+ * out (its errors still come through, on stderr).
  */
 export function srunCommand(opts: { jobId: string; host: string; rank: number; line: string }): string[] {
   return [
@@ -155,7 +156,7 @@ export function srunCommand(opts: { jobId: string; host: string; rank: number; l
     "--ntasks=1",
     "--overlap",
     "--kill-on-bad-exit=0",
-    "--input=none",
+    "--input=all",
     "--quiet",
     `--job-name=lifeline-rank-${opts.rank}`,
     "sh",

@@ -13,6 +13,9 @@
  * as `lifeline run` does (src/launch/job-store.ts). `--mode retry-one`, which restarts one rank
  * into a running job, needs the launcher (`lifeline run`) and is refused here.
  *
+ * Its links are secured with the keys of `--keys` (a directory `lifeline keys` made; the ranks
+ * get its ranks.key, on Kubernetes as a Secret), or not at all with `--insecure`.
+ *
  * @example
  * const code = await runStandalone(config, { stdout, stderr, env: process.env });
  */
@@ -20,6 +23,7 @@ import { randomBytes } from "node:crypto";
 import { constants as osConstants } from "node:os";
 import { basename, extname } from "node:path";
 import { errorMessage, LifelineError, type LifelineErrorCode } from "../errors.ts";
+import { readCoordinatorKeys, type CoordinatorKeys } from "../mpi/keys.ts";
 import { Coordinator, type CoordinatorEvent } from "./coordinator.ts";
 import { CprRestartPolicy } from "./cpr-policy.ts";
 import { FailureDetector } from "./detector.ts";
@@ -27,6 +31,7 @@ import { claimStore, type StoreClaim } from "./job-store.ts";
 import type { RunConfig } from "./options.ts";
 import { createReporter, pickStyle, type OutStream } from "./progress.ts";
 import { writeResultsFile } from "./results.ts";
+import { INSECURE_WARNING } from "./run.ts";
 
 /** What a failure of the job looks like to the standalone coordinator. */
 interface Stop {
@@ -52,6 +57,10 @@ export async function runStandalone(
   const name = basename(config.app, extname(config.app))
     .replace(/[^A-Za-z0-9_.-]/g, "_")
     .slice(0, 32);
+  // The keys first: a bad key file stops the command before the store is claimed.
+  const read = config.keys === undefined ? undefined : readCoordinatorKeys(config.keys);
+  const keys: CoordinatorKeys | undefined = read?.keys;
+  const keyWarning = read?.warning;
   const claim: StoreClaim | undefined = config.mode === "cpr" ? await claimStore(config, { jobIdBase: name }) : undefined;
   const jobId = claim?.job.id ?? `${name}-${randomBytes(4).toString("hex")}`;
   const reporter = createReporter({
@@ -60,6 +69,8 @@ export async function runStandalone(
     stderr: io.stderr,
     size: config.size,
   });
+  if (config.insecure === true) reporter.event({ kind: "warning", message: INSECURE_WARNING });
+  if (keyWarning !== undefined) reporter.event({ kind: "warning", message: keyWarning });
   const policy = claim === undefined ? undefined : new CprRestartPolicy(config, claim);
   const startMs = performance.now();
   const now = (): number => performance.now() - startMs;
@@ -80,7 +91,8 @@ export async function runStandalone(
 
   const coordinator: Coordinator = new Coordinator({
     size: config.size,
-    jobKey: randomBytes(4).readUInt32LE(0),
+    keys,
+    maxMessageBytes: config.maxMessageBytes,
     transport: "tcp",
     host: config.bindAddress,
     port: config.port,

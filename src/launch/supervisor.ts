@@ -17,11 +17,12 @@
  * that is exiting abnormally; if the launcher is SIGKILLed, ranks see EOF on their watch pipe.
  *
  * @example
- * const sup = new Supervisor(config, { reporter, runDir, jobId, jobKey, baseEnv: process.env });
+ * const sup = new Supervisor(config, { reporter, runDir, jobId, keys: makeJobKeys({ curve: true }), baseEnv: process.env });
  * process.once("SIGINT", () => sup.interrupt("SIGINT"));
  * const outcome = await sup.run(); // { ok, exitCode, results, error, ... }
  */
 import { mkdirSync, renameSync, rmSync, writeFileSync } from "node:fs";
+import { rankKeyText, writeKeyFile, type JobKeys } from "../mpi/keys.ts";
 import { constants as osConstants } from "node:os";
 import { dirname, join } from "node:path";
 import { EXIT_COORDINATOR_LOST } from "../mpi/control.ts";
@@ -120,7 +121,11 @@ export interface SupervisorDeps {
   /** Private directory for ipc endpoints; the caller creates and removes it. */
   runDir: string;
   jobId: string;
-  jobKey: number;
+  /**
+   * The job's keys (src/mpi/keys.ts): each rank incarnation gets its own key file (0600, in
+   * `runDir`), or, on another host, the same text on its stdin.
+   */
+  keys: JobKeys;
   /** Environment the ranks inherit (LIFELINE_* entries in it are replaced). */
   baseEnv: NodeJS.ProcessEnv;
   policy?: RestartPolicy;
@@ -229,7 +234,8 @@ export class Supervisor {
     }
     const coordinator = new Coordinator({
       size: this.config.size,
-      jobKey: this.deps.jobKey,
+      keys: this.deps.keys,
+      maxMessageBytes: this.config.maxMessageBytes,
       transport: this.config.transport,
       host: this.config.bindAddress,
       mode: this.config.mode,
@@ -419,9 +425,24 @@ export class Supervisor {
     }
   }
 
-  /** Starts a rank's process: here, or on its host through the launcher (`--launcher`). */
+  /**
+   * Starts a rank's process: here, or on its host through the launcher (`--launcher`); a rank on
+   * another host gets its keys on stdin (LIFELINE_KEYS=-, see rankEnv).
+   */
   private startProcess(spec: RankSpawnSpec): Promise<RankProcess> {
-    return this.launcher.start(spec, this.placement?.hostOf(spec.rank), this.outputSink());
+    const remote = this.placement !== undefined;
+    const stdin = remote ? rankKeyText(this.deps.keys, spec.rank, spec.attempt) : undefined;
+    return this.launcher.start(stdin === undefined ? spec : { ...spec, stdin }, this.placement?.hostOf(spec.rank), this.outputSink());
+  }
+
+  /** Writes the key file of incarnation `attempt` of `rank` (0600, in the run dir's private `keys/`); returns its path. */
+  private keyFile(rank: number, attempt: number): string {
+    const dir = join(this.deps.runDir, "keys");
+    mkdirSync(dir, { recursive: true, mode: 0o700 });
+    const path = join(dir, `r${rank}.${attempt}.key`);
+    rmSync(path, { force: true });
+    writeKeyFile(path, rankKeyText(this.deps.keys, rank, attempt));
+    return path;
   }
 
   /** Takes a freshly started rank (or a spare that took its place: `warm`) under supervision. */
@@ -468,6 +489,10 @@ export class Supervisor {
     if (this.config.replicas !== undefined) env[ENV.replicas] = String(this.config.replicas);
     if (this.config.logLimitBytes !== undefined) env[ENV.retryLogBytes] = String(this.config.logLimitBytes);
     if (this.config.mode === "retry-one") env[ENV.durableEvery] = String(this.config.durableEvery ?? 0);
+    // The keys themselves never go in the environment: a file of the rank's own, or stdin.
+    env[ENV.keys] = this.placement === undefined ? this.keyFile(rank, attempt) : "-";
+    if (this.config.maxMessageBytes !== undefined) env[ENV.maxMessageBytes] = String(this.config.maxMessageBytes);
+    if (this.config.maxUnexpectedBytes !== undefined) env[ENV.maxUnexpectedBytes] = String(this.config.maxUnexpectedBytes);
     return env;
   }
 

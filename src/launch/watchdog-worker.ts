@@ -57,8 +57,14 @@ if (data.heartbeatMs > 0 && pipe !== undefined) {
   parentPort?.postMessage("ready");
 } else if (data.heartbeatMs > 0 && data.coordinator !== undefined) {
   const { Dealer } = await import("zeromq");
+  const curve = data.keys?.curve;
   // A small high-water mark: while the coordinator is unreachable, beats are dropped, not hoarded.
-  const socket = new Dealer({ routingId: heartbeatIdentity(data.rank, data.attempt), linger: 0, sendHighWaterMark: 4 });
+  const socket = new Dealer({
+    routingId: heartbeatIdentity(data.rank, data.attempt, data.keys?.token),
+    linger: 0,
+    sendHighWaterMark: 4,
+    ...(curve === undefined ? {} : { curveServerKey: curve.server, curvePublicKey: curve.member.publicKey, curveSecretKey: curve.member.secretKey }),
+  });
   socket.connect(data.coordinator);
   closers.push(() => socket.close());
   const beat = encodeControl({ t: "heartbeat", rank: data.rank, attempt: data.attempt });

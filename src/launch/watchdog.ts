@@ -14,6 +14,7 @@
  */
 import { Worker } from "node:worker_threads";
 import { EXIT_COORDINATOR_LOST } from "../mpi/control.ts";
+import type { RankKeys } from "../mpi/keys.ts";
 
 export interface WatchdogOptions {
   /** The launcher pipe's fd, if started by `lifeline run`. */
@@ -28,6 +29,8 @@ export interface WatchdogOptions {
   failureTimeoutMs?: number;
   /** The rank's LIFELINE_FAULTS (time triggers fire from the watchdog thread). */
   faults: string;
+  /** The rank's keys (its heartbeat link's token, and CURVE on tcp). */
+  keys?: RankKeys;
 }
 
 /** Longest wait in init() for the watchdog's first beat: never block a rank on its watchdog. */

@@ -6,8 +6,10 @@
  * to self queued without a socket). Large application payloads are copied into pooled bounce
  * buffers that come back with the receiver's receipt (one per turn of its event loop and
  * sender, for every such message that arrived in it; carried by a reply when there is one). Receive: validate the header (garbage
- * from stray processes is dropped with a rate-limited warning), send the receipt a sender
- * waits for, and hand the frame to the communicator.
+ * from stray processes is dropped with a rate-limited warning; a frame must carry the key of
+ * the channel it claims, and come from the source's current incarnation or a newer one), send the
+ * receipt a sender waits for, and hand the frame to the communicator. A message longer than
+ * the job's limit is refused on both sides.
  *
  * What a recovery mode adds to a frame — its epoch and flags, the suppression of a re-sent
  * message the receiver already holds — comes from the mode's {@link FrameStamper}; mode none's
@@ -17,8 +19,10 @@
  * const ch = new Channel({ rank, size, attempt, host, stamper, deliver: (h, body, raw, classify) => … });
  * await ch.sendApp(new Float64Array(8), 1, 7);
  */
+import { LifelineError } from "../errors.ts";
 import { BouncePool } from "./bounce-pool.ts";
-import { decodeBody, type EncodedBody, encodeBody } from "./codec.ts";
+import { byteLengthOf, decodeBody, type EncodedBody, encodeBody } from "./codec.ts";
+import { DEFAULT_MAX_MESSAGE_BYTES } from "./env.ts";
 import type { LibState, RawFrame } from "./cpr-hook.ts";
 import type { Host, Timer, Transport } from "./host.ts";
 import { decodeHeader, Encoding, encodeHeader, encodeHeaderInto, Flag, type Header, HEADER_BYTES, Kind, restamp } from "./wire.ts";
@@ -95,6 +99,8 @@ export interface ChannelOptions {
   readonly size: number;
   readonly attempt: number;
   readonly host: Host;
+  /** The longest message body sent or accepted (default {@link DEFAULT_MAX_MESSAGE_BYTES}). */
+  readonly maxMessageBytes?: number;
   /**
    * A validated frame from a peer (`classify`: first arrival from the network), a send to
    * self or a re-injected one.
@@ -103,8 +109,6 @@ export interface ChannelOptions {
 }
 
 export class Channel {
-  /** The job's key, from the coordinator's table (frames of other jobs are refused). */
-  jobKey = 0;
   stamper: FrameStamper = { stamp: () => undefined, suppress: () => false };
   /**
    * Set by a logging mode (retry-one): application messages are copied for the log, recorded,
@@ -129,6 +133,13 @@ export class Channel {
   private readonly lent: Map<number, Lent>[];
   private readonly bounce = new BouncePool(BOUNCE_POOL_BYTES_MAX);
   private garbageWarnings = 0;
+  readonly maxMessageBytes: number;
+  /** The keys of this rank's channels, from the coordinator's table (src/mpi/wire.ts). */
+  private readonly keysOut: Uint32Array;
+  /** What an arriving header must match: the keys of the channels to this rank, the job's size. */
+  private readonly expect: { readonly keysIn: Uint32Array; readonly size: number };
+  /** Each peer's incarnation as last heard from the coordinator: frames of older ones are refused. */
+  private readonly attempts: Uint16Array;
 
   constructor(opts: ChannelOptions) {
     this.rank = opts.rank;
@@ -137,11 +148,27 @@ export class Channel {
     this.host = opts.host;
     this.transport = opts.host.transport;
     this.deliver = opts.deliver;
+    this.maxMessageBytes = opts.maxMessageBytes ?? DEFAULT_MAX_MESSAGE_BYTES;
+    this.keysOut = new Uint32Array(opts.size);
+    this.expect = { keysIn: new Uint32Array(opts.size), size: opts.size };
+    this.attempts = new Uint16Array(opts.size);
     this.channelSeqOut = new Uint32Array(opts.size);
     this.appSeqOut = new Uint32Array(opts.size);
     this.lent = Array.from({ length: opts.size }, () => new Map<number, Lent>());
     this.receiptDue = new Float64Array(opts.size).fill(-1);
     this.receiptBytes = new Float64Array(opts.size);
+  }
+
+  /** The table's channel keys and incarnations (before anything is sent or received). */
+  join(table: { readonly keysIn: readonly number[]; readonly keysOut: readonly number[]; readonly attempts: readonly number[] }): void {
+    this.expect.keysIn.set(table.keysIn);
+    this.keysOut.set(table.keysOut);
+    this.attempts.set(table.attempts);
+  }
+
+  /** `rank` runs again as incarnation `attempt`: frames of the older ones are refused from now on. */
+  peerRestarted(rank: number, attempt: number): void {
+    if (attempt > this.attempts[rank]!) this.attempts[rank] = attempt;
   }
 
   // ---- send --------------------------------------------------------------------------------
@@ -154,7 +181,7 @@ export class Channel {
       kind,
       flags: 0,
       encoding: body.encoding,
-      jobKey: this.jobKey,
+      key: this.keysOut[dest]!,
       source: this.rank,
       tag,
       channelSeq: kind === Kind.protocol ? 0 : this.channelSeqOut[dest]!++,
@@ -197,6 +224,7 @@ export class Channel {
     const frames = body.frames;
     if (frames.length === 1) {
       const only = frames[0]!;
+      if (only.byteLength > this.maxMessageBytes) return Promise.reject(this.tooLong(dest, only.byteLength));
       if (only.byteLength <= INLINE_BODY_BYTES_MAX) {
         const frame = encodeHeaderInto(h, Buffer.allocUnsafe(HEADER_BYTES + only.byteLength));
         frame.set(only, HEADER_BYTES);
@@ -204,6 +232,8 @@ export class Channel {
       }
       return this.out(dest, h.kind, [encodeHeader(h), only]);
     }
+    const bytes = byteLengthOf(frames);
+    if (bytes > this.maxMessageBytes) return Promise.reject(this.tooLong(dest, bytes));
     return this.out(dest, h.kind, [encodeHeader(h), ...frames]);
   }
 
@@ -244,19 +274,26 @@ export class Channel {
 
   /**
    * Sends a logged application message again (to a restarted peer, or after this rank's own
-   * restore), stamped with this run's job key and this incarnation's attempt (a resumed job's
-   * restored log was written by an earlier run). Never fails: if the peer is gone again, the
+   * restore), stamped with this run's key of the channel and this incarnation's attempt (a
+   * resumed job's restored log was written by an earlier run, with other keys). Never fails: if the peer is gone again, the
    * log resends it once more when it is back.
    */
   resend(dest: number, f: LoggedFrame): void {
     const header = Buffer.from(f.header);
-    restamp(header, this.jobKey, this.attempt);
+    restamp(header, this.keysOut[dest]!, this.attempt);
     if (dest === this.rank) {
-      this.deliver(decodeHeader(header, { jobKey: "stored", size: this.size }), [...f.body], header, false);
+      this.deliver(decodeHeader(header, { keysIn: "stored", size: this.size }), [...f.body], header, false);
       return;
     }
     const frames = f.body.length === 1 && f.body[0]!.byteLength <= INLINE_BODY_BYTES_MAX ? [Buffer.concat([header, f.body[0]!])] : [header, ...f.body];
     void this.out(dest, Kind.app, frames).catch(() => undefined);
+  }
+
+  private tooLong(dest: number, bytes: number): LifelineError {
+    return new LifelineError(
+      "MPI_LIMIT",
+      `a message of ${bytes} bytes to rank ${dest} is longer than the job's limit of ${this.maxMessageBytes} bytes (--max-message); send it in parts, or raise the limit`,
+    );
   }
 
   /** Delivers up to `n` pending sends to self, in order. */
@@ -267,10 +304,15 @@ export class Channel {
     }
   }
 
-  /** One protocol frame (kind protocol, not counted on any channel); a failed send is dropped. */
+  /**
+   * One protocol frame (kind protocol, not counted on any channel); a failed send is dropped,
+   * with a warning if it was longer than the job's limit (a checkpoint part copied to a peer).
+   */
   sendProtocol(dest: number, tag: number, body: unknown): void {
     const enc = encodeBody(body, { copy: false });
-    void this.transmit(dest, this.header(Kind.protocol, dest, tag, enc), enc).catch(() => undefined);
+    void this.transmit(dest, this.header(Kind.protocol, dest, tag, enc), enc).catch((err: unknown) => {
+      if (err instanceof LifelineError && err.code === "MPI_LIMIT") this.host.warn(`lifeline: rank ${this.rank}: ${err.message}`);
+    });
   }
 
   /**
@@ -289,6 +331,10 @@ export class Channel {
     const frames = body.frames;
     let userBytes = 0;
     for (let i = first; i < frames.length; i++) userBytes += frames[i]!.byteLength;
+    // Refused before anything is counted or lent: the channel's numbering stays whole.
+    if (userBytes + (first === 1 ? frames[0]!.byteLength : 0) > this.maxMessageBytes) {
+      return Promise.reject(this.tooLong(dest, userBytes + (first === 1 ? frames[0]!.byteLength : 0)));
+    }
     if (userBytes < BOUNCE_BYTES_MIN || dest === this.rank) {
       // A single small frame to a peer is copied into the header's frame by transmit, at
       // once: no copy of its own.
@@ -403,9 +449,15 @@ export class Channel {
     }
     let header: Header;
     try {
-      header = decodeHeader(rawHeader, { jobKey: this.jobKey, size: this.size });
+      header = decodeHeader(rawHeader, this.expect);
     } catch (err) {
       this.warnGarbage(err);
+      return;
+    }
+    // A replaced incarnation's late frames: refused quietly (the coordinator said it is gone).
+    if (header.attempt < this.attempts[header.source]!) return;
+    if ((body.length === 1 ? body[0]!.byteLength : byteLengthOf(body)) > this.maxMessageBytes) {
+      this.warnGarbage(new Error(`a message longer than the job's limit of ${this.maxMessageBytes} bytes (--max-message)`), header.source);
       return;
     }
     if (header.kind === Kind.protocol && header.tag === PROTO_RECEIPT) {
@@ -459,12 +511,12 @@ export class Channel {
     try {
       msg = decodeBody(header.encoding, header.arrayType, body);
     } catch (err) {
-      this.warnGarbage(err);
+      this.warnGarbage(err, header.source);
       return;
     }
     const seq = (msg as { seq?: unknown } | null)?.seq;
     if (typeof seq !== "number") {
-      this.warnGarbage(new Error("receipt has no sequence number"));
+      this.warnGarbage(new Error("receipt has no sequence number"), header.source);
       return;
     }
     this.onReceipt(header.source, seq);
@@ -476,14 +528,15 @@ export class Channel {
    * have written (a resumed job).
    */
   inject(frame: RawFrame, stored = false): void {
-    const h = decodeHeader(frame.header, { jobKey: stored ? "stored" : this.jobKey, size: this.size });
+    const h = decodeHeader(frame.header, stored ? { keysIn: "stored", size: this.size } : this.expect);
     this.deliver(h, frame.body, frame.header, false);
   }
 
-  warnGarbage(err: unknown): void {
+  /** A dropped frame, with the rank that sent it when its channel key proved that (rate-limited). */
+  warnGarbage(err: unknown, source?: number): void {
     if (this.garbageWarnings++ < GARBAGE_WARNINGS_MAX) {
       this.host.warn(
-        `lifeline: rank ${this.rank}: dropping a malformed frame: ${(err as Error).message}${this.garbageWarnings === GARBAGE_WARNINGS_MAX ? " (further warnings suppressed)" : ""}`,
+        `lifeline: rank ${this.rank}: dropping a malformed frame${source === undefined ? "" : ` from rank ${source}`}: ${(err as Error).message}${this.garbageWarnings === GARBAGE_WARNINGS_MAX ? " (further warnings suppressed)" : ""}`,
       );
     }
   }

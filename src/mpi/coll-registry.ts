@@ -20,6 +20,7 @@
  * reg.end(c);
  */
 import { LifelineError } from "../errors.ts";
+import { byteLengthOf } from "./codec.ts";
 import type { Arrival } from "./collectives.ts";
 
 /** After this long blocked in one collective, a rank asks its peers for their signatures. */
@@ -42,6 +43,7 @@ export interface ActiveCollective {
 export class CollectiveRegistry {
   private nextSeq = 0;
   private readonly inbox = new Map<string, Arrival>();
+  private inboxBytes = 0;
   private readonly unreadBySeq = new Map<number, number>();
   private readonly waiters = new Map<string, { resolve: (a: Arrival) => void; reject: (e: unknown) => void }>();
   private readonly active = new Map<number, ActiveCollective>();
@@ -63,6 +65,11 @@ export class CollectiveRegistry {
   /** Collectives started here and not finished yet. */
   get activeCount(): number {
     return this.active.size;
+  }
+
+  /** Bytes of the messages filed and not read yet (they count against the bound on unmatched messages). */
+  get filedBytes(): number {
+    return this.inboxBytes;
   }
 
   /** Messages of collectives not started yet, in arrival order (for a checkpoint). */
@@ -130,10 +137,15 @@ export class CollectiveRegistry {
     const filed = this.inbox.get(key);
     if (this.supersede && filed !== undefined) {
       // The newer view's frame wins; the abandoned execution's is void (counted once).
-      if (a.header.epoch >= filed.header.epoch) this.inbox.set(key, a);
+      if (a.header.epoch >= filed.header.epoch) {
+        this.inbox.set(key, a);
+        this.inboxBytes += byteLengthOf(a.frames) - byteLengthOf(filed.frames);
+      }
       return undefined;
     }
+    if (filed !== undefined) this.inboxBytes -= byteLengthOf(filed.frames);
     this.inbox.set(key, a);
+    this.inboxBytes += byteLengthOf(a.frames);
     this.unreadBySeq.set(seq, (this.unreadBySeq.get(seq) ?? 0) + 1);
     return undefined;
   }
@@ -153,6 +165,7 @@ export class CollectiveRegistry {
     const ready = this.inbox.get(key);
     if (ready !== undefined) {
       this.inbox.delete(key);
+      this.inboxBytes -= byteLengthOf(ready.frames);
       this.unreadBySeq.set(c.seq, this.unreadBySeq.get(c.seq)! - 1);
       if (this.unreadBySeq.get(c.seq) === 0) this.unreadBySeq.delete(c.seq);
       try {
@@ -222,6 +235,7 @@ export class CollectiveRegistry {
     for (const [key, a] of this.inbox) {
       if (keep(a)) continue;
       this.inbox.delete(key);
+      this.inboxBytes -= byteLengthOf(a.frames);
       const seq = a.header.collSeq;
       const n = (this.unreadBySeq.get(seq) ?? 1) - 1;
       if (n <= 0) this.unreadBySeq.delete(seq);

@@ -15,8 +15,8 @@ import { LifelineError } from "../errors.ts";
 
 /** Rank → coordinator. */
 export type RankToCoordinator =
-  /** First message of a rank process: where its data socket listens. */
-  | { t: "hello"; rank: number; attempt: number; pid: number; endpoint: string; size: number }
+  /** First message of a rank process: where its data socket listens (`curveKey`: its CURVE key, tcp with keys). */
+  | { t: "hello"; rank: number; attempt: number; pid: number; endpoint: string; size: number; curveKey?: string }
   /** Progress: `steps` = checkpoint() calls so far in this attempt (a step boundary). */
   | { t: "step"; rank: number; steps: number; epoch: number }
   /** The rank called finalize(result); `result` is encodeValue(result). */
@@ -81,8 +81,15 @@ export type CoordinatorToRank =
    */
   | {
       t: "table";
-      jobKey: number;
+      /**
+       * The keys of this rank's channels (src/mpi/wire.ts): `keysIn[s]` of frames from rank `s`
+       * to it, `keysOut[d]` of its frames to rank `d`.
+       */
+      keysIn: number[];
+      keysOut: number[];
       endpoints: string[];
+      /** tcp with keys: each rank's data-socket CURVE key ("" for a rank down). */
+      curveKeys?: string[];
       attempts: number[];
       restore?: {
         epoch: number;
@@ -136,7 +143,7 @@ export type CoordinatorToRank =
    */
   | { t: "elastic-decision"; view: number; target: number; root: number; joiners: number[] }
   /** One peer's endpoint changed (it was restarted). */
-  | { t: "peer"; rank: number; endpoint: string; attempt: number }
+  | { t: "peer"; rank: number; endpoint: string; attempt: number; curveKey?: string }
   /** retry-one: incarnation `attempt` of `rank` died (sent at once, before any restart). */
   | { t: "peer-down"; rank: number; attempt: number }
   /** All ranks finalized: close sockets and exit. */
@@ -178,6 +185,8 @@ export interface ElasticMember {
   slot: number;
   attempt: number;
   endpoint: string;
+  /** Its CURVE public key, when the job's links use CURVE (as the table's `curveKeys`). */
+  curveKey?: string;
 }
 
 /** A part of a recovery line as messages name it (src/store/types.ts PartRef). */
@@ -226,12 +235,16 @@ export function decodeControl(frame: Buffer | undefined): ControlMessage {
  */
 export const EXIT_COORDINATOR_LOST = 75;
 
-/** The routing id a rank's Dealer uses, so the coordinator can address it. */
-export function controlIdentity(rank: number, attempt: number): string {
-  return `r${rank}.${attempt}`;
+/**
+ * The routing id a rank's Dealer uses, so the coordinator can address it: `r<rank>.<attempt>`,
+ * followed by `/<token>` in a job with keys (src/mpi/keys.ts: the token makes it unguessable,
+ * binding the link to the incarnation). Without a token, also the name of its ipc socket.
+ */
+export function controlIdentity(rank: number, attempt: number, token?: string): string {
+  return token === undefined ? `r${rank}.${attempt}` : `r${rank}.${attempt}/${token}`;
 }
 
 /** The routing id of a rank's heartbeat socket (on its watchdog thread). */
-export function heartbeatIdentity(rank: number, attempt: number): string {
-  return `hb:${controlIdentity(rank, attempt)}`;
+export function heartbeatIdentity(rank: number, attempt: number, token?: string): string {
+  return `hb:${controlIdentity(rank, attempt, token)}`;
 }

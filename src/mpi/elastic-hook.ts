@@ -34,6 +34,8 @@ export interface ElasticWorldAccess {
   /** This process's slot (`LIFELINE_RANK`) and incarnation. */
   readonly slot: number;
   readonly attempt: number;
+  /** The longest message the job's links carry (`--max-message`): a longer frame is dropped. */
+  readonly maxMessageBytes: number;
   /** Sends one protocol frame (kind protocol, not counted on any channel) to a slot. */
   sendProtocol(dest: number, tag: number, body: unknown): void;
   sendControl(msg: RankToCoordinator): void;

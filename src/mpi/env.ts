@@ -38,7 +38,18 @@ export const ENV = {
   durableEvery: "LIFELINE_DURABLE_EVERY",
   /** tcp: the interface or address the rank's data socket binds and advertises (`--bind`). */
   bind: "LIFELINE_BIND",
+  /** The rank's key file (keys.ts; docs/security.md): a path, or `-` for stdin. Never the keys themselves. */
+  keys: "LIFELINE_KEYS",
+  /** The longest message body, in bytes (`--max-message`). */
+  maxMessageBytes: "LIFELINE_MAX_MESSAGE_BYTES",
+  /** Bytes of unmatched messages a rank may hold (`--max-unexpected`). */
+  maxUnexpectedBytes: "LIFELINE_MAX_UNEXPECTED_BYTES",
 } as const;
+
+/** The longest message body a rank sends or accepts, unless `--max-message` says otherwise. */
+export const DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024 * 1024;
+/** Bytes of unmatched messages (received, no receive posted yet) a rank holds before the job stops, unless `--max-unexpected` says otherwise. */
+export const DEFAULT_MAX_UNEXPECTED_BYTES = 1024 * 1024 * 1024;
 
 export interface InitOptions {
   rank?: number;
@@ -53,6 +64,8 @@ export interface InitOptions {
   faults?: string;
   /** tcp: interface or IPv4 address to bind (default the loopback address). */
   bind?: string;
+  /** The key file (see {@link ENV}.keys). */
+  keys?: string;
 }
 
 export interface RankPlace {
@@ -77,12 +90,24 @@ export interface RankPlace {
   durableEvery?: number | undefined;
   /** tcp: interface or IPv4 address the data socket binds and advertises; undefined: loopback. */
   bind?: string | undefined;
+  /** The key file (`-`: stdin); undefined: none (no CURVE, no token). */
+  keys?: string | undefined;
+  /** The longest message body sent or accepted. */
+  maxMessageBytes: number;
+  /** Bytes of unmatched messages held before the job stops. */
+  maxUnexpectedBytes: number;
 }
 
 function intFrom(name: string, raw: string | undefined): number | undefined {
   if (raw === undefined || raw === "") return undefined;
   const n = Number(raw);
   if (!Number.isInteger(n) || n < 0) throw new LifelineError("MPI_INIT", `${name}=${JSON.stringify(raw)} is not a non-negative integer`);
+  return n;
+}
+
+function positive(name: string, raw: string | undefined): number | undefined {
+  const n = intFrom(name, raw);
+  if (n === 0) throw new LifelineError("MPI_INIT", `${name}=0: the limit must be at least 1 byte`);
   return n;
 }
 
@@ -136,5 +161,8 @@ export function resolveRankPlace(opts: InitOptions, env: NodeJS.ProcessEnv): Ran
     retryLogBytes: intFrom(ENV.retryLogBytes, env[ENV.retryLogBytes]),
     durableEvery: intFrom(ENV.durableEvery, env[ENV.durableEvery]) ?? 0,
     bind: opts.bind ?? (env[ENV.bind] === "" ? undefined : env[ENV.bind]),
+    keys: opts.keys ?? (env[ENV.keys] === "" ? undefined : env[ENV.keys]),
+    maxMessageBytes: positive(ENV.maxMessageBytes, env[ENV.maxMessageBytes]) ?? DEFAULT_MAX_MESSAGE_BYTES,
+    maxUnexpectedBytes: positive(ENV.maxUnexpectedBytes, env[ENV.maxUnexpectedBytes]) ?? DEFAULT_MAX_UNEXPECTED_BYTES,
   };
 }

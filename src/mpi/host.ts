@@ -15,6 +15,8 @@ import { ControlLink } from "./control-link.ts";
 import { LifelineError } from "../errors.ts";
 import { resolveBind } from "./bind.ts";
 import { ENV, type RankPlace } from "./env.ts";
+import type { RankKeys } from "./keys.ts";
+import { refusalWarnings } from "./zmq/zap.ts";
 import { ZmqTransport } from "./zmq/zmq-transport.ts";
 import type { Header } from "./wire.ts";
 
@@ -23,8 +25,10 @@ export interface Transport {
   readonly endpoint: string;
   /** Starts delivering arriving multipart messages, one at a time, in arrival order. */
   start(onFrames: (frames: Buffer[]) => void, onError: (err: unknown) => void): void;
-  /** Connects (or re-connects after a restart) the channel to `rank`. */
-  connect(rank: number, endpoint: string): void;
+  /** With CURVE (tcp with keys): the public key peers connect to this endpoint with. */
+  readonly curveKey?: string | undefined;
+  /** Connects (or re-connects after a restart) the channel to `rank` (`serverKey`: its advertised CURVE key). */
+  connect(rank: number, endpoint: string, serverKey?: string): void;
   /** Queues a message; resolves once the transport holds it (FIFO per destination). */
   send(rank: number, frames: readonly (Buffer | Uint8Array)[]): Promise<void>;
   close(): Promise<void>;
@@ -64,23 +68,40 @@ export interface Host {
   accepted?(header: Header): void;
 }
 
-/** The production host: ZeroMQ data and control sockets, Node timers, this process. */
-export async function zmqHost(place: RankPlace, onControl: (msg: CoordinatorToRank) => void): Promise<Host> {
+/**
+ * The production host: ZeroMQ data and control sockets, Node timers, this process. `keys`: the
+ * rank's (keys.ts); `linkFailed`: the coordinator refused the control link (wrong keys).
+ */
+export async function zmqHost(
+  place: RankPlace,
+  onControl: (msg: CoordinatorToRank) => void,
+  keys: RankKeys = {},
+  linkFailed: (err: LifelineError) => void = () => undefined,
+): Promise<Host> {
   let host: string | undefined;
   if (place.transport === "tcp" && place.bind !== undefined) {
     const bound = resolveBind(place.bind);
     if ("problem" in bound) throw new LifelineError("MPI_INIT", `rank ${place.rank} cannot bind ${ENV.bind}=${place.bind}: ${bound.problem}`);
     host = bound.address;
   }
+  const refused = refusalWarnings((line) => void process.stderr.write(`lifeline: rank ${place.rank}: refused a connection to its data socket ${line}\n`));
+  const curve = place.transport === "tcp" ? keys.curve : undefined;
   const transport = await ZmqTransport.bind({
     transport: place.transport,
     runDir: place.runDir,
     name: controlIdentity(place.rank, place.attempt),
     ...(host === undefined ? {} : { host }),
+    curve,
+    maxMessageBytes: place.maxMessageBytes,
+    refused,
   });
   let control: ControlLink;
   try {
-    control = ControlLink.connect(place.coordinator, controlIdentity(place.rank, place.attempt), onControl);
+    control = ControlLink.connect(place.coordinator, controlIdentity(place.rank, place.attempt, keys.token), onControl, {
+      curve,
+      maxMessageBytes: place.maxMessageBytes,
+      failed: linkFailed,
+    });
   } catch (err) {
     await transport.close();
     throw err;

@@ -32,6 +32,8 @@ export interface Waiter<E extends Envelope> {
 interface Queued<E> {
   readonly env: E;
   readonly arrival: number;
+  /** What it counts against the bound on unmatched messages (see {@link Matcher.unexpectedBytes}). */
+  readonly bytes: number;
 }
 
 export function matches(wantSource: number, wantTag: number, env: Envelope): boolean {
@@ -44,6 +46,7 @@ export class Matcher<E extends Envelope> {
   private readonly posted: Waiter<E>[] = [];
   private arrivals = 0;
   private queued = 0;
+  private queuedBytes = 0;
 
   constructor(size: number) {
     this.bySource = Array.from({ length: size }, () => []);
@@ -52,6 +55,23 @@ export class Matcher<E extends Envelope> {
   /** Number of messages waiting in the unexpected queue. */
   get unexpectedCount(): number {
     return this.queued;
+  }
+
+  /** Bytes of the messages in the unexpected queue, as `arrive` counted them. */
+  get unexpectedBytes(): number {
+    return this.queuedBytes;
+  }
+
+  /** The source whose queued messages count the most bytes (for an error about the bound), or -1. */
+  largestSource(): number {
+    let best = -1;
+    let most = 0;
+    this.bySource.forEach((q, s) => {
+      let n = 0;
+      for (const x of q) n += x.bytes;
+      if (n > most) [best, most] = [s, n];
+    });
+    return best;
   }
 
   /** Number of posted receives (not probes) still waiting. */
@@ -63,9 +83,10 @@ export class Matcher<E extends Envelope> {
 
   /**
    * A message arrives. Probes that match are told (and removed); the first matching posted
-   * receive consumes it. Returns true if it was consumed, false if it is now queued.
+   * receive consumes it. Returns true if it was consumed, false if it is now queued (counting
+   * `bytes` until it is taken).
    */
-  arrive(env: E): boolean {
+  arrive(env: E, bytes = 0): boolean {
     for (let i = 0; i < this.posted.length; i++) {
       const w = this.posted[i]!;
       if (!matches(w.source, w.tag, env)) continue;
@@ -79,8 +100,9 @@ export class Matcher<E extends Envelope> {
       w.onMatch(env);
       i--;
     }
-    this.bySource[env.source]!.push({ env, arrival: this.arrivals++ });
+    this.bySource[env.source]!.push({ env, arrival: this.arrivals++, bytes });
     this.queued++;
+    this.queuedBytes += bytes;
     return false;
   }
 
@@ -118,6 +140,7 @@ export class Matcher<E extends Envelope> {
     const q = this.bySource[s]!;
     const [item] = i === 0 ? [q.shift()!] : q.splice(i, 1);
     this.queued--;
+    this.queuedBytes -= item!.bytes;
     return item!.env;
   }
 
@@ -169,6 +192,7 @@ export class Matcher<E extends Envelope> {
       .map((q) => q.env);
     for (const q of this.bySource) q.length = 0;
     this.queued = 0;
+    this.queuedBytes = 0;
     return all;
   }
 }

@@ -6,10 +6,15 @@
  * reserves room for the recovery protocols' piggyback (epoch, recording bit, per-channel
  * sequence number, sender incarnation) so that no protocol ever needs a second frame.
  *
+ * The key is the channel's: random per job and per ordered pair of ranks (source →
+ * destination), handed to the two ranks in their tables by the coordinator (docs/security.md).
+ * A frame that does not carry the key of the channel its source field names is refused, so a
+ * rank cannot pass its frames off as another rank's, and frames of another job never match.
+ *
  * Layout (little endian):
  * ```
  *  0 u32 magic "LFL1"      4 u8 version       5 u8 kind        6 u8 flags      7 u8 encoding
- *  8 u32 job key          12 i32 source      16 i32 tag       20 u32 channel sequence number
+ *  8 u32 channel key      12 i32 source      16 i32 tag       20 u32 channel sequence number
  * 24 u32 epoch            28 u32 collective sequence number   32 u32 collective signature
  * 36 u8 array type        37 u8 reserved     38 u16 sender attempt (incarnation)
  * ```
@@ -46,7 +51,8 @@ export interface Header {
   kind: Kind;
   flags: number;
   encoding: Encoding;
-  jobKey: number;
+  /** The key of the channel source → destination (see the file comment). */
+  key: number;
   source: number;
   tag: number;
   /** Count of messages sent on the channel source→destination before this one (0-based). */
@@ -78,7 +84,7 @@ export function encodeHeaderInto(h: Header, b: Buffer): Buffer {
   b[5] = h.kind;
   b[6] = h.flags;
   b[7] = h.encoding;
-  put32(b, 8, h.jobKey);
+  put32(b, 8, h.key);
   put32(b, 12, h.source);
   put32(b, 16, h.tag);
   put32(b, 20, h.channelSeq);
@@ -92,9 +98,9 @@ export function encodeHeaderInto(h: Header, b: Buffer): Buffer {
   return b;
 }
 
-/** Sets the job key and the sender attempt of an encoded header (a logged frame sent again). */
-export function restamp(b: Buffer, jobKey: number, attempt: number): void {
-  put32(b, 8, jobKey);
+/** Sets the channel key and the sender attempt of an encoded header (a logged frame sent again). */
+export function restamp(b: Buffer, key: number, attempt: number): void {
+  put32(b, 8, key);
   b[38] = attempt & 0xff;
   b[39] = (attempt >>> 8) & 0xff;
 }
@@ -118,10 +124,11 @@ function i32(b: Buffer, o: number): number {
 /**
  * Decodes and validates a header. Throws `MPI_DECODE` with the reason for anything that is not
  * a well-formed Lifeline header of this job; the caller drops the frame with a warning.
- * `jobKey: "stored"` accepts any key: for frames a rank restores from its own recovery line,
- * which an earlier run of the job (with another key) may have written.
+ * `keysIn[s]` is the key of the channel from rank `s` to the receiver. `keysIn: "stored"`
+ * accepts any key: for frames a rank restores from its own recovery line, which an earlier run
+ * of the job (with other keys) may have written.
  */
-export function decodeHeader(b: Buffer | undefined, expect: { jobKey: number | "stored"; size: number }): Header {
+export function decodeHeader(b: Buffer | undefined, expect: { readonly keysIn: ArrayLike<number> | "stored"; readonly size: number }): Header {
   if (b === undefined || b.length !== HEADER_BYTES) {
     throw new LifelineError("MPI_DECODE", `frame header has ${b?.length ?? 0} bytes, expected ${HEADER_BYTES}`);
   }
@@ -135,17 +142,19 @@ export function decodeHeader(b: Buffer | undefined, expect: { jobKey: number | "
   if (encoding !== Encoding.none && encoding !== Encoding.msgpack && encoding !== Encoding.typedArray) {
     throw new LifelineError("MPI_DECODE", `frame header has unknown encoding ${encoding}`);
   }
-  const jobKey = u32(b, 8);
-  if (expect.jobKey !== "stored" && jobKey !== expect.jobKey >>> 0) throw new LifelineError("MPI_DECODE", "frame belongs to another job (job key differs)");
   const source = i32(b, 12);
   if (source < 0 || source >= expect.size) {
     throw new LifelineError("MPI_DECODE", `frame names source rank ${source}, outside 0..${expect.size - 1}`);
+  }
+  const key = u32(b, 8);
+  if (expect.keysIn !== "stored" && key !== expect.keysIn[source]! >>> 0) {
+    throw new LifelineError("MPI_DECODE", `frame claims to come from rank ${source} without the key of that channel (another job's frame, or forged)`);
   }
   return {
     kind: kind,
     flags: b[6]!,
     encoding: encoding,
-    jobKey,
+    key,
     source,
     tag: i32(b, 16),
     channelSeq: u32(b, 20),

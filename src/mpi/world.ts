@@ -22,7 +22,7 @@ import { Channel } from "./channel.ts";
 import { type CollKind, CollectiveRunner, PROTO_COLL_ANSWER, PROTO_COLL_QUERY } from "./coll-runner.ts";
 import type { ActiveCollective } from "./coll-registry.ts";
 import * as coll from "./collectives.ts";
-import { decodeBody, encodeValue, isTypedArray } from "./codec.ts";
+import { byteLengthOf, decodeBody, encodeValue, isTypedArray } from "./codec.ts";
 import type { CoordinatorToRank } from "./control.ts";
 import type { CprHookFactory } from "./cpr-hook.ts";
 import { PROTO_CPR_BASE } from "./cpr-hook.ts";
@@ -30,6 +30,7 @@ import type { ElasticHookFactory } from "./elastic-hook.ts";
 import type { Mode, RankPlace } from "./env.ts";
 import { FaultPlan, parseFaults } from "./faults.ts";
 import { type ControlChannel, type Host, zmqHost } from "./host.ts";
+import { loadRankKeys, type RankKeys } from "./keys.ts";
 import { Matcher, type Waiter } from "./matching.ts";
 import { CprMode } from "./modes/cpr.ts";
 import { ElasticMode } from "./modes/elastic.ts";
@@ -60,6 +61,8 @@ export interface JoinOptions {
   readonly retryOne?: RetryOneHookFactory;
   /** The elastic driver (mode elastic); see elastic-hook.ts. */
   readonly elastic?: ElasticHookFactory;
+  /** The rank's keys (keys.ts), if read already; otherwise they are read from `place.keys`. */
+  readonly keys?: RankKeys;
 }
 
 /** Time allowed for rendezvous (every rank says hello, the table arrives). */
@@ -139,7 +142,21 @@ export class World implements WorldApi {
    */
   static async join(place: RankPlace, opts: JoinOptions = {}): Promise<World> {
     const world = new World(place);
-    await world.connect(await zmqHost(place, (msg) => world.onControl(msg)), opts);
+    let keys = opts.keys;
+    if (keys === undefined) {
+      const loaded = loadRankKeys(place);
+      if (loaded.warning !== undefined) process.stderr.write(`lifeline: rank ${place.rank}: ${loaded.warning}\n`);
+      keys = loaded.keys;
+    }
+    await world.connect(
+      await zmqHost(
+        place,
+        (msg) => world.onControl(msg),
+        keys,
+        (err) => world.failJoin(err),
+      ),
+      opts,
+    );
     return world;
   }
 
@@ -167,7 +184,8 @@ export class World implements WorldApi {
         this.gotTable(msg);
         break;
       case "peer":
-        if (msg.rank !== this.place.rank) this.host.transport.connect(msg.rank, msg.endpoint);
+        if (msg.rank !== this.place.rank) this.host.transport.connect(msg.rank, msg.endpoint, msg.curveKey);
+        this.channel.peerRestarted(msg.rank, msg.attempt);
         this.modeImpl.onControl(msg);
         break;
       case "release":
@@ -199,6 +217,7 @@ export class World implements WorldApi {
       size: this.place.size,
       attempt: this.attempt,
       host,
+      maxMessageBytes: this.place.maxMessageBytes,
       deliver: (header, body, rawHeader, classify) => this.arrive(header, body, rawHeader, classify),
     });
     // The runner asks the mode for its query scope and liveness on every use; the adapter is
@@ -256,7 +275,10 @@ export class World implements WorldApi {
         self.versions = v;
       },
       failure: () => this.failure,
-      sendControl: (msg) => void this.control.send(msg).catch(() => undefined),
+      sendControl: (msg) =>
+        void this.control.send(msg).catch((err: unknown) => {
+          if (err instanceof LifelineError && err.code === "MPI_LIMIT") this.host.warn(`lifeline: rank ${this.rank}: ${err.message}`);
+        }),
       fatal: (err) => this.fatal(err),
       failPending: (err) => this.failPending(err),
       recvCompletedFromLog: () => {
@@ -288,7 +310,15 @@ export class World implements WorldApi {
     );
     let t: Extract<CoordinatorToRank, { t: "table" }>;
     try {
-      await this.control.send({ t: "hello", rank, attempt, pid: host.pid, endpoint: transport.endpoint, size: this.place.size });
+      await this.control.send({
+        t: "hello",
+        rank,
+        attempt,
+        pid: host.pid,
+        endpoint: transport.endpoint,
+        size: this.place.size,
+        ...(transport.curveKey === undefined ? {} : { curveKey: transport.curveKey }),
+      });
       t = await table;
     } catch (err) {
       await this.closeSockets();
@@ -307,10 +337,14 @@ export class World implements WorldApi {
         `the coordinator runs the job in mode ${t.mode}, but this rank was started for mode ${this.mode}: set LIFELINE_MODE=${t.mode}`,
       );
     }
-    this.channel.jobKey = t.jobKey;
+    if (!Array.isArray(t.keysIn) || t.keysIn.length !== this.place.size || !Array.isArray(t.keysOut) || t.keysOut.length !== this.place.size) {
+      await this.closeSockets();
+      throw new LifelineError("MPI_INIT", "the coordinator's table carries no channel keys for this job's size (a coordinator of another Lifeline version?)");
+    }
+    this.channel.join(t);
     // retry-one: a rank that is down has no endpoint yet; a `peer` message brings it.
     t.endpoints.forEach((ep, r) => {
-      if (r !== rank && ep !== "") transport.connect(r, ep);
+      if (r !== rank && ep !== "") transport.connect(r, ep, t.curveKeys?.[r] || undefined);
     });
     try {
       await this.modeImpl.beforeStart(t);
@@ -339,24 +373,30 @@ export class World implements WorldApi {
    * `classify`: show it to the mode first (frames from peers, first arrival).
    */
   private arrive(header: Header, body: Buffer[], rawHeader: Buffer, classify: boolean): void {
+    // An application message that does not decode is dropped before the mode sees it (cpr
+    // would log it, and deliver it again after a restore).
+    let data: unknown;
+    if (header.kind === Kind.app) {
+      try {
+        data = decodeBody(header.encoding, header.arrayType, body);
+      } catch (err) {
+        this.channel.warnGarbage(err, header.source);
+        return;
+      }
+    }
     if (classify && header.kind !== Kind.protocol && header.source !== this.place.rank) {
       if (!this.modeImpl.classify(header, rawHeader, body)) return;
       this.host.accepted?.(header);
     }
     switch (header.kind) {
       case Kind.app: {
-        let data: unknown;
-        try {
-          data = decodeBody(header.encoding, header.arrayType, body);
-        } catch (err) {
-          this.channel.warnGarbage(err);
-          return;
-        }
-        this.matcher.arrive({ source: header.source, tag: header.tag, data, raw: this.modeImpl.keepsFrames ? { header: rawHeader, body } : undefined });
+        const env = { source: header.source, tag: header.tag, data, raw: this.modeImpl.keepsFrames ? { header: rawHeader, body } : undefined };
+        if (!this.matcher.arrive(env, unmatchedCost(body))) this.checkBacklog();
         return;
       }
       case Kind.collective:
         this.runner.arrive(header, body);
+        this.checkBacklog();
         return;
       case Kind.protocol:
         this.onProtocol(header, body);
@@ -364,19 +404,38 @@ export class World implements WorldApi {
     }
   }
 
+  /**
+   * The bound on unmatched messages (`--max-unexpected`): application messages no receive has
+   * taken yet, and collective messages of collectives not reached yet. Past it the job stops
+   * (MPI_LIMIT) naming the rank that sent the most, rather than this rank's memory growing
+   * without end.
+   */
+  private checkBacklog(): void {
+    const bytes = this.matcher.unexpectedBytes + this.runner.colls.filedBytes;
+    if (bytes <= this.place.maxUnexpectedBytes || this.failure !== undefined) return;
+    const from = this.matcher.largestSource();
+    this.fatal(
+      new LifelineError(
+        "MPI_LIMIT",
+        `rank ${this.rank} holds ${bytes} bytes of messages no receive has taken (${this.matcher.unexpectedCount} application messages${from < 0 ? "" : `, most from rank ${from}`}), more than the job's bound of ${this.place.maxUnexpectedBytes} bytes (--max-unexpected): post receives for them, or raise the bound`,
+      ),
+    );
+    this.abortLocal(new LifelineError("MPI_LIMIT", "too many unmatched messages (see the error above)"));
+  }
+
   private onProtocol(header: Header, body: Buffer[]): void {
     let decoded: unknown;
     try {
       decoded = decodeBody(header.encoding, header.arrayType, body);
     } catch (err) {
-      this.channel.warnGarbage(err);
+      this.channel.warnGarbage(err, header.source);
       return;
     }
     // Tags from PROTO_CPR_BASE up belong to the recovery protocol in use.
     if (header.tag >= PROTO_CPR_BASE && this.modeImpl.onProtocol(header, decoded)) return;
     const msg = decoded as { seq?: unknown; signature?: unknown; call?: unknown; view?: unknown } | null;
     if (typeof msg !== "object" || msg === null || typeof msg.seq !== "number") {
-      this.channel.warnGarbage(new Error("protocol body has no sequence number"));
+      this.channel.warnGarbage(new Error("protocol body has no sequence number"), header.source);
       return;
     }
     switch (header.tag) {
@@ -388,7 +447,7 @@ export class World implements WorldApi {
         return;
       default:
         // Reserved for the recovery protocols' peer traffic.
-        this.channel.warnGarbage(new Error(`unexpected protocol frame (tag ${header.tag}) from rank ${header.source} in mode ${this.mode}`));
+        this.channel.warnGarbage(new Error(`unexpected protocol frame (tag ${header.tag}) in mode ${this.mode}`), header.source);
     }
   }
 
@@ -842,6 +901,11 @@ export class World implements WorldApi {
   private async closeSockets(): Promise<void> {
     await Promise.all([this.host?.transport.close(), this.control?.close()]);
   }
+}
+
+/** Bytes an unmatched message counts against the bound: its body, and at least 256 for its bookkeeping. */
+function unmatchedCost(body: readonly Buffer[]): number {
+  return Math.max(256, body.length === 1 ? body[0]!.byteLength : byteLengthOf(body));
 }
 
 /** What the program sees of a message (not the frame kept for checkpoints). */

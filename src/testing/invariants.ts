@@ -60,6 +60,13 @@ export function clusterInvariants(cluster: SimCluster): ClusterInvariants {
   const arrived = new Map<string, number[]>();
   /** At each rank's local checkpoint of an epoch: its `arrived` counts then, and its attempt. */
   const atCheckpoint = new Map<string, { attempt: number; arrived: number[] }>();
+  /** The keys of the channels into each rank (a column of the coordinator's matrix). */
+  const keysIn = new Map<number, number[]>();
+  const keysInOf = (rank: number): number[] => {
+    let col = keysIn.get(rank);
+    if (col === undefined) keysIn.set(rank, (col = Array.from({ length: cluster.size }, (_, s) => coordinator.channelKeys[s * cluster.size + rank]!)));
+    return col;
+  };
   const onData = (d: DataDelivery): void => {
     const src = parseRankNode(d.src);
     const dst = parseRankNode(d.dst);
@@ -68,7 +75,7 @@ export function clusterInvariants(cluster: SimCluster): ClusterInvariants {
       // A small body may travel inline after the 40-byte header, in the same frame.
       const first = d.frames[0];
       h = decodeHeader(first !== undefined && first.length > HEADER_BYTES ? first.subarray(0, HEADER_BYTES) : first, {
-        jobKey: coordinator.jobKey,
+        keysIn: keysInOf(dst.rank),
         size: cluster.size,
       });
     } catch (err) {

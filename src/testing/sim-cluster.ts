@@ -30,12 +30,13 @@ import { DurableCandidates } from "../cpr/retry-one/durable.ts";
 import { isLifelineError, LifelineError } from "../errors.ts";
 import { EXIT_COORDINATOR_LOST, type CoordinatorToRank, type RankToCoordinator } from "../mpi/control.ts";
 import { decodeValue, encodeValue } from "../mpi/codec.ts";
-import type { Mode, RankPlace } from "../mpi/env.ts";
+import { DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_MAX_UNEXPECTED_BYTES, type Mode, type RankPlace } from "../mpi/env.ts";
 import { World } from "../mpi/world.ts";
 import { MemoryRecoveryStore } from "../store/memory-store.ts";
 import { recoverLocal } from "../store/recovery.ts";
 import { KEEP_LINES_DEFAULT, type LineManifest, type LineRecord, type PartRef, type RankPartStore } from "../store/types.ts";
 import { BACKOFF_BASE_MS, BACKOFF_MAX_MS } from "../launch/backoff.ts";
+import { type AllStart, allStartTable } from "../launch/retry-one-policy.ts";
 import {
   type CoordinatorEvent,
   Membership,
@@ -259,14 +260,15 @@ export class SimCoordinator {
   /** retry-one: bumped by every restart of all ranks (a commit under way then is given up). */
   private durableGeneration = 0;
   /** retry-one: the start of every rank the next tables carry (a restart from the floor); cleared once they went out. */
-  allStart: { line: LineRecord | undefined; versions: number[]; index: number } | undefined;
+  allStart: AllStart | undefined;
   /** retry-one: a rank reported CPR_LOST; true if the cluster restarts every rank from the floor. */
   onLost: () => boolean = () => false;
 
   constructor(
     private readonly net: SimNetwork,
     private readonly size: number,
-    readonly jobKey: number,
+    /** The channel keys, by source × size + destination (the real coordinator's are random too). */
+    readonly channelKeys: Uint32Array,
     private readonly cpr: SimCprOptions | undefined,
     hosts?: readonly number[],
     /** retry-one's durable floor on: the lines it keeps. */
@@ -275,7 +277,7 @@ export class SimCoordinator {
     this.durable = durableKeep === undefined ? undefined : new DurableCandidates(size);
     this.membership = new Membership({
       size,
-      jobKey,
+      channelKeys,
       hosts,
       identity: rankNode,
       heartbeatIdentity: heartbeatNode,
@@ -445,16 +447,7 @@ export class SimCoordinator {
 
   /** cpr: rank `rank`'s part of the line the ranks restore from, for its table; retry-one: the start from the floor. */
   private restoreOf(rank: number): Partial<TableMessage> {
-    const start = this.allStart;
-    if (start !== undefined) {
-      const ref = start.line?.parts[rank];
-      return {
-        retryStart: { versions: [...start.versions], index: start.index },
-        ...(ref === undefined
-          ? {}
-          : { restore: { epoch: start.line!.epoch, ref: { rank: ref.rank, epoch: ref.epoch, checksum: ref.checksum, bytes: ref.bytes } } }),
-      };
-    }
+    if (this.allStart !== undefined) return allStartTable(this.allStart, rank);
     const line = this.restoreLine;
     const ref = line?.parts[rank];
     return line !== undefined && ref !== undefined
@@ -655,10 +648,18 @@ export class SimCluster {
       stickyChance: opts.stickyChance ?? 0,
       traceMax: opts.traceMax ?? 64,
     });
-    const jobKey = (this.prng.fork(JOB_KEY_SALT).next() | 1) >>> 0;
+    const keyPrng = this.prng.fork(JOB_KEY_SALT);
+    const channelKeys = Uint32Array.from({ length: opts.size * opts.size }, () => keyPrng.next());
     const cpr = opts.mode === "cpr" ? (opts.cpr ?? { every: { ms: 100 } }) : undefined;
     const floor = this.durableEvery > 0;
-    this.coordinator = new SimCoordinator(this.net, opts.size, jobKey, cpr, opts.hosts, floor ? (opts.retryOne?.keepLines ?? KEEP_LINES_DEFAULT) : undefined);
+    this.coordinator = new SimCoordinator(
+      this.net,
+      opts.size,
+      channelKeys,
+      cpr,
+      opts.hosts,
+      floor ? (opts.retryOne?.keepLines ?? KEEP_LINES_DEFAULT) : undefined,
+    );
     if (cpr !== undefined || floor) this.store = new MemoryRecoveryStore({ name: `sim-${opts.seed}`, nowMs: () => this.net.now });
     this.coordinator.onLost = () => this.onLost();
     this.ends = Array.from({ length: opts.size }, () => ({ kind: "running" }));
@@ -719,6 +720,8 @@ export class SimCluster {
       watchFd: undefined,
       heartbeatMs: 500,
       failureTimeoutMs: this.retryOne?.failureTimeoutMs ?? 5000,
+      maxMessageBytes: DEFAULT_MAX_MESSAGE_BYTES,
+      maxUnexpectedBytes: DEFAULT_MAX_UNEXPECTED_BYTES,
     };
   }
 
@@ -1045,20 +1048,28 @@ export class SimCluster {
     );
   }
 
-  private async prepareFloorRestart(): Promise<void> {
+  /**
+   * Every rank is down: the newest committed line whose parts verify (undefined: none). The
+   * crash() of the restart killed the manifest handle too; it is reopened, as a restarted
+   * launcher would.
+   */
+  private async newestLine(keep: number): Promise<LineRecord | undefined> {
     const store = this.store!;
-    const coordinator = this.coordinator;
-    coordinator.manifest = await store.openManifest();
+    this.coordinator.manifest = await store.openManifest();
     const stores: RankPartStore[] = [];
-    let line: LineRecord | undefined;
     try {
       for (let r = 0; r < this.opts.size; r++) stores.push(await store.openRank(r));
-      const choice = await recoverLocal(coordinator.manifest, stores, { keep: this.retryOne!.keepLines ?? KEEP_LINES_DEFAULT });
-      for (const w of choice.warnings) coordinator.warnings.push(w);
-      line = choice.line;
+      const choice = await recoverLocal(this.coordinator.manifest, stores, { keep });
+      for (const w of choice.warnings) this.coordinator.warnings.push(w);
+      return choice.line;
     } finally {
       await Promise.all(stores.map((s) => s.close()));
     }
+  }
+
+  private async prepareFloorRestart(): Promise<void> {
+    const coordinator = this.coordinator;
+    const line = await this.newestLine(this.retryOne!.keepLines ?? KEEP_LINES_DEFAULT);
     const versions = line === undefined ? new Array<number>(this.opts.size).fill(0) : line.parts.map((p) => p.epoch);
     const meta = line?.meta === undefined ? undefined : (decodeValue(line.meta) as { index?: unknown });
     coordinator.allStart = { line, versions, index: typeof meta?.index === "number" ? meta.index : 0 };
@@ -1075,19 +1086,7 @@ export class SimCluster {
   }
 
   private async prepareRestart(): Promise<void> {
-    const store = this.store!;
-    // The crash() above killed the manifest handle too; reopen it, as a restarted launcher would.
-    this.coordinator.manifest = await store.openManifest();
-    const stores: RankPartStore[] = [];
-    let line: LineRecord | undefined;
-    try {
-      for (let r = 0; r < this.opts.size; r++) stores.push(await store.openRank(r));
-      const choice = await recoverLocal(this.coordinator.manifest, stores, { keep: this.cpr!.keepLines ?? KEEP_LINES_DEFAULT });
-      for (const w of choice.warnings) this.coordinator.warnings.push(w);
-      line = choice.line;
-    } finally {
-      await Promise.all(stores.map((s) => s.close()));
-    }
+    const line = await this.newestLine(this.cpr!.keepLines ?? KEEP_LINES_DEFAULT);
     const attempts = this.coordinator.links.map((l) => l.attempt + 1);
     this.coordinator.restartRound(attempts, line);
     this.lastHeardMs.fill(undefined);

@@ -22,7 +22,7 @@ import { elasticHook, TAG } from "../cpr/elastic/driver.ts";
 import { isLifelineError } from "../errors.ts";
 import { encodeValue } from "../mpi/codec.ts";
 import type { CoordinatorToRank, RankToCoordinator } from "../mpi/control.ts";
-import type { RankPlace } from "../mpi/env.ts";
+import { DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_MAX_UNEXPECTED_BYTES, type RankPlace } from "../mpi/env.ts";
 import { World } from "../mpi/world.ts";
 import { HEADER_BYTES, Kind } from "../mpi/wire.ts";
 import { ChangeRecorder, ElasticMembership, type ElasticEvent, type PlannedChange } from "../launch/elastic-membership.ts";
@@ -96,7 +96,7 @@ export class ElasticSim {
   private readonly faults: Prng;
   private readonly attempts: number[];
   private readonly recorder: ChangeRecorder;
-  private readonly jobKey: number;
+  private readonly channelKeys: Uint32Array;
   private crashes = 0;
   private restarts = 0;
   private decided = 0;
@@ -130,7 +130,8 @@ export class ElasticSim {
       stickyChance: opts.stickyChance ?? 0,
       traceMax: opts.traceMax ?? 64,
     });
-    this.jobKey = (prng.fork(JOB_KEY_SALT).next() | 1) >>> 0;
+    const keyPrng = prng.fork(JOB_KEY_SALT);
+    this.channelKeys = Uint32Array.from({ length: opts.slots * opts.slots }, () => keyPrng.next());
     this.attempts = new Array<number>(opts.slots).fill(0);
     this.ends = new Array<string>(opts.slots).fill("not started");
     this.recorder = new ChangeRecorder(Array.from({ length: opts.initial }, (_, slot) => ({ slot, attempt: 0 })));
@@ -141,7 +142,7 @@ export class ElasticSim {
       maxNp: opts.maxNp,
       waitMs: opts.waitMs ?? 5_000,
       plan: opts.plan,
-      jobKey: this.jobKey,
+      channelKeys: this.channelKeys,
       mode: "elastic",
       identity: rankNode,
       heartbeatIdentity: heartbeatNode,
@@ -248,6 +249,8 @@ export class ElasticSim {
       store: "memory",
       attempt,
       transport: "tcp",
+      maxMessageBytes: DEFAULT_MAX_MESSAGE_BYTES,
+      maxUnexpectedBytes: DEFAULT_MAX_UNEXPECTED_BYTES,
       runDir: undefined,
       faults: "",
       watchFd: undefined,

@@ -22,7 +22,9 @@ import {
   caseKey,
   sizeLabel,
   describeKind,
+  insecureKind,
   jobsOf,
+  lifelineModeOf,
   opOf,
   peerFigure,
   ratioOf,
@@ -74,6 +76,23 @@ describe("bench plan: retry-one", () => {
     expect(jobsOf("barrier", "retry-one")).toEqual({ subject: "lifeline:retry-one", baseline: undefined });
     expect(describeKind("lifeline:retry-one")).toBe("lifeline --mode retry-one");
     expect(describeKind("raw-pushpull")).toBe("raw-pushpull");
+  });
+
+  it("--curve compares a Lifeline job with CURVE against the same under --insecure, with issue 12's targets", () => {
+    expect(jobsOf("pingpong", "none", true)).toEqual({ subject: "lifeline:none", baseline: "lifeline-insecure:none" });
+    expect(jobsOf("allreduce", "cpr", true)).toEqual({ subject: "lifeline:cpr", baseline: "lifeline-insecure:cpr" });
+    expect(jobsOf("retry-one", "none", true)).toEqual({ subject: "lifeline:retry-one", baseline: "lifeline:none" });
+    expect(lifelineModeOf("lifeline-insecure:cpr")).toBe("cpr");
+    expect(insecureKind("lifeline-insecure:none")).toBe(true);
+    expect(insecureKind("lifeline:none")).toBe(false);
+    expect(describeKind("lifeline-insecure:none")).toBe("lifeline --mode none --insecure");
+    const c = (bench: Benchmark, bytes: number, np = 2): Case => ({ bench, np, bytes, label: "" });
+    expect(targetFor(c("pingpong", 8), true)!.text).toBe("<= 1.15x insecure");
+    expect(targetFor(c("allreduce", MiB, 4), true)!.met(1.49)).toBe(true);
+    expect(targetFor(c("allreduce", MiB, 4), true)!.met(1.51)).toBe(false);
+    expect(targetFor(c("stream", 16 * MiB), true)).toBeUndefined();
+    expect(columnsOf("pingpong", "lifeline-insecure:none")).toMatchObject({ subject: "CURVE", baseline: "insecure", peers: false });
+    expect(columnsOf("pingpong", "raw-pingpong")).toMatchObject({ subject: "Lifeline", baseline: "raw" });
   });
 
   it("targets: 8 B <= 1.5x and 16 MiB <= 1.05x the mode-none time; none in between", () => {

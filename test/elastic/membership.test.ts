@@ -16,7 +16,17 @@ import { encodeValue } from "../../src/mpi/codec.ts";
 import { controlIdentity as id, type CoordinatorToRank, heartbeatIdentity, type RankToCoordinator } from "../../src/mpi/control.ts";
 
 function machine(opts: Partial<ElasticMembershipOptions> = {}): ElasticMembership {
-  const m = new ElasticMembership({ slots: 4, initial: 3, minNp: 2, maxNp: 4, waitMs: 1000, jobKey: 42, identity: id, heartbeatIdentity, ...opts });
+  const m = new ElasticMembership({
+    slots: 4,
+    initial: 3,
+    minNp: 2,
+    maxNp: 4,
+    waitMs: 1000,
+    channelKeys: new Uint32Array(16).fill(42),
+    identity: id,
+    heartbeatIdentity,
+    ...opts,
+  });
   m.step({ kind: "start", nowMs: 0 });
   return m;
 }

@@ -67,6 +67,8 @@ export interface RunSpec {
   readonly human?: boolean;
   /** The launcher process's pid, once it is started. */
   readonly onSpawn?: (pid: number) => void;
+  /** Variables added to the launcher's environment (the ranks inherit them). */
+  readonly env?: NodeJS.ProcessEnv;
 }
 
 export async function runLauncher(spec: RunSpec): Promise<RunOutcome> {
@@ -85,7 +87,11 @@ export async function runLauncher(spec: RunSpec): Promise<RunOutcome> {
     spec.program,
     ...(spec.args ?? []),
   ];
-  const child = spawn(process.execPath, argv, { cwd: ROOT, stdio: ["ignore", "pipe", "pipe"] });
+  const child = spawn(process.execPath, argv, {
+    cwd: ROOT,
+    stdio: ["ignore", "pipe", "pipe"],
+    ...(spec.env === undefined ? {} : { env: { ...process.env, ...spec.env } }),
+  });
   if (child.pid !== undefined) spec.onSpawn?.(child.pid);
   let stdout = "";
   let stderr = "";

@@ -23,6 +23,7 @@ beforeAll(() => {
 });
 
 const DRILL_TEST_MS = 45_000;
+const TOKEN_RING = ["examples/token-ring.ts", "--laps", "30", "--len", "64", "--work", "100000"];
 
 async function drill(flags: Omit<DrillFlags, "np" | "app" | "appArgs">, app: string[]): Promise<DrillOutcome & { stderr: string }> {
   const stderr = new Sink();
@@ -62,15 +63,7 @@ describe("drills on every example, mode cpr", () => {
   it(
     "token-ring: rank 1 killed at its 20th step, then rank 0 at its 10th send in the next attempt",
     async () => {
-      const o = await drill({ checkpointEvery: "2steps", kill: ["1@step:20", "0@send:10"] }, [
-        "examples/token-ring.ts",
-        "--laps",
-        "30",
-        "--len",
-        "64",
-        "--work",
-        "100000",
-      ]);
+      const o = await drill({ checkpointEvery: "2steps", kill: ["1@step:20", "0@send:10"] }, TOKEN_RING);
       expectRecovered(o, 2);
       expect(o.report.runs[1]!.faults.map((f) => [f.rank, f.trigger, f.attempt])).toEqual([
         [1, "step:20", 0],
@@ -129,15 +122,7 @@ describe("drills in mode retry-one (only the failed rank restarts, from its peer
   it(
     "token-ring: rank 1 killed at its 20th step, then rank 0 at its 10th send in the next attempt",
     async () => {
-      const o = await drill({ mode: "retry-one", kill: ["1@step:20", "0@send:10"] }, [
-        "examples/token-ring.ts",
-        "--laps",
-        "30",
-        "--len",
-        "64",
-        "--work",
-        "100000",
-      ]);
+      const o = await drill({ mode: "retry-one", kill: ["1@step:20", "0@send:10"] }, TOKEN_RING);
       expectRecovered(o, 2);
     },
     DRILL_TEST_MS,

@@ -7,11 +7,13 @@
  * rank's slot started again (4 → 3 → 4 ranks). A rank replaced by a
  * new process at a checkpoint (the joiner gets rank 0's state, and boosting re-derives its rows'
  * part) changes nothing: bit-identical to mode none. Repeated losses below --min-np end the job
- * with LAUNCH_TOO_FEW after --elastic-timeout; a point-to-point program is refused (MPI_MODE);
+ * with LAUNCH_TOO_FEW after --elastic-timeout; a point-to-point program is refused (MPI_MODE), and
+ * so is a join whose checkpoint the links cannot carry (MPI_LIMIT);
  * `lifeline drill --mode elastic` compares a faulty run with the replay of its changes.
  *
  * Method: the built launcher (`node dist/cli.js run`, so `npm run build` must have run) on
- * examples/logreg.ts and examples/boosting.ts (the same programs every mode runs), faults by
+ * examples/logreg.ts and examples/boosting.ts (the same programs every mode runs) and
+ * bench/programs/elastic.ts (a model of any size), faults by
  * `--inject`, the --json events for pids and changes, the --results documents compared.
  */
 import { writeFile } from "node:fs/promises";
@@ -237,6 +239,25 @@ describe("elastic jobs with real processes", () => {
       expect(r.code, context(r)).not.toBe(0);
       expect(r.doc?.error?.code, context(r)).toBe("MPI_MODE");
       expect(r.doc?.error?.message, context(r)).toMatch(/point-to-point messages are not supported in --mode elastic.*use collectives, or --mode cpr/);
+    },
+    RUN_TIMEOUT_MS,
+  );
+
+  it(
+    "a joiner whose checkpoint is longer than --max-message: the job stops with MPI_LIMIT, saying what to raise (no wait for a frame the links drop)",
+    async () => {
+      // A 10 KiB model, 4 KiB frames at most; the collectives carry one number each.
+      const r = await run(
+        4,
+        "bench/programs/elastic.ts",
+        ["--max-np", "5", "--max-message", "4KiB"],
+        ["--global-mib", "0.01", "--local-mib", "0.001", "--steps", "2000", "--step-ms", "5"],
+      );
+      expect(r.code, context(r)).not.toBe(0);
+      expect(r.doc?.error?.code, context(r)).toBe("MPI_LIMIT");
+      expect(r.doc?.error?.message, context(r)).toMatch(
+        /checkpoint a joining rank needs \(\d+ bytes.*longer than the job's limit of 4096 bytes \(--max-message\); raise the limit/,
+      );
     },
     RUN_TIMEOUT_MS,
   );

@@ -64,7 +64,7 @@ async function upJob(size: number, how: string) {
   const { dir, cleanup } = tempDir("lifeline-lease-");
   cleanups.push(cleanup);
   const events = new EventLog<CoordinatorEvent>();
-  const coord = new Coordinator({ size, jobKey: 7, transport: "tcp", runDir: dir, rendezvousTimeoutMs: 30_000, onEvent: events.push });
+  const coord = new Coordinator({ size, transport: "tcp", runDir: dir, rendezvousTimeoutMs: 30_000, onEvent: events.push });
   const endpoint = await coord.start();
   cleanups.push(() => coord.close());
   const ranks = Array.from({ length: size }, (_, r) => startRank(r, size, endpoint, how));

@@ -192,7 +192,7 @@ describe("resuming a cpr job whose launcher died", () => {
   );
 
   it(
-    "--resume with an empty store is refused; --resume and --fresh are usage errors outside cpr",
+    "--resume with an empty store is refused; --resume and --fresh are usage errors where nothing is kept (mode none, retry-one without its durable floor)",
     async () => {
       const empty = await runToEnd("empty", ["--resume"]);
       expect(empty.outcome.code).toBe(2);
@@ -212,13 +212,13 @@ describe("resuming a cpr job whose launcher died", () => {
         np: 2,
         program: HEAT,
         args: ARGS,
-        flags: ["--mode", "retry-one", "--fresh"],
+        flags: ["--mode", "retry-one", "--durable-every", "0", "--fresh"],
         dir: runs.path,
         name: "retry",
         timeoutMs: TIMEOUT_MS,
       });
       expect(retry.code).toBe(2);
-      expect(retry.stderr).toContain("--fresh: --mode retry-one keeps its checkpoints in the ranks' memory");
+      expect(retry.stderr).toContain("--fresh: --mode retry-one keeps its checkpoints in the ranks' memory, and its durable floor is off");
     },
     3 * TIMEOUT_MS,
   );

@@ -21,8 +21,10 @@ interface RankResult {
 }
 
 async function run(np: number, fixture: string, args: string[] = [], timeoutMs = 60_000, mode = "none") {
-  const results = join(tmp.dir, `r${runs++}.json`);
-  const res = await runCli(["run", "-n", String(np), "--mode", mode, "--results", results, join(FIX, fixture), ...args], { timeoutMs });
+  const results = join(tmp.dir, `r${runs}.json`);
+  // Each run its own store (retry-one's durable floor and cpr keep lines there).
+  const store = join(tmp.dir, `s${runs++}`);
+  const res = await runCli(["run", "-n", String(np), "--mode", mode, "--store", store, "--results", results, join(FIX, fixture), ...args], { timeoutMs });
   let json: { ranks: [RankResult, ...RankResult[]] } | undefined;
   try {
     json = JSON.parse(readFileSync(results, "utf8"));

@@ -21,13 +21,12 @@ afterEach(async () => {
 
 async function startCoordinator(
   size: number,
-  opts: { transport?: "ipc" | "tcp"; rendezvousTimeoutMs?: number; jobKey?: number; warningsMax?: number; beforeTables?: () => Promise<void> } = {},
+  opts: { transport?: "ipc" | "tcp"; rendezvousTimeoutMs?: number; warningsMax?: number; beforeTables?: () => Promise<void> } = {},
 ) {
   const { dir, cleanup } = tempDir("lifeline-coord-");
   const events = new EventLog<CoordinatorEvent>();
   const coord = new Coordinator({
     size,
-    jobKey: opts.jobKey ?? 0xdeadbeef,
     transport: opts.transport ?? "ipc",
     runDir: dir,
     rendezvousTimeoutMs: opts.rendezvousTimeoutMs ?? 10_000,
@@ -49,7 +48,7 @@ async function startCoordinator(
 
 describe("Coordinator rendezvous", () => {
   it("sends every rank the table once all have said hello, endpoints in rank order", async () => {
-    const { events, rank, endpoint } = await startCoordinator(3, { jobKey: 42 });
+    const { events, rank, endpoint } = await startCoordinator(3);
     expect(endpoint).toMatch(/^ipc:\/\/.*\/coordinator$/);
     const r = [rank(0), rank(1), rank(2)];
     // Out of order on purpose: the table is by rank, not by arrival.
@@ -61,15 +60,21 @@ describe("Coordinator rendezvous", () => {
     expect(r[0]!.inbox.all).toHaveLength(0); // no table before everyone is up
     await r[1]!.hello(3);
     await events.waitFor((e) => e.kind === "ready");
+    const tables: { keysIn: number[]; keysOut: number[] }[] = [];
     for (const fake of r) {
       const table = await fake.inbox.waitFor((m) => m.t === "table");
       expect(table).toEqual({
         t: "table",
-        jobKey: 42,
+        keysIn: expect.any(Array),
+        keysOut: expect.any(Array),
         endpoints: ["tcp://127.0.0.1:20000", "tcp://127.0.0.1:20001", "tcp://127.0.0.1:20002"],
         attempts: [0, 0, 0],
       });
+      tables.push(table as { keysIn: number[]; keysOut: number[] });
     }
+    // Each channel's key is the same at both of its ends, and the keys are random per channel.
+    for (let s = 0; s < 3; s++) for (let d = 0; d < 3; d++) expect(tables[d]!.keysIn[s]).toBe(tables[s]!.keysOut[d]);
+    expect(new Set(tables.flatMap((t) => t.keysOut)).size).toBe(9);
     const ups = events.all.filter((e) => e.kind === "rank-up");
     expect(ups.map((e) => (e as { rank: number }).rank)).toEqual([2, 0, 1]);
     expect(ups[0]).toMatchObject({ pid: 10_002, attempt: 0 });
@@ -118,7 +123,6 @@ describe("Coordinator rendezvous", () => {
   it("rejects an ipc path longer than a Unix socket allows with LAUNCH_SPAWN", async () => {
     const coord = new Coordinator({
       size: 1,
-      jobKey: 1,
       transport: "ipc",
       runDir: `/tmp/${"x".repeat(120)}`,
       rendezvousTimeoutMs: 1_000,

@@ -20,6 +20,7 @@ import { Service } from "kubernetes-models/v1/Service";
 import { afterAll, describe, expect, it } from "vitest";
 import { parseAllDocuments } from "yaml";
 import { main } from "../../src/cli.ts";
+import { makeJobKeys, writeKeyDir } from "../../src/mpi/keys.ts";
 
 const ROOT = fileURLToPath(new URL("../..", import.meta.url));
 const tempDir = mkdtempSync(join(tmpdir(), "lifeline-manifests-"));
@@ -42,10 +43,20 @@ describe("docs/kubernetes/lifeline-job.yaml", () => {
     }
   });
 
-  it("the ranks, the coordinator and the service agree (size, port, mode, store), and the coordinator's command line parses", async () => {
+  it("the ranks, the coordinator and the service agree (size, port, mode, store, keys), and the coordinator's command line parses", async () => {
     const [service, , coordinator, ranks] = manifest() as [Doc, Doc, Doc, Doc];
+    type Mount = { name: string; mountPath: string; readOnly?: boolean };
+    type Volume = { name: string; secret?: { secretName: string; defaultMode: number; items: { key: string; path: string }[] } };
     const pod = (job: Doc) =>
-      (job.spec.template as { spec: { containers: { command: string[]; env?: { name: string; value: string }[] }[]; subdomain?: string } }).spec;
+      (
+        job.spec.template as {
+          spec: {
+            containers: { command: string[]; env?: { name: string; value: string }[]; volumeMounts: Mount[] }[];
+            subdomain?: string;
+            volumes: Volume[];
+          };
+        }
+      ).spec;
     const cmd = pod(coordinator).containers[0]!.command;
     const env = Object.fromEntries(pod(ranks).containers[0]!.env!.map((e) => [e.name, e.value]));
     const flag = (name: string): string => cmd[cmd.indexOf(name) + 1]!;
@@ -57,10 +68,27 @@ describe("docs/kubernetes/lifeline-job.yaml", () => {
     expect(flag("--port")).toBe(String(port));
     expect(env.LIFELINE_COORDINATOR).toBe(`tcp://${service.metadata.name}:${port}`);
     expect(pod(ranks).subdomain).toBe(service.metadata.name);
+    // Keys: one Secret; the coordinator sees only its own file, the ranks only theirs, read-only, 0400.
+    const keyFile = (job: Doc): string => {
+      const spec = pod(job);
+      const volume = spec.volumes.find((v) => v.secret !== undefined)!;
+      const mount = spec.containers[0]!.volumeMounts.find((m) => m.name === volume.name)!;
+      expect(volume.secret).toMatchObject({ secretName: "heat-keys", defaultMode: 0o400 });
+      expect(volume.secret!.items).toHaveLength(1);
+      expect(mount.readOnly).toBe(true);
+      return `${mount.mountPath}/${volume.secret!.items[0]!.path}`;
+    };
+    expect(keyFile(coordinator)).toBe(flag("--keys"));
+    expect(flag("--keys")).toMatch(/\/coordinator\.key$/);
+    expect(env.LIFELINE_KEYS).toBe(keyFile(ranks));
+    expect(env.LIFELINE_KEYS).toMatch(/\/ranks\.key$/);
     // The CLI takes the coordinator's command line: run it here, with this machine's address,
     // a temporary store, any port and the .ts program, until no rank joins (not a usage error).
     const args = cmd.slice(cmd.indexOf("coordinator") + 1).map((a) => (a === "examples/heat.js" ? "examples/heat.ts" : a));
+    const keyDir = join(tempDir, "keys");
+    writeKeyDir(keyDir, makeJobKeys({ curve: true }));
     const here: Record<string, string> = {
+      "--keys": join(keyDir, "coordinator.key"),
       "--bind": "127.0.0.1",
       "--port": "0",
       "--store": join(tempDir, "store"),

@@ -12,8 +12,18 @@ import { type CoordinatorEvent, Membership, type MembershipEffect, type Membersh
 import { encodeValue } from "../../src/mpi/codec.ts";
 import { controlIdentity as id, type CoordinatorToRank, heartbeatIdentity, type RankToCoordinator } from "../../src/mpi/control.ts";
 
+/** Channel keys that say which channel they are: 1000 * source + destination + 1. */
+function channelKeys(size: number): Uint32Array {
+  return Uint32Array.from({ length: size * size }, (_, i) => 1000 * Math.floor(i / size) + (i % size) + 1);
+}
+
+/** What rank `rank`'s table carries of {@link channelKeys}. */
+function keysOf(rank: number, size: number): { keysIn: number[]; keysOut: number[] } {
+  return { keysIn: Array.from({ length: size }, (_, s) => 1000 * s + rank + 1), keysOut: Array.from({ length: size }, (_, d) => 1000 * rank + d + 1) };
+}
+
 function machine(size: number, opts: Partial<MembershipOptions> = {}): Membership {
-  const m = new Membership({ size, jobKey: 42, identity: id, heartbeatIdentity, ...opts });
+  const m = new Membership({ size, channelKeys: channelKeys(size), identity: id, heartbeatIdentity, ...opts });
   m.step({ kind: "start", nowMs: 0 });
   return m;
 }
@@ -54,8 +64,15 @@ describe("membership: rendezvous", () => {
         expect(sends(all), "no table before everyone is up").toEqual([]);
         all.push(...from(m, hello(r)));
       }
-      const table = { t: "table", jobKey: 42, endpoints: ["tcp://h:0.0", "tcp://h:1.0", "tcp://h:2.0"], attempts: [0, 0, 0], hosts: [0, 0, 1], mode: "cpr" };
-      expect(sends(all)).toEqual([0, 1, 2].map((r) => ({ to: id(r, 0), msg: table })));
+      const table = (r: number) => ({
+        t: "table",
+        ...keysOf(r, 3),
+        endpoints: ["tcp://h:0.0", "tcp://h:1.0", "tcp://h:2.0"],
+        attempts: [0, 0, 0],
+        hosts: [0, 0, 1],
+        mode: "cpr",
+      });
+      expect(sends(all)).toEqual([0, 1, 2].map((r) => ({ to: id(r, 0), msg: table(r) })));
       expect(events(all).map((e) => e.kind)).toEqual(["rank-up", "rank-up", "rank-up", "ready"]);
       expect(
         events(all)
@@ -77,7 +94,7 @@ describe("membership: rendezvous", () => {
     from(m, hello(0));
     expect(warnings(from(m, hello(0)))).toEqual([expect.stringMatching(/second hello from rank 0/)]);
     expect(warnings(from(m, hello(1, 0, 9)))).toEqual([expect.stringMatching(/job of size 9/)]);
-    expect(warnings(from(m, hello(1), "stray"))).toEqual([expect.stringMatching(/routing id "stray" \(expected r1\.0\)/)]);
+    expect(warnings(from(m, hello(1), "stray"))).toEqual([expect.stringMatching(/routing id "stray" \(expected "r1\.0"\)/)]);
     expect(m.missingRanks()).toEqual([1, 2]);
   });
 
@@ -91,7 +108,7 @@ describe("membership: rendezvous", () => {
   });
 
   it("times out at the deadline given by the clock, naming the ranks missing", () => {
-    const m = new Membership({ size: 3, jobKey: 1, identity: id, heartbeatIdentity, rendezvousTimeoutMs: 500 });
+    const m = new Membership({ size: 3, channelKeys: channelKeys(3), identity: id, heartbeatIdentity, rendezvousTimeoutMs: 500 });
     m.step({ kind: "start", nowMs: 1000 });
     from(m, hello(1));
     expect(m.rendezvousDeadlineMs).toBe(1500);
@@ -198,7 +215,7 @@ describe("membership: retry-one", () => {
       {
         to: id(1, 1),
         // Rank 3 is restarted but not back: still its dead incarnation here, and down.
-        msg: { t: "table", jobKey: 42, endpoints: ["tcp://h:0.0", "tcp://h:1.1", "tcp://h:2.0", ""], attempts: [0, 1, 0, 0], down: [3], reached: 0 },
+        msg: { t: "table", ...keysOf(1, 4), endpoints: ["tcp://h:0.0", "tcp://h:1.1", "tcp://h:2.0", ""], attempts: [0, 1, 0, 0], down: [3], reached: 0 },
       },
       ...[0, 2].map((r) => ({ to: id(r, 0), msg: { t: "peer", rank: 1, endpoint: "tcp://h:1.1", attempt: 1 } })),
     ]);
@@ -304,11 +321,67 @@ describe("membership: stray traffic", () => {
   });
 
   it("reads nothing before the start or after the close", () => {
-    const m = new Membership({ size: 1, jobKey: 1, identity: id, heartbeatIdentity });
+    const m = new Membership({ size: 1, channelKeys: channelKeys(1), identity: id, heartbeatIdentity });
     expect(from(m, hello(0, 0, 1))).toEqual([]);
     m.step({ kind: "start", nowMs: 0 });
     m.step({ kind: "close" });
     expect(from(m, hello(0, 0, 1))).toEqual([]);
     expect(m.step({ kind: "abort", code: "X", message: "y" })).toEqual([]);
+  });
+});
+
+describe("membership: identity bound to the incarnation's token", () => {
+  // As the coordinator runs it with keys: each incarnation's routing ids carry its token.
+  const token = (rank: number, attempt: number): string => `t${rank}x${attempt}`.padEnd(32, "0");
+  const ided = (size: number) =>
+    machine(size, {
+      identity: (r, a) => id(r, a, token(r, a)),
+      heartbeatIdentity: (r, a) => heartbeatIdentity(r, a, token(r, a)),
+    });
+
+  it("a hello, heartbeat, step or abort counts only over the incarnation's own routing id; warnings never show a token", () => {
+    const m = ided(2);
+    const all: MembershipEffect[] = [];
+    // A stranger (no token), a guess, and rank 1's own token used for rank 0: none counts.
+    all.push(...from(m, hello(0, 0, 2), "r0.0"));
+    all.push(...from(m, hello(0, 0, 2), "r0.0/0123456789abcdef0123456789abcdef"));
+    all.push(...from(m, hello(0, 0, 2), id(1, 0, token(1, 0))));
+    all.push(...from(m, { t: "heartbeat", rank: 0, attempt: 0 }, "hb:r0.0"));
+    all.push(...from(m, { t: "abort", rank: 0, code: "X", message: "forged" }, "r0.0"));
+    expect(events(all).filter((e) => e.kind !== "warning")).toEqual([]);
+    expect(m.missingRanks()).toEqual([0, 1]);
+    for (const w of warnings(all)) expect(w).not.toMatch(/t[01]x0|0123456789abcdef/);
+    expect(warnings(all)[0]).toMatch(/routing id "r0\.0" \(expected "r0\.0\/…"\)/);
+
+    from(m, hello(0, 0, 2), id(0, 0, token(0, 0)));
+    from(m, hello(1, 0, 2), id(1, 0, token(1, 0)));
+    expect(m.phase).toBe("running");
+    // Rank 1, up, speaks for rank 0: refused. Rank 0's watchdog beats for itself: counted.
+    const claims = [
+      ...from(m, { t: "step", rank: 0, steps: 9, epoch: 0 }, id(1, 0, token(1, 0))),
+      ...from(m, { t: "abort", rank: 0, code: "X", message: "blame rank 0" }, id(1, 0, token(1, 0))),
+      ...from(m, { t: "heartbeat", rank: 0, attempt: 0 }, heartbeatIdentity(1, 0, token(1, 0))),
+    ];
+    expect(events(claims).filter((e) => e.kind !== "warning")).toEqual([]);
+    expect(warnings(claims)).toEqual([
+      expect.stringMatching(/step message claiming rank 0 from "r1\.0\/…" \(rank 1\)/),
+      expect.stringMatching(/abort message claiming rank 0 from "r1\.0\/…" \(rank 1\)/),
+      expect.stringMatching(/heartbeat message from "hb:r1\.0\/…", which has not said hello/),
+    ]);
+    expect(events(from(m, { t: "heartbeat", rank: 0, attempt: 0 }, heartbeatIdentity(0, 0, token(0, 0))))).toEqual([{ kind: "heartbeat", rank: 0 }]);
+  });
+
+  it("a restarted rank's new incarnation replaces the old one: the old routing ids count no more", () => {
+    const m = ided(2);
+    from(m, hello(0, 0, 2), id(0, 0, token(0, 0)));
+    from(m, hello(1, 0, 2), id(1, 0, token(1, 0)));
+    m.step({ kind: "rank-down", rank: 1, attempt: 0 });
+    m.step({ kind: "restart-rank", rank: 1, attempt: 1 });
+    expect(events(from(m, { t: "heartbeat", rank: 1, attempt: 0 }, heartbeatIdentity(1, 0, token(1, 0))))).toEqual([]);
+    expect(events(from(m, { t: "abort", rank: 1, code: "X", message: "old" }, id(1, 0, token(1, 0))))).toEqual([]);
+    expect(warnings(from(m, hello(1, 1, 2), id(1, 0, token(1, 0))))).toEqual([
+      expect.stringMatching(/ignored hello for rank 1 attempt 1 from routing id "r1\.0\/…"/),
+    ]);
+    expect(events(from(m, hello(1, 1, 2), id(1, 1, token(1, 1)))).map((e) => e.kind)).toEqual(["rank-up"]);
   });
 });

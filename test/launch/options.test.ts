@@ -8,7 +8,7 @@
 import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
-import { DEFAULTS, parseCheckpointEvery, parseDuration, parseInject, resolveRunConfig, type RunFlags } from "../../src/launch/options.ts";
+import { DEFAULTS, parseBytes, parseCheckpointEvery, parseDuration, parseInject, resolveRunConfig, type RunFlags } from "../../src/launch/options.ts";
 import { MODES } from "../../src/mpi/env.ts";
 import { tempDir, usageMessage } from "./helpers.ts";
 
@@ -154,8 +154,8 @@ describe("resolveRunConfig", () => {
     expect(resolveWith({ mode: "retry-one", logLimit: "256MiB" }).logLimitBytes).toBe(256 * 1024 * 1024);
     expect(resolveWith({ mode: "retry-one", logLimit: "2GB" }).logLimitBytes).toBe(2e9);
     expect(resolveWith({ mode: "retry-one", logLimit: "65536" }).logLimitBytes).toBe(65536);
-    expect(usageMessage(() => resolveWith({ mode: "retry-one", logLimit: "lots" }))).toMatch(/--log-limit must be a size such as 64MiB/);
-    expect(usageMessage(() => resolveWith({ mode: "retry-one", logLimit: "12" }))).toMatch(/--log-limit "12" must be between 1024/);
+    expect(usageMessage(() => resolveWith({ mode: "retry-one", logLimit: "lots" }))).toMatch(/--log-limit "lots" is not a size; write e\.g\. 65536, 64KiB/);
+    expect(usageMessage(() => resolveWith({ mode: "retry-one", logLimit: "12" }))).toMatch(/--log-limit "12" must be from 1024 to/);
     expect(usageMessage(() => resolveWith({ mode: "cpr", logLimit: "1GiB" }))).toMatch(
       /--log-limit bounds retry-one's message log; it does nothing in --mode cpr/,
     );
@@ -227,5 +227,32 @@ describe("parsers", () => {
     expect(parseInject("3@hang:time:0.5s", 4)).toEqual({ rank: 3, spec: "hang:time:500" });
     expect(parseInject("2@step:3@attempt=1", 4)).toEqual({ rank: 2, spec: "step:3@attempt=1" });
     expect(parseInject("2@mock:1,0", 4)).toEqual({ rank: 2, spec: "mock:1,0" });
+  });
+});
+
+describe("security and limits flags", () => {
+  it("--max-message and --max-unexpected take sizes with binary units; --insecure and --keys land in the configuration", () => {
+    expect(parseBytes("65536", "--x", 1, 2 ** 40)).toBe(65536);
+    expect(parseBytes("64KiB", "--x", 1, 2 ** 40)).toBe(65536);
+    expect(parseBytes("1.5g", "--x", 1, 2 ** 40)).toBe(1.5 * 2 ** 30);
+    expect(parseBytes("256 MiB", "--x", 1, 2 ** 40)).toBe(2 ** 28);
+    expect(resolveWith({})).toMatchObject({ insecure: false, keys: undefined, maxMessageBytes: 2 ** 30, maxUnexpectedBytes: 2 ** 30 });
+    expect(resolveWith({ insecure: true, maxMessage: "1MiB", maxUnexpected: "8MiB" })).toMatchObject({
+      insecure: true,
+      maxMessageBytes: 2 ** 20,
+      maxUnexpectedBytes: 2 ** 23,
+    });
+    expect(resolveWith({ keys: "." }).keys).toBe(dir);
+  });
+
+  it("refuses sizes that are not sizes or out of range, --keys that is not there, and --keys with --insecure", () => {
+    expect(usageMessage(() => resolveWith({ maxMessage: "lots" }))).toMatch(/--max-message "lots" is not a size; write e\.g\. 65536, 64KiB/);
+    expect(usageMessage(() => resolveWith({ maxMessage: "10" }))).toMatch(/--max-message "10" must be from 1024 to/);
+    expect(usageMessage(() => resolveWith({ maxMessage: "8GiB" }))).toMatch(/--max-message "8GiB" must be from 1024 to 4294836224 bytes/);
+    expect(usageMessage(() => resolveWith({ maxUnexpected: "1TB" }))).toMatch(/--max-unexpected "1TB" is not a size/);
+    expect(usageMessage(() => resolveWith({ keys: "nowhere" }))).toMatch(
+      /--keys "nowhere": .* does not exist \(make the job's keys with `lifeline keys nowhere`\)/,
+    );
+    expect(usageMessage(() => resolveWith({ keys: ".", insecure: true }))).toMatch(/--keys and --insecure contradict each other/);
   });
 });

@@ -98,7 +98,7 @@ describe("the step's command lines", () => {
         "--ntasks=1",
         "--overlap",
         "--kill-on-bad-exit=0",
-        "--input=none",
+        "--input=all",
         "--job-name=lifeline-rank-2",
       ]),
     );

@@ -13,6 +13,7 @@ import { resolveRunConfig } from "../../src/launch/options.ts";
 import type { JobEvent, Reporter } from "../../src/launch/progress.ts";
 import { failFastPolicy, type JobView, type RankFailure, type RestartPolicy } from "../../src/launch/policy.ts";
 import { Supervisor } from "../../src/launch/supervisor.ts";
+import { makeJobKeys } from "../../src/mpi/keys.ts";
 import { FIXTURES, killAll, ROOT, tempDir, waitGone } from "./helpers.ts";
 
 const { dir, cleanup } = tempDir("lifeline-sup-");
@@ -42,7 +43,7 @@ function recorder(): Reporter & { events: JobEvent[]; lines: string[] } {
 function supervisor(app: string, args: string[], opts: { policy?: RestartPolicy; releaseExitTimeoutMs?: number } = {}) {
   const config = resolveRunConfig({ np: "2", mode: "none", app: join(FIXTURES, app), appArgs: args }, { cwd: ROOT });
   const reporter = recorder();
-  const sup = new Supervisor(config, { reporter, runDir: dir, jobId: "test-job", jobKey: 7, baseEnv: process.env, ...opts });
+  const sup = new Supervisor(config, { reporter, runDir: dir, jobId: "test-job", keys: makeJobKeys({ curve: false }), baseEnv: process.env, ...opts });
   return { sup, reporter };
 }
 
@@ -81,7 +82,10 @@ describe("Supervisor", () => {
   it("fails the job with LAUNCH_SPAWN when ranks cannot be started", async () => {
     const config = resolveRunConfig({ np: "2", mode: "none", app: join(FIXTURES, "ok.js") }, { cwd: ROOT });
     const reporter = recorder();
-    const sup = new Supervisor({ ...config, cwd: join(dir, "no-such-dir") }, { reporter, runDir: dir, jobId: "j", jobKey: 1, baseEnv: process.env });
+    const sup = new Supervisor(
+      { ...config, cwd: join(dir, "no-such-dir") },
+      { reporter, runDir: dir, jobId: "j", keys: makeJobKeys({ curve: false }), baseEnv: process.env },
+    );
     const outcome = await sup.run();
     pids = outcome.pids;
     expect(outcome).toMatchObject({ ok: false, exitCode: 1, pids: [] });

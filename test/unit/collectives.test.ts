@@ -23,7 +23,7 @@ function cluster(p: number, seed: number): coll.CollectiveIo[] {
         kind: Kind.collective,
         flags: 0,
         encoding: body.encoding,
-        jobKey: 1,
+        key: 1,
         source: rank,
         tag: step,
         channelSeq: 0,

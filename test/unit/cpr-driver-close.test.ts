@@ -27,7 +27,7 @@ function header(source: number, tag: number): Header {
     tag,
     epoch: 0,
     channelSeq: 0,
-    jobKey: 0,
+    key: 0,
     attempt: 0,
     bodyBytes: 0,
   } as unknown as Header;
@@ -99,7 +99,7 @@ function harness() {
 describe("cpr driver close", () => {
   it("a part write queued behind others when close() begins sends no copy and arms no timer", async () => {
     const h = harness();
-    await h.driver.beforeStart({ t: "table", jobKey: 0, endpoints: [], attempts: [0, 0], partner: 1 } as never);
+    await h.driver.beforeStart({ t: "table", keysIn: [0, 0], keysOut: [0, 0], endpoints: [], attempts: [0, 0], partner: 1 } as never);
     // A slow store operation holds the write chain.
     h.driver.onControl({ t: "cpr-committed", epoch: 0, keep: [0] });
     // Checkpoint 1: taken, the peer's marker arrives, the line stops → the part write queues.

@@ -62,3 +62,24 @@ describe("Matcher", () => {
     expect(m.drainQueued().map((x) => x.id)).toEqual(["a", "b"]);
   });
 });
+
+describe("the unexpected queue's byte count (the bound on unmatched messages)", () => {
+  it("counts what is queued until it is taken or drained, and names the source holding the most", () => {
+    const m = new Matcher<{ source: number; tag: number }>(3);
+    expect(m.arrive({ source: 1, tag: 1 }, 100)).toBe(false);
+    expect(m.arrive({ source: 2, tag: 1 }, 300)).toBe(false);
+    expect(m.arrive({ source: 1, tag: 2 }, 250)).toBe(false);
+    expect(m.unexpectedBytes).toBe(650);
+    expect(m.largestSource()).toBe(1);
+    m.take(1, 2);
+    expect(m.unexpectedBytes).toBe(400);
+    expect(m.largestSource()).toBe(2);
+    // A message a posted receive takes at once is never counted.
+    m.post({ source: 0, tag: 9, consume: true, onMatch: () => undefined });
+    expect(m.arrive({ source: 0, tag: 9 }, 1000)).toBe(true);
+    expect(m.unexpectedBytes).toBe(400);
+    m.drainQueued();
+    expect(m.unexpectedBytes).toBe(0);
+    expect(m.largestSource()).toBe(-1);
+  });
+});

@@ -9,7 +9,7 @@ const h: Header = {
   kind: Kind.collective,
   flags: 3,
   encoding: Encoding.typedArray,
-  jobKey: 0xdeadbeef,
+  key: 0xdeadbeef,
   source: 2,
   tag: 77,
   channelSeq: 2 ** 32 - 1,
@@ -22,13 +22,14 @@ const h: Header = {
 
 describe("wire header", () => {
   it("round-trips every field", () => {
-    expect(decodeHeader(encodeHeader(h), { jobKey: 0xdeadbeef, size: 4 })).toEqual(h);
+    expect(decodeHeader(encodeHeader(h), { keysIn: [0, 0, 0xdeadbeef, 0], size: 4 })).toEqual(h);
   });
 
   it.each([
     ["short", Buffer.alloc(10), "bytes"],
     ["bad magic", Buffer.alloc(40), "magic"],
-    ["other job", encodeHeader({ ...h, jobKey: 1 }), "another job"],
+    ["another channel's key", encodeHeader({ ...h, key: 1 }), "without the key of that channel"],
+    ["another source's claim", encodeHeader({ ...h, source: 1 }), "from rank 1 without the key"],
     ["source out of range", encodeHeader({ ...h, source: 4 }), "source rank 4"],
     [
       "unknown kind",
@@ -42,7 +43,7 @@ describe("wire header", () => {
   ])("rejects %s", (_, buf, reason) => {
     let caught: unknown;
     try {
-      decodeHeader(buf, { jobKey: 0xdeadbeef, size: 4 });
+      decodeHeader(buf, { keysIn: [0, 0, 0xdeadbeef, 0], size: 4 });
     } catch (err) {
       caught = err;
     }

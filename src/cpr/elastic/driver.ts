@@ -34,6 +34,8 @@ export const TAG: Record<ProtoFrame["t"], number> = {
   state: PROTO_ELASTIC_BASE + 1,
 };
 const TAG_LAST = PROTO_ELASTIC_BASE + 1;
+/** What a state frame adds to its buffers: msgpack's framing and the small fields (view, lineage, version). */
+const STATE_FRAME_SLACK_BYTES = 1024;
 
 /** The factory World.join takes in mode elastic. */
 export function elasticHook(): ElasticHookFactory {
@@ -210,9 +212,22 @@ export class ElasticDriver implements ElasticHook {
   private perform(e: ElasticEffect): void {
     const a = this.access;
     switch (e.kind) {
-      case "send":
+      case "send": {
+        // The links drop a frame longer than the job's limit; a joiner would wait for its state
+        // for ever. The job stops instead, saying what to raise.
+        const f = e.frame;
+        const bytes =
+          f.t === "state" ? (f.state?.byteLength ?? 0) + (f.global?.byteLength ?? 0) + f.boot.reduce((n, [k, v]) => n + k.length + v.byteLength, 0) : 0;
+        if (bytes + STATE_FRAME_SLACK_BYTES > a.maxMessageBytes) {
+          a.fatal(
+            "MPI_LIMIT",
+            `the checkpoint a joining rank needs (${bytes} bytes of state, global and bootstrap results) is longer than the job's limit of ${a.maxMessageBytes} bytes (--max-message); raise the limit, or keep less in checkpoint()`,
+          );
+          return;
+        }
         a.sendProtocol(e.to, TAG[e.frame.t], e.frame);
         return;
+      }
       case "summary":
         a.sendControl({ t: "elastic-summary", rank: a.slot, view: e.view, ...e.summary });
         return;

@@ -94,6 +94,7 @@ export class ElasticMode extends NoneMode {
     return {
       slot: core.rank,
       attempt: core.attempt,
+      maxMessageBytes: core.channel.maxMessageBytes,
       sendProtocol: (dest, tag, body) => core.channel.sendProtocol(dest, tag, body),
       sendControl: (msg) => core.sendControl(msg),
       interrupt: () => {
@@ -156,7 +157,12 @@ export class ElasticMode extends NoneMode {
 
   override onControl(msg: CoordinatorToRank): void {
     if (msg.t === "elastic-view") {
-      for (const m of msg.members) if (m.slot !== this.core.rank) this.core.host.transport.connect(m.slot, m.endpoint);
+      for (const m of msg.members) {
+        if (m.slot === this.core.rank) continue;
+        // A slot started again is a new incarnation: frames of the one before are refused from now on.
+        this.core.channel.peerRestarted(m.slot, m.attempt);
+        this.core.host.transport.connect(m.slot, m.endpoint, m.curveKey);
+      }
     }
     if (msg.t === "elastic-view" || msg.t === "elastic-decision" || msg.t === "release") this.hook.onControl(msg);
   }

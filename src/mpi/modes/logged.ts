@@ -57,7 +57,7 @@ export abstract class LoggedMode extends NoneMode {
         );
         return undefined;
       }
-      const h = decodeHeader(r.msg.header, { jobKey: "stored", size: this.core.size });
+      const h = decodeHeader(r.msg.header, { keysIn: "stored", size: this.core.size });
       const env: AppEnvelope = { source: h.source, tag: h.tag, data: decodeBody(h.encoding, h.arrayType, r.msg.body), raw: r.msg };
       const w = recv.waiter!;
       this.core.matcher.replace(w, { ...w, source: env.source, tag: env.tag });

@@ -329,7 +329,7 @@ export class RetryOneMode extends LoggedMode implements AppLog {
     for (const f of held) {
       let h: Header;
       try {
-        h = decodeHeader(f.header, { jobKey: "stored", size: this.core.size });
+        h = decodeHeader(f.header, { keysIn: "stored", size: this.core.size });
       } catch {
         continue; // it was checked on arrival
       }

@@ -10,6 +10,13 @@
  * zeromq.js allows one send in flight per socket (EBUSY otherwise), so sends to a peer are
  * queued behind each other (SerialSender); sends to different peers proceed independently.
  *
+ * Both ends have finite high-water marks: while a receiver does not read (its event loop is
+ * busy), a sender's queue fills and its sends wait, so memory stays bounded and nothing is
+ * dropped. A frame longer than the job's message limit makes ZeroMQ drop the connection
+ * before it allocates the frame. On tcp with keys (docs/security.md), the Pull socket is a
+ * CURVE server with a key pair made here, accepting the job's member key only (ZAP, zap.ts),
+ * and each Push connects with the member key pair to its peer's advertised server key.
+ *
  * @example
  * const t = await ZmqTransport.bind({ transport: "ipc", runDir, name: "r0.0" });
  * t.start((frames) => handle(frames)); t.connect(1, endpointOf1); await t.send(1, [header, body]);
@@ -17,12 +24,20 @@
 import * as zmq from "zeromq";
 import { LifelineError } from "../../errors.ts";
 import { DEFAULT_TCP_HOST } from "../bind.ts";
+import type { CurveKeyPair } from "../keys.ts";
 import { SerialSender } from "./serial-sender.ts";
+import { curveClient, curveServer, registerZap, watchHandshakes, type ZapDomain } from "./zap.ts";
 import type { Transport } from "../host.ts";
+
+/** Messages queued per connection, in each direction, before a sender waits (ZeroMQ's default). */
+export const HIGH_WATER_MARK = 1000;
+/** ZeroMQ drops a connection whose frame is longer than the message limit plus this (see onFrames' own check). */
+export const FRAME_SLACK_BYTES = 64 * 1024;
 
 interface Peer {
   socket: zmq.Push;
   endpoint: string;
+  serverKey: string | undefined;
   sender: SerialSender;
 }
 
@@ -34,6 +49,12 @@ export interface BindOptions {
   name: string;
   /** Host to bind for tcp; loopback by default. */
   host?: string;
+  /** tcp: CURVE with the job's member key pair (its public key is the only client key accepted). */
+  curve?: { readonly member: CurveKeyPair } | undefined;
+  /** The longest message body accepted (frames beyond it plus {@link FRAME_SLACK_BYTES} cost the sender its connection). */
+  maxMessageBytes?: number | undefined;
+  /** A connection to the data socket was refused: `why` is the kind of refusal, `what` says it with the peer's address if known (rate-limit the warnings by kind). */
+  refused?: ((why: string, what: string) => void) | undefined;
 }
 
 export class ZmqTransport implements Transport {
@@ -44,11 +65,28 @@ export class ZmqTransport implements Transport {
   private constructor(
     private readonly pull: zmq.Pull,
     readonly endpoint: string,
+    /** tcp with CURVE: this socket's public key, for the peers (in the hello). */
+    readonly curveKey: string | undefined,
+    private readonly member: CurveKeyPair | undefined,
+    private readonly zap: ZapDomain | undefined,
   ) {}
 
   /** Binds the receiving socket: `ipc://<runDir>/<name>.sock` or `tcp://host:0` (a free port). */
   static async bind(opts: BindOptions): Promise<ZmqTransport> {
-    const pull = new zmq.Pull({ linger: 0, receiveHighWaterMark: 0 });
+    const curve = opts.transport === "tcp" ? opts.curve : undefined;
+    const own = curve === undefined ? undefined : zmq.curveKeyPair();
+    const refused = opts.refused ?? (() => undefined);
+    const zap =
+      curve === undefined
+        ? undefined
+        : await registerZap({ allowed: [curve.member.publicKey], refused: (address, why) => refused(why, `from ${address}: ${why}`) });
+    const pull = new zmq.Pull({
+      linger: 0,
+      receiveHighWaterMark: HIGH_WATER_MARK,
+      ...(opts.maxMessageBytes === undefined ? {} : { maxMessageSize: opts.maxMessageBytes + FRAME_SLACK_BYTES }),
+      ...(own === undefined || zap === undefined ? {} : curveServer(own, zap.domain)),
+    });
+    if (zap !== undefined) watchHandshakes(pull, (why) => refused(why, `of ${why}`));
     let address: string;
     if (opts.transport === "ipc") {
       if (opts.runDir === undefined) throw new LifelineError("MPI_INIT", "ipc transport needs a run directory (LIFELINE_RUN_DIR)");
@@ -60,9 +98,10 @@ export class ZmqTransport implements Transport {
       await pull.bind(address);
     } catch (err) {
       pull.close();
+      zap?.close();
       throw new LifelineError("MPI_INIT", `cannot bind the rank's socket at ${address}: ${(err as Error).message}`, { cause: err });
     }
-    return new ZmqTransport(pull, pull.lastEndpoint ?? address);
+    return new ZmqTransport(pull, pull.lastEndpoint ?? address, own?.publicKey, curve?.member, zap);
   }
 
   /** Starts the single reader loop. `onFrames` runs synchronously for each arriving message. */
@@ -76,19 +115,26 @@ export class ZmqTransport implements Transport {
     })();
   }
 
-  /** Connects (or re-connects, after a peer restarted) the sending socket for `rank`. */
-  connect(rank: number, endpoint: string): void {
+  /**
+   * Connects (or re-connects, after a peer restarted) the sending socket for `rank`; with CURVE,
+   * `serverKey` is the peer's advertised public key.
+   */
+  connect(rank: number, endpoint: string, serverKey?: string): void {
     const old = this.peers.get(rank);
     if (old !== undefined) {
-      if (old.endpoint === endpoint) return;
+      if (old.endpoint === endpoint && old.serverKey === serverKey) return;
       // The peer restarted at a new endpoint: messages queued for the dead incarnation are
       // worthless; fail them and start afresh.
       old.sender.rejectQueued(new LifelineError("MPI_ABORTED", `rank ${rank} restarted while a send to it was queued`));
       old.socket.close();
     }
-    const socket = new zmq.Push({ linger: 0, sendHighWaterMark: 0 });
+    const socket = new zmq.Push({
+      linger: 0,
+      sendHighWaterMark: HIGH_WATER_MARK,
+      ...(this.member === undefined || serverKey === undefined ? {} : curveClient(this.member, serverKey)),
+    });
     socket.connect(endpoint);
-    this.peers.set(rank, { socket, endpoint, sender: new SerialSender(socket) });
+    this.peers.set(rank, { socket, endpoint, serverKey, sender: new SerialSender(socket) });
   }
 
   /** Hands a multipart message to the transport; resolves once libzmq has queued it. */
@@ -108,6 +154,7 @@ export class ZmqTransport implements Transport {
     }
     this.peers.clear();
     this.pull.close();
+    this.zap?.close();
     await this.reading?.catch(() => undefined);
   }
 }
