@@ -156,6 +156,8 @@ export class Supervisor {
   private spawning = false;
   private detectorTimer: NodeJS.Timeout | undefined;
   private releaseTimer: NodeJS.Timeout | undefined;
+  /** Every rank finalized and was told to exit: the results are all in. */
+  private released = false;
   private resolveAllExited: (() => void) | undefined;
   private readonly pids: number[] = [];
   private restarts = 0;
@@ -549,6 +551,7 @@ export class Supervisor {
         this.rankFailed({ kind: "bad-result", rank: ev.rank, code: "LAUNCH_RANK_FAILED", message: ev.message, exitStatus: undefined });
         return;
       case "released":
+        this.released = true;
         this.releaseTimer = setTimeout(() => this.onReleaseTimeout(), this.releaseExitTimeoutMs);
         this.releaseTimer.unref();
         return;
@@ -622,7 +625,12 @@ export class Supervisor {
     this.deps.reporter.event({ kind: "rank-exited", rank, code: exit.code, signal: exit.signal, killedByLauncher: this.stopping || superseded });
     if (!this.stopping && !superseded) {
       const fine = (this.finalized[rank]! && exit.code === 0) || this.policy.exitIsFine?.(rank, exit.code) === true;
-      if (!fine) {
+      if (!fine && this.released && this.finalized[rank]!) {
+        // Every result is in and the ranks were told to go: dying on the way out fails nothing
+        // (a restart now would join a job that has ended).
+        const how = exit.signal !== null ? `was killed by ${exit.signal}` : `exited with code ${exit.code}`;
+        this.deps.reporter.event({ kind: "warning", message: `rank ${rank}${pidText(proc)} ${how} after the job was released (its result was already in)` });
+      } else if (!fine) {
         const how = exit.signal !== null ? `was killed by ${exit.signal}` : exit.code === 0 ? "exited with code 0" : `exited with code ${exit.code}`;
         const when = this.finalized[rank] ? "after finalizing" : exit.code === 0 ? "without calling finalize()" : "before finalizing";
         this.rankFailed({
@@ -1055,7 +1063,8 @@ export class Supervisor {
       const world = this.policy.finalWorld?.(this.results);
       if (world !== undefined)
         return { ...base, size: world.length, finalizedCount: world.length, results: world, ok: true, exitCode: 0, error: undefined, summary: undefined };
-      const allZero = this.procs.every((p) => p?.exit?.code === 0);
+      // A rank that died on its way out after the release (a warning said so) fails nothing.
+      const allZero = this.released || this.procs.every((p) => p?.exit?.code === 0);
       if (finalizedCount === this.config.size && allZero) {
         return { ...base, ok: true, exitCode: 0, error: undefined, summary: undefined };
       }

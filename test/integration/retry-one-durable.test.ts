@@ -79,7 +79,8 @@ describe("retry-one: the durable floor", () => {
   it(
     "the task farm (wildcard receives, ranks checkpointing at their own pace): the line mixes versions and still ends bit-identical",
     async () => {
-      const args = ["--tasks", "60", "--spin-ms", "2"];
+      // Long enough that the kill (on a throttled step event) lands well before the end.
+      const args = ["--tasks", "160", "--spin-ms", "2"];
       const want = await run("examples/taskfarm.ts", ["--mode", "none"], args);
       expect(want.code, context(want)).toBe(0);
       // The master and worker 1 at once: with --replicas 1, rank 1 holds the only copy of rank 0.

@@ -94,6 +94,28 @@ describe("Supervisor", () => {
     expect(reporter.events.find((e) => e.kind === "job-stopping")).toMatchObject({ reason: expect.stringMatching(/cannot start rank/) });
   });
 
+  it("a rank that dies on its way out after the release fails nothing and is not restarted (a warning says so)", async () => {
+    for (const mode of ["none", "retry-one"] as const) {
+      const config = resolveRunConfig(
+        { np: "2", mode, durableEvery: mode === "retry-one" ? "0" : undefined, app: join(FIXTURES, "die-after-release.ts") },
+        { cwd: ROOT },
+      );
+      const reporter = recorder();
+      const sup = new Supervisor(config, { reporter, runDir: dir, jobId: `release-${mode}`, keys: makeJobKeys({ curve: false }), baseEnv: process.env });
+      const outcome = await sup.run();
+      pids.push(...outcome.pids);
+      expect(outcome, mode).toMatchObject({ ok: true, exitCode: 0, finalizedCount: 2, restarts: 0, results: [0, 1] });
+      expect(
+        reporter.events.filter((e) => e.kind === "rank-spawned"),
+        mode,
+      ).toHaveLength(2);
+      expect(reporter.events).toContainEqual({
+        kind: "warning",
+        message: expect.stringMatching(/^rank 1 \(pid \d+\) was killed by SIGKILL after the job was released \(its result was already in\)$/),
+      });
+    }
+  });
+
   it("kills ranks that finalized but do not exit after release, and fails the job", async () => {
     const { sup, reporter } = supervisor("linger.ts", [], { releaseExitTimeoutMs: 500 });
     const outcome = await sup.run();

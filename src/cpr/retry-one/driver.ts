@@ -61,6 +61,10 @@ export interface RetryOneDriverOptions {
   readonly openParts?: (() => Promise<PartStoreLike>) | undefined;
 }
 
+/** Collective frames of a newer view kept until the view changes (a restarted peer ran ahead of the news of it). */
+const HELD_WIRE_FRAMES_MAX = 65_536;
+const HELD_WIRE_BYTES_MAX = 1 << 30;
+
 /** How long a released rank waits for a durable write still under way. */
 const DURABLE_CLOSE_WAIT_MS = 5_000;
 const DURABLE_FORMAT = 1;
@@ -129,6 +133,8 @@ export class RetryOneDriver implements RetryOneHook {
   private failure: LifelineError | undefined;
   /** Collective frames of a newer view than ours, until the coordinator's news arrives. */
   private held: { header: Header; frame: RawFrame }[] = [];
+  /** Bytes of the collective frames held for a newer view (bounded: a hostile peer could send many). */
+  private heldBytes = 0;
   private timer: Timer | undefined;
   private readonly failureTimeoutMs: number;
   /** Wire executions below this were abandoned. */
@@ -228,9 +234,19 @@ export class RetryOneDriver implements RetryOneHook {
     switch (m.classifyWire(header.source, header.attempt, header.epoch, header.collSeq)) {
       case "accept":
         return true;
-      case "hold":
+      case "hold": {
+        const bytes = byteLengthOf(frame.body) + frame.header.byteLength;
+        if (this.held.length >= HELD_WIRE_FRAMES_MAX || this.heldBytes + bytes > HELD_WIRE_BYTES_MAX) {
+          this.access.fatal(
+            "CPR_PROTOCOL",
+            `rank ${this.access.rank}: more than ${HELD_WIRE_FRAMES_MAX} collective frames or ${HELD_WIRE_BYTES_MAX} bytes held for a view no restart announced yet (the last from rank ${header.source}, attempt ${header.attempt}); the coordinator's news does not arrive, or that rank is not a member of this job`,
+          );
+          return false;
+        }
         this.held.push({ header, frame });
+        this.heldBytes += bytes;
         return false;
+      }
       case "drop":
         return false;
     }
@@ -511,10 +527,14 @@ export class RetryOneDriver implements RetryOneHook {
     const m = this.machine!;
     const held = this.held;
     this.held = [];
+    this.heldBytes = 0;
     for (const h of held) {
       const v = m.classifyWire(h.header.source, h.header.attempt, h.header.epoch, h.header.collSeq);
       if (v === "accept") this.access.inject(h.frame);
-      else if (v === "hold") this.held.push(h);
+      else if (v === "hold") {
+        this.held.push(h);
+        this.heldBytes += byteLengthOf(h.frame.body) + h.frame.header.byteLength;
+      }
     }
   }
 }

@@ -84,6 +84,10 @@ const RESULT_POOL_BYTES_MAX = 512 * 1024 * 1024;
 export const LOG_BYTES_MAX_DEFAULT = 1024 * 1024 * 1024;
 /** Messages that arrived ahead of their turn (or before the rank restored), per rank. */
 const HELD_APP_FRAMES_MAX = 65_536;
+/** Bytes of all such messages together (a hostile or broken peer could send many). */
+const HELD_APP_BYTES_MAX = 1024 * 1024 * 1024;
+
+const frameBytes = (f: RawFrame): number => f.header.byteLength + byteLengthOf(f.body);
 
 /** The internal signal that ends a collective the protocol abandoned (never user-visible). */
 class Abandoned extends Error {}
@@ -138,6 +142,8 @@ export class RetryOneMode extends LoggedMode implements AppLog {
   private readonly ahead: Map<number, RawFrame>[];
   /** Messages held until the rank restored, or until the coordinator's news of their sender's incarnation. */
   private heldApp: RawFrame[] = [];
+  /** Bytes in heldApp and every ahead map. */
+  private heldAppBytes = 0;
   private restoreCalled = false;
   /** A restarted rank until its restore() got the checkpoint (its counters are unknown). */
   private awaitingRestore: boolean;
@@ -287,7 +293,8 @@ export class RetryOneMode extends LoggedMode implements AppLog {
     if (seq < want) return false;
     if (seq > want) {
       const ahead = this.ahead[src]!;
-      if (ahead.size >= HELD_APP_FRAMES_MAX) this.overflow(`messages from rank ${src} ahead of #${want}`);
+      if (ahead.has(seq)) return false; // a copy (resent while the first was on its way)
+      if (ahead.size >= HELD_APP_FRAMES_MAX || !this.hold(frame)) this.overflow(`messages from rank ${src} ahead of #${want}`);
       else ahead.set(seq, frame);
       return false;
     }
@@ -297,13 +304,21 @@ export class RetryOneMode extends LoggedMode implements AppLog {
   }
 
   private holdApp(frame: RawFrame): false {
-    if (this.heldApp.length >= HELD_APP_FRAMES_MAX) this.overflow("messages waiting for this rank's restore or for news of their sender");
+    if (this.heldApp.length >= HELD_APP_FRAMES_MAX || !this.hold(frame)) this.overflow("messages waiting for this rank's restore or for news of their sender");
     else this.heldApp.push(frame);
     return false;
   }
 
+  /** Counts a frame kept out of the matcher for now; false if that would pass the bound. */
+  private hold(frame: RawFrame): boolean {
+    const bytes = frameBytes(frame);
+    if (this.heldAppBytes + bytes > HELD_APP_BYTES_MAX) return false;
+    this.heldAppBytes += bytes;
+    return true;
+  }
+
   private overflow(what: string): void {
-    const err = new LifelineError("CPR_PROTOCOL", `rank ${this.core.rank}: more than ${HELD_APP_FRAMES_MAX} ${what}`);
+    const err = new LifelineError("CPR_PROTOCOL", `rank ${this.core.rank}: more than ${HELD_APP_FRAMES_MAX} (or ${HELD_APP_BYTES_MAX} bytes of) ${what}`);
     this.core.fatal(err);
     this.core.failPending(err);
   }
@@ -316,6 +331,7 @@ export class RetryOneMode extends LoggedMode implements AppLog {
       const f = ahead.get(want);
       if (f === undefined) return;
       ahead.delete(want);
+      this.heldAppBytes -= frameBytes(f);
       this.expected[src] = want + 1;
       this.core.channel.inject(f);
     }
@@ -327,6 +343,7 @@ export class RetryOneMode extends LoggedMode implements AppLog {
     const held = this.heldApp;
     this.heldApp = [];
     for (const f of held) {
+      this.heldAppBytes -= frameBytes(f);
       let h: Header;
       try {
         h = decodeHeader(f.header, { keysIn: "stored", size: this.core.size });
@@ -539,7 +556,11 @@ export class RetryOneMode extends LoggedMode implements AppLog {
       channel.restoreCounters(lib);
       lib.consumed.forEach((n, r) => {
         this.expected[r] = n;
-        for (const seq of this.ahead[r]!.keys()) if (seq < n) this.ahead[r]!.delete(seq);
+        for (const [seq, f] of this.ahead[r]!) {
+          if (seq >= n) continue;
+          this.ahead[r]!.delete(seq);
+          this.heldAppBytes -= frameBytes(f);
+        }
       });
       this.ordinal = lib.ordinal;
       this.logBytes = 0;
