@@ -80,6 +80,7 @@ import {
   type DurableRun,
 } from "./lib/durable.ts";
 import { hostRecoveryRun } from "./lib/host-recovery.ts";
+import { elasticBench, elasticText, type ElasticBenchResult } from "./lib/elastic.ts";
 import { calibrate, fmt, fmtRatio, median, quantile, spread } from "./lib/stats.ts";
 import { partnerCostRun, renderPartnerTable, type PartnerCostRun } from "./lib/partner-cost.ts";
 import { renderStartupTable, STARTUP_TARGET, startupRatio, startupRuns, type StartupResult } from "./lib/startup.ts";
@@ -87,7 +88,7 @@ import { renderStartupTable, STARTUP_TARGET, startupRatio, startupRuns, type Sta
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
 
 /** Benchmarks of whole jobs, run after the timed-block ones (`--only` names them too). */
-const JOB_BENCHMARKS = ["recovery", "heat-recovery", "durable", "startup", "partner"] as const;
+const JOB_BENCHMARKS = ["recovery", "heat-recovery", "durable", "elastic", "startup", "partner"] as const;
 
 const HELP = `Usage: npm run bench -- [options]
        node --import tsx bench/run.ts [options]      (after npm run build)
@@ -95,7 +96,7 @@ const HELP = `Usage: npm run bench -- [options]
   --quick               tiny sizes, 3 reps, 5 ms per timing, 1 run per whole-job variant (a smoke run)
   --only <names>        comma list of: ${[...BENCHMARKS, ...JOB_BENCHMARKS].join(", ")}
                         (default: all but partner; with --hosts: all but heat-recovery,
-                        durable and startup)
+                        durable, elastic and startup)
                         retry-one: allreduce under --mode retry-one vs --mode none, np 4;
                         retry-one-pingpong, retry-one-stream: ping-pong (8 B, 64 KiB, 1 MiB)
                         and streaming (1 MiB, 16 MiB) on 2 ranks, --mode retry-one vs --mode
@@ -109,11 +110,13 @@ const HELP = `Usage: npm run bench -- [options]
                         durable: bench/programs/recovery.ts on 4 ranks, 100 steps, no fault,
                         --mode retry-one --durable-every 0 vs 5, 10, 20, 50 (rotating): program
                         wall time and durable lines committed, target <= 1.05x;
+                        elastic: --mode elastic, 4 ranks, 64 MiB model: rank 1 killed → the 3
+                        others computing again, and a late rank joining → its model received;
                         partner: --hosts only, what a cpr partner copy costs a line,
                         --store-scope host vs shared; startup: a whole 4-rank job of
                         examples/heat.ts as .ts next to the same as .js
-  --recovery-runs <n>   runs per variant of recovery, heat-recovery (per mode) and durable
-                        (per --durable-every value) (default 3; quick 1)
+  --recovery-runs <n>   runs per variant of recovery, heat-recovery (per mode), durable
+                        (per --durable-every value) and elastic (default 3; quick 1)
   --transport <t>       ipc (default; endpoints in a temp dir) or tcp (127.0.0.1, port 0)
   --hosts               across hosts: rank r of every job (Lifeline and raw) on test host r, a
                         network namespace with its own address (src/testing/netns.ts; needs
@@ -157,6 +160,8 @@ interface Options {
   heatRecovery: boolean;
   /** retry-one's durable floor, --durable-every N vs 0 (bench/lib/durable.ts). */
   durable: boolean;
+  /** `--mode elastic`: a loss and a join (bench/lib/elastic.ts), `recoveryRuns` runs each. */
+  elastic: boolean;
   recoveryRuns: number;
   transport: "ipc" | "tcp";
   /** `--hosts`: every rank on a test host of its own. */
@@ -221,7 +226,8 @@ function parseOptions(argv: string[]): Options {
   let startup = false;
   let heatRecovery = false;
   let durable = false;
-  for (const name of (v.only ?? [...BENCHMARKS, "recovery", ...(v.hosts ? ["partner"] : ["heat-recovery", "durable", "startup"])].join(","))
+  let elastic = false;
+  for (const name of (v.only ?? [...BENCHMARKS, "recovery", ...(v.hosts ? ["partner"] : ["heat-recovery", "durable", "elastic", "startup"])].join(","))
     .split(",")
     .map((s) => s.trim())
     .filter(Boolean)) {
@@ -229,9 +235,10 @@ function parseOptions(argv: string[]): Options {
       recovery = true;
       continue;
     }
-    if (name === "heat-recovery" || name === "durable") {
+    if (name === "heat-recovery" || name === "durable" || name === "elastic") {
       if (v.hosts) usage(`--only ${name} runs on this host: drop --hosts`);
       if (name === "durable") durable = true;
+      else if (name === "elastic") elastic = true;
       else heatRecovery = true;
       continue;
     }
@@ -279,6 +286,7 @@ function parseOptions(argv: string[]): Options {
     startup: startup && v.variant !== "raw",
     heatRecovery: heatRecovery && v.variant !== "raw",
     durable: durable && v.variant !== "raw",
+    elastic: elastic && v.variant !== "raw",
     hosts: v.hosts,
     curve: v.curve,
     recoveryRuns: posInt("recovery-runs", v["recovery-runs"], quick ? 1 : 3),
@@ -607,6 +615,7 @@ async function main(): Promise<void> {
     opts.durable ||
     opts.partner ||
     opts.startup ||
+    opts.elastic ||
     cases.some((c) => Object.values(jobsFor(c, opts)).some((k) => lifelineModeOf(k) !== undefined))
   ) {
     const missing = LifelineJob.available(ROOT);
@@ -630,6 +639,7 @@ async function main(): Promise<void> {
   let cluster: TestCluster | undefined;
   let hostsEnv: HostsEnv | undefined;
   let startup: StartupResult | undefined;
+  let elasticResult: ElasticBenchResult | undefined;
   try {
     ctrl = await CtrlServer.open(`ipc://${tmpDir}/ctrl`);
     if (opts.hosts) {
@@ -698,6 +708,7 @@ async function main(): Promise<void> {
     if (heat !== undefined) await runHeatRecovery(heat, tmpDir);
     if (durable !== undefined) await runDurable(durable, tmpDir);
     if (partner !== undefined) await runPartnerCost(partner, tmpDir);
+    if (opts.elastic) elasticResult = await elasticBench(ROOT, opts.recoveryRuns, opts.quick, progress);
     if (opts.startup) {
       progress(`\n== startup: lifeline run -n 4 of examples/heat.ts as .ts and as .js, alternating`);
       startup = await startupRuns({ root: ROOT, runs: opts.quick ? 1 : 5, np: 4, progress });
@@ -715,6 +726,7 @@ async function main(): Promise<void> {
     (heat === undefined ? "" : `\n${renderHeatRecoveryTable(heat.runs, heat.errors, heat.config)}`) +
     (durable === undefined ? "" : `\n${renderDurableTable(durable.runs, durable.errors, durable.config)}`) +
     (partner === undefined ? "" : `\n${partnerText(partner)}`) +
+    (elasticResult === undefined ? "" : `\n${elasticText(elasticResult)}`) +
     (startup === undefined ? "" : `\n${renderStartupTable(startup)}`);
   process.stdout.write(`\n${tables}\n`);
   const report = {
@@ -774,6 +786,7 @@ async function main(): Promise<void> {
           },
     partner: partner === undefined ? undefined : { ...partner, target: 1.3 },
     startup: startup === undefined ? undefined : { ...startup, ratio: startupRatio(startup), target: STARTUP_TARGET },
+    elastic: elasticResult,
     jobs: jobSummaries,
     tables,
   };
@@ -786,7 +799,8 @@ async function main(): Promise<void> {
     (recovery?.errors.length ?? 0) +
     (heat?.errors.length ?? 0) +
     (durable?.errors.length ?? 0) +
-    (startup?.errors.length ?? 0);
+    (startup?.errors.length ?? 0) +
+    (elasticResult?.errors.length ?? 0);
   process.exitCode = failed > 0 ? 1 : 0;
 }
 

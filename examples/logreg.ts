@@ -1,15 +1,20 @@
 /**
  * logreg.ts — data-parallel logistic regression trained by mini-batch SGD (Rabit's use case).
  *
- * Demonstrates: the allreduce-only pattern that retry-one mode is built for. Each rank generates
- * its shard of a synthetic dataset from a seeded PRNG, computes the gradient of its part of the
- * mini-batch, and one `allreduce` of a Float64Array sums the gradients (plus loss and count).
- * Every rank applies the identical update, so the weights stay the same everywhere; the state
- * checkpointed per step is just (step, weights).
+ * Demonstrates: the allreduce-only pattern that retry-one mode is built for, and the loop of
+ * elastic jobs. Each rank generates its shard of a synthetic dataset from a seeded PRNG,
+ * computes the gradient of its part of the mini-batch, and one `allreduce` of a Float64Array
+ * sums the gradients (plus loss and count). Every rank applies the identical update, so the
+ * weights stay the same everywhere; the state checkpointed per step is just (step, weights).
+ *
+ * In `--mode elastic` the world may change: the loop is inside a try, and MPI_WORLD_CHANGED
+ * sends the rank round again — restore() gives the checkpoint the new world starts from, and
+ * the shard is cut again for the new rank and size. In the other modes the loop runs once.
  *
  * Run:
  *   npx lifeline run -n 4 --mode none examples/logreg.ts
  *   npx lifeline run -n 4 --mode retry-one examples/logreg.ts --steps 1000
+ *   npx lifeline run -n 4 --mode elastic --min-np 2 examples/logreg.ts --steps 1000
  *
  * Args: --samples N (whole dataset, default 16384), --features D (default 16),
  *       --steps S (default 300), --batch B (rows per rank per step, default 128),
@@ -17,11 +22,12 @@
  *
  * Sample i is generated from (seed, i) alone, so the dataset does not depend on the number of
  * ranks; the ranks split it into contiguous blocks. Each rank finalizes the SHA-256 of the
- * weights, identical on all ranks and on every re-run with the same rank count.
+ * weights, identical on all ranks and on every re-run with the same rank count (elastic: with
+ * the same changes of the world at the same steps).
  */
 import { createHash } from "node:crypto";
 import { parseArgs } from "node:util";
-import { init } from "lifeline";
+import { init, isLifelineError } from "lifeline";
 
 interface State {
   /** SGD steps done. */
@@ -51,56 +57,61 @@ const lr = Number(args.lr);
 if (!(lr > 0)) throw new RangeError(`--lr must be a positive number, got ${args.lr}`);
 
 const world = await init();
-const { rank, size } = world;
-if (nSamples < size) throw new RangeError(`--samples ${nSamples} is fewer than the ${size} ranks`);
-
-// This rank's shard: a contiguous block of the global sample indices.
-const lo = Math.floor((nSamples * rank) / size);
-const hi = Math.floor((nSamples * (rank + 1)) / size);
-const nLocal = hi - lo;
-const { x, y } = makeShard(lo, hi);
-
-const saved = await world.restore<State>();
-const s: State = saved?.state ?? { step: 0, w: new Float64Array(d + 1), loss: NaN };
-
 // [gradient (D weights + bias), loss sum, row count]: one allreduce per step carries it all.
 const buf = new Float64Array(d + 3);
 const reportEvery = Math.max(1, Math.floor(steps / 5));
-while (s.step < steps) {
-  buf.fill(0);
-  const start = (s.step * batch) % nLocal;
-  for (let b = 0; b < Math.min(batch, nLocal); b++) accumulate((start + b) % nLocal, s.w, buf);
-  const total = await world.allreduce(buf, "sum");
-  const count = total[d + 2];
-  for (let j = 0; j <= d; j++) s.w[j] -= (lr * total[j]) / count;
-  s.loss = total[d + 1] / count;
-  s.step++;
-  if (rank === 0 && (s.step % reportEvery === 0 || s.step === steps)) {
-    console.log(`logreg: step ${s.step}/${steps}, mini-batch loss ${s.loss.toFixed(6)}`);
-  }
-  await world.checkpoint(s);
-}
+for (;;) {
+  const saved = await world.restore<State>();
+  const s: State = saved?.state ?? { step: 0, w: new Float64Array(d + 1), loss: NaN };
+  const { rank, size } = world;
+  if (nSamples < size) throw new RangeError(`--samples ${nSamples} is fewer than the ${size} ranks`);
+  // This rank's shard: a contiguous block of the global sample indices.
+  const lo = Math.floor((nSamples * rank) / size);
+  const hi = Math.floor((nSamples * (rank + 1)) / size);
+  const nLocal = hi - lo;
+  const { x, y } = makeShard(lo, hi);
+  try {
+    while (s.step < steps) {
+      buf.fill(0);
+      const start = (s.step * batch) % nLocal;
+      for (let b = 0; b < Math.min(batch, nLocal); b++) accumulate(x, y, (start + b) % nLocal, s.w, buf);
+      const total = await world.allreduce(buf, "sum");
+      const count = total[d + 2];
+      for (let j = 0; j <= d; j++) s.w[j] -= (lr * total[j]) / count;
+      s.loss = total[d + 1] / count;
+      s.step++;
+      if (rank === 0 && (s.step % reportEvery === 0 || s.step === steps)) {
+        console.log(`logreg: step ${s.step}/${steps}, mini-batch loss ${s.loss.toFixed(6)}`);
+      }
+      await world.checkpoint(s);
+    }
 
-// Loss and accuracy over the whole dataset, for the summary line.
-buf.fill(0);
-let correct = 0;
-for (let i = 0; i < nLocal; i++) {
-  const z = accumulate(i, s.w, buf);
-  if ((z > 0 ? 1 : 0) === y[i]) correct++;
+    // Loss and accuracy over the whole dataset, for the summary line.
+    buf.fill(0);
+    let correct = 0;
+    for (let i = 0; i < nLocal; i++) {
+      const z = accumulate(x, y, i, s.w, buf);
+      if ((z > 0 ? 1 : 0) === y[i]) correct++;
+    }
+    const [lossSum, n, right] = await world.allreduce(new Float64Array([buf[d + 1], buf[d + 2], correct]), "sum");
+    if (rank === 0) {
+      console.log(
+        `logreg: ${nSamples} samples x ${d} features on ${size} ranks, ${steps} steps: loss ${(lossSum / n).toFixed(6)}, accuracy ${((100 * right) / n).toFixed(2)}%`,
+      );
+    }
+    await world.finalize(sha256Hex(s.w));
+    break;
+  } catch (err) {
+    // --mode elastic: a rank left or joined. Go round: restore(), then cut the shard again.
+    if (!isLifelineError(err, "MPI_WORLD_CHANGED")) throw err;
+  }
 }
-const [lossSum, n, right] = await world.allreduce(new Float64Array([buf[d + 1], buf[d + 2], correct]), "sum");
-if (rank === 0) {
-  console.log(
-    `logreg: ${nSamples} samples x ${d} features on ${size} ranks, ${steps} steps: loss ${(lossSum / n).toFixed(6)}, accuracy ${((100 * right) / n).toFixed(2)}%`,
-  );
-}
-await world.finalize(sha256Hex(s.w));
 
 /**
  * Adds row i's gradient of the log-loss (and its loss and a count of 1) into `acc`;
  * returns the row's margin z = w.x + b.
  */
-function accumulate(i: number, w: Float64Array, acc: Float64Array): number {
+function accumulate(x: Float64Array, y: Uint8Array, i: number, w: Float64Array, acc: Float64Array): number {
   const row = i * d;
   let z = w[d];
   for (let j = 0; j < d; j++) z += w[j] * x[row + j];

@@ -220,6 +220,10 @@ function addRunOptions(cmd: Command): void {
       "retry-one: bound on each rank's log of sent messages its receivers' checkpoints do not cover yet, e.g. 256MiB (default 1GiB)",
     )
     .option("--no-spare", "do not keep warm spare processes for restarts (one in retry-one, one per rank in cpr; restarted ranks then start cold)")
+    .option("--min-np <n>", "elastic: the fewest ranks the job goes on with; below, it waits --elastic-timeout for ranks to join, then fails (default 1)")
+    .option("--max-np <n>", "elastic: the most ranks at once; -n start, the others join when up (default -n)")
+    .option("--elastic-timeout <dur>", `elastic: how long a job below --min-np waits for ranks to join (default ${DEFAULTS.elasticTimeoutMs / 1000}s)`)
+    .option("--replay <results.json>", "elastic: run the changes of the world another run recorded in its --results file, without faults")
     .option("--restart-reset <dur>", "healthy running for this long forgives earlier restarts: --max-restarts and the back-off start over (default: never)")
     .option("--error-file <file>", "JSON record of every failure: rank, attempt, cause, time, last stderr lines (default <store>/errors.json)")
     .option("--heartbeat <ms>", `rank heartbeat interval (default ${DEFAULTS.heartbeatMs}ms)`)
@@ -285,6 +289,10 @@ function toFlags(app: string, args: string[], o: Record<string, unknown>): RunFl
     logLimit: str("logLimit"),
     durableEvery: str("durableEvery"),
     spare: o.spare === false ? false : undefined,
+    minNp: str("minNp"),
+    maxNp: str("maxNp"),
+    elasticTimeout: str("elasticTimeout"),
+    replay: str("replay"),
     restartReset: str("restartReset"),
     errorFile: str("errorFile"),
     heartbeat: str("heartbeat"),
@@ -319,6 +327,10 @@ function resolveStandalone(config: RunConfig, opts: Record<string, unknown>): nu
   if (config.transport !== "tcp") problems.push("lifeline coordinator listens on tcp (other engines' ranks connect to it): drop --transport ipc");
   if (config.mode === "retry-one")
     problems.push("--mode retry-one restarts one rank into the running job, which only the launcher can do: use lifeline run, or --mode cpr / none here");
+  if (config.mode === "elastic")
+    problems.push(
+      "--mode elastic starts ranks into the running job (and decides when to), which only the launcher does: use lifeline run, or --mode cpr / none here",
+    );
   if (config.launcher === "slurm")
     problems.push(
       "--launcher slurm starts ranks as job steps; lifeline coordinator leaves that to the engine (srun in the batch script): drop it (or use lifeline run)",

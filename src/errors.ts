@@ -26,6 +26,7 @@ export type LifelineErrorCode =
   | "MPI_REQUEST" // misuse of a request (waited on twice after completion is fine; invalid state is not)
   | "MPI_BOOTSTRAP" // a bootstrap key reused, or a bootstrap collective after the first checkpoint
   | "MPI_TIMEOUT" // a bounded wait ran out
+  | "MPI_WORLD_CHANGED" // elastic: the world changed (a rank left or joined); call restore() and go on with the new rank and size
   | "MPI_LIMIT" // a message longer than --max-message, or more unmatched messages than --max-unexpected
   // checkpoint-restart
   | "CPR_RESTORE" // restore() misuse or a restore that cannot be served
@@ -50,6 +51,7 @@ export type LifelineErrorCode =
   | "LAUNCH_CRASH_LOOP" // a rank failed the same way twice in a row before its first checkpoint(): a bug, not a fault
   | "LAUNCH_RESUME" // the store holds another job's lines, or --resume found nothing to resume
   | "LAUNCH_START" // a rank did not join (call init()) within --start-timeout of its start
+  | "LAUNCH_TOO_FEW" // elastic: fewer ranks than --min-np, and none came within --elastic-timeout
   | "LAUNCH_INTERRUPTED" // the launcher was told to stop (SIGINT/SIGTERM)
   | "LAUNCH_FAULT_SPEC"; // a malformed --kill / LIFELINE_FAULTS spec
 

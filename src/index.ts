@@ -73,7 +73,8 @@ export async function init(options: InitOptions = {}): Promise<World> {
         openParts: () => new LevelRecoveryStore(place.store).openRank(place.rank),
       });
     }
-    const world = await World.join(place, { cpr, retryOne, keys });
+    const elastic = place.mode === "elastic" ? (await import("./cpr/elastic/driver.ts")).elasticHook() : undefined;
+    const world = await World.join(place, { cpr, retryOne, keys, elastic });
     watchdog.joined();
     world.onClose(() => watchdog.stop());
     return world;

@@ -38,7 +38,17 @@ import { DEFAULT_MAX_MESSAGE_BYTES } from "../mpi/env.ts";
 import { tokenOf, type CoordinatorKeys } from "../mpi/keys.ts";
 import { curveServer, refusalWarnings, registerZap, watchHandshakes, type ZapDomain } from "../mpi/zmq/zap.ts";
 import { FRAME_SLACK_BYTES } from "../mpi/zmq/zmq-transport.ts";
-import { type CoordinatorEvent, Membership, type MembershipEffect, type MembershipInput, printable, type RankLink, type TableMessage } from "./membership.ts";
+import {
+  type CoordinatorEvent,
+  Membership,
+  type MembershipEffect,
+  type MembershipInput,
+  type MembershipOptions,
+  printable,
+  type RankLink,
+  type TableMessage,
+} from "./membership.ts";
+import { ElasticMembership, type ElasticMembershipOptions } from "./elastic-membership.ts";
 
 export type { CoordinatorEvent, RankLink } from "./membership.ts";
 
@@ -78,6 +88,8 @@ export interface CoordinatorOptions {
    * ranks' messages flow as usual; a rejection is reported as `tables-failed`.
    */
   beforeTables?: () => Promise<void>;
+  /** An elastic job: its slots, worlds and limits (elastic-membership.ts runs it instead of Membership). */
+  elastic?: Pick<ElasticMembershipOptions, "slots" | "initial" | "minNp" | "maxNp" | "waitMs" | "plan"> | undefined;
 }
 
 /** Unix socket paths are limited to 107 bytes (sun_path) on Linux. */
@@ -113,7 +125,7 @@ export class Coordinator {
       if (t === undefined) tokenCache.set(at, (t = tokenOf(tokens, rank, attempt)));
       return t;
     };
-    this.machine = new Membership({
+    const machine: MembershipOptions = {
       size: opts.size,
       channelKeys,
       mode: opts.mode,
@@ -124,7 +136,9 @@ export class Coordinator {
       warningsMax: opts.warningsMax,
       tableFor: opts.tableFor,
       prepareTables: opts.beforeTables !== undefined,
-    });
+    };
+    // An elastic job's world changes while it runs: its own machine, with the same inputs and effects.
+    this.machine = opts.elastic === undefined ? new Membership(machine) : new ElasticMembership({ ...machine, ...opts.elastic });
     // mandatory: a send to a rank that is gone fails (and is reported) instead of vanishing;
     // sendTimeout bounds a send to a rank whose queue is full, so one stuck rank cannot
     // block the release or abort of the others (sends are serialized).
@@ -224,7 +238,7 @@ export class Coordinator {
    * and it counts as down until a restarted incarnation says hello.
    */
   rankDown(rank: number, attempt: number): void {
-    void this.run({ kind: "rank-down", rank, attempt });
+    void this.run({ kind: "rank-down", rank, attempt, nowMs: performance.now() });
   }
 
   /**

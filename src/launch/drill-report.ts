@@ -26,6 +26,8 @@ export interface RunResult {
   restarts: number;
   results: unknown[];
   error: { code: string; message: string } | undefined;
+  /** The policy's account of recovery (elastic: the changes of the world, which a replay runs again). */
+  recovery?: Record<string, unknown> | undefined;
 }
 
 /** What one planned fault did in its run. Times are ms since the run started. */
@@ -49,6 +51,8 @@ export interface FaultReport {
   interruptedMs: number | undefined;
   /** retry-one: the failed rank alone restored checkpoint `restoreEpoch` from its peers' memory. */
   restoredFromPeers?: boolean;
+  /** elastic: the others went back to checkpoint `restoreEpoch` and went on without the failed rank. */
+  wentOn?: boolean;
   /** The recovery line (epoch) the job rolled back to, when the protocol reported it. */
   restoreEpoch: number | undefined;
   /** Steps redone: steps at the hit minus the steps the restored state already held. */
@@ -230,6 +234,19 @@ export function analyzeFaults(events: readonly RecordedEvent[], faults: readonly
         for (const r of open) if (r.fault.rank === ev.rank && r.upMs !== undefined && recovering(r)) r.recoveredMs = t;
         break;
       }
+      case "world-changed": {
+        // elastic: the others went back to checkpoint `at` and go on without the lost rank:
+        // recovered, whether or not its slot is started again.
+        if (!ev.rollback) break;
+        for (const r of open) {
+          if (r.detectedMs === undefined || !recovering(r)) continue;
+          r.restoreEpoch = ev.at;
+          r.wentOn = true;
+          r.recoveredMs = t;
+          if (r.stepsAtHit !== undefined) r.workLostSteps = Math.max(0, r.stepsAtHit - ev.at);
+        }
+        break;
+      }
       default:
         break;
     }
@@ -241,6 +258,8 @@ export function analyzeFaults(events: readonly RecordedEvent[], faults: readonly
       continue;
     }
     if (r.cause === undefined && r.detectedMs !== undefined) r.cause = r.fault.hang ? "heartbeat" : "exit";
+    // elastic: the job went on without the rank (whether its slot was started again or not).
+    if (r.wentOn === true) continue;
     if (r.restartedMs === undefined) {
       r.note = ctx.mode === "none" ? "not recovered: mode none cannot recover" : "not recovered: the rank was not restarted";
       continue;
@@ -321,7 +340,7 @@ export function describeFault(r: FaultReport): string {
   if (r.restoreEpoch !== undefined) {
     const none = r.restoredFromPeers === true ? "restarted from the beginning (no checkpoint yet)" : "restarted from the beginning (no line yet)";
     const back = r.restoredFromPeers === true ? `restored checkpoint ${r.restoreEpoch} from its peers` : `rolled back to line ${r.restoreEpoch}`;
-    parts.push(r.restoreEpoch === 0 ? none : back);
+    parts.push(r.wentOn === true ? `the others went back to checkpoint ${r.restoreEpoch} and went on without it` : r.restoreEpoch === 0 ? none : back);
   }
   if (r.workLostSteps !== undefined) parts.push(`${r.workLostSteps} step${r.workLostSteps === 1 ? "" : "s"} redone`);
   if (r.note !== undefined) parts.push(r.note);

@@ -129,12 +129,12 @@ export function planFaults(specs: readonly KillSpec[], ctx: { size: number; mode
     for (let k = 0; k < spec.count; k++) drafts.push({ ...drawRandomKill(prng, ctx.reference), attempt: undefined, source: spec.text });
   }
   // Attempts: the kth fault fires in attempt k (restart-all modes bump every rank's attempt),
-  // or, in retry-one, in the rank's own kth life.
+  // or, in retry-one and elastic, in the rank's own kth life.
   const livesByRank = new Array<number>(ctx.size).fill(0);
   return drafts.map((d, k) => {
     const own = livesByRank[d.rank]!;
     livesByRank[d.rank] = own + 1;
-    const attempt = d.attempt ?? (ctx.mode === "retry-one" ? own : k);
+    const attempt = d.attempt ?? (ctx.mode === "retry-one" || ctx.mode === "elastic" ? own : k);
     const step = /^(?:hang:)?step:(\d+)$/.exec(d.trigger);
     return {
       index: k + 1,

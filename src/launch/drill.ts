@@ -43,6 +43,7 @@ import { parseCount, resolveRunConfig, type RunConfig, type RunFlags } from "./o
 import type { JobEvent, OutStream, Reporter } from "./progress.ts";
 import { toJsonSafe } from "./results.ts";
 import { runJob, type RunIo } from "./run.ts";
+import { runElasticDrill } from "./drill-elastic.ts";
 
 /** Most faulty runs `--repeat` may ask for. */
 export const REPEAT_MAX = 1000;
@@ -87,6 +88,7 @@ export function resolveDrillConfig(flags: DrillFlags, ctx: { cwd: string; comman
     problems.push(...err.message.split("\n").map((l) => l.replace(/^- /, "")));
   };
   if ((flags.inject ?? []).length > 0) problems.push("drill takes its faults from --kill (e.g. --kill 1@step:5), not --inject");
+  if (flags.replay !== undefined) problems.push("drill replays each faulty run's changes of the world itself (--mode elastic): drop --replay");
   if (flags.resume === true || flags.fresh === true)
     problems.push(`drill runs every job in a fresh store of its own, so ${flags.resume === true ? "--resume" : "--fresh"} does not apply`);
   let run: RunConfig | undefined;
@@ -144,6 +146,8 @@ export type DrillIo = Pick<RunIo, "stdout" | "stderr" | "env" | "handleSignals">
 
 /** Runs the reference and the faulty runs; never rejects for failed runs (they are the verdict). */
 export async function runDrill(config: DrillConfig, io: DrillIo): Promise<DrillOutcome> {
+  // elastic: each faulty run's reference is the fault-free replay of its changes (drill-elastic.ts).
+  if (config.run.mode === "elastic") return runElasticDrill(config, io);
   const out = new DrillOutput(config, io.stderr);
   const { run: base } = config;
   const runs: DrillRun[] = [];
@@ -163,40 +167,7 @@ export async function runDrill(config: DrillConfig, io: DrillIo): Promise<DrillO
     kills: config.kills.map((k) => k.text),
   });
 
-  const finish = async (pass: boolean, exitCode: number, summary: string): Promise<DrillOutcome> => {
-    const report: DrillReport = {
-      app: base.app,
-      appArgs: base.appArgs,
-      size: base.size,
-      mode: base.mode,
-      seed: config.seed,
-      command: config.command,
-      runs,
-      pass,
-      summary,
-    };
-    if (config.reportPath !== undefined) {
-      try {
-        await writeFile(config.reportPath, renderHtml(report));
-        out.info(`report written to ${config.reportPath}`);
-      } catch (err) {
-        out.error(`cannot write --report file ${config.reportPath}: ${errorMessage(err)}`);
-        if (exitCode === 0) exitCode = 1;
-      }
-    }
-    if (base.resultsPath !== undefined) {
-      try {
-        await writeFile(base.resultsPath, `${JSON.stringify(resultsDocument(report, exitCode), null, 2)}\n`);
-      } catch (err) {
-        out.error(`cannot write --results file ${base.resultsPath}: ${errorMessage(err)}`);
-        if (exitCode === 0) exitCode = 1;
-      }
-    }
-    if (pass) out.pass(summary);
-    else out.fail(summary);
-    out.json({ event: "drill-finished", pass, exitCode, summary });
-    return { pass, exitCode, report };
-  };
+  const finish = (pass: boolean, exitCode: number, summary: string): Promise<DrillOutcome> => finishDrill(config, out, runs, pass, exitCode, summary);
 
   // 1. The reference: mode none, no faults, no results file of its own.
   out.info(`run 0 (reference, mode none): starting`);
@@ -214,20 +185,10 @@ export async function runDrill(config: DrillConfig, io: DrillIo): Promise<DrillO
 
   // 2. The faulty runs.
   for (let k = 0; k < config.repeat; k++) {
-    const seed = deriveSeed(config.seed, k);
-    let faults: PlannedFault[];
-    try {
-      faults = planFaults(config.kills, { size: base.size, mode: base.mode, seed, reference: shape });
-    } catch (err) {
-      if (!isLifelineError(err)) throw err;
-      return finish(false, 1, err.message);
-    }
+    const planned = faultsOfRun(config, k, shape);
+    if ("problem" in planned) return finish(false, 1, planned.problem);
+    const { seed, faults, perRank } = planned;
     const label = config.repeat === 1 ? "faulty run" : `faulty run ${k + 1}/${config.repeat}`;
-    const perRank = new Array<string>(base.size).fill("");
-    for (const f of faults) {
-      const spec = `${f.trigger}@attempt=${f.attempt}`;
-      perRank[f.rank] = perRank[f.rank] === "" ? spec : `${perRank[f.rank]};${spec}`;
-    }
     out.info(
       `run ${k + 1} (${label}, mode ${base.mode}, seed ${seed}): ` +
         (faults.length === 0
@@ -244,30 +205,104 @@ export async function runDrill(config: DrillConfig, io: DrillIo): Promise<DrillO
     if (run.result.error?.code === "LAUNCH_INTERRUPTED") return finish(false, run.result.exitCode, "drill interrupted");
   }
 
-  const faulty = runs.slice(1);
+  return closeDrill(finish, runs.slice(1), { same: "the reference run's", against: "the reference", missed: "reproduce the reference" });
+}
+
+/** Faulty run `k`'s seed and faults, and each rank's LIFELINE_FAULTS for them; or why a kill cannot be placed. */
+export function faultsOfRun(
+  config: DrillConfig,
+  k: number,
+  shape: ReferenceShape | undefined,
+): { seed: number; faults: PlannedFault[]; perRank: string[] } | { problem: string } {
+  const base = config.run;
+  const seed = deriveSeed(config.seed, k);
+  let faults: PlannedFault[];
+  try {
+    faults = planFaults(config.kills, { size: base.size, mode: base.mode, seed, reference: shape });
+  } catch (err) {
+    if (!isLifelineError(err)) throw err;
+    return { problem: err.message };
+  }
+  const perRank = new Array<string>(base.size).fill("");
+  for (const f of faults) {
+    const spec = `${f.trigger}@attempt=${f.attempt}`;
+    perRank[f.rank] = perRank[f.rank] === "" ? spec : `${perRank[f.rank]};${spec}`;
+  }
+  return { seed, faults, perRank };
+}
+
+/**
+ * The drill's last word: PASS if every faulty run's results equal its reference's (`ref` words
+ * what that reference is), else FAIL naming the first that did not.
+ */
+export function closeDrill(
+  finish: (pass: boolean, exitCode: number, summary: string) => Promise<DrillOutcome>,
+  faulty: readonly DrillRun[],
+  ref: { same: string; against: string; missed: string },
+): Promise<DrillOutcome> {
   const bad = faulty.filter((r) => r.verdict?.kind !== "identical");
   if (bad.length === 0) {
-    return finish(
-      true,
-      0,
-      `PASS: ${faulty.length === 1 ? "the faulty run's" : `all ${faulty.length} faulty runs'`} results are bit-identical to the reference run's`,
-    );
+    return finish(true, 0, `PASS: ${faulty.length === 1 ? "the faulty run's" : `all ${faulty.length} faulty runs'`} results are bit-identical to ${ref.same}`);
   }
   const first = bad[0]!;
   const v = first.verdict!;
   const what =
     v.kind === "differs"
-      ? `results differ from the reference on rank${v.ranks.length === 1 ? "" : "s"} ${v.ranks.join(", ")}`
+      ? `results differ from ${ref.against} on rank${v.ranks.length === 1 ? "" : "s"} ${v.ranks.join(", ")}`
       : `failed: ${v.kind === "failed" ? v.message : ""}`;
   return finish(
     false,
     1,
-    `FAIL: ${bad.length} of ${faulty.length} faulty run${faulty.length === 1 ? "" : "s"} did not reproduce the reference; ${first.label} (seed ${first.seed}) ${what}`,
+    `FAIL: ${bad.length} of ${faulty.length} faulty run${faulty.length === 1 ? "" : "s"} did not ${ref.missed}; ${first.label} (seed ${first.seed}) ${what}`,
   );
 }
 
+/** Writes the report and the results file of a drill whose runs are done, and says how it went. */
+export async function finishDrill(
+  config: DrillConfig,
+  out: DrillOutput,
+  runs: DrillRun[],
+  pass: boolean,
+  exitCode: number,
+  summary: string,
+): Promise<DrillOutcome> {
+  const base = config.run;
+  const report: DrillReport = {
+    app: base.app,
+    appArgs: base.appArgs,
+    size: base.size,
+    mode: base.mode,
+    seed: config.seed,
+    command: config.command,
+    runs,
+    pass,
+    summary,
+  };
+  if (config.reportPath !== undefined) {
+    try {
+      await writeFile(config.reportPath, renderHtml(report));
+      out.info(`report written to ${config.reportPath}`);
+    } catch (err) {
+      out.error(`cannot write --report file ${config.reportPath}: ${errorMessage(err)}`);
+      if (exitCode === 0) exitCode = 1;
+    }
+  }
+  if (base.resultsPath !== undefined) {
+    try {
+      await writeFile(base.resultsPath, `${JSON.stringify(resultsDocument(report, exitCode), null, 2)}\n`);
+    } catch (err) {
+      out.error(`cannot write --results file ${base.resultsPath}: ${errorMessage(err)}`);
+      if (exitCode === 0) exitCode = 1;
+    }
+  }
+  if (pass) out.pass(summary);
+  else out.fail(summary);
+  out.json({ event: "drill-finished", pass, exitCode, summary });
+  return { pass, exitCode, report };
+}
+
 /** Runs one job through runJob with a recording reporter and analyses its faults. */
-async function executeRun(
+export async function executeRun(
   runConfig: RunConfig,
   meta: { index: number; label: string; mode: Mode; seed: number | undefined; faults: PlannedFault[] },
   config: DrillConfig,
@@ -289,6 +324,7 @@ async function executeRun(
       restarts: outcome.restarts,
       results: outcome.results,
       error: outcome.error === undefined ? undefined : { code: outcome.error.code, message: outcome.error.message },
+      recovery: outcome.recovery,
     };
   } finally {
     rmSync(store, { recursive: true, force: true });
@@ -380,7 +416,7 @@ class RecordingReporter implements Reporter {
 }
 
 /** The drill's own output: plain lines for people (or nothing with --quiet), JSON with --json. */
-class DrillOutput {
+export class DrillOutput {
   private readonly style: "json" | "quiet" | "plain";
 
   constructor(
@@ -436,7 +472,7 @@ class DrillOutput {
   }
 }
 
-function faultJson(r: DrillRun["faultReports"][number]): Record<string, unknown> {
+export function faultJson(r: DrillRun["faultReports"][number]): Record<string, unknown> {
   return {
     index: r.fault.index,
     rank: r.fault.rank,

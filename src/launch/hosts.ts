@@ -153,6 +153,12 @@ export class Placement {
     return this.hosts.flatMap((h, i) => (this.used[i]! < h.slots ? [{ host: h.host, slots: h.slots - this.used[i]! }] : []));
   }
 
+  /** Whether a free slot on another host not suspected dead is there for rank `rank` (see {@link move}). */
+  canMove(rank: number): boolean {
+    const from = this.at[rank]!;
+    return this.hosts.some((h, i) => i !== from && !this.suspect.has(i) && this.used[i]! < h.slots);
+  }
+
   /**
    * Where rank `rank` restarts. A crash (`suspect: false`) keeps its host. A host suspected
    * dead is avoided from then on: the rank moves to a free slot on a host not suspected, else

@@ -31,6 +31,7 @@ import assert from "node:assert/strict";
 import { errorMessage } from "../errors.ts";
 import { decodeValue } from "../mpi/codec.ts";
 import type { CoordinatorToRank, RankToCoordinator } from "../mpi/control.ts";
+import type { ElasticEvent } from "./elastic-membership.ts";
 
 /** What the coordinator reports to its owner. */
 export type CoordinatorEvent =
@@ -57,6 +58,8 @@ export type CoordinatorEvent =
   | { kind: "tables-failed"; code: string; message: string }
   /** Not every rank said hello within the rendezvous timeout. */
   | { kind: "rendezvous-timeout"; missing: number[]; timeoutMs: number }
+  /** elastic: news of the job's world (elastic-membership.ts, which runs elastic jobs). */
+  | { kind: "elastic"; detail: ElasticEvent }
   | { kind: "warning"; message: string };
 
 /** The `table` message, which carries the endpoints of every rank. */
@@ -131,8 +134,8 @@ export type MembershipInput =
   | { readonly kind: "round-over" }
   /** cpr: every rank starts again as `attempts[rank]`; a new rendezvous. */
   | { readonly kind: "restart-round"; readonly attempts: readonly number[]; readonly nowMs: number }
-  /** retry-one: incarnation `attempt` of `rank` died. */
-  | { readonly kind: "rank-down"; readonly rank: number; readonly attempt: number }
+  /** retry-one, elastic: incarnation `attempt` of `rank` died (at `nowMs`: elastic times its wait for ranks from it). */
+  | { readonly kind: "rank-down"; readonly rank: number; readonly attempt: number; readonly nowMs?: number }
   /** retry-one: `rank` starts again as incarnation `attempt` while the others run on. */
   | { readonly kind: "restart-rank"; readonly rank: number; readonly attempt: number }
   /** The owner's message to one rank (sent if the rank is up). */
@@ -165,14 +168,14 @@ const WARNINGS_MAX = 10;
  * membership.link(1).up; // false
  */
 export class Membership {
-  private readonly linksValue: RankLink[];
-  private readonly byIdentity = new Map<string, number>();
-  private phaseValue: MembershipPhase = "new";
+  protected readonly linksValue: RankLink[];
+  protected readonly byIdentity = new Map<string, number>();
+  protected phaseValue: MembershipPhase = "new";
   private helloCount = 0;
   /** Counts rendezvous rounds: tables prepared for an older round are not sent. */
   private roundValue = 0;
   private finalizedCount = 0;
-  private deadlineMs: number | undefined;
+  protected deadlineMs: number | undefined;
   private warnings = 0;
   private suppressedWarnings = 0;
   /** retry-one: ranks down (dead, or restarted and not back yet), and those expected back. */
@@ -181,11 +184,11 @@ export class Membership {
   /** retry-one: per restarted rank, the checkpoint count its dead incarnations had reported. */
   private readonly reached = new Map<number, number>();
   /** retry-one: routing ids of dead incarnations (their last messages are ignored quietly). */
-  private readonly gone = new Set<string>();
+  protected readonly gone = new Set<string>();
   /** Effects of the input being handled. */
-  private out: MembershipEffect[] = [];
+  protected out: MembershipEffect[] = [];
 
-  constructor(private readonly opts: MembershipOptions) {
+  constructor(protected readonly opts: MembershipOptions) {
     assert(Number.isInteger(opts.size) && opts.size >= 1, "coordinator size must be a positive integer");
     this.linksValue = Array.from({ length: opts.size }, (_, rank) => this.incarnation(rank, 0));
   }
@@ -259,7 +262,7 @@ export class Membership {
         this.restartRound(input.attempts, input.nowMs);
         break;
       case "rank-down":
-        this.rankDown(input.rank, input.attempt);
+        this.rankDown(input.rank, input.attempt, input.nowMs);
         break;
       case "restart-rank":
         this.restartRank(input.rank, input.attempt);
@@ -344,7 +347,7 @@ export class Membership {
    * retry-one: `rank` (incarnation `attempt`) died. The others are told at once (`peer-down`)
    * and it counts as down until a restarted incarnation says hello.
    */
-  private rankDown(rank: number, attempt: number): void {
+  protected rankDown(rank: number, attempt: number, _nowMs?: number): void {
     const link = this.linksValue[rank]!;
     if (link.attempt !== attempt || this.phaseValue !== "running") return;
     link.up = false;
@@ -369,7 +372,7 @@ export class Membership {
    * Its hello gets it the table (with the ranks down right now); the others get `peer` with
    * its new endpoint. Nobody else re-handshakes.
    */
-  private restartRank(rank: number, attempt: number): void {
+  protected restartRank(rank: number, attempt: number): void {
     const link = this.linksValue[rank]!;
     this.byIdentity.delete(link.identity);
     if (link.finalized && this.phaseValue !== "released") this.finalizedCount--;
@@ -383,8 +386,13 @@ export class Membership {
     this.rejoining.add(rank);
   }
 
+  /** An elastic job's message (elastic-membership.ts takes them; no other job sends them). */
+  protected onElastic(rank: number, msg: Extract<RankToCoordinator, { t: `elastic-${string}` }>): void {
+    this.warn(`ignored ${msg.t} from rank ${rank}: this job does not run in --mode elastic`);
+  }
+
   /** The link of incarnation `attempt` of `rank` before its hello. */
-  private incarnation(rank: number, attempt: number): RankLink {
+  protected incarnation(rank: number, attempt: number): RankLink {
     return {
       attempt,
       identity: this.opts.identity(rank, attempt),
@@ -399,7 +407,7 @@ export class Membership {
     };
   }
 
-  private onTick(nowMs: number): void {
+  protected onTick(nowMs: number): void {
     if (this.deadlineMs === undefined || nowMs < this.deadlineMs || this.phaseValue !== "rendezvous") return;
     this.deadlineMs = undefined;
     this.emit({ kind: "rendezvous-timeout", missing: this.missingRanks(), timeoutMs: this.opts.rendezvousTimeoutMs! });
@@ -475,6 +483,10 @@ export class Membership {
         if (msg.attempt !== link.attempt) return; // an older incarnation's late word
         this.emit({ kind: "caught-up", rank, attempt: msg.attempt, restored: msg.restored, version: msg.version, seqno: msg.seqno, replayed: msg.replayed });
         return;
+      case "elastic-summary":
+      case "elastic-switched":
+        this.onElastic(rank, msg);
+        return;
       default: {
         const never: never = msg;
         void never;
@@ -501,6 +513,11 @@ export class Membership {
       this.warn(`ignored a second hello from rank ${msg.rank} (pid ${msg.pid}; rank ${msg.rank} is pid ${link.pid})`);
       return;
     }
+    this.admit(identity, msg);
+  }
+
+  /** A hello that passed the checks: the rank joins the rendezvous (or, restarted, the running job). */
+  protected admit(identity: string, msg: Extract<RankToCoordinator, { t: "hello" }>): void {
     if (this.phaseValue === "running" && this.rejoining.has(msg.rank)) {
       this.onRejoin(identity, msg);
       return;
@@ -514,7 +531,7 @@ export class Membership {
     if (this.helloCount === this.opts.size) this.onAllUp();
   }
 
-  private linkUp(identity: string, msg: Extract<RankToCoordinator, { t: "hello" }>): void {
+  protected linkUp(identity: string, msg: Extract<RankToCoordinator, { t: "hello" }>): void {
     const link = this.linksValue[msg.rank]!;
     link.up = true;
     link.pid = msg.pid;
@@ -572,12 +589,12 @@ export class Membership {
   }
 
   /** The ranks' CURVE keys for a table, if they have any ("" for a rank down). */
-  private curveKeys(): Pick<TableMessage, "curveKeys"> {
+  protected curveKeys(): Pick<TableMessage, "curveKeys"> {
     return this.linksValue.some((l) => l.curveKey !== undefined) ? { curveKeys: this.linksValue.map((l) => l.curveKey ?? "") } : {};
   }
 
   /** Rank `rank`'s table: what every table of the job carries, `fields`, and the owner's extras. */
-  private tableOf(rank: number, fields: Pick<TableMessage, "endpoints" | "attempts" | "down" | "reached" | "curveKeys">): TableMessage {
+  protected tableOf(rank: number, fields: Pick<TableMessage, "endpoints" | "attempts" | "down" | "reached" | "curveKeys">): TableMessage {
     const size = this.opts.size;
     const keys = this.opts.channelKeys;
     return {
@@ -603,6 +620,11 @@ export class Membership {
       this.emit({ kind: "bad-result", rank, message: `the finalize() result of rank ${rank} cannot be decoded: ${errorMessage(err)}` });
       return;
     }
+    this.onResult(rank, link, result);
+  }
+
+  /** A rank's finalize() result: the job is released once every rank finalized. */
+  protected onResult(rank: number, link: RankLink, result: unknown): void {
     link.finalized = true;
     link.result = result;
     this.finalizedCount++;
@@ -616,15 +638,15 @@ export class Membership {
 
   // ---- effects -----------------------------------------------------------------------------
 
-  private send(rank: number, msg: CoordinatorToRank, quiet = false): void {
+  protected send(rank: number, msg: CoordinatorToRank, quiet = false): void {
     this.out.push({ kind: "send", to: this.linksValue[rank]!.identity, rank, msg, quiet });
   }
 
-  private emit(event: CoordinatorEvent): void {
+  protected emit(event: CoordinatorEvent): void {
     this.out.push({ kind: "event", event });
   }
 
-  private warn(message: string): void {
+  protected warn(message: string): void {
     const max = this.opts.warningsMax ?? WARNINGS_MAX;
     if (this.warnings < max) {
       this.warnings++;
@@ -685,6 +707,12 @@ function malformed(msg: RankToCoordinator, size: number): string | undefined {
       return isCount(m.attempt) && isCount(m.restored) && isCount(m.version) && isCount(m.seqno) && isCount(m.replayed)
         ? undefined
         : "retry-caught-up needs attempt, restored, version, seqno and replayed counts";
+    case "elastic-summary":
+      return isCount(m.view) && typeof m.hasState === "boolean" && isCount(m.reached) && isCount(m.oldest) && typeof m.started === "boolean"
+        ? undefined
+        : "elastic-summary needs view, reached and oldest counts and hasState and started flags";
+    case "elastic-switched":
+      return isCount(m.view) && isCount(m.at) ? undefined : "elastic-switched needs view and at counts";
     default:
       return `unknown message type ${JSON.stringify((msg as { t: unknown }).t)}`;
   }

@@ -15,6 +15,7 @@ import { LifelineError, isLifelineError } from "../errors.ts";
 import { resolveBind } from "../mpi/bind.ts";
 import { DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_MAX_UNEXPECTED_BYTES, MODES, type Mode } from "../mpi/env.ts";
 import { parseFaults } from "../mpi/faults.ts";
+import type { PlannedChange } from "./elastic-membership.ts";
 import { launcherHosts, LAUNCHERS, parseHostfile, Placement, type HostSlots, type LauncherKind } from "./hosts.ts";
 
 /** `cpr` is the default mode (docs/cli.md). */
@@ -30,9 +31,23 @@ export const JS_EXTENSIONS = [".js", ".mjs", ".cjs"] as const;
 /** When the initiator asks for a global checkpoint (cpr): every so often, or every so many steps. */
 export type CheckpointEvery = { kind: "time"; ms: number } | { kind: "steps"; steps: number };
 
+/** `--mode elastic`: the first world, its limits, and a replay of recorded changes. */
+export interface ElasticConfig {
+  /** The first world's size (`-n`). */
+  readonly initial: number;
+  /** `--min-np`: fewer ranks than this and the job waits for ranks to join, then fails. */
+  readonly minNp: number;
+  /** `--max-np`: the most ranks at once (and the rank processes at most: one per slot). */
+  readonly maxNp: number;
+  /** `--elastic-timeout`: how long to wait below `minNp`. */
+  readonly waitMs: number;
+  /** `--replay`: exactly these changes, without faults (one process per rank that joins). */
+  readonly plan?: PlannedChange[] | undefined;
+}
+
 /** Everything `lifeline run` needs, validated. Options unused by a mode are still carried. */
 export interface RunConfig {
-  /** Number of ranks. */
+  /** Number of ranks (elastic: of rank processes at most, the slots; `elastic.initial` is `-n`). */
   size: number;
   mode: Mode;
   /** Absolute path of the program every rank runs. */
@@ -119,6 +134,8 @@ export interface RunConfig {
   maxMessageBytes?: number | undefined;
   /** `--max-unexpected`: bytes of unmatched messages a rank may hold before the job stops. */
   maxUnexpectedBytes?: number | undefined;
+  /** `--mode elastic`: the first world and its limits. */
+  elastic?: ElasticConfig | undefined;
 }
 
 /** The raw strings the CLI collected; `undefined` = flag not given. */
@@ -157,6 +174,10 @@ export interface RunFlags {
   keys?: string | undefined;
   maxMessage?: string | undefined;
   maxUnexpected?: string | undefined;
+  minNp?: string | undefined;
+  maxNp?: string | undefined;
+  elasticTimeout?: string | undefined;
+  replay?: string | undefined;
   app?: string | undefined;
   appArgs?: string[] | undefined;
 }
@@ -180,6 +201,8 @@ export const DEFAULTS = {
   durableEvery: 10,
   maxMessageBytes: DEFAULT_MAX_MESSAGE_BYTES,
   maxUnexpectedBytes: DEFAULT_MAX_UNEXPECTED_BYTES,
+  /** elastic: how long a world below --min-np waits for ranks to join. */
+  elasticTimeoutMs: 30_000,
 } as const;
 
 /** The largest `--max-message`: a Node buffer's limit, less ZeroMQ's frame slack. */
@@ -318,6 +341,15 @@ export function resolveRunConfig(flags: RunFlags, ctx: { cwd: string; env?: Node
     return raw as Mode;
   });
 
+  const elasticFlags = (["minNp", "maxNp", "elasticTimeout", "replay"] as const).filter((k) => flags[k] !== undefined);
+  if (mode !== undefined && mode !== "elastic" && elasticFlags.length > 0) {
+    const names = { minNp: "--min-np", maxNp: "--max-np", elasticTimeout: "--elastic-timeout", replay: "--replay" };
+    problems.push(`${elasticFlags.map((k) => names[k]).join(", ")}: for --mode elastic only (this job runs in --mode ${mode})`);
+  }
+  const elastic = mode === "elastic" && size !== undefined ? check(() => resolveElastic(flags, size, ctx.cwd)) : undefined;
+  // An elastic job has one rank process per slot: up to --max-np, or one per rank a replay takes in.
+  const slots = elastic === undefined ? size : elasticSlots(elastic);
+
   const checkpointEvery = flags.checkpointEvery === undefined ? DEFAULTS.checkpointEvery : check(() => parseCheckpointEvery(flags.checkpointEvery!));
   const keepLines = flags.keepLines === undefined ? DEFAULTS.keepLines : check(() => parseCount(flags.keepLines!, "--keep-lines", 1, 1000));
   const maxRestarts = flags.maxRestarts === undefined ? DEFAULTS.maxRestarts : check(() => parseCount(flags.maxRestarts!, "--max-restarts", 0, 1_000_000));
@@ -405,7 +437,7 @@ export function resolveRunConfig(flags: RunFlags, ctx: { cwd: string; env?: Node
             throw usage(`--hostfile ${JSON.stringify(flags.hostfile)}: cannot read ${path} (${(err as NodeJS.ErrnoException).code ?? (err as Error).message})`);
           }
           const parsed = parseHostfile(text, flags.hostfile!);
-          if (size !== undefined) new Placement(parsed, size); // enough slots?
+          if (slots !== undefined) new Placement(parsed, slots); // enough slots?
           return parsed;
         });
   // A hostfile that could not be read is a problem already; the launcher's hosts wait for it.
@@ -414,7 +446,7 @@ export function resolveRunConfig(flags: RunFlags, ctx: { cwd: string; env?: Node
       ? undefined
       : check(() => {
           const found = launcherHosts(launcher, hostfile, ctx.env ?? process.env);
-          if (launcher === "slurm" && hostfile === undefined && size !== undefined) new Placement(found.hosts!, size, "allocation"); // enough slots?
+          if (launcher === "slurm" && hostfile === undefined && slots !== undefined) new Placement(found.hosts!, slots, "allocation"); // enough slots?
           return found;
         });
   const hosts = placed?.hosts;
@@ -513,10 +545,10 @@ export function resolveRunConfig(flags: RunFlags, ctx: { cwd: string; env?: Node
           return path;
         });
 
-  const faults: string[] = size === undefined ? [] : new Array<string>(size).fill("");
+  const faults: string[] = slots === undefined ? [] : new Array<string>(slots).fill("");
   for (const text of flags.inject ?? []) {
-    const inj = check(() => parseInject(text, size));
-    if (inj !== undefined && size !== undefined) faults[inj.rank] = faults[inj.rank] === "" ? inj.spec : `${faults[inj.rank]};${inj.spec}`;
+    const inj = check(() => parseInject(text, slots));
+    if (inj !== undefined && slots !== undefined) faults[inj.rank] = faults[inj.rank] === "" ? inj.spec : `${faults[inj.rank]};${inj.spec}`;
   }
 
   const app = check(() => {
@@ -537,7 +569,7 @@ export function resolveRunConfig(flags: RunFlags, ctx: { cwd: string; env?: Node
     throw usage(problems.length === 1 ? problems[0]! : problems.map((p) => `- ${p}`).join("\n"));
   }
   return {
-    size: size!,
+    size: slots!,
     mode: mode!,
     app: app!,
     appArgs: flags.appArgs ?? [],
@@ -574,7 +606,77 @@ export function resolveRunConfig(flags: RunFlags, ctx: { cwd: string; env?: Node
     keys,
     maxMessageBytes: maxMessageBytes!,
     maxUnexpectedBytes: maxUnexpectedBytes!,
+    ...(elastic === undefined ? {} : { elastic }),
   };
+}
+
+/** The rank processes an elastic job has: one per slot (`--max-np`), or in a replay one per rank it ever has. */
+export function elasticSlots(e: ElasticConfig): number {
+  return e.plan === undefined ? e.maxNp : e.initial + e.plan.reduce((n, c) => n + c.joined, 0);
+}
+
+/** `--min-np`, `--max-np`, `--elastic-timeout` and `--replay` of an elastic job of `np` ranks at first. */
+function resolveElastic(flags: RunFlags, np: number, cwd: string): ElasticConfig {
+  const problems: string[] = [];
+  const collect = <T>(fn: () => T): T | undefined => {
+    try {
+      return fn();
+    } catch (err) {
+      if (!isLifelineError(err, "LAUNCH_USAGE")) throw err;
+      problems.push(err.message);
+      return undefined;
+    }
+  };
+  const minNp = flags.minNp === undefined ? 1 : collect(() => parseCount(flags.minNp!, "--min-np", 1, np));
+  const maxNp = flags.maxNp === undefined ? np : collect(() => parseCount(flags.maxNp!, "--max-np", np, NP_MAX));
+  const waitMs =
+    flags.elasticTimeout === undefined
+      ? DEFAULTS.elasticTimeoutMs
+      : collect(() => bounded(parseDuration(flags.elasticTimeout!, "--elastic-timeout"), "--elastic-timeout", flags.elasticTimeout!, 1, 86_400_000));
+  const plan = flags.replay === undefined ? undefined : collect(() => readReplay(resolve(cwd, flags.replay!), flags.replay!, np));
+  if (problems.length > 0) throw usage(problems.join("\n"));
+  return { initial: np, minNp: minNp!, maxNp: maxNp!, waitMs: waitMs!, ...(plan === undefined ? {} : { plan }) };
+}
+
+/**
+ * The changes a `--results` file of an elastic run recorded (`recovery.changes`), checked to
+ * chain: the first is for a world of `np` ranks, each next for the world the one before left.
+ */
+export function readReplay(path: string, shown: string, np: number): PlannedChange[] {
+  let doc: unknown;
+  try {
+    doc = JSON.parse(readFileSync(path, "utf8"));
+  } catch (err) {
+    throw usage(`--replay ${JSON.stringify(shown)}: cannot read ${path} as JSON (${(err as NodeJS.ErrnoException).code ?? (err as Error).message})`);
+  }
+  const changes = (doc as { recovery?: { changes?: unknown } } | null)?.recovery?.changes;
+  if (!Array.isArray(changes))
+    throw usage(`--replay ${JSON.stringify(shown)}: no recorded changes (recovery.changes) in it; give the --results file of a --mode elastic run`);
+  const isCount = (v: unknown): v is number => Number.isSafeInteger(v) && (v as number) >= 0;
+  let size = np;
+  let at = 0;
+  return changes.map((c: unknown, i) => {
+    const ch = c as Partial<PlannedChange> | null;
+    const keep = ch?.keep;
+    const fine =
+      ch !== null &&
+      isCount(ch.at) &&
+      isCount(ch.size) &&
+      isCount(ch.joined) &&
+      Array.isArray(keep) &&
+      keep.every((r, j) => isCount(r) && r < size && (j === 0 || r > keep[j - 1]!)) &&
+      ch.at >= at &&
+      ch.size === size &&
+      keep.length + ch.joined >= 1;
+    if (!fine) {
+      throw usage(
+        `--replay ${JSON.stringify(shown)}: change ${i + 1} (${JSON.stringify(c)}) does not follow the one before: it must be at a checkpoint from ${at} on, for a world of ${size} ranks, keep ranks below ${size} in increasing order and leave at least one`,
+      );
+    }
+    size = keep.length + ch.joined;
+    at = ch.at!;
+    return { at: ch.at, size: ch.size, keep: [...keep], joined: ch.joined };
+  });
 }
 
 function bounded(ms: number, flag: string, text: string, min: number, max: number): number {

@@ -12,6 +12,7 @@
 import type { LifelineErrorCode } from "../errors.ts";
 import type { CoordinatorToRank, RankToCoordinator } from "../mpi/control.ts";
 import type { Mode } from "../mpi/env.ts";
+import type { ElasticEvent } from "./elastic-membership.ts";
 import type { JobEvent } from "./progress.ts";
 
 /** Why a rank (or the job as a whole) failed. */
@@ -39,6 +40,11 @@ export interface JobView {
   readonly finalized: readonly boolean[];
   /** The back-off (with jitter) to wait if this failure is restarted (src/launch/backoff.ts). */
   readonly backoffMs: number;
+  /**
+   * The failed rank could be started again: its host, unless the failure suggests the host is
+   * gone, or a free slot on another host (false only in a job across hosts).
+   */
+  readonly placeable?: boolean;
 }
 
 /** A policy's answer to a failure. */
@@ -46,7 +52,9 @@ export type PolicyDecision =
   /** Stop the job: abort and kill every rank, report `failure` (or this code and message instead). */
   | { kind: "fail-job"; code?: LifelineErrorCode; message?: string }
   /** Restart these ranks (attempt + 1) after `delayMs`; the others keep running or are rolled back by the protocol. */
-  | { kind: "restart"; ranks: number[]; delayMs: number };
+  | { kind: "restart"; ranks: number[]; delayMs: number }
+  /** elastic: the job goes on without the failed rank (its process is not started again). */
+  | { kind: "continue" };
 
 /**
  * The hook through which recovery modes decide what a failure means. Detection and teardown
@@ -76,6 +84,12 @@ export interface RestartPolicy {
   tableFor?(rank: number): Partial<Extract<CoordinatorToRank, { t: "table" }>>;
   /** What the results file should say about recovery (e.g. the epochs rolled back to). */
   summary?(): Record<string, unknown>;
+  /** elastic: news of the job's world; a failure it returns stops the job. */
+  onElastic?(ev: ElasticEvent): RankFailure | undefined;
+  /** A rank's process ended with `code` without finalizing, and that is no failure (elastic: it left the world). */
+  exitIsFine?(rank: number, code: number | null): boolean;
+  /** elastic: the job's results by rank of its final world, from the results by slot; undefined until released. */
+  finalWorld?(bySlot: readonly unknown[]): unknown[] | undefined;
   /** The job is over and every rank process has exited: release resources (timers, the manifest). */
   close?(end: JobEnd): Promise<void>;
 }

@@ -89,6 +89,11 @@ export type JobEvent =
    * version `version` on the wire with the others again.
    */
   | { kind: "rank-caught-up"; rank: number; attempt: number; restored: number; version: number; seqno: number; replayed: number }
+  /**
+   * elastic: the world changed at checkpoint `at` (`rollback`: back to it, after a loss) from
+   * `from` to `to` ranks: `left` of the world before are gone, `joined` came in.
+   */
+  | { kind: "world-changed"; view: number; at: number; from: number; to: number; left: number; joined: number; rollback: boolean }
   | {
       kind: "job-finished";
       ok: boolean;
@@ -338,7 +343,7 @@ class HumanReporter implements Reporter {
           this.info(`failure detected: ${failureText(ev)}`);
           break;
         }
-        if (this.mode === "cpr" || this.mode === "retry-one") {
+        if (this.mode === "cpr" || this.mode === "retry-one" || this.mode === "elastic") {
           this.pendingFailures.push({ ev, atMs: this.elapsedMs() });
           break;
         }
@@ -405,6 +410,15 @@ class HumanReporter implements Reporter {
         const replayed = `${ev.replayed} collective result${plural(ev.replayed)} replayed from the others' buffers`;
         const since = r === undefined ? "" : `, caught up ${secs(this.elapsedMs() - r.sinceMs)} after the failure was detected`;
         this.info(`recovered from rank ${ev.rank}'s failure${r?.cause === undefined ? "" : ` (${r.cause})`}: ${from}, ${replayed}${since}`);
+        break;
+      }
+      case "world-changed": {
+        // The job went on: the failures before were recovered from, not errors.
+        for (const { ev: f } of this.pendingFailures.splice(0)) this.info(`failure detected: ${failureText(f)}`);
+        const how = [ev.left > 0 ? `${ev.left} left` : "", ev.joined > 0 ? `${ev.joined} joined` : ""].filter((x) => x !== "").join(", ");
+        this.info(
+          `the world changed at checkpoint ${ev.at}${ev.rollback ? " (the ranks went back to it)" : ""}: ${ev.from} → ${ev.to} rank${plural(ev.to)}${how === "" ? "" : ` (${how})`}`,
+        );
         break;
       }
       case "job-finished":

@@ -123,7 +123,7 @@ export async function runJob(config: RunConfig, io: RunIo): Promise<JobOutcome> 
         ranks: outcome.results,
         restarts: outcome.restarts,
         mode: config.mode,
-        size: config.size,
+        size: outcome.size,
         wallMs: outcome.wallMs,
         exitCode: outcome.exitCode,
         job: jobId,

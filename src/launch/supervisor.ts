@@ -32,6 +32,7 @@ import { backoffDelayMs, RestartBudget } from "./backoff.ts";
 import { failFastPolicy, type RankFailure, type RestartPolicy } from "./policy.ts";
 import { Coordinator, type CoordinatorEvent } from "./coordinator.ts";
 import { CprRestartPolicy } from "./cpr-policy.ts";
+import { ElasticPolicy } from "./elastic-policy.ts";
 import { FailureDetector, type Suspicion } from "./detector.ts";
 import type { StoreClaim } from "./job-store.ts";
 import { RetryOnePolicy } from "./retry-one-policy.ts";
@@ -73,8 +74,8 @@ export interface FailureRecord {
   /** Wall-clock time the launcher detected the failure (ISO 8601), and ms since the job started. */
   time: string;
   elapsedMs: number;
-  /** What the launcher did about it: restart (the job went on) or fail the job. */
-  action: "restart" | "fail-job";
+  /** What the launcher did about it: restart (the job went on), go on without the rank (elastic) or fail the job. */
+  action: "restart" | "continue" | "fail-job";
   /** The rank's last stderr lines. */
   stderrTail: string[];
 }
@@ -88,6 +89,8 @@ export function policyFor(mode: Mode): RestartPolicy {
       throw new LifelineError("LAUNCH_USAGE", "mode cpr needs the run configuration: construct a CprRestartPolicy");
     case "retry-one":
       return new RetryOnePolicy();
+    case "elastic":
+      throw new LifelineError("LAUNCH_USAGE", "mode elastic needs the run configuration: construct an ElasticPolicy");
   }
 }
 
@@ -162,6 +165,8 @@ export class Supervisor {
   private restarting = false;
   /** retry-one: ranks being restarted alone (the others keep running). */
   private readonly replacing = new Set<number>();
+  /** elastic: processes the job went on without (their failure is dealt with, their end is no news). */
+  private readonly letGo = new Set<RankProcess>();
   /**
    * Warm processes waiting to take a restarted rank's place (see spare-entry.ts): one in
    * retry-one (one rank restarts), one per rank in cpr (all restart).
@@ -200,7 +205,9 @@ export class Supervisor {
         ? new CprRestartPolicy(config, claimOf(deps))
         : config.mode === "retry-one"
           ? new RetryOnePolicy(config, deps.claim)
-          : policyFor(config.mode));
+          : config.mode === "elastic" && config.elastic !== undefined
+            ? new ElasticPolicy(config.elastic)
+            : policyFor(config.mode));
     this.progressed = new Array<boolean>(config.size).fill(false);
     this.launcher = rankLauncherFor(config);
     this.placement = this.launcher.hosts === undefined ? undefined : new Placement(this.launcher.hosts, config.size);
@@ -240,6 +247,7 @@ export class Supervisor {
       tableFor: this.policy.tableFor === undefined ? undefined : (rank) => this.policy.tableFor!(rank),
       beforeTables: this.policy.beforeTables === undefined ? undefined : () => this.policy.beforeTables!(this.placement?.groups()),
       hosts: this.initialHosts,
+      elastic: this.config.elastic === undefined ? undefined : { ...this.config.elastic, slots: this.config.size },
     });
     this.coordinator = coordinator;
     try {
@@ -597,6 +605,11 @@ export class Supervisor {
         // Only modes with coordinated checkpointing send these; the cpr policy handles them.
         this.policy.onCprMessage?.(ev.rank, ev.msg);
         return;
+      case "elastic": {
+        const failure = this.policy.onElastic?.(ev.detail);
+        if (failure !== undefined) this.fail(failure);
+        return;
+      }
       default: {
         const never: never = ev;
         void never;
@@ -607,11 +620,11 @@ export class Supervisor {
   private onExit(proc: RankProcess, exit: RankExit): void {
     const rank = proc.rank;
     // A process of an attempt that was replaced (or is being replaced) by a restart of all.
-    const superseded = this.restarting || this.procs[rank] !== proc || this.replacing.has(rank);
+    const superseded = this.restarting || this.procs[rank] !== proc || this.replacing.has(rank) || this.letGo.has(proc);
     if (!superseded) this.detector.forget(rank);
     this.deps.reporter.event({ kind: "rank-exited", rank, code: exit.code, signal: exit.signal, killedByLauncher: this.stopping || superseded });
     if (!this.stopping && !superseded) {
-      const fine = this.finalized[rank]! && exit.code === 0;
+      const fine = (this.finalized[rank]! && exit.code === 0) || this.policy.exitIsFine?.(rank, exit.code) === true;
       if (!fine && this.released && this.finalized[rank]!) {
         // Every result is in and the ranks were told to go: dying on the way out fails nothing
         // (a restart now would join a job that has ended).
@@ -655,7 +668,9 @@ export class Supervisor {
 
   private onReleaseTimeout(): void {
     this.releaseTimer = undefined;
-    const late = this.procs.flatMap((p) => (p !== undefined && p.alive ? [p] : []));
+    // elastic: a process outside the final world (a rank that was starting, to join) has nothing to finish.
+    for (const p of this.procs) if (p !== undefined && p.alive && !this.finalized[p.rank]) p.kill();
+    const late = this.procs.flatMap((p) => (p !== undefined && p.alive && this.finalized[p.rank] ? [p] : []));
     if (late.length === 0 || this.stopping) return;
     const first = late[0]!;
     this.fail({
@@ -684,6 +699,7 @@ export class Supervisor {
       maxRestarts: this.config.maxRestarts,
       finalized: this.finalized,
       backoffMs: backoffDelayMs(counted + 1, { random: this.deps.random ?? Math.random }),
+      placeable: this.placement === undefined || failure.rank === undefined || !suspectsHost(failure) || this.placement.canMove(failure.rank),
     });
     switch (decision.kind) {
       case "fail-job": {
@@ -711,11 +727,29 @@ export class Supervisor {
         }
         void this.restartAll(failure, decision.delayMs);
         return;
+      case "continue":
+        this.goOnWithout(failure);
+        return;
       default: {
         const never: never = decision;
         void never;
       }
     }
+  }
+
+  /**
+   * elastic: the job goes on without the failed rank: its process is ended (if it is not gone
+   * already) and not started again; the coordinator has the others go on as a smaller world.
+   */
+  private goOnWithout(failure: RankFailure): void {
+    const rank = failure.rank!;
+    const proc = this.procs[rank];
+    if (proc !== undefined) this.letGo.add(proc);
+    this.detector.forget(rank);
+    void this.reportFailure(failure, "continue");
+    this.coordinator!.rankDown(rank, proc?.attempt ?? 0);
+    if (proc?.alive === true) proc.kill();
+    this.checkAllExited();
   }
 
   /**
@@ -1025,6 +1059,10 @@ export class Supervisor {
       recovery: this.policy.summary?.(),
     };
     if (this.failure === undefined) {
+      // elastic: the final world's results, by its ranks; ranks lost on the way are not failures.
+      const world = this.policy.finalWorld?.(this.results);
+      if (world !== undefined)
+        return { ...base, size: world.length, finalizedCount: world.length, results: world, ok: true, exitCode: 0, error: undefined, summary: undefined };
       // A rank that died on its way out after the release (a warning said so) fails nothing.
       const allZero = this.released || this.procs.every((p) => p?.exit?.code === 0);
       if (finalizedCount === this.config.size && allZero) {

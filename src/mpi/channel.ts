@@ -133,7 +133,7 @@ export class Channel {
   private readonly lent: Map<number, Lent>[];
   private readonly bounce = new BouncePool(BOUNCE_POOL_BYTES_MAX);
   private garbageWarnings = 0;
-  private readonly maxMessageBytes: number;
+  readonly maxMessageBytes: number;
   /** The keys of this rank's channels, from the coordinator's table (src/mpi/wire.ts). */
   private readonly keysOut: Uint32Array;
   /** What an arriving header must match: the keys of the channels to this rank, the job's size. */

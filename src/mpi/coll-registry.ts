@@ -243,6 +243,19 @@ export class CollectiveRegistry {
     }
   }
 
+  /**
+   * elastic: a new world starts: pending collectives fail with `err`, and numbering, inbox and
+   * history start afresh (a signature query about sequence n is then about the new world's n).
+   */
+  reset(err: Error): void {
+    this.failAll(err);
+    this.active.clear();
+    this.inbox.clear();
+    this.unreadBySeq.clear();
+    this.history.clear();
+    this.nextSeq = 0;
+  }
+
   /** Fails every pending collective receive (abort, finalize). */
   failAll(err: unknown): void {
     for (const w of this.waiters.values()) w.reject(err);

@@ -62,7 +62,15 @@ export type RankToCoordinator =
    * was answered `replayed` collectives from their buffers, and now runs collective `seqno` of
    * version `version` on the wire with the others.
    */
-  | { t: "retry-caught-up"; rank: number; attempt: number; restored: number; version: number; seqno: number; replayed: number };
+  | { t: "retry-caught-up"; rank: number; attempt: number; restored: number; version: number; seqno: number; replayed: number }
+  // ---- elastic, see src/cpr/elastic ----
+  /**
+   * The rank's (a slot's) answer to the news of world `view`: whether it holds the job's state,
+   * the newest and oldest checkpoint versions it holds, and whether it called restore().
+   */
+  | { t: "elastic-summary"; rank: number; view: number; hasState: boolean; reached: number; oldest: number; started: boolean }
+  /** The rank (a slot) now runs in world `view`, which it entered at checkpoint version `at`. */
+  | { t: "elastic-switched"; rank: number; view: number; at: number };
 
 /** Coordinator → rank. */
 export type CoordinatorToRank =
@@ -115,7 +123,25 @@ export type CoordinatorToRank =
        * part is `restore`'s (absent when its version is 0).
        */
       retryStart?: { versions: number[]; index: number };
+      /**
+       * elastic: the world this rank starts in (`members`, absent for a rank that joins a running
+       * job) and the checkpoint versions at which a replayed change of the world is due (`plan`).
+       */
+      elastic?: { members?: ElasticMember[]; plan: number[] };
     }
+  /**
+   * elastic: the coordinator's next world, `members` in rank order. `rollback`: a member of the
+   * world before is gone, so the members go back to the last checkpoint they all reached;
+   * otherwise the world changes at checkpoint `at` (a replayed change) or at the next one
+   * every member reaches. `leaving`: members of the world before that take part in the change
+   * and then end (a replayed change).
+   */
+  | { t: "elastic-view"; view: number; members: ElasticMember[]; leaving: ElasticMember[]; rollback: boolean; at?: number }
+  /**
+   * elastic: how world `view` starts (every member's summary was in): from checkpoint `target`,
+   * which slot `root` sends to the slots `joiners` (they lack it).
+   */
+  | { t: "elastic-decision"; view: number; target: number; root: number; joiners: number[] }
   /** One peer's endpoint changed (it was restarted). */
   | { t: "peer"; rank: number; endpoint: string; attempt: number; curveKey?: string }
   /** retry-one: incarnation `attempt` of `rank` died (sent at once, before any restart). */
@@ -153,6 +179,15 @@ export type CoordinatorToRank =
    * network is partitioned, or the rank was declared dead and replaced).
    */
   | { t: "lease" };
+
+/** elastic: one rank process of a world: its slot (`LIFELINE_RANK`), incarnation and data endpoint. */
+export interface ElasticMember {
+  slot: number;
+  attempt: number;
+  endpoint: string;
+  /** Its CURVE public key, when the job's links use CURVE (as the table's `curveKeys`). */
+  curveKey?: string;
+}
 
 /** A part of a recovery line as messages name it (src/store/types.ts PartRef). */
 export interface PartRefWire {

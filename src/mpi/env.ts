@@ -8,8 +8,8 @@
  */
 import { LifelineError } from "../errors.ts";
 
-export type Mode = "cpr" | "retry-one" | "none";
-export const MODES: readonly Mode[] = ["cpr", "retry-one", "none"];
+export type Mode = "cpr" | "retry-one" | "elastic" | "none";
+export const MODES: readonly Mode[] = ["cpr", "retry-one", "elastic", "none"];
 
 /** Names of the variables the launcher sets for each rank. */
 export const ENV = {

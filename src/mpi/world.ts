@@ -17,7 +17,7 @@
  * if (world.rank === 0) await world.send(new Float64Array([1, 2]), 1, 7);
  * else console.log((await world.recv(0, 7)).data);
  */
-import { LifelineError } from "../errors.ts";
+import { isLifelineError, LifelineError } from "../errors.ts";
 import { Channel } from "./channel.ts";
 import { type CollKind, CollectiveRunner, PROTO_COLL_ANSWER, PROTO_COLL_QUERY } from "./coll-runner.ts";
 import type { ActiveCollective } from "./coll-registry.ts";
@@ -26,12 +26,14 @@ import { byteLengthOf, decodeBody, encodeValue, isTypedArray } from "./codec.ts"
 import type { CoordinatorToRank } from "./control.ts";
 import type { CprHookFactory } from "./cpr-hook.ts";
 import { PROTO_CPR_BASE } from "./cpr-hook.ts";
+import type { ElasticHookFactory } from "./elastic-hook.ts";
 import type { Mode, RankPlace } from "./env.ts";
 import { FaultPlan, parseFaults } from "./faults.ts";
 import { type ControlChannel, type Host, zmqHost } from "./host.ts";
 import { loadRankKeys, type RankKeys } from "./keys.ts";
 import { Matcher, type Waiter } from "./matching.ts";
 import { CprMode } from "./modes/cpr.ts";
+import { ElasticMode } from "./modes/elastic.ts";
 import { type AppEnvelope, type CollectiveCall, type ModeCore, NoneMode, type PolledRecv } from "./modes/none.ts";
 import { RetryOneMode } from "./modes/retry-one.ts";
 import { checkOp, isBuiltinOp } from "./reduce-ops.ts";
@@ -57,6 +59,8 @@ export interface JoinOptions {
   readonly cpr?: CprHookFactory;
   /** The retry-one driver (mode retry-one); see retry-hook.ts. */
   readonly retryOne?: RetryOneHookFactory;
+  /** The elastic driver (mode elastic); see elastic-hook.ts. */
+  readonly elastic?: ElasticHookFactory;
   /** The rank's keys (keys.ts), if read already; otherwise they are read from `place.keys`. */
   readonly keys?: RankKeys;
 }
@@ -84,8 +88,6 @@ function callSite(): string {
 }
 
 export class World implements WorldApi {
-  readonly rank: number;
-  readonly size: number;
   readonly mode: Mode;
   readonly attempt: number;
 
@@ -111,13 +113,27 @@ export class World implements WorldApi {
   private readonly pending = new Set<RequestImpl<unknown>>();
   private readonly closeHooks: (() => void)[] = [];
 
+  /**
+   * This rank and the job's size. The layers below address processes by `place.rank` and
+   * `place.size`; in mode elastic those are the process's slot and the slots (`--max-np`), and
+   * the rank and size of the world it runs in change at a change of the world (ModeCore.reshape).
+   */
+  private shape: { rank: number; size: number };
+
   private constructor(private readonly place: RankPlace) {
-    this.rank = place.rank;
-    this.size = place.size;
+    this.shape = { rank: place.rank, size: place.size };
     this.mode = place.mode;
     this.attempt = place.attempt;
     this.matcher = new Matcher(place.size);
     this.faults = new FaultPlan(parseFaults(place.faults), place.attempt);
+  }
+
+  get rank(): number {
+    return this.shape.rank;
+  }
+
+  get size(): number {
+    return this.shape.size;
   }
 
   /**
@@ -168,12 +184,13 @@ export class World implements WorldApi {
         this.gotTable(msg);
         break;
       case "peer":
-        if (msg.rank !== this.rank) this.host.transport.connect(msg.rank, msg.endpoint, msg.curveKey);
+        if (msg.rank !== this.place.rank) this.host.transport.connect(msg.rank, msg.endpoint, msg.curveKey);
         this.channel.peerRestarted(msg.rank, msg.attempt);
         this.modeImpl.onControl(msg);
         break;
       case "release":
         this.released?.resolve();
+        this.modeImpl.onControl(msg);
         break;
       case "abort": {
         const err = new LifelineError("MPI_ABORTED", `the job was aborted: ${msg.message}`);
@@ -196,8 +213,8 @@ export class World implements WorldApi {
     this.host = host;
     this.control = host.control;
     this.channel = new Channel({
-      rank: this.rank,
-      size: this.size,
+      rank: this.place.rank,
+      size: this.place.size,
       attempt: this.attempt,
       host,
       maxMessageBytes: this.place.maxMessageBytes,
@@ -207,8 +224,8 @@ export class World implements WorldApi {
     // set right below, before anything runs.
     const modeOf = (): NoneMode => this.modeImpl;
     this.runner = new CollectiveRunner({
-      rank: this.rank,
-      size: this.size,
+      rank: this.place.rank,
+      size: this.place.size,
       host,
       channel: this.channel,
       failure: () => this.failure,
@@ -231,6 +248,9 @@ export class World implements WorldApi {
       if (opts.retryOne === undefined)
         throw new LifelineError("MPI_INIT", "mode retry-one needs its protocol driver (World.join's retryOne option); use init()");
       this.modeImpl = new RetryOneMode(core, opts.retryOne, { logBytesMax: this.place.retryLogBytes });
+    } else if (this.mode === "elastic") {
+      if (opts.elastic === undefined) throw new LifelineError("MPI_INIT", "mode elastic needs its protocol driver (World.join's elastic option); use init()");
+      this.modeImpl = new ElasticMode(core, opts.elastic);
     } else this.modeImpl = new NoneMode(core);
     this.channel.stamper = this.modeImpl;
   }
@@ -240,8 +260,8 @@ export class World implements WorldApi {
     // eslint-disable-next-line @typescript-eslint/no-this-alias -- the literal's accessors need the World
     const self = this;
     return {
-      rank: this.rank,
-      size: this.size,
+      rank: this.place.rank,
+      size: this.place.size,
       attempt: this.attempt,
       mode: this.mode,
       host: this.host,
@@ -268,11 +288,15 @@ export class World implements WorldApi {
         this.collSinceCheckpoint = 0;
       },
       reportStep: (force) => this.reportStep(force),
+      reshape: (rank, size) => {
+        this.shape = { rank, size };
+      },
+      interruptFinalize: (err) => this.released?.reject(err),
     };
   }
 
   private async connect(host: Host, opts: JoinOptions): Promise<void> {
-    const { rank, attempt } = this;
+    const { rank, attempt } = this.place;
     this.build(host, opts);
     const transport = host.transport;
     const table = new Promise<Extract<CoordinatorToRank, { t: "table" }>>((resolve, reject) => {
@@ -292,7 +316,7 @@ export class World implements WorldApi {
         attempt,
         pid: host.pid,
         endpoint: transport.endpoint,
-        size: this.size,
+        size: this.place.size,
         ...(transport.curveKey === undefined ? {} : { curveKey: transport.curveKey }),
       });
       t = await table;
@@ -302,9 +326,9 @@ export class World implements WorldApi {
     } finally {
       timer.stop();
     }
-    if (t.endpoints.length !== this.size) {
+    if (t.endpoints.length !== this.place.size) {
       await this.closeSockets();
-      throw new LifelineError("MPI_INIT", `the coordinator's table has ${t.endpoints.length} ranks, but this rank was started for ${this.size}`);
+      throw new LifelineError("MPI_INIT", `the coordinator's table has ${t.endpoints.length} ranks, but this rank was started for ${this.place.size}`);
     }
     if (t.mode !== undefined && t.mode !== this.mode) {
       await this.closeSockets();
@@ -313,7 +337,7 @@ export class World implements WorldApi {
         `the coordinator runs the job in mode ${t.mode}, but this rank was started for mode ${this.mode}: set LIFELINE_MODE=${t.mode}`,
       );
     }
-    if (!Array.isArray(t.keysIn) || t.keysIn.length !== this.size || !Array.isArray(t.keysOut) || t.keysOut.length !== this.size) {
+    if (!Array.isArray(t.keysIn) || t.keysIn.length !== this.place.size || !Array.isArray(t.keysOut) || t.keysOut.length !== this.place.size) {
       await this.closeSockets();
       throw new LifelineError("MPI_INIT", "the coordinator's table carries no channel keys for this job's size (a coordinator of another Lifeline version?)");
     }
@@ -360,7 +384,7 @@ export class World implements WorldApi {
         return;
       }
     }
-    if (classify && header.kind !== Kind.protocol && header.source !== this.rank) {
+    if (classify && header.kind !== Kind.protocol && header.source !== this.place.rank) {
       if (!this.modeImpl.classify(header, rawHeader, body)) return;
       this.host.accepted?.(header);
     }
@@ -656,7 +680,7 @@ export class World implements WorldApi {
   private fatal(err: LifelineError, c?: ActiveCollective): void {
     c?.fail(err);
     this.host.warn(`lifeline: rank ${this.rank}: ${err.code}: ${err.message}`);
-    void this.control.send({ t: "abort", rank: this.rank, code: err.code, message: err.message }).catch(() => undefined);
+    void this.control.send({ t: "abort", rank: this.place.rank, code: err.code, message: err.message }).catch(() => undefined);
   }
 
   private bootstrapKey(opts: CollectiveOptions | undefined, kind: CollKind): string | undefined {
@@ -769,8 +793,10 @@ export class World implements WorldApi {
 
   async restore<S, G = undefined>(): Promise<Restored<S, G> | undefined> {
     this.live("restore");
-    if (this.restoreCalled) throw new LifelineError("CPR_RESTORE", "restore() called twice; call it once, before the main loop");
-    if (this.steps > 0) throw new LifelineError("CPR_RESTORE", "restore() called after checkpoint(); call it once, before the first checkpoint()");
+    // elastic: after MPI_WORLD_CHANGED the program calls it again, for the new world's checkpoint.
+    const again = this.modeImpl.restoresAgain;
+    if (this.restoreCalled && !again) throw new LifelineError("CPR_RESTORE", "restore() called twice; call it once, before the main loop");
+    if (this.steps > 0 && !again) throw new LifelineError("CPR_RESTORE", "restore() called after checkpoint(); call it once, before the first checkpoint()");
     this.restoreCalled = true;
     const r = await this.modeImpl.restore();
     return r === undefined ? undefined : { state: r.state as S, global: r.global as G, version: r.version };
@@ -805,7 +831,7 @@ export class World implements WorldApi {
     const now = this.host.now();
     if (!force && now - this.lastStepReport < STEP_REPORT_MS) return;
     this.lastStepReport = now;
-    void this.control.send({ t: "step", rank: this.rank, steps: this.steps, epoch: this.modeImpl.stepEpoch }).catch(() => undefined);
+    void this.control.send({ t: "step", rank: this.place.rank, steps: this.steps, epoch: this.modeImpl.stepEpoch }).catch(() => undefined);
   }
 
   async finalize(result?: unknown): Promise<void> {
@@ -823,15 +849,23 @@ export class World implements WorldApi {
     const released = new Promise<void>((resolve, reject) => {
       this.released = { resolve, reject };
     });
-    await this.control.send({ t: "finalize", rank: this.rank, result: encoded });
+    await this.control.send({ t: "finalize", rank: this.place.rank, result: encoded });
+    let again = false;
     try {
       await released;
+    } catch (err) {
+      // elastic: the world changed before the job was released; the program goes round its loop again.
+      again = isLifelineError(err, "MPI_WORLD_CHANGED");
+      if (again) this.finalized = false;
+      throw err;
     } finally {
-      this.faults.dispose();
-      this.failPending(new LifelineError("MPI_FINALIZED", "finalize() was called while this operation was pending"));
-      await this.closeSockets();
-      await this.modeImpl.close().catch(() => undefined);
-      for (const fn of this.closeHooks.splice(0)) fn();
+      if (!again) {
+        this.faults.dispose();
+        this.failPending(new LifelineError("MPI_FINALIZED", "finalize() was called while this operation was pending"));
+        await this.closeSockets();
+        await this.modeImpl.close().catch(() => undefined);
+        for (const fn of this.closeHooks.splice(0)) fn();
+      }
     }
   }
 

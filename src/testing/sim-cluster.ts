@@ -387,6 +387,7 @@ export class SimCoordinator {
         return;
       case "tables-failed":
       case "rendezvous-timeout":
+      case "elastic":
         this.net.violation(`the simulated coordinator reported ${ev.kind}, which it has no cause for`);
         return;
       default: {

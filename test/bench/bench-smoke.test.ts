@@ -82,6 +82,11 @@ interface Report {
   jobs: Record<string, unknown>[];
   tables: string;
   recovery?: { runs: RecoveryRun[]; errors: string[]; targetS: number };
+  elastic?: {
+    shrink: { detectMs: number; agreeMs: number; firstStepMs: number; restoredMs: number; at: number; failStep: number; spawned: number }[];
+    join: { transferMs: number; pauseMs: number; at: number; mib: number }[];
+    errors: string[];
+  };
   partner?: { runs: { scope: string; lineMs: number }[]; errors: string[] };
   heatRecovery?: { runs: HeatRecoveryRun[]; errors: unknown[]; ratio: number | null; target: number };
   durable?: { runs: DurableRun[]; errors: string[]; summary: { every: number; ratio: number | null }[]; smallestMeeting: number | null; target: number };
@@ -120,7 +125,7 @@ async function quickReport(name: string, args: string[], timeoutMs: number): Pro
 }
 
 /** The timed-block benchmarks, recovery and startup: all the default run has but the heat-recovery and durable jobs. */
-const BLOCKS_ONLY = "pingpong,stream,allreduce,bcast,barrier,retry-one,retry-one-pingpong,retry-one-stream,recovery,startup";
+const BLOCKS_ONLY = "pingpong,stream,allreduce,bcast,barrier,retry-one,retry-one-pingpong,retry-one-stream,recovery,elastic,startup";
 
 describe("bench --quick", () => {
   it("raw zeromq.js baselines: every case measured, report well formed", async () => {
@@ -144,9 +149,9 @@ describe("bench --quick", () => {
 
   const built = existsSync(path.join(ROOT, "dist/cli.js")) && existsSync(path.join(ROOT, "dist/index.js"));
   it.skipIf(!built)(
-    "Lifeline next to raw, retry-one next to none, and recovery in both modes: ratios, jobs, peers, parts and targets filled in",
+    "Lifeline next to raw, retry-one next to none, recovery in both modes, elastic: ratios, jobs, peers, parts and targets filled in",
     async () => {
-      const report = await quickReport("both", ["--variant", "both", "--only", BLOCKS_ONLY], 75_000);
+      const report = await quickReport("both", ["--variant", "both", "--only", BLOCKS_ONLY], 90_000);
       expect(report.tables).toContain("### Ping-pong latency");
       const benches = new Set(report.results.map((r) => r.bench));
       expect([...benches].sort()).toEqual(["allreduce", "barrier", "bcast", "pingpong", "retry-one", "retry-one-pingpong", "retry-one-stream", "stream"]);
@@ -207,8 +212,18 @@ describe("bench --quick", () => {
       }
       expect(report.tables).toMatch(/### Recovery, 4 ranks, \d+ MiB global \+ 1 MiB local state per rank/);
       expect(report.tables).toMatch(/Target \(retry-one, kill → restarted rank caught up\) <= 1 s: (met|NOT met)/);
+      // Elastic: a loss with no process started, parts that add up; a joiner that got the model.
+      expect(report.elastic?.errors).toEqual([]);
+      for (const r of report.elastic!.shrink) {
+        expect(r.spawned).toBe(4);
+        expect(r.detectMs + r.agreeMs).toBeCloseTo(r.restoredMs, 0);
+        expect(r.at).toBeLessThanOrEqual(r.failStep);
+      }
+      expect(report.elastic!.join).toHaveLength(1);
+      expect(report.elastic!.join[0]!.transferMs).toBeGreaterThanOrEqual(0);
+      expect(report.tables).toMatch(/Target \(fault → every survivor computing again, no process started: none was\) <= 0.3 s: (met|NOT met)/);
     },
-    80_000,
+    95_000,
   );
 
   it.skipIf(!built)(

@@ -112,7 +112,10 @@ describe("lifeline lines", () => {
           child.on("close", (code) => resolve({ code, stdout, stderr }));
         });
         if (!running) break; // the job may have ended (and cleaned up) in the middle of this listing
-        listings.push({ code: r.code, doc: r.code === 0 ? JSON.parse(r.stdout) : undefined, stderr: r.stderr });
+        const doc = r.code === 0 ? (JSON.parse(r.stdout) as (typeof listings)[number]["doc"]) : undefined;
+        // The launcher records the job as finished just before it exits: this listing saw its end.
+        if (doc?.job?.state === "finished") break;
+        listings.push({ code: r.code, doc, stderr: r.stderr });
       }
       const o = await job;
       expect(o.code, context(o)).toBe(0);

@@ -6,7 +6,8 @@
  * longer than the failure timeout (both modes), after which the old incarnations are refused
  * and end themselves; 20% packet loss (both modes); and the coordinator's host lost, after
  * which every rank ends itself within the failure timeout + 2 s and `--resume` on a surviving
- * host finishes the job (cpr: retry-one keeps nothing durable to resume from).
+ * host finishes the job (cpr: retry-one keeps nothing durable to resume from); in elastic, a
+ * host lost for good with no free slot elsewhere, after which the job goes on without it.
  *
  * Method: 3 test hosts in network namespaces (src/testing/netns.ts: 198.18.0.1-3, private
  * disks), a hostfile giving each 2 slots (4 ranks: hosts 1 and 2 full, host 3 spare), the
@@ -14,8 +15,8 @@
  * behaves as ssh: when its host dies it hangs, so only heartbeats tell). Stores live on the
  * machine's shared disk, or (`--store-scope host`, the default with a hostfile) on each host's
  * own disk, where a host's loss takes its parts and, for the launcher's host, the manifest.
- * References are `--mode none` runs on this machine. Needs root; without
- * it the test fails and says why.
+ * References are `--mode none` runs on this machine (for elastic: the replay of the run's
+ * changes of the world). Needs root; without it the test fails and says why.
  */
 import { writeFileSync } from "node:fs";
 import { join } from "node:path";
@@ -380,5 +381,40 @@ describe("a job across hosts", () => {
       expect(r.doc!.ranks).toEqual(ref);
     },
     LOSS_TIMEOUT_MS + 30_000,
+  );
+
+  it(
+    "elastic: host 2 is lost for good and no slot is free elsewhere; the job goes on with host 1's ranks, equal to a replay of that change",
+    async () => {
+      writeFileSync(join(runs.path, "two"), "198.18.0.1 slots=2\n198.18.0.2 slots=2\n");
+      const r = await runOnHost(0, "elastic", ["-n", "4", "--mode", "elastic", "--min-np", "2", ...FAST], LOGREG, killAtStep(1, 2, 50), "two");
+      expect(r.code, context(r)).toBe(0);
+      expect(r.doc!.ranks, context(r)).toHaveLength(2);
+      const changes = (r.doc!.recovery as unknown as { changes: { size: number; keep: number[]; joined: number }[] }).changes;
+      // Host 2's two ranks left, at once or one after the other; nobody joined.
+      expect(changes.reduce((n, c) => n + c.size - c.keep.length, 0)).toBe(2);
+      expect(changes.every((c) => c.joined === 0)).toBe(true);
+      expect(
+        r.events
+          .filter((e) => e.event === "rank-failed")
+          .map((e) => e.rank)
+          .sort(),
+      ).toEqual([2, 3]);
+      expect(r.events.filter((e) => e.event === "rank-failed").every((e) => /sent no heartbeat/.test(e.reason as string))).toBe(true);
+      expect(r.events.some((e) => e.event === "rank-spawned" && (e.attempt as number) > 0)).toBe(false);
+      // The same change, replayed on this machine without a fault, gives the same weights.
+      const replay = await runLauncher({
+        np: 4,
+        program: LOGREG[0]!,
+        args: LOGREG.slice(1),
+        flags: ["--mode", "elastic", "--replay", join(runs.path, "elastic.json")],
+        dir: runs.path,
+        name: "elastic-replay",
+        timeoutMs: TIMEOUT_MS,
+      });
+      expect(replay.code, replay.stderr).toBe(0);
+      expect(replay.doc!.ranks).toEqual(r.doc!.ranks);
+    },
+    2 * TIMEOUT_MS,
   );
 });

@@ -159,7 +159,7 @@ describe("resolveRunConfig", () => {
     expect(usageMessage(() => resolveWith({ mode: "cpr", logLimit: "1GiB" }))).toMatch(
       /--log-limit bounds retry-one's message log; it does nothing in --mode cpr/,
     );
-    expect(usageMessage(() => resolveWith({ mode: "fast" }))).toMatch(/--mode "fast" is not a mode; use one of cpr, retry-one, none/);
+    expect(usageMessage(() => resolveWith({ mode: "fast" }))).toMatch(/--mode "fast" is not a mode; use one of cpr, retry-one, elastic, none/);
   });
 
   it.each([

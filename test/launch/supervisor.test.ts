@@ -69,7 +69,7 @@ describe("Supervisor", () => {
           message: expect.stringMatching(/^rank 1 \(pid \d+\) exited with code 3 before finalizing$/),
           exitStatus: 3,
         },
-        job: { size: 2, mode: "none", restarts: 0, maxRestarts: 3, finalized: [false, false], backoffMs: expect.any(Number) },
+        job: { size: 2, mode: "none", restarts: 0, maxRestarts: 3, finalized: [false, false], backoffMs: expect.any(Number), placeable: true },
       },
     ]);
     expect(outcome).toMatchObject({ ok: false, exitCode: 3, finalizedCount: 0, restarts: 0 });

@@ -67,6 +67,10 @@ export interface ModeCore {
   resetCollectiveCount(): void;
   /** A progress report to the launcher (at most one per interval unless forced). */
   reportStep(force: boolean): void;
+  /** elastic: this process is rank `rank` of a world of `size` ranks from now on (`world.rank`, `world.size`). */
+  reshape(rank: number, size: number): void;
+  /** elastic: a finalize() waiting for the release fails with `err` (the program goes round its loop again). */
+  interruptFinalize(err: LifelineError): void;
 }
 
 /** World's collective entry (order, faults, then the mode's `collective`). */
@@ -100,6 +104,11 @@ export class NoneMode implements FrameStamper, QueryScope {
   }
 
   get queriesPaused(): boolean {
+    return false;
+  }
+
+  /** restore() may be called again (elastic, after a change of the world). */
+  get restoresAgain(): boolean {
     return false;
   }
 
