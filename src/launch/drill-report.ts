@@ -163,12 +163,18 @@ export function analyzeFaults(events: readonly RecordedEvent[], faults: readonly
   // Faults that hit and are waiting for their next stage.
   const open: FaultReport[] = [];
   let lastRestoreEpoch: number | undefined;
+  // Per rank: when its current process exited (or was declared failed) with no fault of it
+  // open yet. The launcher sees a process's exit before it has read the last of its stderr,
+  // so under load the "injected fault" line can arrive after the exit: the fault then hit no
+  // later than the exit, and the exit was its detection.
+  const unexplained = new Array<{ t: number; reason: string | undefined; restore: number | undefined } | undefined>(ctx.size).fill(undefined);
 
   for (const { t, ev } of sorted) {
     const restore = restoreEpochOf(ev);
     if (restore !== undefined) {
       lastRestoreEpoch = restore;
       for (const r of open) if (r.detectedMs !== undefined && r.recoveredMs === undefined) r.restoreEpoch = restore;
+      for (const gone of unexplained) if (gone !== undefined) gone.restore = restore;
     }
     switch (ev.kind) {
       case "rank-output": {
@@ -176,8 +182,16 @@ export function analyzeFaults(events: readonly RecordedEvent[], faults: readonly
         if (m === null) break;
         const report = reports.find((r) => r.hitMs === undefined && r.fault.rank === ev.rank && firedWhy(r.fault.trigger) === m[1]);
         if (report === undefined) break;
-        report.hitMs = t;
+        const gone = unexplained[ev.rank];
+        unexplained[ev.rank] = undefined;
+        report.hitMs = gone === undefined ? t : Math.min(t, gone.t);
         report.stepsAtHit = report.fault.stepsBefore !== undefined ? base[ev.rank]! + report.fault.stepsBefore : base[ev.rank]! + steps[ev.rank]!;
+        if (gone !== undefined) {
+          report.detectedMs = gone.t;
+          if (gone.reason !== undefined) report.cause = causeOf(gone.reason);
+          // A restart decided before the line arrived.
+          if (gone.restore !== undefined) report.restoreEpoch = gone.restore;
+        }
         open.push(report);
         break;
       }
@@ -194,6 +208,13 @@ export function analyzeFaults(events: readonly RecordedEvent[], faults: readonly
       case "rank-failed": {
         const detected = open.filter((r) => r.fault.rank === ev.rank && r.detectedMs === undefined);
         for (const r of detected) r.detectedMs = t;
+        if (detected.length === 0 && !open.some((r) => r.fault.rank === ev.rank && r.upMs === undefined)) {
+          const reason = ev.kind === "rank-failed" ? ev.reason : undefined;
+          const prior = unexplained[ev.rank];
+          if (prior === undefined) {
+            if (!(ev.kind === "rank-exited" && ev.killedByLauncher)) unexplained[ev.rank] = { t, reason, restore: undefined };
+          } else if (prior.reason === undefined && reason !== undefined) prior.reason = reason;
+        }
         if (detected.length > 0) {
           // A new failure before an earlier fault recovered: that recovery starts over.
           for (const r of open) if (!detected.includes(r) && r.detectedMs !== undefined && recovering(r)) r.interruptedMs = t;
@@ -215,6 +236,8 @@ export function analyzeFaults(events: readonly RecordedEvent[], faults: readonly
         break;
       }
       case "rank-up": {
+        // The new process is up: any exit before it was not a fault's (its line would be in).
+        unexplained[ev.rank] = undefined;
         for (const r of open) if (r.fault.rank === ev.rank && r.restartedMs !== undefined && r.upMs === undefined) r.upMs = t;
         break;
       }
