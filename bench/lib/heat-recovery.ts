@@ -1,6 +1,6 @@
 /**
  * `npm run bench -- --only heat-recovery`: how long one killed rank of a halo-exchange stencil
- * takes to catch up, retry-one next to cpr (issue 13: retry-one ≤ 0.5× cpr).
+ * takes to catch up, retry-one next to cpr (target: retry-one ≤ 0.5× cpr).
  *
  * Goal: the recovery benchmark (bench/lib/recovery.ts) uses a collective-only program built for
  * retry-one; this one asks the same of an ordinary point-to-point program, examples/heat.ts
@@ -26,7 +26,7 @@
  *
  * Each run gets a fresh scratch directory under the harness's temp dir, used as the launcher's
  * cwd and as the root of the drill's per-run stores (cpr's lines, retry-one's durable floor at its
- * default, every 10th checkpoint): nothing lands in the repository. The modes alternate (retry-one
+ * default, every 200th checkpoint): nothing lands in the repository. The modes alternate (retry-one
  * first in even rounds, cpr first in odd ones) so that a burst of other load hits both.
  *
  * @example
@@ -183,7 +183,7 @@ export async function heatRecoveryRun(o: {
   }
 }
 
-/** Issue 13: retry-one's kill → caught up at most this fraction of cpr's (medians). */
+/** Target: retry-one's kill → caught up at most this fraction of cpr's (medians). */
 export const HEAT_RECOVERY_TARGET = 0.5;
 
 /**

@@ -246,7 +246,7 @@ export interface Target {
 /**
  * The targets, all relative to the case's baseline measured in the same run: the message path's
  * against the raw zeromq.js programs; the retry-one family's against the Lifeline job under
- * `--mode none` (issue 13 for the point-to-point ones).
+ * `--mode none`.
  */
 export function targetFor(c: Case, curve = false): Target | undefined {
   if (curve) {

@@ -88,7 +88,7 @@ export interface RecoveryConfig {
   readonly checkpointEvery?: string;
   /** retry-one: false runs with `--no-spare` (the restarted rank starts cold). */
   readonly spare?: boolean;
-  /** retry-one: `--durable-every` (default: the launcher's, every 10th checkpoint into the run's store). */
+  /** retry-one: `--durable-every` (default: the launcher's, every 200th checkpoint into the run's store). */
   readonly durableEvery?: number;
   readonly timeoutMs?: number;
 }

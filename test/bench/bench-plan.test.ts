@@ -350,7 +350,8 @@ describe("bench tables: heat-recovery and durable", () => {
       run(20, 1, 2090, 5),
       run(50, 1, 2050, 2),
     ];
-    const summary = summarizeDurable(runs, DURABLE_FULL);
+    const SWEEP = { ...DURABLE_FULL, candidates: [5, 10, 20, 50] };
+    const summary = summarizeDurable(runs, SWEEP);
     expect(summary.map((x) => [x.every, x.runs, x.computeMs, x.lines, x.met])).toEqual([
       [0, 2, 2050, 0, null],
       [5, 2, 2450, 18.5, false],
@@ -362,7 +363,7 @@ describe("bench tables: heat-recovery and durable", () => {
     expect(summary[2]!.cpuS).toBeCloseTo(11.125);
     expect(summary[2]!.cpuRatio).toBeCloseTo(1.1125);
     expect(smallestMeeting(summary)).toBe(20);
-    const t = renderDurableTable(runs, ["--durable-every 5 run 3: exit 1"], DURABLE_FULL);
+    const t = renderDurableTable(runs, ["--durable-every 5 run 3: exit 1"], SWEEP);
     expect(t).toContain(
       "| --durable-every | runs | program s | ratio to 0 [paired min–max] | to last finalize() s | its ratio | CPU s | CPU ratio to 0 | durable lines committed | target | met |",
     );

@@ -87,7 +87,7 @@ describe("analyzeFaults", () => {
 
   it("cpr: the fault's line read after the exit and the restart decision still counts (launcher under load)", () => {
     // The launcher sees the exit before it has read the rank's last stderr line.
-    const late = cprEvents().map((e) => (e.ev.kind === "rank-output" ? at(855, e.ev) : e));
+    const late = cprEvents().map((e) => (e.ev.kind === "rank-output" ? { ...e, t: 855 } : e));
     const [r] = analyzeFaults(late, plan(["1@step:8"]), { size: 2, mode: "cpr" });
     expect(r).toMatchObject({ hitMs: 735, stepsAtHit: 7, detectedMs: 735, cause: "exit", restartedMs: 860, upMs: 1_320, restoreEpoch: 1, workLostSteps: 3 });
     expect(r!.recoveredMs).toBe(1_500);

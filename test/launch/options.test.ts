@@ -123,7 +123,7 @@ describe("resolveRunConfig", () => {
   });
 
   it("--durable-every: retry-one's durable floor, on by default with a shared store, off on each host's own disk", () => {
-    expect(resolveWith({ mode: "retry-one" }).durableEvery).toBe(10);
+    expect(resolveWith({ mode: "retry-one" }).durableEvery).toBe(200);
     expect(resolveWith({ mode: "retry-one", durableEvery: "4" }).durableEvery).toBe(4);
     expect(resolveWith({ mode: "retry-one", durableEvery: "0" }).durableEvery).toBe(0);
     expect(resolveWith({ mode: "cpr" }).durableEvery).toBe(0);
