@@ -86,6 +86,12 @@ export interface ProgramSpec {
   readonly seed: number;
   readonly size: number;
   readonly ops: readonly Op[];
+  /**
+   * With it, every checkpoint() also saves a global: a Float64Array of this many elements that
+   * is a fixed function of how many checkpoints the rank took (the same on every rank at the
+   * same count, as the API asks), and a restore checks it got that checkpoint's own global.
+   */
+  readonly globalElems?: number;
 }
 
 export interface GenerateOptions {
@@ -253,6 +259,15 @@ function foldBySource(msgs: readonly Message[]): unknown[] {
 export interface ProgramState {
   next: number;
   digests: string[];
+  /** checkpoint() calls so far (with {@link ProgramSpec.globalElems}). */
+  ckpts?: number;
+}
+
+/** The global a program with {@link ProgramSpec.globalElems} saves at its `ckpts`-th checkpoint. */
+export function programGlobal(elems: number, ckpts: number): Float64Array {
+  const g = new Float64Array(elems);
+  for (let i = 0; i < elems; i++) g[i] = (ckpts * 7919 + i * 31) % 65_521;
+  return g;
 }
 
 function payload(spec: ProgramSpec, opIndex: number, m: P2pMsg): unknown {
@@ -459,15 +474,27 @@ export async function runOp(world: World, ctx: RankContext, spec: ProgramSpec, i
 /** The program a rank runs for `spec`: its result is `{ ops: digest per operation }`. */
 export function programOf(spec: ProgramSpec): SimProgram {
   return async (world, ctx) => {
-    const saved = await world.restore<ProgramState>();
-    const st: ProgramState = saved?.state ?? { next: 0, digests: [] };
+    const elems = spec.globalElems;
+    const saved = await world.restore<ProgramState, Float64Array>();
+    const st: ProgramState = saved?.state ?? { next: 0, digests: [], ...(elems === undefined ? {} : { ckpts: 0 }) };
+    if (elems !== undefined && saved !== undefined) {
+      const want = programGlobal(elems, st.ckpts ?? -1);
+      const got = saved.global;
+      if (!(got instanceof Float64Array) || got.length !== elems || got.some((x, i) => x !== want[i])) {
+        throw new Error(`rank ${world.rank} restored checkpoint ${st.ckpts ?? "?"} with a global that is not the one it saved there`);
+      }
+    }
     for (let i = st.next; i < spec.ops.length; i++) {
       const op = spec.ops[i]!;
       const parts = await runOp(world, ctx, spec, i, op);
       st.digests.push(`${op.kind}:${hashOf(parts)}`);
       st.next = i + 1;
       if (op.kind === "checkpoint" && (op.mask === undefined || ((op.mask >> world.rank) & 1) === 1)) {
-        await world.checkpoint({ next: st.next, digests: [...st.digests] });
+        if (elems === undefined) await world.checkpoint({ next: st.next, digests: [...st.digests] });
+        else {
+          st.ckpts = st.ckpts! + 1;
+          await world.checkpoint({ next: st.next, digests: [...st.digests], ckpts: st.ckpts }, programGlobal(elems, st.ckpts));
+        }
       }
     }
     return { ops: st.digests };

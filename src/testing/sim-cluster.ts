@@ -139,6 +139,11 @@ export interface SimRetryOneOptions {
   readonly durableEvery?: number;
   /** Durable lines kept (default {@link KEEP_LINES_DEFAULT}). */
   readonly keepLines?: number;
+  /**
+   * Durable writes take this many scheduler events before and after them (a disk that takes
+   * time) while the program runs on, checkpointing again meanwhile. 0 or absent: none.
+   */
+  readonly slowDurable?: number;
 }
 
 export interface SimCprOptions {
@@ -520,17 +525,23 @@ function simParts(
   inner: RankPartStore,
   net: SimNetwork,
   node: string,
-  disk: { slow: boolean; reach: (() => Promise<void>) | undefined },
+  disk: { slow: boolean; reach: (() => Promise<void>) | undefined; events?: number },
   written: Map<string, Buffer>,
   fail: ((epoch: number) => boolean) | undefined,
 ): PartStoreLike {
-  const step = (): Promise<void> =>
-    !disk.slow
-      ? Promise.resolve()
-      : new Promise((resolve) => {
-          // A dead process's I/O never completes.
-          if (net.node(node).alive) net.defer(node, resolve);
-        });
+  const defer = (): Promise<void> =>
+    new Promise((resolve) => {
+      // A dead process's I/O never completes.
+      if (net.node(node).alive) net.defer(node, resolve);
+    });
+  const step = (): Promise<void> => {
+    if (!disk.slow) return Promise.resolve();
+    const events = disk.events ?? 1;
+    if (events <= 1) return defer();
+    return (async () => {
+      for (let i = 0; i < events; i++) await defer();
+    })();
+  };
   const reach = disk.reach;
   const hop =
     reach === undefined
@@ -791,7 +802,14 @@ export class SimCluster {
                         durableEvery: this.durableEvery,
                         openParts: async () => {
                           if (reach !== undefined) await reach();
-                          return simParts(await store.openRank(rank), this.net, node, { slow: false, reach }, this.written, undefined);
+                          return simParts(
+                            await store.openRank(rank),
+                            this.net,
+                            node,
+                            { slow: (this.retryOne?.slowDurable ?? 0) > 0, events: this.retryOne?.slowDurable ?? 0, reach },
+                            this.written,
+                            undefined,
+                          );
                         },
                       }),
                 }),

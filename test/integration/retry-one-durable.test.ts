@@ -53,6 +53,26 @@ interface Recovery {
 
 describe("retry-one: the durable floor", () => {
   it(
+    "a global model in every checkpoint, written every version while the ranks run on: the fallback restores each rank's own version of it, bit-identical",
+    async () => {
+      // The model is 256 KiB: its checkpoint copies come from the pooled memory that the
+      // protocol reuses once a version is dropped, while the durable write of that version may
+      // still be reading it (the store writes the global as it is, without a joined copy).
+      const MODEL = "test/fixtures/retry-one/model-steps.ts";
+      const args = ["--steps", "80", "--n", "32768"];
+      const want = await run(MODEL, ["--mode", "none"], args);
+      expect(want.code, context(want)).toBe(0);
+      const r = await run(MODEL, ["--mode", "retry-one", "--replicas", "1", "--durable-every", "1"], args, killTogetherAt(50, [1, 2]));
+      expect(r.code, context(r)).toBe(0);
+      expect(r.doc?.ranks, context(r)).toEqual(want.doc?.ranks);
+      const rec = r.doc?.recovery as unknown as Recovery;
+      expect(rec.fallbacks, context(r)).toHaveLength(1);
+      expect(rec.fallbacks![0]!.line, context(r)).toBeGreaterThan(0);
+    },
+    RUN_TIMEOUT_MS,
+  );
+
+  it(
     "two ranks killed at once beyond --replicas 1: every rank restarts from the newest durable line, bit-identical, with a warning of what was lost",
     async () => {
       const want = await reference();
