@@ -92,6 +92,14 @@ interface Report {
   durable?: { runs: DurableRun[]; errors: string[]; summary: { every: number; ratio: number | null }[]; smallestMeeting: number | null; target: number };
 }
 
+/** The whole-job runs' errors in full (progress shows only their first line), if the report was written. */
+function failedRuns(out: string): string {
+  if (!existsSync(out)) return "";
+  const doc = JSON.parse(readFileSync(out, "utf8")) as Record<string, { errors?: unknown[] } | undefined>;
+  const errors = Object.entries(doc).flatMap(([k, v]) => (Array.isArray(v?.errors) ? v.errors.map((e) => `${k}: ${String(e)}`) : []));
+  return errors.length === 0 ? "" : `\nerrors in the report:\n${errors.join("\n").slice(-8000)}`;
+}
+
 function runBench(args: string[], timeoutMs: number): Promise<{ code: number | null; stdout: string; stderr: string }> {
   return new Promise((resolve) => {
     const child = execFile(
@@ -120,7 +128,7 @@ function expectVariant(v: Variant | null, reps: number, what: string): void {
 async function quickReport(name: string, args: string[], timeoutMs: number): Promise<Report> {
   const out = path.join(tmp, `${name}.json`);
   const r = await runBench(["--quick", ...args, "--out", out, "--timeout-s", String(Math.floor(timeoutMs / 1000) - 5)], timeoutMs);
-  if (r.code !== 0) throw new Error(`bench exited with ${r.code}\n${r.stderr.slice(-4000)}`);
+  if (r.code !== 0) throw new Error(`bench exited with ${r.code}\n${r.stderr.slice(-4000)}${failedRuns(out)}`);
   return JSON.parse(readFileSync(out, "utf8")) as Report;
 }
 
@@ -280,7 +288,7 @@ describe("bench --quick", () => {
       ],
       180_000,
     );
-    if (r.code !== 0) throw new Error(`bench exited with ${r.code}\n${r.stderr.slice(-4000)}`);
+    if (r.code !== 0) throw new Error(`bench exited with ${r.code}\n${r.stderr.slice(-4000)}${failedRuns(out)}`);
     expect(r.stderr).toMatch(/bench: 2 test hosts, 198\.18\.0\.1, 198\.18\.0\.2/);
     const report = JSON.parse(readFileSync(out, "utf8")) as Report;
     expect(report.results.map((x) => x.key)).toEqual(["pingpong np2 8 B", "allreduce np2 8 B"]);
