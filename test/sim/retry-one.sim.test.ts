@@ -102,7 +102,11 @@ describe("simulation, mode retry-one", () => {
     // holder's safe checkpoint, although the results it was given had been trimmed for it; when
     // that checkpoint was later lost, the survivors restarted its owner from the start instead
     // of reporting CPR_LOST (knowledge now travels with every transfer and checkpoint).
-    for (const seed of [1197, 50608]) {
+    // 2005030: a restarted holder had got its owner's pushed checkpoint but not yet the pushed
+    // determinants when the owner died; it restarted from that record, re-executed a nondet
+    // differently and never sent the message a peer's replayed plan waited for (a hang; a
+    // holder's record is a restart point only once the push's determinants arrived, rank.ts).
+    for (const seed of [1197, 50608, 2005030]) {
       const { ref, out } = await runRetryOneSeed(seed, { p2p: true, floor: true });
       expect(out.status, out.report).toBe("ok");
       expect(out.results, out.report).toEqual(ref.results);

@@ -146,6 +146,14 @@ interface HeldData {
   /** Determinants, ordinals detFrom..detFrom+dets.length-1. */
   detFrom: number;
   dets: unknown[];
+  /**
+   * Every determinant the owner logged (up to what it was acknowledged for) is here: the record
+   * was kept since this incarnation's start, or came whole from another holder, or the owner's
+   * push of its determinants arrived. A restarted holder that has only the pushed checkpoints
+   * so far may lack determinants whose effects already left the owner: such a record is no
+   * restart point (see summary()).
+   */
+  complete: boolean;
 }
 
 type ViewOrder = "same" | "newer" | "stale";
@@ -305,7 +313,7 @@ export class RetryOneRank {
     // A first incarnation holds (empty) records for its predecessors from the start: a
     // predecessor that dies before its first checkpoint restarts from the program's start,
     // with the determinants these records collect. A restarted holder gets them pushed.
-    if (!this.restoring) for (const p of predecessors(this.rank, this.opts())) this.held.set(p, { versions: new Map(), detFrom: 0, dets: [] });
+    if (!this.restoring) for (const p of predecessors(this.rank, this.opts())) this.held.set(p, { versions: new Map(), detFrom: 0, dets: [], complete: true });
     if (opts.allRestart !== undefined) this.startFrom(opts.allRestart);
   }
 
@@ -916,7 +924,8 @@ export class RetryOneRank {
   private heldFor(owner: number): HeldData {
     let h = this.held.get(owner);
     if (h === undefined) {
-      h = { versions: new Map(), detFrom: 0, dets: [] };
+      // Created by a pushed checkpoint: complete once the push's determinants arrive.
+      h = { versions: new Map(), detFrom: 0, dets: [], complete: false };
       this.held.set(owner, h);
     }
     return h;
@@ -944,6 +953,9 @@ export class RetryOneRank {
     // logs its own outcomes in place of an older one's that never took effect).
     h.dets.length = Math.max(0, first - h.detFrom);
     for (const e of entries) h.dets.push(e);
+    // The owner pushes its checkpoints and then every determinant since its safe one (pushTo),
+    // before any other determinant frame reaches this incarnation: the record is whole now.
+    h.complete = true;
     this.send(from, { t: "dack", view: this.viewNow(), upTo: h.detFrom + h.dets.length });
   }
 
@@ -971,6 +983,12 @@ export class RetryOneRank {
   private summary(): Summary {
     const holds: Holding[] = [];
     for (const [owner, h] of this.held) {
+      // A record that may lack determinants is no restart point and nothing to hand on: with
+      // it, a restarted owner would re-execute past outcomes whose effects others already saw
+      // (a message sent elsewhere, a collective result), and wait forever for what it never
+      // sends again. Without it, a failure of the owner before its push arrived is one beyond
+      // the replicas (CPR_LOST), as it is.
+      if (!h.complete) continue;
       const versions: HeldVersion[] = [];
       for (const v of h.versions.values()) versions.push({ version: v.version, index: v.index, key: v.key, detCount: v.detCount });
       holds.push({ owner, versions, detFrom: h.detFrom, detTo: h.detFrom + h.dets.length });
@@ -1096,7 +1114,7 @@ export class RetryOneRank {
       case "cache":
         return { kind: "cache", entries: this.cache.pick(t.keys), known: this.knowledge() };
       case "restore": {
-        const h = this.held.get(t.to) ?? (t.version === 0 ? { versions: new Map(), detFrom: 0, dets: [] } : undefined);
+        const h = this.held.get(t.to) ?? (t.version === 0 ? { versions: new Map(), detFrom: 0, dets: [], complete: true } : undefined);
         if (h === undefined) throw new ProtocolError("CPR_PROTOCOL", `rank ${this.rank} was asked to restore rank ${t.to}, whose data it does not hold`);
         if (t.version === 0) {
           if (h.detFrom !== 0)
@@ -1202,11 +1220,17 @@ export class RetryOneRank {
     if (mine !== undefined) {
       const a = newest(mine.versions.values()),
         b = newest(part.versions);
-      if (a > b || (a === b && mine.detFrom + mine.dets.length >= part.detFrom + part.dets.length)) return;
+      if (a === b && mine.detFrom + mine.dets.length >= part.detFrom + part.dets.length) {
+        // As much as a complete record has: whole too.
+        mine.complete = true;
+        return;
+      }
+      if (a > b) return;
     }
     const versions = new Map<number, HeldVersion & { readonly state: unknown; readonly known: Knowledge }>();
     for (const v of part.versions) versions.set(v.version, v);
-    this.held.set(part.owner, { versions, detFrom: part.detFrom, dets: [...part.dets] });
+    // Its giver reported it in a summary, which only names complete records.
+    this.held.set(part.owner, { versions, detFrom: part.detFrom, dets: [...part.dets], complete: true });
   }
 
   private restoreFrom(

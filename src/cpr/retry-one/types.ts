@@ -155,7 +155,10 @@ export interface Summary {
   readonly bufTo: number;
   /** Keys of the bootstrap cache. */
   readonly cacheKeys: readonly string[];
-  /** Recovery data held for predecessors. */
+  /**
+   * Recovery data held for predecessors: only whole records (a restarted holder's record is
+   * whole once its owner's pushed determinants arrived, not with the pushed checkpoint alone).
+   */
   readonly holds: readonly Holding[];
   /** Globals of its own checkpoints it keeps. */
   readonly globals: readonly OwnGlobal[];
