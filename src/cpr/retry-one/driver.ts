@@ -31,6 +31,7 @@ import {
 } from "../../mpi/retry-hook.ts";
 import type { Header } from "../../mpi/wire.ts";
 import type { PartStoreLike } from "../coordinated/driver.ts";
+import { type Deferred, deferred } from "../deferred.ts";
 import { RetryOneRank } from "./rank.ts";
 import type { AllRestart, CollIdentity, Lazy, ProtoFrame, RankEffect, RankInput } from "./types.ts";
 
@@ -83,23 +84,6 @@ interface DurablePart {
 /** The factory World.join takes in mode retry-one. */
 export function retryOneHook(opts: RetryOneDriverOptions = {}): RetryOneHookFactory {
   return (access, host) => new RetryOneDriver(access, host, opts);
-}
-
-interface Deferred<T> {
-  readonly promise: Promise<T>;
-  resolve(v: T): void;
-  reject(e: unknown): void;
-}
-
-function deferred<T>(): Deferred<T> {
-  let resolve!: (v: T) => void;
-  let reject!: (e: unknown) => void;
-  const promise = new Promise<T>((res, rej) => {
-    resolve = res;
-    reject = rej;
-  });
-  promise.catch(() => undefined); // observed by the caller; never an unhandled rejection
-  return { promise, resolve, reject };
 }
 
 /**
