@@ -332,9 +332,8 @@ export class Channel {
     let userBytes = 0;
     for (let i = first; i < frames.length; i++) userBytes += frames[i]!.byteLength;
     // Refused before anything is counted or lent: the channel's numbering stays whole.
-    if (userBytes + (first === 1 ? frames[0]!.byteLength : 0) > this.maxMessageBytes) {
-      return Promise.reject(this.tooLong(dest, userBytes + (first === 1 ? frames[0]!.byteLength : 0)));
-    }
+    const bytes = userBytes + (first === 1 ? frames[0]!.byteLength : 0);
+    if (bytes > this.maxMessageBytes) return Promise.reject(this.tooLong(dest, bytes));
     if (userBytes < BOUNCE_BYTES_MIN || dest === this.rank) {
       // A single small frame to a peer is copied into the header's frame by transmit, at
       // once: no copy of its own.
@@ -387,6 +386,10 @@ export class Channel {
     // msgpack's own output buffer is ours already; typed arrays view the program's memory.
     const first = body.encoding === Encoding.typedArray ? 0 : 1;
     const frames = body.frames;
+    // Refused before it is counted or logged (transmit's own refusal would be taken for a dead
+    // peer below, and the message would go nowhere while the send resolved).
+    const bytes = byteLengthOf(frames);
+    if (bytes > this.maxMessageBytes) return Promise.reject(this.tooLong(dest, bytes));
     for (let i = first; i < frames.length; i++) frames[i] = Buffer.from(frames[i]!);
     const h = this.header(Kind.app, dest, tag, body);
     log.record(dest, { appSeq: h.collSeq, header: encodeHeader(h), body: frames as Buffer[] });

@@ -75,6 +75,18 @@ describe("channel: the message limit", () => {
     expect(channels[0]!.lentCount).toBe(0);
   });
 
+  it("a logged send (retry-one) over the limit is refused with MPI_LIMIT too, before it is counted or logged", async () => {
+    const { channels, delivered, sent } = cluster(4096);
+    const logged: number[] = [];
+    channels[0]!.appLog = { record: (_dest, f) => void logged.push(f.appSeq) };
+    await expect(channels[0]!.sendApp(new Float64Array(513), 1, 1)).rejects.toMatchObject({ code: "MPI_LIMIT" });
+    await channels[0]!.sendApp(new Float64Array(512), 1, 2);
+    await settle();
+    expect(logged).toEqual([0]);
+    expect(sent.map((x) => x.channelSeq)).toEqual([0]);
+    expect(delivered.map((d) => d.tag)).toEqual([2]);
+  });
+
   it("the receiver drops a message over the limit (one frame or several) with a warning naming its sender", async () => {
     const { channels, delivered, warnings } = cluster(4096);
     const victim = channels[1]!;
