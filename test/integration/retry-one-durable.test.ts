@@ -99,12 +99,18 @@ describe("retry-one: the durable floor", () => {
   it(
     "the task farm (wildcard receives, ranks checkpointing at their own pace): the line mixes versions and still ends bit-identical",
     async () => {
-      // Long enough that the kill (on a throttled step event) lands well before the end.
+      // Long enough that the kill (on a throttled step event, after the first durable line)
+      // lands well before the end.
       const args = ["--tasks", "160", "--spin-ms", "2"];
       const want = await run("examples/taskfarm.ts", ["--mode", "none"], args);
       expect(want.code, context(want)).toBe(0);
       // The master and worker 1 at once: with --replicas 1, rank 1 holds the only copy of rank 0.
-      const r = await run("examples/taskfarm.ts", ["--mode", "retry-one", "--replicas", "1", "--durable-every", "2"], args, killTogetherAt(8, [0, 1]));
+      const r = await run(
+        "examples/taskfarm.ts",
+        ["--mode", "retry-one", "--replicas", "1", "--durable-every", "2"],
+        args,
+        killTogetherAt(8, [0, 1], { afterLine: true }),
+      );
       expect(r.code, context(r)).toBe(0);
       expect(r.doc?.ranks, context(r)).toEqual(want.doc?.ranks);
       const fb = (r.doc?.recovery as unknown as Recovery).fallbacks;

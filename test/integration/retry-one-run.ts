@@ -15,12 +15,19 @@ export const RUN_TIMEOUT_MS = 60_000;
 
 /**
  * An event handler that SIGKILLs `ranks` in one instant (their current processes) once rank
- * `ranks[0]` reported `step` checkpoints: several failures at once, whatever the timing.
+ * `ranks[0]` reported `step` checkpoints: several failures at once, whatever the timing. With
+ * `afterLine`, not before the launcher committed a (durable) line, however slow the machine.
  */
-export function killTogetherAt(step: number, ranks: readonly number[]): (ev: Record<string, unknown>, pids: readonly (readonly number[])[]) => void {
+export function killTogetherAt(
+  step: number,
+  ranks: readonly number[],
+  opts: { afterLine?: boolean } = {},
+): (ev: Record<string, unknown>, pids: readonly (readonly number[])[]) => void {
   let done = false;
+  let line = opts.afterLine !== true;
   return (ev, pids) => {
-    if (done || ev.event !== "rank-step" || ev.rank !== ranks[0] || (ev.steps as number) < step) return;
+    if (ev.event === "line-committed") line = true;
+    if (done || !line || ev.event !== "rank-step" || ev.rank !== ranks[0] || (ev.steps as number) < step) return;
     done = true;
     for (const r of ranks) {
       try {
