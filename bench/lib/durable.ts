@@ -37,7 +37,7 @@
 import { rmSync } from "node:fs";
 import os from "node:os";
 import path from "node:path";
-import { launchJson } from "./recovery.ts";
+import { launchJson, recoveryProgram } from "./recovery.ts";
 import { median } from "./stats.ts";
 
 /** What runs: the recovery program's size and length, the candidates, the rounds. */
@@ -93,27 +93,7 @@ export async function durableRun(o: { root: string; dir: string; name: string; c
     const r = await launchJson(
       o.root,
       o.name,
-      [
-        "-n",
-        String(c.np),
-        "--mode",
-        "retry-one",
-        "--store",
-        store,
-        "--durable-every",
-        String(o.every),
-        "bench/programs/recovery.ts",
-        "--global-mib",
-        String(c.globalMib),
-        "--local-mib",
-        String(c.localMib),
-        "--steps",
-        String(c.steps),
-        "--fail-step",
-        String(c.steps + 1),
-        "--step-ms",
-        String(c.stepMs),
-      ],
+      ["-n", String(c.np), "--mode", "retry-one", "--store", store, "--durable-every", String(o.every), ...recoveryProgram({ ...c, failStep: c.steps + 1 })],
       300_000,
     );
     const fail = (what: string): never => {

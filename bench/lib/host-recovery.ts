@@ -21,7 +21,7 @@
 import path from "node:path";
 import { onJsonLines } from "../../src/testing/json-lines.ts";
 import { netnsRshAgent, type TestCluster } from "../../src/testing/netns.ts";
-import type { RecoveryParts } from "./recovery.ts";
+import { recoveryProgram, type RecoveryParts } from "./recovery.ts";
 import { spawnChild } from "./procs.ts";
 
 export interface HostRecoveryConfig {
@@ -67,17 +67,7 @@ export async function hostRecoveryRun(c: HostRecoveryConfig): Promise<RecoveryPa
     "100",
     "--failure-timeout",
     "1s",
-    "bench/programs/recovery.ts",
-    "--global-mib",
-    String(c.globalMib),
-    "--local-mib",
-    String(c.localMib),
-    "--steps",
-    String(c.steps),
-    "--fail-step",
-    String(c.steps + 1),
-    "--step-ms",
-    String(c.stepMs),
+    ...recoveryProgram({ ...c, failStep: c.steps + 1 }),
   ];
   const { command, args } = c.cluster.wrap(0, argv, c.root);
   const child = spawnChild(c.name, command, args, { cwd: c.root, env: { ...process.env, ...c.cluster.agentEnv } });

@@ -19,6 +19,7 @@ import path from "node:path";
 import { onJsonLines } from "../../src/testing/json-lines.ts";
 import { netnsRshAgent, type TestCluster } from "../../src/testing/netns.ts";
 import { spawnChild } from "./procs.ts";
+import { recoveryProgram } from "./recovery.ts";
 import { median } from "./stats.ts";
 
 export interface PartnerCostConfig {
@@ -66,17 +67,7 @@ export async function partnerCostRun(c: PartnerCostConfig): Promise<PartnerCostR
     c.hostfile,
     "--rsh",
     netnsRshAgent,
-    "bench/programs/recovery.ts",
-    "--global-mib",
-    String(c.globalMib),
-    "--local-mib",
-    String(c.localMib),
-    "--steps",
-    String(c.steps),
-    "--fail-step",
-    String(c.steps + 1),
-    "--step-ms",
-    String(c.stepMs),
+    ...recoveryProgram({ ...c, failStep: c.steps + 1 }),
   ];
   const { command, args } = c.cluster.wrap(0, argv, c.root);
   const child = spawnChild(c.name, command, args, { cwd: c.root, env: { ...process.env, ...c.cluster.agentEnv } });

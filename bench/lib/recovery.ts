@@ -70,6 +70,29 @@ export async function launchJson(root: string, name: string, argv: readonly stri
   return { code: status.code, events, spawnToExitMs: performance.now() - t0, cpuS, tail: child.tail() };
 }
 
+/**
+ * The command line of bench/programs/recovery.ts (the program of the recovery, durable,
+ * host-recovery and partner benchmarks): `failStep` past `steps` runs it without a fault.
+ *
+ * @example
+ * recoveryProgram({ globalMib: 64, localMib: 1, steps: 100, failStep: 101, stepMs: 20 });
+ */
+export function recoveryProgram(c: { globalMib: number; localMib: number; steps: number; failStep: number; stepMs: number }): string[] {
+  return [
+    "bench/programs/recovery.ts",
+    "--global-mib",
+    String(c.globalMib),
+    "--local-mib",
+    String(c.localMib),
+    "--steps",
+    String(c.steps),
+    "--fail-step",
+    String(c.failStep),
+    "--step-ms",
+    String(c.stepMs),
+  ];
+}
+
 export interface RecoveryConfig {
   /** Repository root (the launcher is dist/cli.js under it). */
   readonly root: string;
@@ -134,24 +157,7 @@ export async function recoveryRun(c: RecoveryConfig): Promise<RecoveryParts> {
   const r = await launchJson(
     c.root,
     c.name,
-    [
-      "-n",
-      String(c.np),
-      ...modeFlags,
-      "--inject",
-      `${VICTIM}@step:${c.failStep}`,
-      "bench/programs/recovery.ts",
-      "--global-mib",
-      String(c.globalMib),
-      "--local-mib",
-      String(c.localMib),
-      "--steps",
-      String(c.steps),
-      "--fail-step",
-      String(c.failStep),
-      "--step-ms",
-      String(c.stepMs),
-    ],
+    ["-n", String(c.np), ...modeFlags, "--inject", `${VICTIM}@step:${c.failStep}`, ...recoveryProgram(c)],
     c.timeoutMs ?? 300_000,
   );
   const fail = (what: string): never => {
