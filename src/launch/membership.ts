@@ -156,6 +156,7 @@ export type MembershipEffect =
   | { readonly kind: "prepare-tables"; readonly round: number };
 
 const LEASE: CoordinatorToRank = { t: "lease" };
+const ABORT_HEARD: CoordinatorToRank = { t: "abort-heard" };
 
 /** After this many warnings about stray traffic, further ones are counted, not printed (a spammer must not flood the terminal). */
 const WARNINGS_MAX = 10;
@@ -468,6 +469,7 @@ export class Membership {
         return;
       case "abort":
         this.emit({ kind: "rank-abort", rank, code: msg.code, message: msg.message });
+        this.send(rank, ABORT_HEARD, true);
         return;
       case "cpr-checkpointed":
       case "cpr-ready":

@@ -150,6 +150,11 @@ export type CoordinatorToRank =
   | { t: "release" }
   /** Stop now: the job failed or was interrupted. */
   | { t: "abort"; code: string; message: string }
+  /**
+   * The coordinator has this rank's `abort`: the rank may now fail its program (whose exit,
+   * reported by the launcher, must not overtake the abort that explains it).
+   */
+  | { t: "abort-heard" }
   // ---- coordinated checkpointing (cpr) ----
   /** pleaseCheckpoint: take a local checkpoint of `epoch` at the next checkpoint() call. */
   | { t: "cpr-checkpoint"; epoch: number }

@@ -69,6 +69,8 @@ export interface JoinOptions {
 const RENDEZVOUS_TIMEOUT_MS = 120_000;
 /** At most one progress report per this interval. */
 const STEP_REPORT_MS = 200;
+/** How long a fatal error waits for the coordinator to confirm the rank's abort (a dead one never does). */
+const ABORT_HEARD_WAIT_MS = 1000;
 
 /** Shape of data for collective signatures: type and length must agree across ranks. */
 function shapeOf(data: unknown): string {
@@ -94,6 +96,13 @@ export class World implements WorldApi {
   private readonly matcher: Matcher<AppEnvelope>;
   private finalized = false;
   private failure: LifelineError | undefined;
+  /**
+   * After fatal(): the failures of the program's pending calls that wait for the coordinator
+   * to confirm the abort (`abort-heard`), or for {@link ABORT_HEARD_WAIT_MS}. A program that
+   * dies of the error exits at once, and the launcher must not see that exit (a plain crash,
+   * which a restart policy may answer with a restart) before the abort that explains it.
+   */
+  private abortWaiters: (() => void)[] | undefined;
   private readonly faults: FaultPlan;
   private steps = 0;
   private lastStepReport = 0;
@@ -192,6 +201,9 @@ export class World implements WorldApi {
         this.released?.resolve();
         this.modeImpl.onControl(msg);
         break;
+      case "abort-heard":
+        this.abortHeard();
+        break;
       case "abort": {
         const err = new LifelineError("MPI_ABORTED", `the job was aborted: ${msg.message}`);
         this.failJoin(err);
@@ -280,7 +292,10 @@ export class World implements WorldApi {
           if (err instanceof LifelineError && err.code === "MPI_LIMIT") this.host.warn(`lifeline: rank ${this.rank}: ${err.message}`);
         }),
       fatal: (err) => this.fatal(err),
-      failPending: (err) => this.failPending(err),
+      failPending: (err) => {
+        if (this.abortWaiters === undefined) this.failPending(err);
+        else this.abortWaiters.push(() => this.failPending(err));
+      },
       recvCompletedFromLog: () => {
         this.outstandingRecvs--;
       },
@@ -675,12 +690,24 @@ export class World implements WorldApi {
   /**
    * A collective-level error that leaves peers inconsistent: fail the collective here and ask
    * the coordinator to stop the job (errors are fatal, as MPI's are by default), since peers
-   * may be blocked in a collective that can no longer complete.
+   * may be blocked in a collective that can no longer complete. The collective fails once the
+   * coordinator has the abort (see {@link World.abortWaiters}).
    */
   private fatal(err: LifelineError, c?: ActiveCollective): void {
-    c?.fail(err);
     this.host.warn(`lifeline: rank ${this.rank}: ${err.code}: ${err.message}`);
-    void this.control.send({ t: "abort", rank: this.place.rank, code: err.code, message: err.message }).catch(() => undefined);
+    if (this.abortWaiters === undefined) {
+      this.abortWaiters = [];
+      this.host.after(ABORT_HEARD_WAIT_MS, () => this.abortHeard());
+    }
+    if (c !== undefined) this.abortWaiters.push(() => c.fail(err));
+    void this.control.send({ t: "abort", rank: this.place.rank, code: err.code, message: err.message }).catch(() => this.abortHeard());
+  }
+
+  private abortHeard(): void {
+    const waiters = this.abortWaiters;
+    if (waiters === undefined) return;
+    this.abortWaiters = undefined;
+    for (const fn of waiters) fn();
   }
 
   private bootstrapKey(opts: CollectiveOptions | undefined, kind: CollKind): string | undefined {

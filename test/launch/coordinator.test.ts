@@ -183,6 +183,7 @@ describe("Coordinator after the rendezvous", () => {
       code: "MPI_COLLECTIVE_MISMATCH",
       message: "bcast root 0 vs 1",
     });
+    expect(await ranks[1]!.inbox.waitFor((m) => m.t === "abort-heard")).toEqual({ t: "abort-heard" });
     await coord.abort("MPI_COLLECTIVE_MISMATCH", "rank 1 aborted the job");
     for (const fake of ranks) {
       expect(await fake.inbox.waitFor((m) => m.t === "abort")).toEqual({ t: "abort", code: "MPI_COLLECTIVE_MISMATCH", message: "rank 1 aborted the job" });

@@ -191,9 +191,10 @@ describe("membership: results and aborts", () => {
 
   it("relays a rank's own abort, its steps and its coordinated-checkpoint messages to the owner", () => {
     const m = running(2);
-    expect(events(from(m, { t: "abort", rank: 1, code: "MPI_COLLECTIVE_MISMATCH", message: "bcast root" }))).toEqual([
-      { kind: "rank-abort", rank: 1, code: "MPI_COLLECTIVE_MISMATCH", message: "bcast root" },
-    ]);
+    const aborted = from(m, { t: "abort", rank: 1, code: "MPI_COLLECTIVE_MISMATCH", message: "bcast root" });
+    expect(events(aborted)).toEqual([{ kind: "rank-abort", rank: 1, code: "MPI_COLLECTIVE_MISMATCH", message: "bcast root" }]);
+    // The rank holds its program's failure (and so its exit) until the abort is confirmed.
+    expect(sends(aborted)).toEqual([{ to: id(1, 0), msg: { t: "abort-heard" } }]);
     expect(events(from(m, { t: "step", rank: 0, steps: 3, epoch: 1 }))).toEqual([{ kind: "step", rank: 0, steps: 3, epoch: 1 }]);
     expect(m.link(0).steps).toBe(3);
     expect(warnings(from(m, { t: "cpr-ready", rank: 0 } as never))).toEqual([expect.stringMatching(/cpr-ready needs an epoch count/)]);
