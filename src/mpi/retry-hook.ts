@@ -130,7 +130,10 @@ export interface RetryOneHook {
   readonly isRestoring: boolean;
   /** In recovery (rounds running): World's signature queries are off. */
   readonly inRecovery: boolean;
-  /** The rank finalized or failed (a durable write under way may finish first, briefly). */
+  /**
+   * The rank finalized or failed. A durable write under way may finish first, briefly; once
+   * the job was released (every rank finalized) it is abandoned instead: nothing can use it.
+   */
   close(): Promise<void>;
 }
 

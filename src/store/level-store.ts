@@ -445,7 +445,8 @@ class FileBlobDir implements BlobDir {
     return join(this.location, name);
   }
 
-  async write(name: string, header: Buffer, payload: Uint8Array): Promise<number> {
+  async write(name: string, header: Buffer, payload: Uint8Array, signal?: AbortSignal): Promise<number> {
+    signal?.throwIfAborted();
     const path = this.pathOf(name);
     // 'wx': the name carries a random tag, so an existing file is a bug, not something to replace.
     const fh = await open(path, fsConstants.O_WRONLY | fsConstants.O_CREAT | fsConstants.O_EXCL, 0o644);
@@ -455,6 +456,7 @@ class FileBlobDir implements BlobDir {
       // meanwhile, in slices, so that the fsync is issued as soon as the write completes.
       const durable = (async () => {
         await writevFully(fh, [header, payload], 0);
+        signal?.throwIfAborted();
         await fh.sync();
       })();
       const [written, summed] = await Promise.allSettled([durable, crc32Yielding(payload)]);
@@ -467,6 +469,10 @@ class FileBlobDir implements BlobDir {
       throw err;
     }
     await fh.close();
+    if (signal?.aborted === true) {
+      await unlink(path).catch(() => undefined);
+      signal.throwIfAborted();
+    }
     // The file's directory entry must be durable before a record may name the file.
     await fsyncDir(this.location);
     return checksum;

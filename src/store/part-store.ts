@@ -120,7 +120,7 @@ export class KvRankPartStore extends KvHandle implements RankPartStore {
     return store;
   }
 
-  async putPart(epoch: number, bytes: Uint8Array): Promise<PartRef> {
+  async putPart(epoch: number, bytes: Uint8Array, signal?: AbortSignal): Promise<PartRef> {
     checkEpoch(epoch);
     if (!(bytes instanceof Uint8Array)) throw new TypeError("putPart: bytes must be a Uint8Array or Buffer");
     this.checkWritable("putPart");
@@ -135,7 +135,7 @@ export class KvRankPartStore extends KvHandle implements RankPartStore {
           checksum = crc32(bytes);
         } else {
           blob = blobName(epoch, randomBytes(4).toString("hex"));
-          checksum = await this.blobs.write(blob, blobHeader({ rank: this.rank, epoch, bytes: bytes.byteLength }), bytes);
+          checksum = await this.blobs.write(blob, blobHeader({ rank: this.rank, epoch, bytes: bytes.byteLength }), bytes, signal);
         }
         const ref: PartRef = { rank: this.rank, epoch, checksum, bytes: bytes.byteLength };
         const record = encodeRecord({
@@ -149,6 +149,8 @@ export class KvRankPartStore extends KvHandle implements RankPartStore {
           data: blob === undefined ? bytes : null,
         });
         // The commit point of the part: synced, and only after its blob (if any) is durable.
+        // (An abandoned put leaves its blob unreferenced: the next open deletes it.)
+        signal?.throwIfAborted();
         await this.kv.write([{ type: "put", key: partKey(epoch), value: record }], { sync: true });
         if (old?.blob !== undefined && old.blob !== blob) {
           // The replaced part's blob is unreferenced now. The new part is already durable, so a

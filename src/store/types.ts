@@ -150,14 +150,15 @@ export interface RankPartStore {
   /**
    * Stores this rank's part of line `epoch` durably (synced), replacing an earlier part of the
    * same epoch (from an aborted attempt) atomically. Resolves to the reference the coordinator
-   * puts into the commit record. `bytes` must not change until the promise settles.
+   * puts into the commit record. `bytes` must not change until the promise settles. With
+   * `signal` aborted, the put stops before its next sync and rejects, leaving no part.
    * Rejects with `STORE_NOT_OPEN`, `STORE_IO`.
    *
    * @example
    * const ref = await parts.putPart(3, Buffer.from("state"));
    * ref.bytes; // 5
    */
-  putPart(epoch: number, bytes: Uint8Array): Promise<PartRef>;
+  putPart(epoch: number, bytes: Uint8Array, signal?: AbortSignal): Promise<PartRef>;
 
   /**
    * The bytes of this rank's part of `epoch`, verified against the part's own checksum, or

@@ -219,6 +219,23 @@ export function recoveryStoreSuite(name: string, factory: StoreFactory): void {
         expect((await again.listParts()).map((i) => i.epoch)).toEqual([2]);
       });
 
+      it("an abandoned putPart (its signal aborted) leaves no part, and the store goes on", async () => {
+        const p = await rank(0);
+        await p.putPart(1, bytesOf(LARGE, 1));
+        for (const bytes of [LARGE, SMALL]) {
+          const abort = new AbortController();
+          const put = p.putPart(2, bytesOf(bytes, 2), abort.signal);
+          abort.abort(new Error("the job was released"));
+          await expect(put).rejects.toThrow(/the job was released/);
+          expect((await p.listParts()).map((i) => i.epoch)).toEqual([1]);
+        }
+        const ref = await p.putPart(2, bytesOf(LARGE, 3));
+        await closeAll();
+        const again = await rank(0);
+        expect((await again.readPart(ref)).equals(bytesOf(LARGE, 3))).toBe(true);
+        expect((await again.listParts()).map((i) => i.epoch)).toEqual([1, 2]);
+      });
+
       it("rejects bad arguments with RangeError/TypeError", async () => {
         const p = await rank(0);
         await expect(p.putPart(-1, Buffer.alloc(1))).rejects.toThrow(RangeError);

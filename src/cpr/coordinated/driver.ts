@@ -28,7 +28,7 @@ import { RankMachine, type RankEffect } from "./rank.ts";
 
 /** The part store operations the driver needs (RankPartStore satisfies it). */
 export interface PartStoreLike {
-  putPart(epoch: number, bytes: Uint8Array): Promise<{ rank: number; epoch: number; checksum: number; bytes: number }>;
+  putPart(epoch: number, bytes: Uint8Array, signal?: AbortSignal): Promise<{ rank: number; epoch: number; checksum: number; bytes: number }>;
   readPart(ref: { rank: number; epoch: number; checksum: number; bytes: number }): Promise<Buffer>;
   retain(keep: readonly number[], opts?: { dropNewer?: boolean }): Promise<number[]>;
   dropParts(epochs: readonly number[]): Promise<number[]>;

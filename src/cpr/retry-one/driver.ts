@@ -133,6 +133,10 @@ export class RetryOneDriver implements RetryOneHook {
   private taking: { version: number; global: Buffer | undefined; key: string | null; lib: RetryCheckpointLib } | undefined;
   /** Durable writes, one at a time; the newest due one waits while another runs. */
   private durableWrite: Promise<void> | undefined;
+  /** Cancels the durable write under way (see close()). */
+  private durableAbort: AbortController | undefined;
+  /** Every rank finalized: the job is over, and no restart can use a durable checkpoint any more. */
+  private released = false;
   private durableNext: { version: number; global: Buffer | undefined; key: string | null; lib: RetryCheckpointLib } | undefined;
   private parts: Promise<PartStoreLike> | undefined;
   private closing = false;
@@ -246,6 +250,10 @@ export class RetryOneDriver implements RetryOneHook {
       this.keepDurable(msg.keep);
       return;
     }
+    if (msg.t === "release") {
+      this.released = true;
+      return;
+    }
     const nowMs = this.host.now();
     if (msg.t === "peer") this.input({ kind: "peer-up", rank: msg.rank, attempt: msg.attempt, nowMs });
     else if (msg.t === "peer-down") this.input({ kind: "peer-down", rank: msg.rank, attempt: msg.attempt, nowMs });
@@ -285,8 +293,11 @@ export class RetryOneDriver implements RetryOneHook {
     this.timer = undefined;
     this.closing = true;
     this.durableNext = undefined;
-    // A write under way finishes (or not: a store stuck on a dead disk must not keep this
-    // released rank alive; no line depends on an unreported part).
+    // After the release a write under way is abandoned before its fsync (the job's end should
+    // not wait for a checkpoint that nothing will restore; the unfinished file is removed, or
+    // collected as an orphan when the store next opens). Otherwise it finishes (or not: a store
+    // stuck on a dead disk must not keep this rank alive; no line depends on an unreported part).
+    if (this.released) this.durableAbort?.abort(new LifelineError("CPR_CHECKPOINT", "the job was released"));
     let timer: Timer | undefined;
     await Promise.race([this.durableWrite, new Promise<void>((resolve) => (timer = this.host.after(DURABLE_CLOSE_WAIT_MS, resolve)))]);
     timer?.stop();
@@ -356,9 +367,11 @@ export class RetryOneDriver implements RetryOneHook {
       cache: m.bootstrapEntries.map((e) => [e.key, e.ident, e.result] as [string, CollIdentity, unknown]),
     };
     const rank = this.access.rank;
+    const abort = new AbortController();
+    this.durableAbort = abort;
     this.durableWrite = (async () => {
       try {
-        const ref = await (await this.partStore()).putPart(c.version, encodeValue(part));
+        const ref = await (await this.partStore()).putPart(c.version, encodeValue(part), abort.signal);
         this.access.sendControl({
           t: "cpr-durable",
           rank,
@@ -370,12 +383,14 @@ export class RetryOneDriver implements RetryOneHook {
           logFrom: [...c.lib.logFrom],
         });
       } catch (err) {
+        if (abort.signal.aborted) return;
         this.host.warn(
           `lifeline: rank ${rank}: could not write durable checkpoint ${c.version}: ${errorMessage(err)} (the durable floor stays at an older one)`,
         );
       }
     })().finally(() => {
       this.durableWrite = undefined;
+      this.durableAbort = undefined;
       const next = this.durableNext;
       this.durableNext = undefined;
       if (next !== undefined) this.writeDurable(next);

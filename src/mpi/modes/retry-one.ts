@@ -238,7 +238,7 @@ export class RetryOneMode extends LoggedMode implements AppLog {
       this.reclassifyHeld();
       return;
     }
-    if (msg.t === "peer-down" || msg.t === "cpr-durable-keep") this.hook.onControl(msg);
+    if (msg.t === "peer-down" || msg.t === "cpr-durable-keep" || msg.t === "release") this.hook.onControl(msg);
   }
 
   override beforeStart(table: Extract<CoordinatorToRank, { t: "table" }>): Promise<void> {
