@@ -42,7 +42,7 @@ import { endRun, type StoreClaim } from "./job-store.ts";
 /** Per-host stores: how long the ranks have to report their parts, and to send one copy. */
 const PREPARE_TIMEOUT_MS = 60_000;
 import type { RunConfig } from "./options.ts";
-import { FATAL_KINDS, type JobEnd, type JobView, type PolicyContext, type PolicyDecision, type RankFailure, type RestartPolicy } from "./policy.ts";
+import { type JobEnd, type JobView, type PolicyContext, type PolicyDecision, type RankFailure, restartAllDecision, type RestartPolicy } from "./policy.ts";
 
 export class CprRestartPolicy implements RestartPolicy {
   readonly mode = "cpr" as const;
@@ -372,17 +372,10 @@ export class CprRestartPolicy implements RestartPolicy {
   }
 
   decide(failure: RankFailure, job: JobView): PolicyDecision {
-    if (FATAL_KINDS.includes(failure.kind)) return { kind: "fail-job" };
-    if (job.restarts >= job.maxRestarts) {
-      return {
-        kind: "fail-job",
-        code: "LAUNCH_RESTARTS",
-        message: `${failure.message}; giving up: the job was already restarted ${job.restarts} time(s) (--max-restarts ${job.maxRestarts})`,
-      };
-    }
+    const decision = restartAllDecision(failure, job);
     // Stop the initiator now: messages of the dying attempt must not start or commit a line.
-    this.driver.stop();
-    return { kind: "restart", ranks: Array.from({ length: job.size }, (_, r) => r), delayMs: job.backoffMs };
+    if (decision.kind === "restart") this.driver.stop();
+    return decision;
   }
 
   async prepareRestart(attempt: number): Promise<void> {

@@ -111,6 +111,67 @@ export interface PolicyContext {
   report(ev: JobEvent): void;
 }
 
+/**
+ * cpr's answer to a failure: every rank restarts (and rolls back to the newest committed line)
+ * after the back-off, unless the failure is one a restart cannot fix or `--max-restarts` is
+ * used up. Pure: the launcher's policy (cpr-policy.ts) and the simulator both ask it.
+ *
+ * @example
+ * restartAllDecision(failure, job); // { kind: "restart", ranks: [0, 1, 2, 3], delayMs: 137 }
+ */
+export function restartAllDecision(failure: RankFailure, job: JobView): PolicyDecision {
+  if (FATAL_KINDS.includes(failure.kind)) return { kind: "fail-job" };
+  if (job.restarts >= job.maxRestarts) {
+    return {
+      kind: "fail-job",
+      code: "LAUNCH_RESTARTS",
+      message: `${failure.message}; giving up: the job was already restarted ${job.restarts} time(s) (--max-restarts ${job.maxRestarts})`,
+    };
+  }
+  return { kind: "restart", ranks: Array.from({ length: job.size }, (_, r) => r), delayMs: job.backoffMs };
+}
+
+/**
+ * retry-one's answer to a failure: the failed rank alone restarts after the back-off; failures
+ * beyond the in-memory replicas (a rank's `CPR_LOST` abort) restart every rank from the durable
+ * floor when there is one (`durable`), and otherwise end the job. Pure: the launcher's policy
+ * (retry-one-policy.ts) and the simulator both ask it.
+ *
+ * @example
+ * retryOneDecision(exitOfRank2, job, false); // { kind: "restart", ranks: [2], delayMs: 137 }
+ */
+export function retryOneDecision(failure: RankFailure, job: JobView, durable: boolean): PolicyDecision {
+  if (failure.kind === "abort" && failure.code === "CPR_LOST") {
+    if (!durable) {
+      return {
+        kind: "fail-job",
+        code: "CPR_LOST",
+        message: `${failure.message}; with --durable-every the job would restart every rank from its newest durable checkpoints instead`,
+      };
+    }
+    if (job.restarts >= job.maxRestarts) {
+      return {
+        kind: "fail-job",
+        code: "LAUNCH_RESTARTS",
+        message: `${failure.message}; giving up: ${job.restarts} restart(s) already (--max-restarts ${job.maxRestarts})`,
+      };
+    }
+    // Beyond the replicas: every rank restarts from the durable floor.
+    return { kind: "restart", ranks: Array.from({ length: job.size }, (_, r) => r), delayMs: job.backoffMs };
+  }
+  if (FATAL_KINDS.includes(failure.kind) || failure.rank === undefined) return { kind: "fail-job" };
+  if (job.restarts >= job.maxRestarts) {
+    return {
+      kind: "fail-job",
+      code: "LAUNCH_RESTARTS",
+      message:
+        `${failure.message}; giving up: ${job.restarts} restart(s) already (--max-restarts ${job.maxRestarts}), ` +
+        `and in --mode retry-one the other ranks cannot go on without rank ${failure.rank}`,
+    };
+  }
+  return { kind: "restart", ranks: [failure.rank], delayMs: job.backoffMs };
+}
+
 /** `--mode none`: any failure fails the job (the baseline). */
 export const failFastPolicy: RestartPolicy = {
   mode: "none",

@@ -31,7 +31,7 @@ import { recoverLocal } from "../store/recovery.ts";
 import type { LineRecord, PartRef, RankPartStore } from "../store/types.ts";
 import { endRun, type StoreClaim } from "./job-store.ts";
 import type { RunConfig } from "./options.ts";
-import { FATAL_KINDS, type JobEnd, type JobView, type PolicyContext, type PolicyDecision, type RankFailure, type RestartPolicy } from "./policy.ts";
+import { type JobEnd, type JobView, type PolicyContext, type PolicyDecision, type RankFailure, type RestartPolicy, retryOneDecision } from "./policy.ts";
 
 /** A start of every rank from a durable line (or from the start: `line` undefined). */
 export interface AllStart {
@@ -126,36 +126,11 @@ export class RetryOnePolicy implements RestartPolicy {
   }
 
   decide(failure: RankFailure, job: JobView): PolicyDecision {
-    if (failure.kind === "abort" && failure.code === "CPR_LOST") {
-      if (!this.durable) {
-        return {
-          kind: "fail-job",
-          code: "CPR_LOST",
-          message: `${failure.message}; with --durable-every the job would restart every rank from its newest durable checkpoints instead`,
-        };
-      }
-      if (job.restarts >= job.maxRestarts) {
-        return {
-          kind: "fail-job",
-          code: "LAUNCH_RESTARTS",
-          message: `${failure.message}; giving up: ${job.restarts} restart(s) already (--max-restarts ${job.maxRestarts})`,
-        };
-      }
-      // Beyond the replicas: every rank restarts from the durable floor (prepareRestart).
-      return { kind: "restart", ranks: Array.from({ length: job.size }, (_, r) => r), delayMs: job.backoffMs };
+    const decision = retryOneDecision(failure, job, this.durable);
+    if (decision.kind === "restart" && decision.ranks.length === 1 && failure.code !== "CPR_LOST") {
+      this.restarted.push({ rank: decision.ranks[0]!, delayMs: decision.delayMs });
     }
-    if (FATAL_KINDS.includes(failure.kind) || failure.rank === undefined) return { kind: "fail-job" };
-    if (job.restarts >= job.maxRestarts) {
-      return {
-        kind: "fail-job",
-        code: "LAUNCH_RESTARTS",
-        message:
-          `${failure.message}; giving up: ${job.restarts} restart(s) already (--max-restarts ${job.maxRestarts}), ` +
-          `and in --mode retry-one the other ranks cannot go on without rank ${failure.rank}`,
-      };
-    }
-    this.restarted.push({ rank: failure.rank, delayMs: job.backoffMs });
-    return { kind: "restart", ranks: [failure.rank], delayMs: job.backoffMs };
+    return decision;
   }
 
   onStep(rank: number, _steps: number, epoch?: number): void {

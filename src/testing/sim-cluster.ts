@@ -8,8 +8,10 @@
  * hello → table, finalize → release when all finalized, abort → abort everyone, restarts).
  * Crashes are `kill -9`s of a rank's node: its queued frames vanish and its pending promises
  * are abandoned. In mode `none` a crash fails the job (the others are aborted, as the
- * supervisor does); cpr restarts every rank from the last committed line, retry-one the failed
- * rank alone (see {@link SimCluster.onRankDied}).
+ * supervisor does); in cpr and retry-one the launcher's own restart decisions
+ * (src/launch/policy.ts: `restartAllDecision`, `retryOneDecision`, with its jittered back-off)
+ * say what happens: cpr restarts every rank from the last committed line, retry-one the failed
+ * rank alone, or every rank from the durable floor (see {@link SimCluster.onRankDied}).
  *
  * Partitions (`partitions`) cut ranks or hosts off for a while: the ranks' watchdogs beat to the
  * coordinator for a lease, the cluster's detector declares a silent rank dead and restarts it
@@ -35,7 +37,8 @@ import { World } from "../mpi/world.ts";
 import { MemoryRecoveryStore } from "../store/memory-store.ts";
 import { recoverLocal } from "../store/recovery.ts";
 import { KEEP_LINES_DEFAULT, type LineManifest, type LineRecord, type PartRef, type RankPartStore } from "../store/types.ts";
-import { BACKOFF_BASE_MS, BACKOFF_MAX_MS } from "../launch/backoff.ts";
+import { backoffDelayMs } from "../launch/backoff.ts";
+import { type JobView, type RankFailure, restartAllDecision, retryOneDecision } from "../launch/policy.ts";
 import { type AllStart, allStartTable } from "../launch/retry-one-policy.ts";
 import {
   type CoordinatorEvent,
@@ -88,6 +91,12 @@ export interface SimClusterOptions {
   readonly traceMax?: number;
   /** Mode retry-one: replicas, restarts of the failed rank alone (src/launch/retry-one-policy.ts). */
   readonly retryOne?: SimRetryOneOptions;
+  /**
+   * The wait before restart `n` (1-based). Default: the launcher's jittered back-off
+   * (src/launch/backoff.ts), seeded by `seed`. Regression seeds recorded under an earlier
+   * schedule pass that schedule's delays here, so that they still replay the run they found.
+   */
+  readonly backoffMs?: (n: number) => number;
   /**
    * The job spans hosts: each rank's host (index), sent in every table as the launcher does
    * with a hostfile (retry-one places replicas on other hosts first). With `hostCrashes`, the
@@ -267,7 +276,7 @@ export class SimCoordinator {
   /** retry-one: the start of every rank the next tables carry (a restart from the floor); cleared once they went out. */
   allStart: AllStart | undefined;
   /** retry-one: a rank reported CPR_LOST; true if the cluster restarts every rank from the floor. */
-  onLost: () => boolean = () => false;
+  onLost: (rank: number, message: string) => boolean = () => false;
 
   constructor(
     private readonly net: SimNetwork,
@@ -372,7 +381,7 @@ export class SimCoordinator {
         return;
       case "rank-abort":
         // Beyond the replicas, with the durable floor on: every rank restarts from it.
-        if (ev.code === "CPR_LOST" && this.onLost()) return;
+        if (ev.code === "CPR_LOST" && this.onLost(ev.rank, ev.message)) return;
         this.aborts.push({ rank: ev.rank, code: ev.code, message: ev.message });
         this.abortAll(ev.code, `rank ${ev.rank}: ${ev.message}`);
         return;
@@ -551,11 +560,11 @@ function simParts(
           await step();
         };
   return {
-    async putPart(epoch, bytes) {
+    async putPart(epoch, bytes, signal) {
       await hop();
       if (fail?.(epoch) === true)
         throw new LifelineError("STORE_IO", `rank ${inner.rank}: writing its part of line ${epoch}: ENOSPC: no space left on device (simulated)`);
-      const r = await inner.putPart(epoch, bytes);
+      const r = await inner.putPart(epoch, bytes, signal);
       written.set(`${r.rank}/${r.epoch}/${r.checksum}`, Buffer.from(bytes));
       await hop();
       return r;
@@ -627,6 +636,8 @@ export class SimCluster {
   /** cpr: every part written, by rank/epoch/checksum. */
   private readonly written = new Map<string, Buffer>();
   private failure: string | undefined;
+  /** The launcher's back-off jitter (src/launch/backoff.ts), seeded by the run's seed. */
+  private readonly backoffRandom: () => number;
   private readonly invariants: ClusterInvariants;
   /** Partitions: the detector's view (when each rank's current incarnation was last heard). */
   private readonly lastHeardMs: (number | undefined)[];
@@ -651,6 +662,8 @@ export class SimCluster {
     if (opts.cpr !== undefined && opts.mode !== "cpr") throw new Error("cpr options need mode cpr");
     this.prng = new Prng(opts.seed);
     this.faultPrng = this.prng.fork(0xfa17);
+    const jitter = this.prng.fork(0xbac0);
+    this.backoffRandom = () => jitter.float();
     this.net = new SimNetwork({
       prng: this.prng.fork(0x7e7),
       policy: opts.policy ?? "random",
@@ -672,7 +685,7 @@ export class SimCluster {
       floor ? (opts.retryOne?.keepLines ?? KEEP_LINES_DEFAULT) : undefined,
     );
     if (cpr !== undefined || floor) this.store = new MemoryRecoveryStore({ name: `sim-${opts.seed}`, nowMs: () => this.net.now });
-    this.coordinator.onLost = () => this.onLost();
+    this.coordinator.onLost = (rank, message) => this.onLost(rank, message);
     this.ends = Array.from({ length: opts.size }, () => ({ kind: "running" }));
     this.worlds = new Array(opts.size).fill(undefined);
     this.invariants = clusterInvariants(this);
@@ -941,6 +954,8 @@ export class SimCluster {
     const unexpected = end.kind === "crashed" || end.kind === "lost" || (end.kind === "exited" && before.kind === "running");
     // After the release every result is in: a rank that dies on its way out fails nothing.
     if (!unexpected || this.coordinator.phase === "released") return;
+    // What the launcher's restart policy decides (src/launch/policy.ts), the simulator does.
+    const failure: RankFailure = { kind: "exit", rank, code: "LAUNCH_RANK_FAILED", message: `rank ${rank} died before finalizing`, exitStatus: undefined };
     const r1 = this.retryOne;
     if (r1 !== undefined && this.coordinator.phase === "running" && this.coordinator.aborts.length === 0) {
       this.coordinator.rankDown(rank, attempt, r1.peerDown !== false);
@@ -948,19 +963,20 @@ export class SimCluster {
         this.net.note(`rank ${rank} is not restarted`);
         return;
       }
-      if (this.restarts < (r1.maxRestarts ?? 10)) {
-        this.restartOne(rank, attempt);
+      const decision = retryOneDecision(failure, this.jobView(r1.maxRestarts), this.durableEvery > 0);
+      if (decision.kind === "restart") {
+        this.restartOne(rank, attempt, decision.delayMs);
         return;
       }
-      this.failure = `rank ${rank} died and ${this.restarts} restart(s) were used`;
+      this.failure = decision.kind === "fail-job" ? decision.message : undefined;
     }
     if (this.cpr !== undefined && this.coordinator.phase !== "aborted" && this.coordinator.aborts.length === 0) {
-      const max = this.cpr.maxRestarts ?? 10;
-      if (this.restarts < max) {
-        this.restartAll();
+      const decision = restartAllDecision(failure, this.jobView(this.cpr.maxRestarts));
+      if (decision.kind === "restart") {
+        this.restartAll(decision.delayMs);
         return;
       }
-      this.failure = `rank ${rank} died and the job was already restarted ${this.restarts} time(s)`;
+      this.failure = decision.kind === "fail-job" ? decision.message : undefined;
     }
     // Fail fast: a rank that dies before the job is released fails the job.
     this.coordinator.abortAll("LAUNCH_RANK_FAILED", `rank ${rank} died before finalizing`);
@@ -970,7 +986,7 @@ export class SimCluster {
    * cpr: kill every rank (they roll back anyway), then — after a back-off — choose the newest
    * committed line whose parts verify and start every rank with attempt + 1 restoring from it.
    */
-  private restartAll(): void {
+  private restartAll(delay: number): void {
     if (this.restartPending) return;
     this.restartPending = true;
     this.restarts++;
@@ -983,7 +999,6 @@ export class SimCluster {
     // Every rank process died: their store handles die with them (the coordinator reopens its manifest).
     this.store!.crash();
     this.net.note(`restart all (restart ${this.restarts})`);
-    const delay = Math.min(BACKOFF_MAX_MS, BACKOFF_BASE_MS * 2 ** (this.restarts - 1));
     const stopped = this.coordinator.beginRestart();
     // Armed now (not after the commit chain settles), so the scheduler sees the pending restart.
     this.net.timer(
@@ -1009,10 +1024,9 @@ export class SimCluster {
   }
 
   /** retry-one: only `rank` starts again (attempt + 1) after a back-off; the others keep running. */
-  private restartOne(rank: number, attempt: number): void {
+  private restartOne(rank: number, attempt: number, delay: number): void {
     this.restarts++;
     this.ends[rank] = { kind: "running" };
-    const delay = Math.min(BACKOFF_MAX_MS, BACKOFF_BASE_MS * 2 ** Math.min(this.restarts - 1, 3));
     this.net.note(`restart rank ${rank} alone in ${delay} ms`);
     this.replacing.add(rank);
     const generation = this.generation;
@@ -1027,11 +1041,25 @@ export class SimCluster {
   }
 
   /** retry-one: a rank reported CPR_LOST; with the durable floor every rank restarts from it. */
-  private onLost(): boolean {
+  private onLost(rank: number, message: string): boolean {
     if (this.restartPending) return true;
-    if (this.durableEvery === 0 || this.restarts >= (this.retryOne!.maxRestarts ?? 10)) return false;
-    this.restartFromFloor();
+    const failure: RankFailure = { kind: "abort", rank, code: "CPR_LOST", message, exitStatus: undefined };
+    const decision = retryOneDecision(failure, this.jobView(this.retryOne!.maxRestarts), this.durableEvery > 0);
+    if (decision.kind !== "restart") return false;
+    this.restartFromFloor(decision.delayMs);
     return true;
+  }
+
+  /** What the launcher's policies see of the job (the back-off with the launcher's jitter, seeded). */
+  private jobView(maxRestarts: number | undefined): JobView {
+    return {
+      size: this.opts.size,
+      mode: this.opts.mode,
+      restarts: this.restarts,
+      maxRestarts: maxRestarts ?? 10,
+      finalized: this.coordinator.links.map((l) => l.finalized),
+      backoffMs: this.opts.backoffMs?.(this.restarts + 1) ?? backoffDelayMs(this.restarts + 1, { random: this.backoffRandom }),
+    };
   }
 
   /**
@@ -1039,7 +1067,7 @@ export class SimCluster {
    * from its checkpoint in the newest durable line that verifies (from the start if none), as
    * src/launch/retry-one-policy.ts does.
    */
-  private restartFromFloor(): void {
+  private restartFromFloor(delay: number): void {
     this.restartPending = true;
     this.restarts++;
     this.fallbacks++;
@@ -1053,7 +1081,6 @@ export class SimCluster {
     const settled = this.coordinator.durableStopped();
     this.store!.crash();
     this.net.note(`beyond the replicas: restart all from the durable floor (restart ${this.restarts})`);
-    const delay = Math.min(BACKOFF_MAX_MS, BACKOFF_BASE_MS * 2 ** Math.min(this.restarts - 1, 3));
     const stopped = this.coordinator.beginRestart();
     this.net.timer(
       COORDINATOR,

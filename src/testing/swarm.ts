@@ -76,7 +76,7 @@ const GLOBAL_POOLED_ELEMS = 8448;
 
 export async function runRetryOneSeed(
   seed: number,
-  opts: { bigChance?: number; hostCrash?: boolean; p2p?: boolean; floor?: boolean } = {},
+  opts: { bigChance?: number; hostCrash?: boolean; p2p?: boolean; floor?: boolean; backoffMs?: (n: number) => number } = {},
 ): Promise<{ spec: ProgramSpec; ref: SimOutcome; out: SimOutcome }> {
   const prng = new Prng(seed);
   const size = prng.rangeInclusive(opts.p2p === true ? 3 : 2, 4);
@@ -106,6 +106,7 @@ export async function runRetryOneSeed(
     mode: "retry-one",
     program,
     stepsMax: 80_000,
+    ...(opts.backoffMs === undefined ? {} : { backoffMs: opts.backoffMs }),
     retryOne: {
       replicas: knobs.pick([1, 2, 3]),
       maxRestarts: 10,
