@@ -75,6 +75,8 @@ export interface LoggedFrame {
 
 /** Receives every application message a logging mode sends (retry-one). */
 export interface AppLog {
+  /** The log's own copy of one body frame of a message to `dest` (what goes out, and is kept). */
+  copyBody(dest: number, bytes: Uint8Array): Buffer;
   record(dest: number, frame: LoggedFrame): void;
 }
 
@@ -390,7 +392,7 @@ export class Channel {
     // peer below, and the message would go nowhere while the send resolved).
     const bytes = byteLengthOf(frames);
     if (bytes > this.maxMessageBytes) return Promise.reject(this.tooLong(dest, bytes));
-    for (let i = first; i < frames.length; i++) frames[i] = Buffer.from(frames[i]!);
+    for (let i = first; i < frames.length; i++) frames[i] = log.copyBody(dest, frames[i]!);
     const h = this.header(Kind.app, dest, tag, body);
     log.record(dest, { appSeq: h.collSeq, header: encodeHeader(h), body: frames as Buffer[] });
     return this.transmit(dest, h, body).catch(() => undefined);

@@ -42,6 +42,11 @@ export interface RetryWorldAccess {
    * (dropped at a checkpoint, never sent or served): its memory may be reused.
    */
   recycle(result: Buffer): void;
+  /**
+   * This rank's checkpoint `version` is gone; `clean`: nothing reads what it referred to any
+   * more (otherwise the garbage collector decides when its memory goes).
+   */
+  ownReleased(version: number, clean: boolean): void;
   /** A restarted rank caught up with the others (tells the launcher; see control.ts `retry-caught-up`). */
   caughtUp(info: { readonly restored: number; readonly version: number; readonly seqno: number; readonly replayed: number }): void;
   /**

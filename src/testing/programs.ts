@@ -92,6 +92,11 @@ export interface ProgramSpec {
    * same count, as the API asks), and a restore checks it got that checkpoint's own global.
    */
   readonly globalElems?: number;
+  /**
+   * The share of point-to-point messages that carry a typed array of 64 KiB and more (the
+   * sizes a sender log keeps in pooled memory) instead of a few small values; default 0.
+   */
+  readonly p2pBigChance?: number;
 }
 
 export interface GenerateOptions {
@@ -272,6 +277,9 @@ export function programGlobal(elems: number, ckpts: number): Float64Array {
 
 function payload(spec: ProgramSpec, opIndex: number, m: P2pMsg): unknown {
   const key = mix32(spec.seed, opIndex, m.id);
+  if (spec.p2pBigChance !== undefined && (key % 1000) / 1000 < spec.p2pBigChance) {
+    return { id: m.id, from: m.src, body: new Float64Array(BIG_F64).map((_, i) => ((i * 7 + key) % 65_521) / 3) };
+  }
   return { id: m.id, from: m.src, body: makeData((["int", "string", "object", "f64", "u8"] as const)[key % 5]!, 1 + (key % 4), key) };
 }
 

@@ -60,6 +60,9 @@ export async function runCprSeed(seed: number): Promise<{ spec: ProgramSpec; ref
   return { spec, ref, out };
 }
 
+/** Elements of the floor swarm's global: 66 KiB as a Float64Array, past the result pool's 64 KiB minimum. */
+const GLOBAL_POOLED_ELEMS = 8448;
+
 /**
  * Mode retry-one: a program's failure-free reference (mode none, fifo) and a retry-one run with
  * random replicas, network knobs and crashes of any rank at any step — also while a rank is
@@ -69,14 +72,12 @@ export async function runCprSeed(seed: number): Promise<{ spec: ProgramSpec; ref
  * `nondet`), collectives (also in flight at once) and checkpoint locations that only some
  * ranks call; a third of those seeds crash two ranks at once (a host of two). With `floor`,
  * one replica, more crashes, and the durable floor on: failures beyond the replica restart
- * every rank from the newest consistent set of durable checkpoints.
+ * every rank from the newest consistent set of durable checkpoints. With `bigMessages`, a third
+ * of the messages carry 64 KiB arrays, which the sender log keeps in pooled memory.
  */
-/** Elements of the floor swarm's global: 66 KiB as a Float64Array, past the result pool's 64 KiB minimum. */
-const GLOBAL_POOLED_ELEMS = 8448;
-
 export async function runRetryOneSeed(
   seed: number,
-  opts: { bigChance?: number; hostCrash?: boolean; p2p?: boolean; floor?: boolean; backoffMs?: (n: number) => number } = {},
+  opts: { bigChance?: number; hostCrash?: boolean; p2p?: boolean; floor?: boolean; bigMessages?: boolean; backoffMs?: (n: number) => number } = {},
 ): Promise<{ spec: ProgramSpec; ref: SimOutcome; out: SimOutcome }> {
   const prng = new Prng(seed);
   const size = prng.rangeInclusive(opts.p2p === true ? 3 : 2, 4);
@@ -93,7 +94,10 @@ export async function runRetryOneSeed(
   // Only where every rank checkpoints at the same ops: a restarted rank takes its global from a
   // peer's own checkpoint of the same count, which ranks that checkpoint unevenly lack.
   const even = spec.ops.every((op) => op.kind !== "checkpoint" || op.mask === undefined);
-  const program = programOf(opts.floor === true && even ? { ...spec, globalElems: GLOBAL_POOLED_ELEMS } : spec);
+  const withGlobal = opts.floor === true && even ? { ...spec, globalElems: GLOBAL_POOLED_ELEMS } : spec;
+  // A third of the messages large: the sender log keeps those in pooled memory, reused once
+  // the receiver's checkpoint and the sender's own checkpoints no longer need them.
+  const program = programOf(opts.bigMessages === true ? { ...withGlobal, p2pBigChance: 0.3 } : withGlobal);
   const knobs = prng.fork(2);
   const ref = await new SimCluster({ seed, size, mode: "none", program, policy: "fifo", stepsMax: 20_000 }).run();
   const pairs = opts.p2p === true && prng.fork(4).chance(1 / 3);

@@ -172,6 +172,19 @@ describe("simulation, mode retry-one", () => {
     }
   }, 600_000);
 
+  it("large messages (the sender log's copies in pooled memory, reused once nothing needs them), crashes anywhere, a quarter with the floor: failure-free results (1000 seeds)", async () => {
+    const seeds = swarmSeeds(1000);
+    for (const [i, seed] of seeds.entries()) {
+      const floor = i < seeds.length / 2 && i % 2 === 0;
+      const { spec, ref, out } = await runRetryOneSeed(seed, { p2p: true, bigMessages: true, floor });
+      const where = `program: ${describeProgram(spec)}\nreproduce with SEED=${seed} (p2p, big messages${floor ? ", floor" : ""})\n${out.report}`;
+      expect(ref.status, `reference run\n${where}`).toBe("ok");
+      if (!floor && out.status === "failed" && out.aborts.length > 0 && out.aborts.every((a) => a.code === "CPR_LOST")) continue;
+      expect(out.status, where).toBe("ok");
+      expect(out.results, `retry-one results differ from the failure-free ones\n${where}`).toEqual(ref.results);
+    }
+  }, 600_000);
+
   it("the durable floor: one replica, overlapping crashes; failures beyond it restart every rank from the newest consistent durable line, failure-free results (2000 seeds)", async () => {
     let fallbacks = 0;
     let fromLine = 0;

@@ -78,7 +78,7 @@ describe("channel: the message limit", () => {
   it("a logged send (retry-one) over the limit is refused with MPI_LIMIT too, before it is counted or logged", async () => {
     const { channels, delivered, sent } = cluster(4096);
     const logged: number[] = [];
-    channels[0]!.appLog = { record: (_dest, f) => void logged.push(f.appSeq) };
+    channels[0]!.appLog = { copyBody: (_dest, b) => Buffer.from(b), record: (_dest, f) => void logged.push(f.appSeq) };
     await expect(channels[0]!.sendApp(new Float64Array(513), 1, 1)).rejects.toMatchObject({ code: "MPI_LIMIT" });
     await channels[0]!.sendApp(new Float64Array(512), 1, 2);
     await settle();

@@ -367,11 +367,21 @@ export class RetryOneDriver implements RetryOneHook {
       cache: m.bootstrapEntries.map((e) => [e.key, e.ident, e.result] as [string, CollIdentity, unknown]),
     };
     const rank = this.access.rank;
+    // Encoded now: the checkpoint's state may refer to memory that is reused once it is released.
+    let bytes: Buffer;
+    try {
+      bytes = encodeValue(part);
+    } catch (err) {
+      this.host.warn(
+        `lifeline: rank ${rank}: could not encode durable checkpoint ${c.version}: ${errorMessage(err)} (the durable floor stays at an older one)`,
+      );
+      return;
+    }
     const abort = new AbortController();
     this.durableAbort = abort;
     this.durableWrite = (async () => {
       try {
-        const ref = await (await this.partStore()).putPart(c.version, encodeValue(part), abort.signal);
+        const ref = await (await this.partStore()).putPart(c.version, bytes, abort.signal);
         this.access.sendControl({
           t: "cpr-durable",
           rank,
@@ -486,6 +496,9 @@ export class RetryOneDriver implements RetryOneHook {
       }
       case "recycle":
         for (const r of e.results) if (Buffer.isBuffer(r)) this.access.recycle(r);
+        return;
+      case "own-released":
+        this.access.ownReleased(e.version, e.clean);
         return;
       case "gate":
         this.access.setGate(e.open);

@@ -100,6 +100,8 @@ export class LazyCell {
   private value: unknown;
   /** Handed out (sent to a peer): other code may still read it. */
   private lent = false;
+  /** How many times it was handed out. */
+  private lends = 0;
   constructor(private readonly lazy: Lazy) {}
 
   get(): unknown {
@@ -113,7 +115,13 @@ export class LazyCell {
   /** The value, to send: it is never recycled. */
   lend(): unknown {
     this.lent = true;
+    this.lends++;
     return this.get();
+  }
+
+  /** How many times {@link lend} handed it out. */
+  get lendCount(): number {
+    return this.lends;
   }
 
   /** The value if it exists (given, or made) and was never handed out (its memory may be reused once dropped). */
@@ -137,6 +145,8 @@ interface OwnCheckpoint {
   readonly consumed: readonly number[];
   /** Successors (by rank) that acknowledged holding it. */
   readonly acks: Set<number>;
+  /** Every rank's incarnation when it was pushed to the successors (taken by checkpoint(); see `own-released`). */
+  readonly pushed?: readonly number[];
 }
 
 /** What this rank holds for one predecessor. */
@@ -622,6 +632,7 @@ export class RetryOneRank {
       known: this.knowledge(),
       consumed: [...input.consumed],
       acks: new Set(),
+      pushed: this.attempts,
     };
     this.pending = ckpt;
     this.ckptCall = true;
@@ -679,7 +690,15 @@ export class RetryOneRank {
     const old = this.safe;
     this.safe = p;
     this.pending = null;
-    if (old !== null) this.recycle(old.state.unlent);
+    if (old !== null) {
+      this.recycle(old.state.unlent);
+      // Clean: checkpoint() took it, and it went out only in its pushes to the successors, each
+      // of which (the same incarnation still) has acknowledged the newer checkpoint pushed after
+      // it on the same channel: no copy of it is on its way anywhere any more.
+      const pushed = old.pushed;
+      const clean = pushed !== undefined && old.state.lendCount === this.succ.length && this.succ.every((s) => pushed[s] === this.attempts[s]);
+      this.out.push({ kind: "own-released", version: old.version, clean });
+    }
     // Determinants before the checkpoint are in its state's past: nobody replays them again.
     const drop = p.detCount - this.detBase;
     if (drop > 0) {

@@ -328,6 +328,12 @@ export type RankEffect =
    */
   | { readonly kind: "recycle"; readonly results: readonly unknown[] }
   /**
+   * This rank's checkpoint `version` was dropped (a newer one is safe). `clean`: it was sent
+   * only to the successors, and each has received everything sent after it, so nothing reads
+   * what its state referred to any more (the sender log's copies in it may be reused).
+   */
+  | { readonly kind: "own-released"; readonly version: number; readonly clean: boolean }
+  /**
    * Whether every determinant logged so far is held by every successor. While it is not,
    * nothing that could depend on them may leave the rank: the driver holds back every
    * application and collective frame (pessimistic logging).

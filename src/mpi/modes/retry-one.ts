@@ -117,6 +117,24 @@ interface Packed {
   readonly log: readonly (readonly [number, number, Buffer, ...Buffer[]])[];
 }
 
+/**
+ * A message in the sender log. Its large body frames are copies in pooled memory (fresh memory
+ * faults in every page: copying 16 MiB into it costs about eight times the copy into warm
+ * memory), which go back to the pool once nothing can read them (`holds` reaches 0):
+ * - the log holds it until the receiver's safe checkpoint consumed it — by then the receiver
+ *   had every byte, so ZeroMQ is done reading it (it is sent once, from this very copy);
+ * - each of this rank's checkpoints that took it (the log is part of the checkpoint) holds it
+ *   until the checkpoint is released clean (`ownReleased`: sent to its successors only, and
+ *   each has received what was sent after it).
+ * A frame sent again (to a restarted receiver) or taken by a checkpoint that went elsewhere is
+ * never reused: the garbage collector frees it once ZeroMQ and everyone let go of it.
+ */
+interface KeptFrame extends LoggedFrame {
+  holds: number;
+  /** Its pooled body frames (undefined: none, or never to be reused). */
+  pooled: Buffer[] | undefined;
+}
+
 export interface RetryOneModeOptions {
   /** Bound on the sender log (bytes of bodies, all destinations); beyond it the job stops with CPR_CHECKPOINT. */
   readonly logBytesMax?: number;
@@ -133,7 +151,11 @@ export class RetryOneMode extends LoggedMode implements AppLog {
   private readonly pooledResults = new WeakSet<Buffer>();
 
   /** The sender log: per destination, the messages it may still need, by appSeq. */
-  private log: LoggedFrame[][];
+  private log: KeptFrame[][];
+  /** Body copies made in pooled memory by copyBody (until record() takes them). */
+  private readonly logPooled = new WeakSet<Buffer>();
+  /** This rank's checkpoints by version, with the log frames each took (see KeptFrame). */
+  private readonly captured = new Map<number, KeptFrame[]>();
   private logBytes = 0;
   private readonly logBytesMax: number;
   /** Per source, the appSeq of the next message to accept. */
@@ -182,6 +204,7 @@ export class RetryOneMode extends LoggedMode implements AppLog {
         if (!this.pooledResults.delete(buf)) return; // not ours (e.g. a transfer's), or given back twice
         this.resultPool.release(buf);
       },
+      ownReleased: (version, clean) => this.ownReleased(version, clean),
       abandonCollective: (seq) => {
         if (this.retryRun !== undefined && this.retryRun.seq === seq) {
           this.retryRun.abandoned = true;
@@ -233,7 +256,12 @@ export class RetryOneMode extends LoggedMode implements AppLog {
     if (msg.t === "peer") {
       // The peer runs again (World connected its new endpoint): it gets every message we
       // still keep for it, in order; it drops the ones its checkpoint already has.
-      if (msg.rank !== this.core.rank) for (const f of this.log[msg.rank] ?? []) this.core.channel.resend(msg.rank, f);
+      if (msg.rank !== this.core.rank) {
+        for (const f of this.log[msg.rank] ?? []) {
+          f.pooled = undefined; // ZeroMQ reads it again, for as long as it takes: never reused
+          this.core.channel.resend(msg.rank, f);
+        }
+      }
       this.hook.onControl(msg);
       this.reclassifyHeld();
       return;
@@ -247,9 +275,20 @@ export class RetryOneMode extends LoggedMode implements AppLog {
 
   // ---- point-to-point: the sender log and ordered, once-only arrival ---------------------------
 
+  /** The log's copy of a body frame (AppLog): large ones to another rank in pooled memory. */
+  copyBody(dest: number, bytes: Uint8Array): Buffer {
+    // A message to itself is delivered from the copy: the program may keep views of it.
+    if (dest === this.core.rank || bytes.byteLength < RESULT_POOL_BYTES_MIN) return Buffer.from(bytes);
+    const buf = this.resultPool.acquire(bytes.byteLength);
+    buf.set(bytes);
+    this.logPooled.add(buf);
+    return buf;
+  }
+
   /** Every message the channel sends (AppLog): kept until its receiver's safe checkpoint covers it. */
   record(dest: number, frame: LoggedFrame): void {
-    this.log[dest]!.push(frame);
+    const pooled = frame.body.filter((b) => this.logPooled.delete(b));
+    this.log[dest]!.push({ ...frame, holds: 1, pooled: pooled.length > 0 ? pooled : undefined });
     this.logBytes += byteLengthOf(frame.body);
     if (this.logBytes > this.logBytesMax) {
       let worst = 0;
@@ -271,9 +310,28 @@ export class RetryOneMode extends LoggedMode implements AppLog {
     let n = 0;
     while (n < l.length && l[n]!.appSeq < consumed) {
       this.logBytes -= byteLengthOf(l[n]!.body);
+      this.unhold(l[n]!);
       n++;
     }
     if (n > 0) l.splice(0, n);
+  }
+
+  private unhold(f: KeptFrame): void {
+    if (--f.holds > 0 || f.pooled === undefined) return;
+    for (const b of f.pooled) this.resultPool.release(b);
+    f.pooled = undefined;
+  }
+
+  /** Checkpoint `version` is gone (see KeptFrame); older ones without this news are gone too. */
+  private ownReleased(version: number, clean: boolean): void {
+    for (const [v, frames] of this.captured) {
+      if (v > version) continue;
+      this.captured.delete(v);
+      for (const f of frames) {
+        if (v === version && clean) this.unhold(f);
+        else f.pooled = undefined;
+      }
+    }
   }
 
   /**
@@ -566,7 +624,7 @@ export class RetryOneMode extends LoggedMode implements AppLog {
       this.logBytes = 0;
       this.log = Array.from({ length: this.core.size }, () => []);
       for (const [dest, appSeq, header, ...body] of packed.log) {
-        this.log[dest]!.push({ appSeq, header: Buffer.from(header), body: body.map((b) => Buffer.from(b)) });
+        this.log[dest]!.push({ appSeq, header: Buffer.from(header), body: body.map((b) => Buffer.from(b)), holds: 1, pooled: undefined });
         this.logBytes += byteLengthOf(body);
       }
       // What this rank sent before its checkpoint goes out again (the receivers keep what
@@ -603,9 +661,17 @@ export class RetryOneMode extends LoggedMode implements AppLog {
     const consumed = this.expected.map((n, r) => (r === rank ? counters.appSeqOut[r]! : n) - queued[r]!);
     const lib: PackedLib = { channelSeqOut: counters.channelSeqOut, appSeqOut: counters.appSeqOut, consumed, ordinal: this.ordinal };
     const log: [number, number, Buffer, ...Buffer[]][] = [];
+    const taken: KeptFrame[] = [];
     this.log.forEach((l, dest) => {
-      for (const f of l) log.push([dest, f.appSeq, f.header, ...f.body]);
+      for (const f of l) {
+        log.push([dest, f.appSeq, f.header, ...f.body]);
+        if (f.pooled === undefined) continue;
+        f.holds++;
+        taken.push(f);
+      }
     });
+    // The version the driver gives this checkpoint (its count so far + 1).
+    if (taken.length > 0) this.captured.set(this.hook.progress.version + 1, taken);
     // The program state now (a copy: later changes must not reach the checkpoint), or, for the
     // function form, when a copy is first needed; the library's part is taken now either way.
     const alloc = (n: number): Buffer => this.resultBuffer(n);
