@@ -106,7 +106,13 @@ describe("simulation, mode retry-one", () => {
     // determinants when the owner died; it restarted from that record, re-executed a nondet
     // differently and never sent the message a peer's replayed plan waited for (a hang; a
     // holder's record is a restart point only once the push's determinants arrived, rank.ts).
-    for (const seed of [1197, 50608, 2005030]) {
+    // 793067053743: a rank's `stored` reached only its holder before it died; the holder
+    // dropped the message it had consumed from its log, checkpointed (knowing it) and died
+    // too. The round that restored the holder from that checkpoint restarted the rank from
+    // the start, as no live rank knew of its safe checkpoint, and it waited for the dropped
+    // message for good (a hang; a holder now learns what its owner knew at each checkpoint it
+    // holds, so the loss is CPR_LOST and a restart from the floor, rank.ts).
+    for (const seed of [1197, 50608, 2005030, 793067053743]) {
       const { ref, out } = await runRetryOneSeed(seed, { p2p: true, floor: true });
       expect(out.status, out.report).toBe("ok");
       expect(out.results, out.report).toEqual(ref.results);

@@ -43,6 +43,10 @@
  *   lost while its consequences live on: a restarted rank learns, with every piece of data
  *   it is given, what the giver knew (results trimmed by the giver, a holder's record), and
  *   with its own checkpoint what it knew when it took it (its sender log was trimmed then).
+ *   A holder learns, with every checkpoint it holds, what its owner knew when it took it:
+ *   the round that restores the owner from it may restart another rank too, and must decide
+ *   on that knowledge (the restored sender log lacks what a peer's safe checkpoint had
+ *   consumed; restarting that peer from an older point would wait for it forever).
  *   Otherwise a chain of restarts could leave every live rank ignorant of a checkpoint the
  *   survivors' trimmed data depends on, and a later failure of its owner would restart it
  *   from an older point whose results and messages are gone, instead of reporting the loss.
@@ -937,6 +941,10 @@ export class RetryOneRank {
       h.versions.set(f.version, { version: f.version, index: f.index, key: f.key, detCount: f.detCount, state: f.state, known: f.known });
     }
     if (f.safe) this.learnSafe(from, f.version, f.index);
+    // What the owner knew at this checkpoint is in its state (its sender log was trimmed on
+    // it) and comes back with a restore from it: we know it too, so that a round restoring
+    // the owner decides every other restart on it as well (see "Knowledge survives restarts").
+    this.learn(f.known);
     this.send(from, { t: "rack", view: this.viewNow(), version: f.version });
   }
 
@@ -1215,6 +1223,8 @@ export class RetryOneRank {
   private adoptHeld(part: Extract<TransferPart, { kind: "held" }>): void {
     const [v, i] = part.known.safe[part.owner] ?? [0, 0];
     this.learnSafe(part.owner, v, i);
+    // As for a replica (onReplica): what the owner knew at each checkpoint we may restore it from.
+    for (const held of part.versions) this.learn(held.known);
     const mine = this.held.get(part.owner);
     const newest = (vs: Iterable<{ version: number }>): number => Math.max(0, ...[...vs].map((v) => v.version));
     if (mine !== undefined) {
