@@ -118,6 +118,16 @@ describe("simulation, mode retry-one", () => {
       expect(out.results, out.report).toEqual(ref.results);
       expect(out.fallbacks, out.report).toBeGreaterThan(0);
     }
+    // Within the replica's coverage (no fallback):
+    // 8003072, 8016172: a restarted rank's checkpoint had a global that no live rank had kept
+    // yet; it waited for a survivor to reach that checkpoint before restoring, but the
+    // survivors needed the messages of its sender log (resent only once it restored) to get
+    // there (a hang; it now restores at once and gets the global in a later round, agreement.ts).
+    for (const seed of [8003072, 8016172]) {
+      const { ref, out } = await runRetryOneSeed(seed, { p2p: true, floor: true });
+      expect(out.status, out.report).toBe("ok");
+      expect(out.results, out.report).toEqual(ref.results);
+    }
   });
 
   it("a dead rank never restarted: the survivors fail with MPI_TIMEOUT within the failure timeout, never hang", async () => {
