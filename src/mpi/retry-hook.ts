@@ -81,7 +81,13 @@ export interface RetryCheckpointLib {
 
 /** What restore() gives back: the checkpoint (undefined: the program's start) and the determinants logged after it. */
 export interface RetryRestoredValue {
-  readonly value: { readonly state: unknown; readonly global: Buffer | undefined; readonly version: number } | undefined;
+  /**
+   * `globalLater`: the checkpoint's global arrives later (no rank kept it yet; a peer that
+   * reaches that checkpoint will). Restore everything else now — the sender log goes out again,
+   * and peers may need it to get there — and hand the program its state once it resolves.
+   */
+  readonly value:
+    { readonly state: unknown; readonly global: Buffer | undefined; readonly version: number; readonly globalLater?: Promise<Buffer> } | undefined;
   readonly dets: readonly unknown[];
   /** The ordinal of dets[0]. */
   readonly detFrom: number;

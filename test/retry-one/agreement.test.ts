@@ -163,9 +163,22 @@ describe("decide", () => {
     expect(lost).toMatchObject({ kind: "fail", code: "CPR_LOST", message: expect.stringMatching(/rank 1's logged outcomes are lost/) });
   });
 
-  it("the global of the restored checkpoint not kept yet by anyone: wait for the survivor that has not reached that checkpoint", () => {
+  it("the global of the restored checkpoint not kept yet by anyone: restore without it now, give it once a survivor reaches that checkpoint", () => {
     const behind = (r: number): Summary => ({ ...survivor(r, run(9), 3), version: 2, globals: [{ version: 2, index: 6, key: "g2" }] });
-    expect(decide([behind(0), restarted(1), behind(2), behind(3)], opts)).toEqual({ kind: "wait" });
+    // Restored at once (its sender log may be what the others need to reach checkpoint 3), no global.
+    const d = decide([behind(0), restarted(1), behind(2), behind(3)], opts);
+    if (d.kind !== "plan") throw new Error(d.kind);
+    expect(d.transfers[0]).toEqual({ kind: "restore", from: 2, to: 1, version: 3 });
+    expect(d.transfers.some((t) => t.kind === "global")).toBe(false);
+    // Then it runs (in restore()) awaiting the global: wait while nobody keeps it ...
+    const awaiting: Summary = { ...survivor(1, run(9), 3), awaitsGlobal: { version: 3, key: "g3" } };
+    expect(decide([behind(0), awaiting, behind(2), behind(3)], opts)).toEqual({ kind: "wait" });
+    // ... and take it from the first survivor that keeps its own of checkpoint 3.
+    const reached: Summary = { ...behind(2), version: 3, globals: [{ version: 3, index: 9, key: "g3" }] };
+    expect(decide([behind(0), awaiting, reached, behind(3)], opts)).toEqual({ kind: "plan", transfers: [{ kind: "global", from: 2, to: 1, version: 3 }] });
+    // Every survivor past it without one: a clear error.
+    const over = (r: number): Summary => ({ ...survivor(r, run(9), 4), globals: [{ version: 4, index: 12, key: "g4" }] });
+    expect(decide([over(0), awaiting, over(2), over(3)], opts)).toMatchObject({ kind: "fail", code: "CPR_RESTORE" });
     const past = (r: number): Summary => ({ ...survivor(r, run(9), 3), globals: [{ version: 3, index: 9, key: "other" }] });
     expect(decide([past(0), restarted(1), past(2), past(3)], opts)).toMatchObject({
       kind: "fail",

@@ -156,6 +156,8 @@ class Node {
   started = false;
   resume: { value: unknown } | null = null;
   waiting: Op | null = null;
+  /** Restored without its global (`globalPending`): restore() returns when the `global` effect comes. */
+  restoredWithout: RestoredValue["value"] | null = null;
   waitingKey: string | null = null;
   finalized = false;
   finalResult: unknown = undefined;
@@ -400,10 +402,24 @@ export class RetryOneSim {
           this.recycled += e.results.length;
           break;
         case "restored":
+          this.log(
+            `rank ${n.rank}.${n.attempt} restored version ${e.restored.value?.version ?? 0}${e.restored.value?.globalPending === true ? " (its global later)" : ""}`,
+          );
+          if (e.restored.value?.globalPending === true) {
+            n.restoredWithout = e.restored.value;
+            break;
+          }
           n.waiting = null;
           n.resume = { value: e.restored.value };
-          this.log(`rank ${n.rank}.${n.attempt} restored version ${e.restored.value?.version ?? 0}`);
           break;
+        case "global": {
+          const v = n.restoredWithout!;
+          n.restoredWithout = null;
+          n.waiting = null;
+          n.resume = { value: { state: v.state, global: e.global, version: v.version } };
+          this.log(`rank ${n.rank}.${n.attempt} got the global of version ${v.version}`);
+          break;
+        }
         case "gate":
         case "peer-safe":
           // No point-to-point messages here: nothing to hold back or to drop.

@@ -106,14 +106,30 @@ describe("simulation, mode retry-one", () => {
     // determinants when the owner died; it restarted from that record, re-executed a nondet
     // differently and never sent the message a peer's replayed plan waited for (a hang; a
     // holder's record is a restart point only once the push's determinants arrived, rank.ts).
-    // They were found while the simulator waited 100 · 2^min(n-1, 3) ms before restart n, not
+    // 793067053743: a rank's `stored` reached only its holder before it died; the holder
+    // dropped the message it had consumed from its log, checkpointed (knowing it) and died
+    // too. The round that restored the holder from that checkpoint restarted the rank from
+    // the start, as no live rank knew of its safe checkpoint, and it waited for the dropped
+    // message for good (a hang; a holder now learns what its owner knew at each checkpoint it
+    // holds, so the loss is CPR_LOST and a restart from the floor, rank.ts).
+    // All were found while the simulator waited 100 · 2^min(n-1, 3) ms before restart n, not
     // the launcher's jittered back-off it uses now: given those delays, they replay their runs.
     const recorded = (n: number): number => 100 * 2 ** Math.min(n - 1, 3);
-    for (const seed of [1197, 50608, 2005030]) {
+    for (const seed of [1197, 50608, 2005030, 793067053743]) {
       const { ref, out } = await runRetryOneSeed(seed, { p2p: true, floor: true, backoffMs: recorded });
       expect(out.status, out.report).toBe("ok");
       expect(out.results, out.report).toEqual(ref.results);
       expect(out.fallbacks, out.report).toBeGreaterThan(0);
+    }
+    // Within the replica's coverage (no fallback):
+    // 8003072, 8016172: a restarted rank's checkpoint had a global that no live rank had kept
+    // yet; it waited for a survivor to reach that checkpoint before restoring, but the
+    // survivors needed the messages of its sender log (resent only once it restored) to get
+    // there (a hang; it now restores at once and gets the global in a later round, agreement.ts).
+    for (const seed of [8003072, 8016172]) {
+      const { ref, out } = await runRetryOneSeed(seed, { p2p: true, floor: true, backoffMs: recorded });
+      expect(out.status, out.report).toBe("ok");
+      expect(out.results, out.report).toEqual(ref.results);
     }
   });
 

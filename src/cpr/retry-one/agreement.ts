@@ -27,7 +27,9 @@
  * - load-checkpoint: a restarted rank at restore() gets its newest checkpoint that a live
  *   holder keeps (with the determinants logged after it, the global from a rank that kept its
  *   own of that version, the collective results from the checkpoint's collective index on,
- *   and the bootstrap cache) in one go;
+ *   and the bootstrap cache) in one go; if no rank kept that global yet, it restores without
+ *   it (its restored sender log may be what the others need to reach that checkpoint) and
+ *   gets it in a later round, from the first survivor that keeps its own;
  * - load-cache: a rank at a bootstrap collective whose key some rank holds gets the whole
  *   cache it lacks (so later bootstrap calls, in any order, need no round);
  * - the ranks behind others on collectives (Rabit's "requester = min seqno") are served every
@@ -175,7 +177,7 @@ export function decide(all: readonly Summary[], opts: DecideOptions): Decision {
   }
 
   const transfers: Transfer[] = [];
-  /** Some restarted rank waits for a survivor to reach the checkpoint whose global it needs. */
+  /** Some restored rank waits for a survivor to reach the checkpoint whose global it needs. */
   let waiting = false;
   /** The survivor holding the most results from `index` on (lowest rank on ties), if any holds more. */
   const resultServer = (index: number, exclude: number): number | undefined | "dropped" => {
@@ -231,10 +233,10 @@ export function decide(all: readonly Summary[], opts: DecideOptions): Decision {
     if (f.pos.kind !== "restore") continue;
     const chosen = restartPoint(f.rank, all, opts);
     if ("code" in chosen) return chosen;
-    if ("waitForGlobal" in chosen) {
-      waiting = true;
-      continue;
-    }
+    // Its global may still be missing (no rank kept it yet): it restores all the same, and gets
+    // the global in a later round (awaitsGlobal, below). Waiting for the global before the
+    // restore could wait forever: its peers may need the messages of its restored sender log
+    // to reach that checkpoint and keep the global.
     transfers.push({ kind: "restore", from: chosen.from, to: f.rank, version: chosen.held.version });
     if (chosen.global !== undefined) transfers.push({ kind: "global", from: chosen.global, to: f.rank, version: chosen.held.version });
     // Every result a survivor keeps, not only those after f's checkpoint: f keeps them as the
@@ -250,6 +252,17 @@ export function decide(all: readonly Summary[], opts: DecideOptions): Decision {
       const h = bestHolder(p, all, f.rank);
       if (h !== undefined) transfers.push({ kind: "held", from: h, to: f.rank, owner: p });
     }
+  }
+
+  // A rank restored without its checkpoint's global: from a rank that keeps its own of that
+  // checkpoint, else wait for one that has not reached it yet.
+  for (const s of survivors) {
+    const need = s.awaitsGlobal;
+    if (need === undefined) continue;
+    const g = globalOwner(need, all, s.rank);
+    if (g !== undefined) transfers.push({ kind: "global", from: g, to: s.rank, version: need.version });
+    else if (all.some((o) => o.rank !== s.rank && !o.restoring && o.version < need.version)) waiting = true;
+    else return noGlobal(s.rank, need.version);
   }
 
   // Ranks behind others on collectives: serve them what the others completed.
@@ -297,11 +310,7 @@ export function decide(all: readonly Summary[], opts: DecideOptions): Decision {
  * program's start) when none was ever safe, from a holder that kept the determinants since
  * the start.
  */
-function restartPoint(
-  f: number,
-  all: readonly Summary[],
-  opts: DecideOptions,
-): (Candidate & { readonly global: number | undefined }) | { readonly waitForGlobal: true } | Fail {
+function restartPoint(f: number, all: readonly Summary[], opts: DecideOptions): (Candidate & { readonly global: number | undefined }) | Fail {
   const target = Math.max(0, ...all.filter((s) => s.rank !== f).map((s) => s.knownSafe[f] ?? 0));
   const candidates: Candidate[] = [];
   for (const s of all) {
@@ -329,12 +338,10 @@ function restartPoint(
     if (c.held.key === null) return { ...c, global: undefined };
     const g = globalOwner(c.held, all, f);
     if (g !== undefined) return { ...c, global: g };
-    // A survivor that has not called that checkpoint yet will keep its global when it does.
-    if (all.some((s) => s.rank !== f && !s.restoring && s.version < c.held.version)) return { waitForGlobal: true };
-    return fail(
-      "CPR_RESTORE",
-      `rank ${f}'s checkpoint ${c.held.version} is held, but no rank kept the global of its own checkpoint ${c.held.version} with the same content; the global must be identical on every rank at the same checkpoint (pass it only then)`,
-    );
+    // A survivor that has not called that checkpoint yet will keep its global when it does:
+    // restore without it (the rank then awaits it, see decide).
+    if (all.some((s) => s.rank !== f && !s.restoring && s.version < c.held.version)) return { ...c, global: undefined };
+    return noGlobal(f, c.held.version);
   }
   const holders = successors(f, opts).join(", ");
   return fail(
@@ -377,8 +384,16 @@ function bestHolder(owner: number, all: readonly Summary[], exclude: number): nu
   return best?.rank;
 }
 
+/** Nobody keeps `f`'s global of checkpoint `version`, and every survivor is past that checkpoint. */
+function noGlobal(f: number, version: number): Fail {
+  return fail(
+    "CPR_RESTORE",
+    `rank ${f}'s checkpoint ${version} is held, but no rank kept the global of its own checkpoint ${version} with the same content; the global must be identical on every rank at the same checkpoint (pass it only then)`,
+  );
+}
+
 /** A rank other than `f`, not restoring, that kept its own global of `held.version` with the same key. */
-function globalOwner(held: HeldVersion, all: readonly Summary[], f: number): number | undefined {
+function globalOwner(held: Pick<HeldVersion, "version" | "key">, all: readonly Summary[], f: number): number | undefined {
   for (const s of all) {
     if (s.rank === f || s.restoring) continue;
     if (s.globals.some((g) => g.version === held.version && g.key === held.key)) return s.rank;

@@ -114,6 +114,8 @@ export class RetryOneDriver implements RetryOneHook {
   private decision: Promise<RetryDecision> | undefined;
   private ckpt: Deferred<void> | undefined;
   private restoring: Deferred<RetryRestored> | undefined;
+  /** The restored checkpoint's global, when the machine restored without it (`globalPending`). */
+  private globalWait: Deferred<Buffer> | undefined;
   private failure: LifelineError | undefined;
   /** Collective frames of a newer view than ours, until the coordinator's news arrives. */
   private held: { header: Header; frame: RawFrame }[] = [];
@@ -475,11 +477,20 @@ export class RetryOneDriver implements RetryOneHook {
         this.restoring = undefined;
         const v = e.restored.value;
         this.restoredVersion = v?.version ?? 0;
+        if (v?.globalPending === true) this.globalWait = deferred<Buffer>();
+        const later = v?.globalPending === true ? { globalLater: this.globalWait!.promise } : {};
         d?.resolve({
-          value: v === undefined ? undefined : { state: v.state, global: v.global === undefined ? undefined : asBuffer(v.global), version: v.version },
+          value:
+            v === undefined ? undefined : { state: v.state, global: v.global === undefined ? undefined : asBuffer(v.global), version: v.version, ...later },
           dets: e.restored.dets,
           detFrom: e.restored.detFrom,
         });
+        return;
+      }
+      case "global": {
+        const g = this.globalWait;
+        this.globalWait = undefined;
+        g?.resolve(asBuffer(e.global));
         return;
       }
       case "checkpointed": {
@@ -526,6 +537,8 @@ export class RetryOneDriver implements RetryOneHook {
     this.call?.reject(err);
     this.ckpt?.reject(err);
     this.restoring?.reject(err);
+    this.globalWait?.reject(err);
+    this.globalWait = undefined;
     this.call = undefined;
     this.ckpt = undefined;
     this.restoring = undefined;

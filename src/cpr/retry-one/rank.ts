@@ -32,7 +32,9 @@
  * - **Restart.** A restarted rank (attempt > 0) starts in recovery mode holding nothing; its
  *   bootstrap calls are served from a peer's cache (any order), restore() brings its newest
  *   checkpoint a live successor holds, the determinants after it, the global and the
- *   collective results from its index on; it then re-executes, replaying the determinants
+ *   collective results from its index on (a global nobody kept yet comes in a later round:
+ *   the rest is restored at once, so that its sender log goes out again, and the program
+ *   waits in restore() for the global); it then re-executes, replaying the determinants
  *   in order, while its peers resend the messages they logged for it (driver). Each
  *   collective it repeats is answered from the results (identity-checked) until it stands
  *   where the others are. Its predecessors push their checkpoints and determinants to it
@@ -43,6 +45,10 @@
  *   lost while its consequences live on: a restarted rank learns, with every piece of data
  *   it is given, what the giver knew (results trimmed by the giver, a holder's record), and
  *   with its own checkpoint what it knew when it took it (its sender log was trimmed then).
+ *   A holder learns, with every checkpoint it holds, what its owner knew when it took it:
+ *   the round that restores the owner from it may restart another rank too, and must decide
+ *   on that knowledge (the restored sender log lacks what a peer's safe checkpoint had
+ *   consumed; restarting that peer from an older point would wait for it forever).
  *   Otherwise a chain of restarts could leave every live rank ignorant of a checkpoint the
  *   survivors' trimmed data depends on, and a later failure of its owner would restart it
  *   from an older point whose results and messages are gone, instead of reporting the loss.
@@ -252,6 +258,8 @@ export class RetryOneRank {
   private pending: OwnCheckpoint | null = null;
   /** Globals of own checkpoints kept for restarted peers, by version. */
   private ownGlobals = new Map<number, OwnGlobal & { readonly global: LazyCell }>();
+  /** Restored from a checkpoint whose global nobody kept yet: the program waits for it in restore(). */
+  private globalWait: { readonly version: number; readonly key: string } | null = null;
   /** Own determinants since the safe checkpoint: ordinals detBase..detBase+dets.length-1. */
   private detBase = 0;
   private dets: unknown[] = [];
@@ -956,6 +964,10 @@ export class RetryOneRank {
       h.versions.set(f.version, { version: f.version, index: f.index, key: f.key, detCount: f.detCount, state: f.state, known: f.known });
     }
     if (f.safe) this.learnSafe(from, f.version, f.index);
+    // What the owner knew at this checkpoint is in its state (its sender log was trimmed on
+    // it) and comes back with a restore from it: we know it too, so that a round restoring
+    // the owner decides every other restart on it as well (see "Knowledge survives restarts").
+    this.learn(f.known);
     this.send(from, { t: "rack", view: this.viewNow(), version: f.version });
   }
 
@@ -1027,6 +1039,7 @@ export class RetryOneRank {
       globals,
       logsKnown: [...this.logsKnown],
       wireSeq: this.wireSeq,
+      ...(this.globalWait === null ? {} : { awaitsGlobal: this.globalWait }),
     };
   }
 
@@ -1205,6 +1218,17 @@ export class RetryOneRank {
     const results = parts.find((p) => p.kind === "results")?.entries ?? [];
     // What the givers knew comes with their data (results trimmed, logs dropped on its account).
     const known = parts.reduce<Knowledge | undefined>((k, p) => (k === undefined ? p.known : mergeKnowledge(k, p.known)), undefined);
+    // The global this rank was restored without (an earlier round), now that a peer keeps it.
+    const wait = this.globalWait;
+    if (wait !== null && parts.some((p) => p.kind === "global")) {
+      const g = globals.find((x) => x.version === wait.version && x.key === wait.key);
+      if (g === undefined) throw new ProtocolError("CPR_PROTOCOL", `rank ${this.rank} was given globals without that of its checkpoint ${wait.version}`);
+      const cell = new LazyCell({ kind: "value", value: g.global });
+      cell.lend(); // handed to the program: never recycled
+      this.ownGlobals.set(g.version, { version: g.version, index: g.index, key: g.key, global: cell });
+      this.globalWait = null;
+      this.out.push({ kind: "global", global: g.global });
+    }
     for (const part of parts) {
       switch (part.kind) {
         case "restore":
@@ -1234,6 +1258,8 @@ export class RetryOneRank {
   private adoptHeld(part: Extract<TransferPart, { kind: "held" }>): void {
     const [v, i] = part.known.safe[part.owner] ?? [0, 0];
     this.learnSafe(part.owner, v, i);
+    // As for a replica (onReplica): what the owner knew at each checkpoint we may restore it from.
+    for (const held of part.versions) this.learn(held.known);
     const mine = this.held.get(part.owner);
     const newest = (vs: Iterable<{ version: number }>): number => Math.max(0, ...[...vs].map((v) => v.version));
     if (mine !== undefined) {
@@ -1293,9 +1319,13 @@ export class RetryOneRank {
       cell.lend();
       this.ownGlobals.set(g.version, { version: g.version, index: g.index, key: g.key, global: cell });
     }
-    const global = part.key === null ? undefined : this.ownGlobals.get(part.version)?.global.get();
+    const own = part.key === null ? undefined : this.ownGlobals.get(part.version);
+    // Nobody kept its global yet (decide): restored all the same, the global comes later.
+    if (part.key !== null && part.version > 0 && own === undefined) this.globalWait = { version: part.version, key: part.key };
+    const global = own?.global.get();
     this.pos = null;
-    const value = part.version > 0 ? { state: part.state, global, version: part.version } : undefined;
+    const value =
+      part.version > 0 ? { state: part.state, global, version: part.version, ...(this.globalWait === null ? {} : { globalPending: true }) } : undefined;
     this.out.push({ kind: "restored", restored: { value, dets: part.dets, detFrom: part.detCount } });
     // Our successors may have restarted while we were gone: they hold what we push now.
     for (const s of this.succ) this.pushTo(s);

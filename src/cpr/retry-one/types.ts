@@ -166,6 +166,12 @@ export interface Summary {
   readonly logsKnown: readonly number[];
   /** Collective executions started so far on the wire (World's collective sequence). */
   readonly wireSeq: number;
+  /**
+   * A restarted rank restored from checkpoint `version`, whose global (`key`) no rank kept when
+   * it restored: its program waits in restore() until a peer that reaches that checkpoint gives
+   * it (see `globalPending` of {@link RestoredValue}).
+   */
+  readonly awaitsGlobal?: { readonly version: number; readonly key: string };
 }
 
 /** A buffered collective result, with the identity it was produced under. */
@@ -266,7 +272,12 @@ export type ProtoFrame =
 
 /** What restore() gives back: the checkpoint, and the determinants to replay after it. */
 export interface RestoredValue {
-  readonly value: { readonly state: unknown; readonly global: unknown; readonly version: number } | undefined;
+  /**
+   * `globalPending`: the checkpoint has a global that no rank kept yet (`global` is undefined);
+   * the rank is restored all the same — its sender log goes out again, which its peers may need
+   * to reach that checkpoint and keep the global — and a `global` effect brings it later.
+   */
+  readonly value: { readonly state: unknown; readonly global: unknown; readonly version: number; readonly globalPending?: boolean } | undefined;
   /** Determinants logged after the checkpoint, in order (ordinals detFrom..). */
   readonly dets: readonly unknown[];
   readonly detFrom: number;
@@ -320,6 +331,8 @@ export type RankEffect =
   /** Resolve the program's pending collective (or bootstrap collective) with `result`. */
   | { readonly kind: "complete"; readonly result: unknown; readonly replayed: boolean }
   | { readonly kind: "restored"; readonly restored: RestoredValue }
+  /** The global of the restored checkpoint that `restored` said was pending. */
+  | { readonly kind: "global"; readonly global: unknown }
   /** checkpoint() returns: `version` is safe (every successor holds it). */
   | { readonly kind: "checkpointed"; readonly version: number }
   /**

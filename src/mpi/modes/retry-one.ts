@@ -641,6 +641,9 @@ export class RetryOneMode extends LoggedMode implements AppLog {
     this.awaitingRestore = false;
     this.reclassifyHeld();
     for (let r = 0; r < this.core.size; r++) this.drainAhead(r);
+    // The checkpoint's global, if no rank kept it when this rank restored: a peer gives it once
+    // it reaches that checkpoint (our log went out again above: it may need it to get there).
+    if (restored !== undefined && v?.globalLater !== undefined) restored = { ...restored, global: decodeValue(await v.globalLater) };
     return restored;
   }
 
