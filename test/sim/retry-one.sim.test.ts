@@ -188,8 +188,9 @@ describe("simulation, mode retry-one", () => {
     }
   }, 600_000);
 
-  it("large messages (the sender log's copies in pooled memory, reused once nothing needs them), crashes anywhere, a quarter with the floor: failure-free results (1000 seeds)", async () => {
-    const seeds = swarmSeeds(1000);
+  const bigSeeds = swarmSeeds(1000);
+  it(`large messages (the sender log's copies in pooled memory, reused once nothing needs them), crashes anywhere, a quarter with the floor: failure-free results (${bigSeeds.length} seeds from ${bigSeeds[0]})`, async () => {
+    const seeds = bigSeeds;
     for (const [i, seed] of seeds.entries()) {
       const floor = i < seeds.length / 2 && i % 2 === 0;
       const { spec, ref, out } = await runRetryOneSeed(seed, { p2p: true, bigMessages: true, floor });
