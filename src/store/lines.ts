@@ -8,7 +8,8 @@
  * job record) and every rank's part records, verifies the parts of committed lines (reading
  * them: a few hundred ms per GiB from the page cache), and closes everything again before
  * returning. A running job may prune a line while it is being verified: such a line is left
- * out (it is no longer committed), not reported as damaged.
+ * out (it is no longer committed), not reported as damaged; and one it commits meanwhile is
+ * listed as committed (its parts verify), not as partial.
  *
  * States: `committed` (commit record present, every part verifies), `corrupt` (committed,
  * but a part is missing or damaged: recovery would fall back past it), `partial` (parts
@@ -162,9 +163,7 @@ export async function listLinesIn(store: RecoveryStore, opts?: { verify?: boolea
         copiesOf.set(rank, [...(copiesOf.get(rank) ?? []), s]);
       }
     }
-    const rows: LineRow[] = [];
-    const committedEpochs = new Set(committed.map((l) => l.epoch));
-    for (const line of committed) {
+    const rowOf = async (line: LineRecord): Promise<LineRow> => {
       const notes: string[] = [];
       const elsewhere: number[] = [];
       if (verify) {
@@ -188,7 +187,7 @@ export async function listLinesIn(store: RecoveryStore, opts?: { verify?: boolea
       } else if (elsewhere.length > 0) {
         notes.push(`rank${elsewhere.length === 1 ? "" : "s"} ${elsewhere.join(", ")}: not on this host`);
       }
-      rows.push({
+      return {
         epoch: line.epoch,
         timeMs: line.timeMs,
         ranks: line.parts.length - elsewhere.length,
@@ -197,16 +196,11 @@ export async function listLinesIn(store: RecoveryStore, opts?: { verify?: boolea
         state: notes.length === 0 ? "committed" : elsewhere.length > 0 && notes.length === 1 ? "spread" : "corrupt",
         job: line.job,
         notes,
-      });
-    }
-    if (rows.some((r) => r.state === "corrupt")) {
-      // A running job may have pruned a line (and deleted its parts) while it was verified:
-      // a line no longer committed now is not damaged, it is gone.
-      const still = await stillCommitted(store);
-      if (still !== undefined) {
-        for (let i = rows.length - 1; i >= 0; i--) if (rows[i]!.state === "corrupt" && !still.has(rows[i]!.epoch)) rows.splice(i, 1);
-      }
-    }
+      };
+    };
+    const rows: LineRow[] = [];
+    const committedEpochs = new Set(committed.map((l) => l.epoch));
+    for (const line of committed) rows.push(await rowOf(line));
     const partial = new Map<number, PartInfo[]>();
     for (const parts of partsByRank.values()) {
       for (const p of parts) {
@@ -214,8 +208,25 @@ export async function listLinesIn(store: RecoveryStore, opts?: { verify?: boolea
         partial.set(p.epoch, [...(partial.get(p.epoch) ?? []), p]);
       }
     }
+    // A running job commits and prunes lines while they are listed: the parts are read after
+    // the manifest, so a line may have been pruned since (its parts gone: it is not damaged,
+    // it is no longer there) or committed since (its parts look uncommitted). The manifest as
+    // it is now settles both.
+    const now = rows.some((r) => r.state === "corrupt") || partial.size > 0 ? await committedNow(store) : undefined;
+    if (now !== undefined) {
+      for (let i = rows.length - 1; i >= 0; i--) if (rows[i]!.state === "corrupt" && !now.has(rows[i]!.epoch)) rows.splice(i, 1);
+    }
     const abortedSet = new Set(aborted);
     for (const [epoch, parts] of partial) {
+      const since = now?.get(epoch);
+      if (since !== undefined) {
+        // Committed since the manifest was read: listed as such if its parts, as read, verify.
+        const row = await rowOf(since);
+        if (row.state !== "corrupt") {
+          rows.push(row);
+          continue;
+        }
+      }
       rows.push({
         epoch,
         timeMs: Math.max(...parts.map((p) => p.timeMs)),
@@ -223,7 +234,7 @@ export async function listLinesIn(store: RecoveryStore, opts?: { verify?: boolea
         ranksTotal: rankNumbers.length,
         bytes: parts.reduce((sum, p) => sum + p.bytes, 0),
         state: "partial",
-        notes: abortedSet.has(epoch) ? ["aborted"] : [],
+        notes: abortedSet.has(epoch) ? ["aborted"] : since !== undefined ? ["committed while it was listed"] : [],
       });
     }
     rows.sort((a, b) => a.epoch - b.epoch);
@@ -233,12 +244,12 @@ export async function listLinesIn(store: RecoveryStore, opts?: { verify?: boolea
   }
 }
 
-/** The committed epochs of the store now, or undefined if the manifest cannot be read again. */
-async function stillCommitted(store: RecoveryStore): Promise<Set<number> | undefined> {
+/** The committed lines of the store now, by epoch, or undefined if the manifest cannot be read again. */
+async function committedNow(store: RecoveryStore): Promise<Map<number, LineRecord> | undefined> {
   try {
     const manifest = await store.openManifest();
     try {
-      return new Set((await manifest.list()).map((l) => l.epoch));
+      return new Map((await manifest.list()).map((l) => [l.epoch, l]));
     } finally {
       await manifest.close();
     }
