@@ -29,7 +29,7 @@ import { PROTO_CPR_BASE } from "./cpr-hook.ts";
 import type { ElasticHookFactory } from "./elastic-hook.ts";
 import type { Mode, RankPlace } from "./env.ts";
 import { FaultPlan, parseFaults } from "./faults.ts";
-import { type ControlChannel, type Host, zmqHost } from "./host.ts";
+import { type ControlChannel, type Host, type Timer, zmqHost } from "./host.ts";
 import { loadRankKeys, type RankKeys } from "./keys.ts";
 import { Matcher, type Waiter } from "./matching.ts";
 import { CprMode } from "./modes/cpr.ts";
@@ -103,6 +103,7 @@ export class World implements WorldApi {
    * which a restart policy may answer with a restart) before the abort that explains it.
    */
   private abortWaiters: (() => void)[] | undefined;
+  private abortWait: Timer | undefined;
   private readonly faults: FaultPlan;
   private steps = 0;
   private lastStepReport = 0;
@@ -697,7 +698,7 @@ export class World implements WorldApi {
     this.host.warn(`lifeline: rank ${this.rank}: ${err.code}: ${err.message}`);
     if (this.abortWaiters === undefined) {
       this.abortWaiters = [];
-      this.host.after(ABORT_HEARD_WAIT_MS, () => this.abortHeard());
+      this.abortWait = this.host.after(ABORT_HEARD_WAIT_MS, () => this.abortHeard());
     }
     if (c !== undefined) this.abortWaiters.push(() => c.fail(err));
     void this.control.send({ t: "abort", rank: this.place.rank, code: err.code, message: err.message }).catch(() => this.abortHeard());
@@ -707,6 +708,8 @@ export class World implements WorldApi {
     const waiters = this.abortWaiters;
     if (waiters === undefined) return;
     this.abortWaiters = undefined;
+    this.abortWait?.stop();
+    this.abortWait = undefined;
     for (const fn of waiters) fn();
   }
 
