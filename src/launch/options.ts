@@ -200,8 +200,8 @@ export const DEFAULTS = {
   /**
    * retry-one's durable floor: every 200th checkpoint of each rank. Measured with
    * `npm run bench -- --only durable` (4 ranks, 65 MiB per checkpoint, ~70 ms per step): a write
-   * round costs the program about 0.4 s of wall time on 2 cores, 1.06x at N = 100, 1.04-1.06x
-   * at N = 200 (see docs/cli.md).
+   * round costs the program about 0.4 s of wall time on 2 cores; the program's wall time was
+   * 1.023x at N = 100 and 1.028x at N = 200 on a quiet machine (see docs/cli.md).
    */
   durableEvery: 200,
   maxMessageBytes: DEFAULT_MAX_MESSAGE_BYTES,

@@ -104,9 +104,7 @@ import {
 export class LazyCell {
   private done = false;
   private value: unknown;
-  /** Handed out (sent to a peer): other code may still read it. */
-  private lent = false;
-  /** How many times it was handed out. */
+  /** How many times it was handed out (sent to a peer): once it was, other code may still read it. */
   private lends = 0;
   constructor(private readonly lazy: Lazy) {}
 
@@ -120,7 +118,6 @@ export class LazyCell {
 
   /** The value, to send: it is never recycled. */
   lend(): unknown {
-    this.lent = true;
     this.lends++;
     return this.get();
   }
@@ -132,7 +129,7 @@ export class LazyCell {
 
   /** The value if it exists (given, or made) and was never handed out (its memory may be reused once dropped). */
   get unlent(): unknown[] {
-    if (this.lent) return [];
+    if (this.lends > 0) return [];
     if (this.lazy.kind === "value") return [this.lazy.value];
     return this.done ? [this.value] : [];
   }
