@@ -6,16 +6,15 @@
  * decisions of the scheme; the rank driver (src/cpr/coordinated/driver.ts) moves the bytes and
  * the cpr restart policy (src/launch/cpr-policy.ts) asks the ranks what they hold.
  *
- * - {@link partnerOf}: the first rank after `rank` in ring order that runs on another host,
- *   so partners spread over the hosts as the ranks do, and a host's ranks copy to the next
- *   host's.
+ * - {@link partnerOf}: the rank of the same place among the next host's ranks, so each
+ *   host's ranks copy to the next host's, one copy per rank when the hosts are equal.
  * - {@link chooseAcrossHosts}: given the committed lines and what each host's store holds (one
  *   rank per host reports every part it verified there: its ranks' own parts and the partner
  *   copies), the newest line whose every part is somewhere — for each rank, its own copy when
  *   it still runs where that is (no transfer), else a copy from another host.
  *
  * @example
- * partnerOf(1, [0, 0, 1, 1]);   // 2: ranks 0-1 on host 0 copy to rank 2 on host 1
+ * partnerOf(1, [0, 0, 1, 1]);   // 3: ranks 0 and 1 on host 0 copy to ranks 2 and 3 on host 1
  * const c = chooseAcrossHosts(lines, reports, [0, 0, 2, 2]);
  * c.sources[3];                 // { kind: "copy", holder: 0, where: "held-by-0/rank-3" }: its host is gone
  */
@@ -23,17 +22,30 @@ import { formatChecksum } from "./checksum.ts";
 import type { LineRecord, PartRef } from "./types.ts";
 
 /**
- * The rank that keeps copies of `rank`'s parts: the first after it in ring order whose host
- * differs from its own; undefined when every rank is on one host (a copy would not survive
- * anything the original does not).
+ * The rank that keeps copies of `rank`'s parts: on the next host (in the order hosts first
+ * appear in rank order, wrapping around), the rank whose place among that host's ranks is
+ * `rank`'s place among its own (modulo their count) — SCR's partner of the same local index on
+ * the next node. With equal hosts every rank keeps exactly one copy, so the copies' receiving
+ * and writing spread over all ranks instead of piling on each host's first. Undefined when
+ * every rank is on one host (a copy would not survive anything the original does not).
  */
 export function partnerOf(rank: number, hosts: readonly number[]): number | undefined {
-  const size = hosts.length;
-  for (let i = 1; i < size; i++) {
-    const p = (rank + i) % size;
-    if (hosts[p] !== hosts[rank]) return p;
-  }
-  return undefined;
+  const mine = hosts[rank];
+  const order: number[] = [];
+  const ranksOf = new Map<number, number[]>();
+  hosts.forEach((h, r) => {
+    let list = ranksOf.get(h);
+    if (list === undefined) {
+      list = [];
+      ranksOf.set(h, list);
+      order.push(h);
+    }
+    list.push(r);
+  });
+  if (mine === undefined || order.length < 2) return undefined;
+  const next = order[(order.indexOf(mine) + 1) % order.length]!;
+  const theirs = ranksOf.get(next)!;
+  return theirs[ranksOf.get(mine)!.indexOf(rank) % theirs.length];
 }
 
 /** A part some host's store holds: `where` is its database in the store (`rank-2`, `held-by-0/rank-2`). */

@@ -19,11 +19,29 @@ const own = (rank: number, epoch: number) => ({ ref: ref(rank, epoch), where: `r
 const copy = (holder: number, rank: number, epoch: number) => ({ ref: ref(rank, epoch), where: `held-by-${holder}/rank-${rank}` });
 
 describe("partnerOf", () => {
-  it("is the next rank in ring order on another host", () => {
-    const hosts = [0, 0, 1, 1];
-    expect([0, 1, 2, 3].map((r) => partnerOf(r, hosts))).toEqual([2, 2, 0, 0]);
+  it("is the rank of the same place on the next host, one copy per rank on equal hosts", () => {
+    expect([0, 1, 2, 3].map((r) => partnerOf(r, [0, 0, 1, 1]))).toEqual([2, 3, 0, 1]);
+    expect([0, 1, 2, 3].map((r) => partnerOf(r, [0, 1, 0, 1]))).toEqual([1, 0, 3, 2]);
     expect([0, 1, 2].map((r) => partnerOf(r, [0, 1, 2]))).toEqual([1, 2, 0]);
-    expect([0, 1, 2, 3, 4].map((r) => partnerOf(r, [0, 0, 0, 1, 1]))).toEqual([3, 3, 3, 0, 0]);
+    expect([0, 1, 2, 3, 4, 5].map((r) => partnerOf(r, [0, 0, 1, 1, 2, 2]))).toEqual([2, 3, 4, 5, 0, 1]);
+    // Unequal hosts: the smaller host's ranks take the extra copies in turn.
+    expect([0, 1, 2, 3, 4].map((r) => partnerOf(r, [0, 0, 0, 1, 1]))).toEqual([3, 4, 3, 0, 1]);
+    // Host numbers need not be dense or ordered; the order is that of first appearance.
+    expect([0, 1, 2, 3].map((r) => partnerOf(r, [7, 7, 3, 3]))).toEqual([2, 3, 0, 1]);
+  });
+
+  it("is always on another host, and every rank on a host of several has one", () => {
+    for (let seed = 1; seed <= 300; seed++) {
+      let x = seed;
+      const rnd = (n: number): number => ((x = (x * 1103515245 + 12345) % 2 ** 31), x % n);
+      const hosts = Array.from({ length: 1 + rnd(8) }, () => rnd(3));
+      const distinct = new Set(hosts).size;
+      hosts.forEach((h, r) => {
+        const p = partnerOf(r, hosts);
+        if (distinct < 2) expect(p).toBeUndefined();
+        else expect(hosts[p!]).not.toBe(h);
+      });
+    }
   });
 
   it("is undefined when every rank is on one host", () => {
@@ -34,7 +52,8 @@ describe("partnerOf", () => {
 
 describe("chooseAcrossHosts", () => {
   const lines = [line(1), line(2)];
-  // Hosts 0 (ranks 0, 1) and 1 (ranks 2, 3); partners: 0,1 -> 2 and 2,3 -> 0.
+  // Hosts 0 (ranks 0, 1) and 1 (ranks 2, 3); the copies as an older placement kept them (two
+  // per holder): the choice goes by what each host reports, not by who the partner is now.
   const host0 = (epochs: number[]): HostReport => ({ host: 0, rank: 0, parts: epochs.flatMap((e) => [own(0, e), own(1, e), copy(0, 2, e), copy(0, 3, e)]) });
   const host1 = (epochs: number[]): HostReport => ({ host: 1, rank: 2, parts: epochs.flatMap((e) => [own(2, e), own(3, e), copy(2, 0, e), copy(2, 1, e)]) });
 
