@@ -342,22 +342,38 @@ export function decodeBody(encoding: Encoding, arrayType: number, frames: Buffer
 
 /** Encodes a value to one self-contained buffer (frames length-prefixed); for stores and logs. */
 export function encodeValue(data: unknown, alloc?: (bytes: number) => Buffer): Buffer {
-  const body = encodeBody(data, { copy: false });
-  const headBytes = 6 + 4 * body.frames.length;
-  const total = headBytes + byteLengthOf(body.frames);
-  const out = alloc === undefined ? Buffer.allocUnsafe(total) : alloc(total);
-  writeValueHead(
-    out,
-    body.encoding,
-    body.arrayType,
-    body.frames.map((f) => f.byteLength),
-  );
-  let off = headBytes;
-  for (const f of body.frames) {
-    out.set(f, off);
-    off += f.byteLength;
+  const chunks = encodeValueChunks(data);
+  const out = alloc === undefined ? Buffer.allocUnsafe(byteLengthOf(chunks)) : alloc(byteLengthOf(chunks));
+  let off = 0;
+  for (const c of chunks) {
+    out.set(c, off);
+    off += c.byteLength;
   }
   return out;
+}
+
+/**
+ * {@link encodeValue}'s bytes as the chunks they are made of, nothing copied: its head, then
+ * the body's frames — which view the arrays and buffers inside `data` — so a caller can send or
+ * write them without joining them first, or tell which chunk is which of its buffers.
+ *
+ * @example
+ * const state = encodeValue(model);
+ * const chunks = encodeValueChunks({ epoch: 3, state });
+ * Buffer.concat(chunks).equals(encodeValue({ epoch: 3, state })); // true
+ * chunks.some((c) => c.buffer === state.buffer);                  // true: a view, not a copy
+ */
+export function encodeValueChunks(data: unknown): Buffer[] {
+  const body = encodeBody(data, { copy: false });
+  const frames = body.frames.map((f) => (Buffer.isBuffer(f) ? f : Buffer.from(f.buffer, f.byteOffset, f.byteLength)));
+  return [
+    encodedValueHead(
+      body.encoding,
+      body.arrayType,
+      frames.map((f) => f.byteLength),
+    ),
+    ...frames,
+  ];
 }
 
 /**

@@ -4,34 +4,10 @@
  * rank (with its watchdog) would outlive its release until the launcher kills it.
  */
 import { describe, expect, it } from "vitest";
-import {
-  CoordinatedDriver,
-  type HostStores,
-  type PartStoreLike,
-  PROTO_CPR_COPIED,
-  PROTO_CPR_COPY,
-  PROTO_CPR_MARKER,
-} from "../../src/cpr/coordinated/driver.ts";
+import { CoordinatedDriver, type PartStoreLike, PROTO_CPR_COPIED, PROTO_CPR_COPY, PROTO_CPR_MARKER } from "../../src/cpr/coordinated/driver.ts";
 import type { RankToCoordinator } from "../../src/mpi/control.ts";
 import type { CprWorldAccess } from "../../src/mpi/cpr-hook.ts";
-import type { Host, Timer } from "../../src/mpi/host.ts";
-import { Kind, type Header } from "../../src/mpi/wire.ts";
-
-function header(source: number, tag: number): Header {
-  return {
-    kind: Kind.protocol,
-    flags: 0,
-    encoding: 0,
-    source,
-    dest: 0,
-    tag,
-    epoch: 0,
-    channelSeq: 0,
-    key: 0,
-    attempt: 0,
-    bodyBytes: 0,
-  } as unknown as Header;
-}
+import { fakeHost, fakeHostStores, protocolHeader as header } from "./cpr-driver-fakes.ts";
 
 function harness() {
   const controls: RankToCoordinator[] = [];
@@ -51,19 +27,11 @@ function harness() {
       throw new Error(`${code}: ${message}`);
     },
   };
-  const host = {
-    now: () => 0,
-    defer: (fn: () => void) => void queueMicrotask(fn),
-    every: (): Timer => ({ stop: () => undefined }),
-    after: (): Timer => {
-      const id = nextTimer++;
-      armed.add(id);
-      return { stop: () => void armed.delete(id) };
-    },
-    exit: () => undefined,
-    warn: () => undefined,
-    pid: 1,
-  } as unknown as Host;
+  const host = fakeHost(() => {
+    const id = nextTimer++;
+    armed.add(id);
+    return { stop: () => void armed.delete(id) };
+  });
   let releaseRetain: () => void = () => undefined;
   const retainGate = new Promise<void>((resolve) => {
     releaseRetain = resolve;
@@ -79,19 +47,10 @@ function harness() {
     close: async () => undefined,
   };
   const opened: number[] = [];
-  const hostStores: HostStores = {
-    held: async (of) => {
-      opened.push(of);
-      return parts;
-    },
-    heldRanks: async () => [],
-    replica: async () => {
-      throw new Error("not used");
-    },
-    scan: async () => ({ parts: [], problems: [] }),
-    read: async () => Buffer.alloc(0),
-    close: async () => undefined,
-  };
+  const hostStores = fakeHostStores(async (of) => {
+    opened.push(of);
+    return parts;
+  });
   const driver = new CoordinatedDriver(access, host, async () => parts, { hostStores });
   return { driver, controls, protocols, armed, opened, releaseRetain };
 }
@@ -118,7 +77,7 @@ describe("cpr driver close", () => {
   it("a partner's copy arriving after close() is refused without opening a store", async () => {
     const h = harness();
     await h.driver.close();
-    h.driver.onProtocol(header(1, PROTO_CPR_COPY), { epoch: 3, part: new Uint8Array([1, 2, 3]) });
+    h.driver.onProtocol(header(1, PROTO_CPR_COPY), { epoch: 3, chunks: [new Uint8Array([1, 2, 3])] });
     await new Promise((r) => setTimeout(r, 10));
     expect(h.opened).toEqual([]);
     expect(h.protocols).toEqual([{ dest: 1, tag: PROTO_CPR_COPIED, body: { epoch: 3, failure: "the partner is closing" } }]);

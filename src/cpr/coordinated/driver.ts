@@ -16,7 +16,7 @@
  * const world = await World.join(place, { cpr: coordinatedHook(() => new LevelRecoveryStore(place.store).openRank(place.rank)) });
  */
 import { LifelineError, errorMessage } from "../../errors.ts";
-import { decodeValue, encodeValue } from "../../mpi/codec.ts";
+import { decodeValue, encodeValue, encodeValueChunks } from "../../mpi/codec.ts";
 import type { CoordinatorToRank, PartRefWire } from "../../mpi/control.ts";
 import type { CprHook, CprHookFactory, CprWorldAccess, LibState, NondetEntry, NondetTicket, RawFrame } from "../../mpi/cpr-hook.ts";
 import { PROTO_CPR_BASE } from "../../mpi/cpr-hook.ts";
@@ -59,9 +59,20 @@ export interface HostStores {
 /** Protocol-frame tags. */
 export const PROTO_CPR_MARKER = PROTO_CPR_BASE;
 export const PROTO_CPR_EARLY = PROTO_CPR_BASE + 1;
-/** Per-host stores: a part for the partner to keep, and the partner's answer. */
+/**
+ * Per-host stores: a part for the partner to keep, and the partner's answer. The part travels
+ * as the chunks of its encoding; those that are the checkpoint's serialized state, sent ahead
+ * when the checkpoint was taken (PROTO_CPR_AHEAD), are named by their place in that message.
+ */
 export const PROTO_CPR_COPY = PROTO_CPR_BASE + 2;
 export const PROTO_CPR_COPIED = PROTO_CPR_BASE + 3;
+/**
+ * Per-host stores: a checkpoint's serialized state, sent to the partner as soon as it is taken,
+ * so that the bulk of the copy crosses the network while the round records, not after it.
+ */
+export const PROTO_CPR_AHEAD = PROTO_CPR_BASE + 4;
+/** States sent ahead that a partner keeps per source rank, waiting for their parts. */
+const AHEAD_KEPT_MAX = 3;
 /**
  * How long a rank waits for its partner to keep a copy of its part. The initiator's phase
  * timeout (60 s) aborts the line first; this bound frees the rank's write chain if it does not.
@@ -91,6 +102,10 @@ interface Part {
   early: [number, number, number][];
   late: RawFrame[];
   nondet: [number, NondetEntry][];
+}
+
+function asBuffer(b: Uint8Array): Buffer {
+  return Buffer.isBuffer(b) ? b : Buffer.from(b.buffer, b.byteOffset, b.byteLength);
 }
 
 /** The factory World.join takes in mode cpr. */
@@ -130,6 +145,14 @@ export class CoordinatedDriver implements CprHook {
   private partner: number | undefined;
   /** Copies sent to the partner, waiting for its word (by epoch). */
   private readonly copying = new Map<number, (answer: { checksum: number } | { failure: string }) => void>();
+  /** The epoch whose state went ahead to the partner (and to which partner). */
+  private ahead: { epoch: number; partner: number; frames: readonly Buffer[] } | undefined;
+  /**
+   * Per source rank: the states it sent ahead of its parts, oldest first, until each part comes
+   * (a part's copy may leave after the next checkpoint's state went ahead); at most
+   * {@link AHEAD_KEPT_MAX} per source.
+   */
+  private readonly aheadOf = new Map<number, { epoch: number; frames: Buffer[] }[]>();
   /** Writes of the copies this rank keeps for others, in arrival order. */
   private heldWrites: Promise<void> = Promise.resolve();
   private readonly heldStores = new Map<number, Promise<PartStoreLike>>();
@@ -281,6 +304,16 @@ export class CoordinatedDriver implements CprHook {
         this.earlyLists.set(header.source, b.ids as number[]);
         this.earlyWaiter?.();
         return;
+      case PROTO_CPR_AHEAD: {
+        const a = body as { epoch?: unknown; frames?: unknown };
+        if (typeof a.epoch !== "number" || !Array.isArray(a.frames) || !a.frames.every((f) => f instanceof Uint8Array)) return;
+        const kept = (this.aheadOf.get(header.source) ?? []).filter((k) => k.epoch !== a.epoch);
+        kept.push({ epoch: a.epoch, frames: a.frames.map(asBuffer) });
+        // The oldest goes first: a part that has not come by now belongs to a round long over.
+        if (kept.length > AHEAD_KEPT_MAX) kept.shift();
+        this.aheadOf.set(header.source, kept);
+        return;
+      }
       case PROTO_CPR_COPY:
         this.keepCopy(header.source, body);
         return;
@@ -329,6 +362,11 @@ export class CoordinatedDriver implements CprHook {
       // orders it) goes now; one not yet written is never written (writePart).
       const epoch = msg.epoch;
       this.abortedEpochs.add(epoch);
+      for (const [source, kept] of this.aheadOf)
+        this.aheadOf.set(
+          source,
+          kept.filter((k) => k.epoch !== epoch),
+        );
       this.writes = this.writes
         .then(async () => {
           const parts = await this.store();
@@ -366,6 +404,7 @@ export class CoordinatedDriver implements CprHook {
     this.saved = saved;
     this.lateBytes = 0;
     this.apply(this.machine.takeCheckpoint());
+    this.sendAhead(saved);
     if (this.machine.recording) {
       const epoch = this.machine.epoch;
       this.recordingTimer?.stop();
@@ -413,6 +452,7 @@ export class CoordinatedDriver implements CprHook {
     this.recordingTimer?.stop();
     for (const done of this.copying.values()) done({ failure: "the rank is closing" });
     this.copying.clear();
+    this.aheadOf.clear();
     await this.writes.catch(() => undefined);
     await this.heldWrites.catch(() => undefined);
     await this.parts?.close();
@@ -472,18 +512,68 @@ export class CoordinatedDriver implements CprHook {
     }
   }
 
+  /**
+   * Per-host stores: the checkpoint just taken, serialized, goes to the partner now; its part
+   * (writePart) then sends only what the round added and names these frames.
+   */
+  private sendAhead(saved: { epoch: number; state: Buffer; global: Buffer | null; lib: Buffer }): void {
+    const partner = this.partner;
+    this.ahead = undefined;
+    // Not when the round ended at once (abandoned): no part of this epoch will follow.
+    if (partner === undefined || this.saved !== saved || this.closing) return;
+    const frames = saved.global === null ? [saved.state, saved.lib] : [saved.state, saved.global, saved.lib];
+    this.ahead = { epoch: saved.epoch, partner, frames };
+    this.access.sendProtocol(partner, PROTO_CPR_AHEAD, { epoch: saved.epoch, frames });
+  }
+
+  /** The chunks of a part for its partner: those that went ahead (sendAhead) by their place there. */
+  private copyChunks(
+    ahead: { epoch: number; partner: number; frames: readonly Buffer[] } | undefined,
+    epoch: number,
+    partner: number,
+    chunks: readonly Buffer[],
+  ): (Buffer | number)[] {
+    if (ahead === undefined || ahead.epoch !== epoch || ahead.partner !== partner) return [...chunks];
+    return chunks.map((c) => {
+      const i = ahead.frames.findIndex((f) => f.buffer === c.buffer && f.byteOffset === c.byteOffset && f.byteLength === c.byteLength);
+      return i < 0 ? c : i;
+    });
+  }
+
   /** A partner's part: kept in this rank's store of its copies, then acknowledged with its checksum. */
   private keepCopy(source: number, body: unknown): void {
-    const b = body as { epoch?: unknown; part?: unknown };
-    if (typeof b.epoch !== "number" || !(b.part instanceof Uint8Array)) return;
+    const b = body as { epoch?: unknown; chunks?: unknown };
+    if (typeof b.epoch !== "number" || !Array.isArray(b.chunks)) return;
     const epoch = b.epoch;
-    const part = b.part;
+    const kept = this.aheadOf.get(source) ?? [];
+    const ahead = kept.find((k) => k.epoch === epoch);
+    // This part's state, and any older one whose part will not come now.
+    const newer = kept.filter((k) => k.epoch > epoch);
+    if (newer.length > 0) this.aheadOf.set(source, newer);
+    else this.aheadOf.delete(source);
+    // The part, joined from the chunks that came with it and those that came ahead.
+    let part: Buffer | string;
+    try {
+      part = Buffer.concat(
+        (b.chunks as unknown[]).map((c) => {
+          if (c instanceof Uint8Array) return c;
+          if (typeof c !== "number") throw new Error("a chunk of the part is neither bytes nor a reference to its state");
+          const f = ahead?.frames[c];
+          if (f === undefined) throw new Error(`the state of line ${epoch}, sent ahead of the part, did not arrive`);
+          return f;
+        }),
+      );
+    } catch (err) {
+      part = errorMessage(err);
+    }
     this.heldWrites = this.heldWrites.then(async () => {
       let answer: { epoch: number; checksum: number } | { epoch: number; failure: string };
       if (this.closing) {
         answer = { epoch, failure: "the partner is closing" };
       } else if (this.abortedEpochs.has(epoch)) {
         answer = { epoch, failure: `line ${epoch} was aborted` };
+      } else if (typeof part === "string") {
+        answer = { epoch, failure: part };
       } else {
         try {
           answer = { epoch, checksum: (await (await this.heldStore(source)).putPart(epoch, part)).checksum };
@@ -496,7 +586,7 @@ export class CoordinatedDriver implements CprHook {
   }
 
   /** Sends the part to the partner; resolves with the checksum of what it kept, or why it did not. */
-  private copyToPartner(partner: number, epoch: number, bytes: Buffer): Promise<{ checksum: number } | { failure: string }> {
+  private copyToPartner(partner: number, epoch: number, chunks: (Buffer | number)[]): Promise<{ checksum: number } | { failure: string }> {
     // A write chained behind others may reach here after close() settled the waiting copies.
     if (this.closing) return Promise.resolve({ failure: "the rank is closing" });
     return new Promise((resolve) => {
@@ -509,7 +599,7 @@ export class CoordinatedDriver implements CprHook {
         timer.stop();
         resolve(answer);
       });
-      this.access.sendProtocol(partner, PROTO_CPR_COPY, { epoch, part: bytes });
+      this.access.sendProtocol(partner, PROTO_CPR_COPY, { epoch, chunks });
     });
   }
 
@@ -552,6 +642,7 @@ export class CoordinatedDriver implements CprHook {
         case "abandon":
           this.recordingTimer?.stop();
           this.saved = undefined;
+          this.ahead = undefined;
           this.host.warn(
             `lifeline: rank ${this.access.rank}: ${e.reason}; line ${e.epoch} will not be committed, the last committed line stays the recovery point`,
           );
@@ -570,6 +661,8 @@ export class CoordinatedDriver implements CprHook {
     const saved = this.saved;
     const logs = this.machine.partLogs();
     this.saved = undefined;
+    const ahead = this.ahead;
+    this.ahead = undefined;
     if (saved === undefined || saved.epoch !== epoch) {
       this.access.sendControl({ t: "cpr-part-failed", rank: this.access.rank, epoch, message: "no local checkpoint of this epoch" });
       return;
@@ -592,12 +685,14 @@ export class CoordinatedDriver implements CprHook {
       }
       try {
         const parts = await this.store();
-        const bytes = encodeValue(part);
+        const chunks = encodeValueChunks(part);
+        const bytes = Buffer.concat(chunks);
         // Per-host stores: the part counts as durable once a partner on another host keeps a
         // copy too, so losing this host loses no committed line. The copy travels while the
-        // local write runs; the partner's checksum of what it kept must match the local one.
+        // local write runs — its state went ahead already (sendAhead) — and the partner's
+        // checksum of what it kept must match the local one.
         const partner = this.partner;
-        const copied = partner === undefined ? undefined : this.copyToPartner(partner, epoch, bytes);
+        const copied = partner === undefined ? undefined : this.copyToPartner(partner, epoch, this.copyChunks(ahead, epoch, partner, chunks));
         const ref = await parts.putPart(epoch, bytes).catch(async (err: unknown) => {
           await copied;
           throw err;

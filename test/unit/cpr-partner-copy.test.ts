@@ -1,0 +1,182 @@
+/**
+ * Per-host stores: a checkpoint's serialized state goes to the partner as soon as the
+ * checkpoint is taken (PROTO_CPR_AHEAD); the part's copy then carries only what the round
+ * added and names those frames. The partner must keep exactly the bytes the rank wrote itself,
+ * also when a newer checkpoint's state arrives before an older part's copy, and must refuse —
+ * never keep something else — when a state it is told of never came.
+ */
+import { describe, expect, it } from "vitest";
+import {
+  CoordinatedDriver,
+  type PartStoreLike,
+  PROTO_CPR_AHEAD,
+  PROTO_CPR_COPIED,
+  PROTO_CPR_COPY,
+  PROTO_CPR_MARKER,
+} from "../../src/cpr/coordinated/driver.ts";
+import { decodeValue, encodeValue } from "../../src/mpi/codec.ts";
+import type { RankToCoordinator } from "../../src/mpi/control.ts";
+import type { CprWorldAccess } from "../../src/mpi/cpr-hook.ts";
+import { fakeHost, fakeHostStores, protocolHeader as header } from "./cpr-driver-fakes.ts";
+import { crc32 } from "../../src/store/checksum.ts";
+
+interface Sent {
+  dest: number;
+  tag: number;
+  body: unknown;
+  /** The body's encoded size: what crossed the network. */
+  bytes: number;
+}
+
+/** One rank's driver with stores that record what was put, and its outgoing frames held for delivery. */
+function rankOf(rank: number, partner: number) {
+  const controls: RankToCoordinator[] = [];
+  const out: Sent[] = [];
+  const access: CprWorldAccess = {
+    rank,
+    size: 2,
+    attempt: 0,
+    captureLibState: () => ({}) as never,
+    restoreLibState: () => undefined,
+    inject: () => undefined,
+    // As the wire does: the receiver sees decoded copies, never the sender's objects.
+    sendProtocol: (dest, tag, body) => {
+      const enc = encodeValue(body);
+      out.push({ dest, tag, body: decodeValue(enc), bytes: enc.byteLength });
+    },
+    sendControl: (msg) => void controls.push(msg),
+    fatal: (code, message) => {
+      throw new Error(`${code}: ${message}`);
+    },
+  };
+  const host = fakeHost();
+  const store = (into: Map<number, Buffer>): PartStoreLike => ({
+    putPart: async (epoch, bytes) => {
+      into.set(epoch, Buffer.from(bytes));
+      return { rank, epoch, checksum: crc32(bytes), bytes: bytes.length };
+    },
+    readPart: async () => Buffer.alloc(0),
+    retain: async () => [],
+    dropParts: async () => [],
+    close: async () => undefined,
+  });
+  const own = new Map<number, Buffer>();
+  const held = new Map<number, Buffer>();
+  const hostStores = fakeHostStores(async () => store(held));
+  const driver = new CoordinatedDriver(access, host, async () => store(own), { hostStores });
+  const table = { t: "table", keysIn: [0, 0], keysOut: [0, 0], endpoints: [], attempts: [0, 0], partner } as never;
+  return { rank, driver, controls, out, own, held, table };
+}
+
+type Rank = ReturnType<typeof rankOf>;
+
+/** Delivers `from`'s held frames with `tag` to `to` (all of them, in order), removing them. */
+function deliver(from: Rank, to: Rank, tag: number): Sent[] {
+  const taken = from.out.filter((s) => s.tag === tag && s.dest === to.rank);
+  from.out.splice(0, from.out.length, ...from.out.filter((s) => !taken.includes(s)));
+  for (const s of taken) to.driver.onProtocol(header(from.rank, s.tag), s.body);
+  return taken;
+}
+
+const settle = (): Promise<void> => new Promise((r) => setTimeout(r, 5));
+
+/** Rank `a` takes checkpoint `epoch` of `state` and writes its part (its peer's marker came, the round stopped). */
+async function round(a: Rank, epoch: number, state: unknown): Promise<void> {
+  a.driver.onControl({ t: "cpr-checkpoint", epoch });
+  a.driver.checkpoint(state, undefined, () => undefined);
+  a.driver.onProtocol(header(1 - a.rank, PROTO_CPR_MARKER), { epoch, sent: 0 });
+  a.driver.onControl({ t: "cpr-stop", epoch });
+  await settle();
+}
+
+const bigState = (seed: number) => ({ model: Float64Array.from({ length: 200_000 }, (_, i) => Math.sin(i * seed)), step: seed });
+
+describe("partner copies sent ahead", () => {
+  it("the state goes at the checkpoint, the copy names it, and the partner keeps the very bytes of the part", async () => {
+    const a = rankOf(0, 1);
+    const b = rankOf(1, 0);
+    await a.driver.beforeStart(a.table);
+    await b.driver.beforeStart(b.table);
+    a.driver.onControl({ t: "cpr-checkpoint", epoch: 1 });
+    a.driver.checkpoint(bigState(1), undefined, () => undefined);
+    // Before the round ends, the state is on its way.
+    const ahead = deliver(a, b, PROTO_CPR_AHEAD);
+    expect(ahead).toHaveLength(1);
+    expect(ahead[0]!.bytes).toBeGreaterThan(1_600_000);
+    a.driver.onProtocol(header(1, PROTO_CPR_MARKER), { epoch: 1, sent: 0 });
+    a.driver.onControl({ t: "cpr-stop", epoch: 1 });
+    await settle();
+    const copy = deliver(a, b, PROTO_CPR_COPY);
+    expect(copy).toHaveLength(1);
+    // Only the head and the round's logs travel now.
+    expect(copy[0]!.bytes).toBeLessThan(4096);
+    await settle();
+    expect(b.held.get(1)).toBeDefined();
+    expect(b.held.get(1)!.equals(a.own.get(1)!)).toBe(true);
+    deliver(b, a, PROTO_CPR_COPIED);
+    await settle();
+    expect(a.controls.filter((m) => m.t === "cpr-part" || m.t === "cpr-part-failed")).toEqual([
+      { t: "cpr-part", rank: 0, epoch: 1, ref: { rank: 0, epoch: 1, checksum: crc32(a.own.get(1)!), bytes: a.own.get(1)!.length } },
+    ]);
+  });
+
+  it("a newer checkpoint's state arriving before an older part's copy (the older line aborted meanwhile): the newer copy is whole", async () => {
+    const a = rankOf(0, 1);
+    const b = rankOf(1, 0);
+    await a.driver.beforeStart(a.table);
+    await b.driver.beforeStart(b.table);
+    await round(a, 1, bigState(1));
+    // The initiator gave up on line 1 before its copy reached the partner, and began line 2.
+    for (const r of [a, b]) r.driver.onControl({ t: "cpr-aborted", epoch: 1 });
+    await round(a, 2, bigState(2));
+    // Both states first, then the copies: line 2's leaves once line 1's is answered (a rank
+    // writes its parts in turn).
+    expect(deliver(a, b, PROTO_CPR_AHEAD).map((s) => (s.body as { epoch: number }).epoch)).toEqual([1, 2]);
+    const answers: unknown[] = [];
+    for (const epoch of [1, 2]) {
+      expect(deliver(a, b, PROTO_CPR_COPY).map((s) => (s.body as { epoch: number }).epoch)).toEqual([epoch]);
+      await settle();
+      answers.push(...deliver(b, a, PROTO_CPR_COPIED).map((s) => s.body));
+      await settle();
+    }
+    expect(answers).toEqual([
+      { epoch: 1, failure: "line 1 was aborted" },
+      { epoch: 2, checksum: crc32(a.own.get(2)!) },
+    ]);
+    expect(b.held.has(1)).toBe(false);
+    expect(b.held.get(2)!.equals(a.own.get(2)!)).toBe(true);
+    expect(a.controls.filter((m) => m.t === "cpr-part").map((m) => (m as { epoch: number }).epoch)).toEqual([2]);
+  });
+
+  it("a copy whose state never came (the partner restarted meanwhile) is refused, and the rank's part fails", async () => {
+    const a = rankOf(0, 1);
+    const b = rankOf(1, 0);
+    await a.driver.beforeStart(a.table);
+    await b.driver.beforeStart(b.table);
+    await round(a, 1, bigState(3));
+    a.out.splice(0, a.out.length, ...a.out.filter((s) => s.tag !== PROTO_CPR_AHEAD)); // lost
+    deliver(a, b, PROTO_CPR_COPY);
+    await settle();
+    expect(b.held.size).toBe(0);
+    const answers = deliver(b, a, PROTO_CPR_COPIED);
+    expect(answers[0]!.body).toMatchObject({ epoch: 1, failure: expect.stringContaining("did not arrive") });
+    await settle();
+    expect(a.controls.find((m) => m.t === "cpr-part-failed")).toMatchObject({ epoch: 1, message: expect.stringContaining("did not arrive") });
+    expect(a.controls.some((m) => m.t === "cpr-part")).toBe(false);
+  });
+
+  it("a malformed copy or state is dropped or refused, never kept", async () => {
+    const b = rankOf(1, 0);
+    await b.driver.beforeStart(b.table);
+    b.driver.onProtocol(header(0, PROTO_CPR_AHEAD), { epoch: 1, frames: ["not bytes"] });
+    b.driver.onProtocol(header(0, PROTO_CPR_COPY), { epoch: 1, chunks: [new Uint8Array([1]), "x"] });
+    b.driver.onProtocol(header(0, PROTO_CPR_COPY), { epoch: 2, chunks: [7] });
+    b.driver.onProtocol(header(0, PROTO_CPR_COPY), { epoch: 3 });
+    await settle();
+    expect(b.held.size).toBe(0);
+    expect(b.out.map((s) => s.body)).toEqual([
+      { epoch: 1, failure: "a chunk of the part is neither bytes nor a reference to its state" },
+      { epoch: 2, failure: "the state of line 2, sent ahead of the part, did not arrive" },
+    ]);
+  });
+});
