@@ -61,6 +61,8 @@ export interface CprWorldAccess {
   inject(frame: RawFrame): void;
   /** Sends one protocol frame (kind protocol, not counted on any channel) to a peer. */
   sendProtocol(dest: number, tag: number, body: unknown): void;
+  /** The longest message body the job's links carry (`--max-message`); unbounded when absent. */
+  readonly maxMessageBytes?: number;
   /** Sends a control message to the coordinator. */
   sendControl(msg: RankToCoordinator): void;
   /** Fails this rank's pending and future calls and asks the coordinator to stop the job. */

@@ -6,88 +6,11 @@
  * never keep something else — when a state it is told of never came.
  */
 import { describe, expect, it } from "vitest";
-import {
-  CoordinatedDriver,
-  type PartStoreLike,
-  PROTO_CPR_AHEAD,
-  PROTO_CPR_COPIED,
-  PROTO_CPR_COPY,
-  PROTO_CPR_MARKER,
-} from "../../src/cpr/coordinated/driver.ts";
-import { decodeValue, encodeValue } from "../../src/mpi/codec.ts";
-import type { RankToCoordinator } from "../../src/mpi/control.ts";
-import type { CprWorldAccess } from "../../src/mpi/cpr-hook.ts";
-import { fakeHost, fakeHostStores, protocolHeader as header } from "./cpr-driver-fakes.ts";
+import { PROTO_CPR_AHEAD, PROTO_CPR_COPIED, PROTO_CPR_COPY, PROTO_CPR_MARKER } from "../../src/cpr/coordinated/driver.ts";
 import { crc32 } from "../../src/store/checksum.ts";
+import { deliver, fakeRank, protocolHeader as header, round, settle } from "./cpr-driver-fakes.ts";
 
-interface Sent {
-  dest: number;
-  tag: number;
-  body: unknown;
-  /** The body's encoded size: what crossed the network. */
-  bytes: number;
-}
-
-/** One rank's driver with stores that record what was put, and its outgoing frames held for delivery. */
-function rankOf(rank: number, partner: number) {
-  const controls: RankToCoordinator[] = [];
-  const out: Sent[] = [];
-  const access: CprWorldAccess = {
-    rank,
-    size: 2,
-    attempt: 0,
-    captureLibState: () => ({}) as never,
-    restoreLibState: () => undefined,
-    inject: () => undefined,
-    // As the wire does: the receiver sees decoded copies, never the sender's objects.
-    sendProtocol: (dest, tag, body) => {
-      const enc = encodeValue(body);
-      out.push({ dest, tag, body: decodeValue(enc), bytes: enc.byteLength });
-    },
-    sendControl: (msg) => void controls.push(msg),
-    fatal: (code, message) => {
-      throw new Error(`${code}: ${message}`);
-    },
-  };
-  const host = fakeHost();
-  const store = (into: Map<number, Buffer>): PartStoreLike => ({
-    putPart: async (epoch, bytes) => {
-      into.set(epoch, Buffer.from(bytes));
-      return { rank, epoch, checksum: crc32(bytes), bytes: bytes.length };
-    },
-    readPart: async () => Buffer.alloc(0),
-    retain: async () => [],
-    dropParts: async () => [],
-    close: async () => undefined,
-  });
-  const own = new Map<number, Buffer>();
-  const held = new Map<number, Buffer>();
-  const hostStores = fakeHostStores(async () => store(held));
-  const driver = new CoordinatedDriver(access, host, async () => store(own), { hostStores });
-  const table = { t: "table", keysIn: [0, 0], keysOut: [0, 0], endpoints: [], attempts: [0, 0], partner } as never;
-  return { rank, driver, controls, out, own, held, table };
-}
-
-type Rank = ReturnType<typeof rankOf>;
-
-/** Delivers `from`'s held frames with `tag` to `to` (all of them, in order), removing them. */
-function deliver(from: Rank, to: Rank, tag: number): Sent[] {
-  const taken = from.out.filter((s) => s.tag === tag && s.dest === to.rank);
-  from.out.splice(0, from.out.length, ...from.out.filter((s) => !taken.includes(s)));
-  for (const s of taken) to.driver.onProtocol(header(from.rank, s.tag), s.body);
-  return taken;
-}
-
-const settle = (): Promise<void> => new Promise((r) => setTimeout(r, 5));
-
-/** Rank `a` takes checkpoint `epoch` of `state` and writes its part (its peer's marker came, the round stopped). */
-async function round(a: Rank, epoch: number, state: unknown): Promise<void> {
-  a.driver.onControl({ t: "cpr-checkpoint", epoch });
-  a.driver.checkpoint(state, undefined, () => undefined);
-  a.driver.onProtocol(header(1 - a.rank, PROTO_CPR_MARKER), { epoch, sent: 0 });
-  a.driver.onControl({ t: "cpr-stop", epoch });
-  await settle();
-}
+const rankOf = (rank: number, partner: number) => fakeRank(rank, { partner });
 
 const bigState = (seed: number) => ({ model: Float64Array.from({ length: 200_000 }, (_, i) => Math.sin(i * seed)), step: seed });
 

@@ -15,6 +15,7 @@
  * @example
  * const world = await World.join(place, { cpr: coordinatedHook(() => new LevelRecoveryStore(place.store).openRank(place.rank)) });
  */
+import { createHash } from "node:crypto";
 import { LifelineError, errorMessage } from "../../errors.ts";
 import { decodeValue, encodeValue, encodeValueChunks } from "../../mpi/codec.ts";
 import type { CoordinatorToRank, PartRefWire } from "../../mpi/control.ts";
@@ -74,6 +75,22 @@ export const PROTO_CPR_AHEAD = PROTO_CPR_BASE + 4;
 /** States sent ahead that a partner keeps per source rank, waiting for their parts. */
 const AHEAD_KEPT_MAX = 3;
 /**
+ * A line's `global` — identical on every rank by the API's contract — is stored once: by the
+ * line's global writer (rank epoch mod size), whose part holds it. Each other rank compares
+ * the SHA-256 of its own with the writer's (PROTO_CPR_GLOBAL_SUM) and, when they are equal,
+ * its part names the writer's instead of holding a copy; a rank whose global differs (it
+ * checkpointed at another count, or the program broke the contract) stores its own. On a
+ * restore such a rank asks the writer (PROTO_CPR_GLOBAL_WANT), which sends the bytes from its
+ * restored part (PROTO_CPR_GLOBAL); they are checked against the SHA-256 the part recorded.
+ */
+export const PROTO_CPR_GLOBAL_SUM = PROTO_CPR_BASE + 5;
+export const PROTO_CPR_GLOBAL_WANT = PROTO_CPR_BASE + 6;
+export const PROTO_CPR_GLOBAL = PROTO_CPR_BASE + 7;
+/** Globals smaller than this are stored by every rank: the exchange would cost more than the bytes. */
+export const GLOBAL_SHARED_BYTES_MIN = 64 * 1024;
+/** How long a rank waits for its line's global writer's SHA-256 before it stores its own global. */
+const GLOBAL_SUM_WAIT_MS = 60_000;
+/**
  * How long a rank waits for its partner to keep a copy of its part. The initiator's phase
  * timeout (60 s) aborts the line first; this bound frees the rank's write chain if it does not.
  */
@@ -89,19 +106,44 @@ export const LATE_BYTES_MAX = 512 * 1024 * 1024;
 export const RECORDING_TIMEOUT_MS = 120_000;
 /** How long a restoring rank waits for every peer's early-id list. */
 export const RECOVERY_EXCHANGE_TIMEOUT_MS = 60_000;
-const PART_FORMAT = 1;
+/** Format 2 adds `globalFrom`; format 1 parts (every rank its own global) are still read. */
+const PART_FORMAT = 2;
+const PART_FORMATS_READ = [1, 2];
+
+/** A checkpoint serialized, until its part is written. */
+interface Saved {
+  epoch: number;
+  state: Buffer;
+  global: Buffer | null;
+  lib: Buffer;
+  /** The SHA-256 of `global` when it may be stored once (see shareGlobal), computed while the round records. */
+  globalSha256?: Promise<Buffer>;
+}
 
 /** A rank's part of a recovery line, as stored. */
 interface Part {
   v: number;
   epoch: number;
   state: Buffer;
+  /** This rank's global, or null: none, or the same as `globalFrom`'s. */
   global: Buffer | null;
+  /** The global is the one in rank `rank`'s part of this line (its SHA-256 and length). */
+  globalFrom?: { rank: number; sha256: Buffer; bytes: number } | null;
   /** encodeValue(LibState) */
   lib: Buffer;
   early: [number, number, number][];
   late: RawFrame[];
   nondet: [number, NondetEntry][];
+}
+
+/** SHA-256 of `data`, hashed in slices with a turn of the event loop between them. */
+async function sha256Yielding(data: Uint8Array, sliceBytes = 4 << 20): Promise<Buffer> {
+  const hash = createHash("sha256");
+  for (let off = 0; off < data.byteLength; off += sliceBytes) {
+    if (off > 0) await new Promise<void>((resolve) => setImmediate(resolve));
+    hash.update(data.subarray(off, Math.min(off + sliceBytes, data.byteLength)));
+  }
+  return hash.digest();
 }
 
 function asBuffer(b: Uint8Array): Buffer {
@@ -125,7 +167,7 @@ export class CoordinatedDriver implements CprHook {
   private parts: PartStoreLike | undefined;
   private partsOpening: Promise<PartStoreLike> | undefined;
   /** State serialized at the current round's checkpoint, until its part is written. */
-  private saved: { epoch: number; state: Buffer; global: Buffer | null; lib: Buffer } | undefined;
+  private saved: Saved | undefined;
   private lateBytes = 0;
   private restoredPart: { state: unknown; global: unknown; version: number } | undefined;
   private restoreTaken = false;
@@ -153,6 +195,17 @@ export class CoordinatedDriver implements CprHook {
    * {@link AHEAD_KEPT_MAX} per source.
    */
   private readonly aheadOf = new Map<number, { epoch: number; frames: Buffer[] }[]>();
+  /** Global writers' SHA-256 of their globals, by epoch (null: none to share). */
+  private readonly globalSums = new Map<number, { sha256: Buffer | null; bytes: number }>();
+  /** writePart waiting for the writer's SHA-256 of `epoch`. */
+  private readonly globalSumWaiters = new Map<number, () => void>();
+  /** Restoring: the global this rank's part names, still to come from its writer. */
+  private pendingGlobal: { epoch: number; rank: number; sha256: Buffer; bytes: number } | undefined;
+  private globalWaiter: ((err?: LifelineError) => void) | undefined;
+  /** Restoring: why the global this rank's part names cannot be restored (it came wrong). */
+  private globalFailure: LifelineError | undefined;
+  /** Restoring: this rank's restored global, for the peers whose parts name it (until afterStart ends). */
+  private servedGlobal: { epoch: number; bytes: Buffer } | undefined;
   /** Writes of the copies this rank keeps for others, in arrival order. */
   private heldWrites: Promise<void> = Promise.resolve();
   private readonly heldStores = new Map<number, Promise<PartStoreLike>>();
@@ -213,10 +266,17 @@ export class CoordinatedDriver implements CprHook {
       bytes = await parts.readPart(spec.ref);
     }
     const part = decodeValue(bytes) as Part;
-    if (part.v !== PART_FORMAT || part.epoch !== spec.epoch) {
+    if (!PART_FORMATS_READ.includes(part.v) || part.epoch !== spec.epoch) {
       throw new LifelineError(
         "CPR_RESTORE",
-        `rank ${this.access.rank}'s part of line ${spec.epoch} has format ${part.v} and epoch ${part.epoch}; expected format ${PART_FORMAT}, epoch ${spec.epoch}`,
+        `rank ${this.access.rank}'s part of line ${spec.epoch} has format ${part.v} and epoch ${part.epoch}; expected format ${PART_FORMATS_READ.join(" or ")}, epoch ${spec.epoch}`,
+      );
+    }
+    const from = part.globalFrom ?? undefined;
+    if (from !== undefined && (from.rank === this.access.rank || from.rank < 0 || from.rank >= this.access.size || !(from.sha256 instanceof Uint8Array))) {
+      throw new LifelineError(
+        "CPR_RESTORE",
+        `rank ${this.access.rank}'s part of line ${spec.epoch} names the global of rank ${from.rank}, which is not a peer`,
       );
     }
     const lib = decodeValue(part.lib) as LibState;
@@ -231,11 +291,18 @@ export class CoordinatedDriver implements CprHook {
       global: part.global === null ? undefined : decodeValue(part.global),
       version: part.epoch,
     };
+    // The global comes from its writer in afterStart; this rank's own may be asked for.
+    this.pendingGlobal = from === undefined ? undefined : { epoch: part.epoch, rank: from.rank, sha256: asBuffer(from.sha256), bytes: from.bytes };
+    this.servedGlobal = part.global === null ? undefined : { epoch: part.epoch, bytes: part.global };
     this.restoring = true;
   }
 
   async afterStart(): Promise<void> {
     if (!this.restoring) return;
+    // The global this part names, asked for before the early list: the writer, which waits
+    // for every early list, has then had every request for its global.
+    const wanted = this.pendingGlobal;
+    if (wanted !== undefined) this.access.sendProtocol(wanted.rank, PROTO_CPR_GLOBAL_WANT, { epoch: wanted.epoch });
     // Tell every peer which of its frames we already hold (early messages): it
     // must not send them again. Wait for every peer's list before the program runs, so no
     // re-send can leave before its suppression is known.
@@ -259,7 +326,66 @@ export class CoordinatedDriver implements CprHook {
       };
       this.earlyWaiter();
     });
+    this.servedGlobal = undefined;
+    if (this.globalFailure !== undefined) throw this.globalFailure;
+    if (this.pendingGlobal !== undefined) await this.globalArrival();
     this.restoring = false;
+  }
+
+  /** Resolves once the global this rank's part names has arrived and checked out (see onGlobal). */
+  private globalArrival(): Promise<void> {
+    const wanted = this.pendingGlobal!;
+    return new Promise<void>((resolve, reject) => {
+      const timer = this.host.after(RECOVERY_EXCHANGE_TIMEOUT_MS, () =>
+        this.globalWaiter?.(
+          new LifelineError(
+            "CPR_RESTORE",
+            `rank ${this.access.rank}: the global of line ${wanted.epoch} did not arrive from rank ${wanted.rank} within ${RECOVERY_EXCHANGE_TIMEOUT_MS / 1000} s of the restore`,
+          ),
+        ),
+      );
+      this.globalWaiter = (err) => {
+        timer.stop();
+        this.globalWaiter = undefined;
+        if (err === undefined) resolve();
+        else reject(err);
+      };
+      if (this.pendingGlobal === undefined) this.globalWaiter();
+    });
+  }
+
+  /** The global this rank's part names, from its writer: checked against the part's SHA-256, then restored. */
+  private async onGlobal(source: number, body: { epoch?: unknown; global?: unknown; missing?: unknown }): Promise<void> {
+    const wanted = this.pendingGlobal;
+    if (wanted === undefined || source !== wanted.rank || body.epoch !== wanted.epoch) return;
+    const fail = (why: string): void => {
+      const err = new LifelineError("CPR_RESTORE", `rank ${this.access.rank}: the global of line ${wanted.epoch} from rank ${source} ${why}`);
+      this.globalFailure ??= err;
+      this.globalWaiter?.(err);
+    };
+    if (!(body.global instanceof Uint8Array)) return fail(typeof body.missing === "string" ? `is missing: ${body.missing}` : "came without its bytes");
+    const bytes = asBuffer(body.global);
+    if (bytes.length !== wanted.bytes || !(await sha256Yielding(bytes)).equals(wanted.sha256)) {
+      return fail(`does not match the SHA-256 this rank's part recorded (${bytes.length} bytes, expected ${wanted.bytes})`);
+    }
+    if (this.pendingGlobal !== wanted) return;
+    this.pendingGlobal = undefined;
+    if (this.restoredPart !== undefined) this.restoredPart.global = decodeValue(bytes);
+    this.globalWaiter?.();
+  }
+
+  /** The global writer's SHA-256 of line `epoch`'s global, or undefined if it does not come. */
+  private writerSum(epoch: number): Promise<{ sha256: Buffer | null; bytes: number } | undefined> {
+    const known = this.globalSums.get(epoch);
+    if (known !== undefined || this.closing || this.abortedEpochs.has(epoch)) return Promise.resolve(known);
+    return new Promise((resolve) => {
+      const timer = this.host.after(GLOBAL_SUM_WAIT_MS, () => this.globalSumWaiters.get(epoch)?.());
+      this.globalSumWaiters.set(epoch, () => {
+        timer.stop();
+        this.globalSumWaiters.delete(epoch);
+        resolve(this.globalSums.get(epoch));
+      });
+    });
   }
 
   stamp(dest: number): { epoch: number; flags: number } {
@@ -317,6 +443,31 @@ export class CoordinatedDriver implements CprHook {
       case PROTO_CPR_COPY:
         this.keepCopy(header.source, body);
         return;
+      case PROTO_CPR_GLOBAL_SUM: {
+        const g = body as { epoch?: unknown; sha256?: unknown; bytes?: unknown };
+        if (typeof g.epoch !== "number" || typeof g.bytes !== "number" || header.source !== g.epoch % this.access.size) return;
+        this.globalSums.set(g.epoch, { sha256: g.sha256 instanceof Uint8Array ? asBuffer(g.sha256) : null, bytes: g.bytes });
+        // Older lines' sums are of no use any more (their parts are written or abandoned).
+        for (const e of this.globalSums.keys()) if (e < g.epoch - 2) this.globalSums.delete(e);
+        this.globalSumWaiters.get(g.epoch)?.();
+        return;
+      }
+      case PROTO_CPR_GLOBAL_WANT: {
+        const w = body as { epoch?: unknown };
+        const served = this.servedGlobal;
+        if (typeof w.epoch !== "number") return;
+        this.access.sendProtocol(
+          header.source,
+          PROTO_CPR_GLOBAL,
+          served?.epoch === w.epoch
+            ? { epoch: w.epoch, global: served.bytes }
+            : { epoch: w.epoch, missing: `rank ${this.access.rank} holds no global of line ${w.epoch}` },
+        );
+        return;
+      }
+      case PROTO_CPR_GLOBAL:
+        void this.onGlobal(header.source, body as { epoch?: unknown; global?: unknown; missing?: unknown });
+        return;
       case PROTO_CPR_COPIED: {
         const c = body as { epoch?: unknown; checksum?: unknown; failure?: unknown };
         if (typeof c.epoch !== "number") return;
@@ -362,6 +513,7 @@ export class CoordinatedDriver implements CprHook {
       // orders it) goes now; one not yet written is never written (writePart).
       const epoch = msg.epoch;
       this.abortedEpochs.add(epoch);
+      this.globalSumWaiters.get(epoch)?.();
       for (const [source, kept] of this.aheadOf)
         this.aheadOf.set(
           source,
@@ -395,12 +547,17 @@ export class CoordinatedDriver implements CprHook {
     // it is channel state saved below.
     flushSelf();
     const value = typeof state === "function" ? (state as () => unknown)() : state;
-    const saved = {
+    const saved: Saved = {
       epoch: this.machine.epoch + 1,
       state: encodeValue(value),
       global: global === undefined ? null : encodeValue(global),
       lib: encodeValue(this.access.captureLibState()),
     };
+    // Hashed in the background while the round records: the part needs it (shareGlobal).
+    if (saved.global !== null && this.mayShareGlobal(saved.global)) {
+      saved.globalSha256 = sha256Yielding(saved.global);
+      saved.globalSha256.catch(() => undefined);
+    }
     this.saved = saved;
     this.lateBytes = 0;
     this.apply(this.machine.takeCheckpoint());
@@ -453,6 +610,8 @@ export class CoordinatedDriver implements CprHook {
     for (const done of this.copying.values()) done({ failure: "the rank is closing" });
     this.copying.clear();
     this.aheadOf.clear();
+    for (const wake of [...this.globalSumWaiters.values()]) wake();
+    this.globalWaiter?.(new LifelineError("CPR_RESTORE", `rank ${this.access.rank} closed while waiting for its line's global`));
     await this.writes.catch(() => undefined);
     await this.heldWrites.catch(() => undefined);
     await this.parts?.close();
@@ -516,12 +675,14 @@ export class CoordinatedDriver implements CprHook {
    * Per-host stores: the checkpoint just taken, serialized, goes to the partner now; its part
    * (writePart) then sends only what the round added and names these frames.
    */
-  private sendAhead(saved: { epoch: number; state: Buffer; global: Buffer | null; lib: Buffer }): void {
+  private sendAhead(saved: Saved): void {
     const partner = this.partner;
     this.ahead = undefined;
     // Not when the round ended at once (abandoned): no part of this epoch will follow.
     if (partner === undefined || this.saved !== saved || this.closing) return;
-    const frames = saved.global === null ? [saved.state, saved.lib] : [saved.state, saved.global, saved.lib];
+    // Another rank's part most likely names the writer's global instead of holding its own.
+    const global = saved.global !== null && this.writesGlobal(saved.epoch, saved.global) ? saved.global : null;
+    const frames = global === null ? [saved.state, saved.lib] : [saved.state, global, saved.lib];
     this.ahead = { epoch: saved.epoch, partner, frames };
     this.access.sendProtocol(partner, PROTO_CPR_AHEAD, { epoch: saved.epoch, frames });
   }
@@ -656,6 +817,47 @@ export class CoordinatedDriver implements CprHook {
     }
   }
 
+  /**
+   * Whether this rank's part of line `epoch` holds `global` itself: always on one rank or
+   * for a small one; else only when it is the line's global writer.
+   */
+  private writesGlobal(epoch: number, global: Buffer): boolean {
+    return !this.mayShareGlobal(global) || epoch % this.access.size === this.access.rank;
+  }
+
+  /** Whether a global may be stored once: not on one rank, not when small, not when a restore could not send it. */
+  private mayShareGlobal(global: Buffer): boolean {
+    if (this.access.size === 1 || global.length < GLOBAL_SHARED_BYTES_MIN) return false;
+    return global.length + 1024 <= (this.access.maxMessageBytes ?? Infinity);
+  }
+
+  /**
+   * The global writer of the part's line tells the others the SHA-256 of its global (in the
+   * background: its own write need not wait for it); any other rank whose global is equal
+   * drops its own from the part and names the writer's.
+   */
+  private async shareGlobal(part: Part, sha256Of: Promise<Buffer> | undefined): Promise<void> {
+    const size = this.access.size;
+    if (size === 1) return;
+    const writer = part.epoch % size;
+    const global = part.global;
+    if (writer === this.access.rank) {
+      const send = (sha256: Buffer | null): void => {
+        for (let d = 0; d < size; d++)
+          if (d !== writer) this.access.sendProtocol(d, PROTO_CPR_GLOBAL_SUM, { epoch: part.epoch, sha256, bytes: global?.length ?? 0 });
+      };
+      if (sha256Of === undefined) send(null);
+      else void sha256Of.then(send, () => send(null));
+      return;
+    }
+    if (global === null || sha256Of === undefined) return;
+    const [theirs, mine] = await Promise.all([this.writerSum(part.epoch), sha256Of]);
+    this.globalSums.delete(part.epoch);
+    if (theirs?.sha256 === undefined || theirs.sha256 === null || theirs.bytes !== global.length || !theirs.sha256.equals(mine)) return;
+    part.global = null;
+    part.globalFrom = { rank: writer, sha256: mine, bytes: global.length };
+  }
+
   /** Builds the part of `epoch` and writes it in the background; reports the outcome. */
   private writePart(epoch: number): void {
     const saved = this.saved;
@@ -672,6 +874,7 @@ export class CoordinatedDriver implements CprHook {
       epoch,
       state: saved.state,
       global: saved.global,
+      globalFrom: null,
       lib: saved.lib,
       early: logs.earlyIds,
       late: logs.lateLog as RawFrame[],
@@ -684,6 +887,7 @@ export class CoordinatedDriver implements CprHook {
         return;
       }
       try {
+        await this.shareGlobal(part, saved.globalSha256);
         const parts = await this.store();
         const chunks = encodeValueChunks(part);
         const bytes = Buffer.concat(chunks);

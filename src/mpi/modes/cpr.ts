@@ -54,6 +54,7 @@ export class CprMode extends LoggedMode {
       restoreLibState: (lib) => this.restoreLibState(lib),
       inject: (frame) => core.channel.inject(frame, true),
       sendProtocol: (dest, tag, body) => core.channel.sendProtocol(dest, tag, body),
+      maxMessageBytes: core.channel.maxMessageBytes,
       sendControl: (msg) => core.sendControl(msg),
       fatal: (code, message) => core.fatal(new LifelineError(code, message)),
     };

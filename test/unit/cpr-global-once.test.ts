@@ -1,0 +1,132 @@
+/**
+ * A line's `global` is stored once: the line's global writer (rank epoch mod size) keeps it in
+ * its part; every other rank whose global has the same SHA-256 names the writer's instead of
+ * holding a copy, and on a restore gets the bytes from the writer, checked against the SHA-256
+ * its part recorded. A rank whose global differs keeps its own; a global that does not check
+ * out stops the restore (CPR_RESTORE) instead of restoring something else.
+ */
+import { describe, expect, it } from "vitest";
+import { PROTO_CPR_EARLY, PROTO_CPR_GLOBAL, PROTO_CPR_GLOBAL_SUM, PROTO_CPR_GLOBAL_WANT } from "../../src/cpr/coordinated/driver.ts";
+import { decodeValue, encodeValue } from "../../src/mpi/codec.ts";
+import { deliver, fakeRank, type FakeRank, round, settle } from "./cpr-driver-fakes.ts";
+
+const model = (seed: number, n = 20_000) => Float64Array.from({ length: n }, (_, i) => Math.cos(i * seed));
+
+interface StoredPart {
+  v: number;
+  global: Buffer | null;
+  globalFrom: { rank: number; bytes: number } | null;
+}
+
+/** Every rank of `size` takes checkpoint 1 (globals from `globalOf`); the sums are delivered; parts written. */
+async function line(size: number, globalOf: (rank: number) => unknown): Promise<FakeRank[]> {
+  const ranks = Array.from({ length: size }, (_, r) => fakeRank(r, { size }));
+  for (const r of ranks) await r.driver.beforeStart(r.table);
+  for (const r of ranks) await round(r, 1, { step: 10 + r.rank }, globalOf(r.rank));
+  for (const from of ranks) for (const to of ranks) if (to !== from) deliver(from, to, PROTO_CPR_GLOBAL_SUM);
+  await settle();
+  for (const r of ranks) expect(r.controls.filter((m) => m.t === "cpr-part").map((m) => (m as { epoch: number }).epoch)).toEqual([1]);
+  return ranks;
+}
+
+/** The ranks restart from line 1: each restores from its own part; the exchange runs; resolves to what restore() gives. */
+async function restart(old: FakeRank[], tamper?: (body: { global?: Uint8Array }) => void) {
+  const ranks = old.map((o) => fakeRank(o.rank, { size: o.size, own: o.own }));
+  for (const r of ranks) await r.driver.beforeStart(r.restoreTable(1));
+  const started = ranks.map((r) =>
+    r.driver.afterStart().then(
+      () => ({ ok: true as const }),
+      (err: unknown) => ({ ok: false as const, err: err as Error }),
+    ),
+  );
+  for (const tag of [PROTO_CPR_GLOBAL_WANT, PROTO_CPR_GLOBAL, PROTO_CPR_EARLY]) {
+    for (const from of ranks)
+      for (const to of ranks) {
+        if (to === from) continue;
+        if (tag === PROTO_CPR_GLOBAL && tamper !== undefined) for (const s of from.out) if (s.tag === tag) tamper(s.body as { global?: Uint8Array });
+        deliver(from, to, tag);
+      }
+    await settle();
+  }
+  const outcomes = await Promise.all(started);
+  return ranks.map((r, i) => ({ outcome: outcomes[i]!, restored: outcomes[i]!.ok ? r.driver.restored() : undefined }));
+}
+
+const partOf = (r: FakeRank): StoredPart => decodeValue(r.own.get(1)!) as StoredPart;
+
+describe("a line's global, stored once", () => {
+  it("the writer's part holds it, the others' name it; a restart gives every rank the same global, bit for bit", async () => {
+    const g = model(3);
+    const ranks = await line(3, () => g);
+    // Line 1's writer is rank 1 (1 mod 3).
+    expect(partOf(ranks[1]!).global).not.toBeNull();
+    for (const r of [0, 2]) {
+      const part = partOf(ranks[r]!);
+      expect(part.v).toBe(2);
+      expect(part.global).toBeNull();
+      expect(part.globalFrom).toMatchObject({ rank: 1, bytes: encodeValue(g).length });
+      expect(ranks[r]!.own.get(1)!.length).toBeLessThan(4096);
+    }
+    const restored = await restart(ranks);
+    for (const [r, { outcome, restored: got }] of restored.entries()) {
+      expect(outcome.ok, String(!outcome.ok && outcome.err)).toBe(true);
+      expect(got!.state).toEqual({ step: 10 + r });
+      expect(Buffer.from((got!.global as Float64Array).buffer, (got!.global as Float64Array).byteOffset, g.byteLength).equals(Buffer.from(g.buffer))).toBe(
+        true,
+      );
+    }
+  });
+
+  it("a rank whose global differs from the writer's (another checkpoint count) keeps its own", async () => {
+    const ranks = await line(2, (r) => model(r === 0 ? 5 : 7));
+    for (const r of ranks) {
+      expect(partOf(r).global).not.toBeNull();
+      expect(partOf(r).globalFrom ?? null).toBeNull();
+    }
+    const restored = await restart(ranks);
+    expect(ranks.map((r) => r.out.filter((s) => s.tag === PROTO_CPR_GLOBAL_WANT))).toEqual([[], []]);
+    expect((restored[0]!.restored!.global as Float64Array)[1]).toBe(Math.cos(5));
+    expect((restored[1]!.restored!.global as Float64Array)[1]).toBe(Math.cos(7));
+  });
+
+  it("a small global is kept by every rank", async () => {
+    const ranks = await line(2, () => model(2, 100));
+    for (const r of ranks) expect(partOf(r).global).not.toBeNull();
+  });
+
+  it("a global that does not match the part's SHA-256 stops the restore with CPR_RESTORE", async () => {
+    const ranks = await line(2, () => model(4));
+    // Line 1's writer is rank 1; rank 0's part names it. One byte of what rank 1 sends changes.
+    const restored = await restart(ranks, (body) => {
+      if (body.global !== undefined) body.global[100] = body.global[100]! ^ 1;
+    });
+    expect(restored[1]!.outcome.ok).toBe(true);
+    expect(restored[0]!.outcome.ok).toBe(false);
+    expect(!restored[0]!.outcome.ok && restored[0]!.outcome.err.message).toMatch(/CPR_RESTORE|SHA-256/);
+  });
+
+  it("a writer whose sum never comes (the line is aborted) leaves the rank's own global in its part", async () => {
+    const size = 2;
+    const ranks = Array.from({ length: size }, (_, r) => fakeRank(r, { size }));
+    for (const r of ranks) await r.driver.beforeStart(r.table);
+    const g = model(6);
+    await round(ranks[0]!, 1, { step: 1 }, g);
+    // Rank 0 waits for rank 1's sum; the initiator aborts the line instead.
+    expect(ranks[0]!.controls.some((m) => m.t === "cpr-part")).toBe(false);
+    ranks[0]!.driver.onControl({ t: "cpr-aborted", epoch: 1 });
+    await settle();
+    expect(partOf(ranks[0]!).global).not.toBeNull();
+  });
+
+  it("parts of format 1 (every rank its own global) still restore", async () => {
+    const r = fakeRank(0, { size: 1 });
+    const g = model(8);
+    const lib = encodeValue({ channelSeqOut: [0] });
+    r.own.set(1, encodeValue({ v: 1, epoch: 1, state: encodeValue({ step: 4 }), global: encodeValue(g), lib, early: [], late: [], nondet: [] }));
+    await r.driver.beforeStart(r.restoreTable(1));
+    await r.driver.afterStart();
+    const got = r.driver.restored()!;
+    expect(got.state).toEqual({ step: 4 });
+    expect((got.global as Float64Array)[1]).toBe(Math.cos(8));
+  });
+});
