@@ -59,11 +59,15 @@ export function crc32(data: Uint8Array, value = 0): number {
  * const [sum] = await Promise.all([crc32Yielding(bytes), writeAndSync(bytes)]);
  * sum === crc32(bytes); // true
  */
-export async function crc32Yielding(data: Uint8Array, sliceBytes = 4 << 20): Promise<number> {
+export async function crc32Yielding(data: Uint8Array | readonly Uint8Array[], sliceBytes = 4 << 20): Promise<number> {
   let sum = 0;
-  for (let off = 0; off < data.byteLength; off += sliceBytes) {
-    if (off > 0) await new Promise<void>((resolve) => setImmediate(resolve));
-    sum = crc32(data.subarray(off, Math.min(off + sliceBytes, data.byteLength)), sum);
+  let first = true;
+  for (const chunk of data instanceof Uint8Array ? [data] : data) {
+    for (let off = 0; off < chunk.byteLength; off += sliceBytes) {
+      if (!first) await new Promise<void>((resolve) => setImmediate(resolve));
+      first = false;
+      sum = crc32(chunk.subarray(off, Math.min(off + sliceBytes, chunk.byteLength)), sum);
+    }
   }
   return sum;
 }

@@ -445,7 +445,7 @@ class FileBlobDir implements BlobDir {
     return join(this.location, name);
   }
 
-  async write(name: string, header: Buffer, payload: Uint8Array, signal?: AbortSignal): Promise<number> {
+  async write(name: string, header: Buffer, payload: readonly Uint8Array[], signal?: AbortSignal): Promise<number> {
     signal?.throwIfAborted();
     const path = this.pathOf(name);
     // 'wx': the name carries a random tag, so an existing file is a bug, not something to replace.
@@ -455,7 +455,7 @@ class FileBlobDir implements BlobDir {
       // The write and the fsync run in libuv's thread pool; the CRC is computed on this thread
       // meanwhile, in slices, so that the fsync is issued as soon as the write completes.
       const durable = (async () => {
-        await writevFully(fh, [header, payload], 0);
+        await writevFully(fh, [header, ...payload], 0);
         signal?.throwIfAborted();
         await fh.sync();
       })();

@@ -267,13 +267,13 @@ class MemoryBlobDir implements BlobDir {
     return `${this.location}/${name}`;
   }
 
-  async write(name: string, header: Buffer, payload: Uint8Array, signal?: AbortSignal): Promise<number> {
+  async write(name: string, header: Buffer, payload: readonly Uint8Array[], signal?: AbortSignal): Promise<number> {
     this.check();
     signal?.throwIfAborted();
     if (this.data.broken) throw osError("ENOTDIR", `ENOTDIR: not a directory, open '${this.pathOf(name)}'`);
     if (this.data.blobs.has(name)) throw osError("EEXIST", `EEXIST: file already exists, open '${this.pathOf(name)}'`);
-    const checksum = crc32(payload);
-    this.data.blobs.set(name, Buffer.concat([header, payload]));
+    const checksum = payload.reduce((sum, chunk) => crc32(chunk, sum), 0);
+    this.data.blobs.set(name, Buffer.concat([header, ...payload]));
     return checksum;
   }
 

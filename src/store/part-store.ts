@@ -120,9 +120,14 @@ export class KvRankPartStore extends KvHandle implements RankPartStore {
     return store;
   }
 
-  async putPart(epoch: number, bytes: Uint8Array, signal?: AbortSignal): Promise<PartRef> {
+  async putPart(epoch: number, bytes: Uint8Array | readonly Uint8Array[], signal?: AbortSignal): Promise<PartRef> {
     checkEpoch(epoch);
-    if (!(bytes instanceof Uint8Array)) throw new TypeError("putPart: bytes must be a Uint8Array or Buffer");
+    const chunks = bytes instanceof Uint8Array ? [bytes] : bytes;
+    if (!Array.isArray(chunks) || !chunks.every((c) => c instanceof Uint8Array)) {
+      throw new TypeError("putPart: bytes must be a Uint8Array or Buffer, or an array of them");
+    }
+    let length = 0;
+    for (const c of chunks) length += c.byteLength;
     this.checkWritable("putPart");
     this.ensureOpen(); // at call time: writes queued before close() still run
     return this.serial(async () => {
@@ -131,22 +136,24 @@ export class KvRankPartStore extends KvHandle implements RankPartStore {
         const timeMs = this.nowMs();
         let checksum: number;
         let blob: string | undefined;
-        if (bytes.byteLength <= INLINE_BYTES_MAX) {
-          checksum = crc32(bytes);
+        let inline: Buffer | undefined;
+        if (length <= INLINE_BYTES_MAX) {
+          inline = Buffer.concat(chunks);
+          checksum = crc32(inline);
         } else {
           blob = blobName(epoch, randomBytes(4).toString("hex"));
-          checksum = await this.blobs.write(blob, blobHeader({ rank: this.rank, epoch, bytes: bytes.byteLength }), bytes, signal);
+          checksum = await this.blobs.write(blob, blobHeader({ rank: this.rank, epoch, bytes: length }), chunks, signal);
         }
-        const ref: PartRef = { rank: this.rank, epoch, checksum, bytes: bytes.byteLength };
+        const ref: PartRef = { rank: this.rank, epoch, checksum, bytes: length };
         const record = encodeRecord({
           v: FORMAT_VERSION,
           rank: this.rank,
           epoch,
           checksum,
-          bytes: bytes.byteLength,
+          bytes: length,
           timeMs,
           blob: blob ?? null,
-          data: blob === undefined ? bytes : null,
+          data: inline ?? null,
         });
         // The commit point of the part: synced, and only after its blob (if any) is durable.
         // (An abandoned put leaves its blob unreferenced: the next open deletes it.)

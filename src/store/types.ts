@@ -150,15 +150,17 @@ export interface RankPartStore {
   /**
    * Stores this rank's part of line `epoch` durably (synced), replacing an earlier part of the
    * same epoch (from an aborted attempt) atomically. Resolves to the reference the coordinator
-   * puts into the commit record. `bytes` must not change until the promise settles. With
-   * `signal` aborted, the put stops before its next sync and rejects, leaving no part.
-   * Rejects with `STORE_NOT_OPEN`, `STORE_IO`.
+   * puts into the commit record. `bytes` — one buffer, or chunks that together make the part
+   * (written as they are, never joined into a copy) — must not change until the promise
+   * settles. With `signal` aborted, the put stops before its next sync and rejects, leaving no
+   * part. Rejects with `STORE_NOT_OPEN`, `STORE_IO`.
    *
    * @example
    * const ref = await parts.putPart(3, Buffer.from("state"));
    * ref.bytes; // 5
+   * await parts.putPart(4, [head, model]); // the same as putPart(4, Buffer.concat([head, model]))
    */
-  putPart(epoch: number, bytes: Uint8Array, signal?: AbortSignal): Promise<PartRef>;
+  putPart(epoch: number, bytes: Uint8Array | readonly Uint8Array[], signal?: AbortSignal): Promise<PartRef>;
 
   /**
    * The bytes of this rank's part of `epoch`, verified against the part's own checksum, or

@@ -565,7 +565,7 @@ function simParts(
       if (fail?.(epoch) === true)
         throw new LifelineError("STORE_IO", `rank ${inner.rank}: writing its part of line ${epoch}: ENOSPC: no space left on device (simulated)`);
       const r = await inner.putPart(epoch, bytes, signal);
-      written.set(`${r.rank}/${r.epoch}/${r.checksum}`, Buffer.from(bytes));
+      written.set(`${r.rank}/${r.epoch}/${r.checksum}`, Buffer.concat(bytes instanceof Uint8Array ? [bytes] : bytes));
       await hop();
       return r;
     },

@@ -53,11 +53,11 @@ class SpyBlobs implements BlobDir {
   pathOf(name: string): string {
     return `${this.location}/${name}`;
   }
-  async write(name: string, header: Buffer, payload: Uint8Array): Promise<number> {
+  async write(name: string, header: Buffer, payload: readonly Uint8Array[]): Promise<number> {
     this.spy.log.push("blob.write start");
     await new Promise((r) => setTimeout(r, 1));
-    const sum = crc32(payload);
-    this.files.set(name, Buffer.concat([header, payload]));
+    const sum = crc32(Buffer.concat(payload));
+    this.files.set(name, Buffer.concat([header, ...payload]));
     this.spy.log.push("blob.write end (synced)");
     return sum;
   }

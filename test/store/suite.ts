@@ -125,6 +125,22 @@ export function recoveryStoreSuite(name: string, factory: StoreFactory): void {
         expect(listed.every((i) => i.timeMs > 1_700_000_000_000)).toBe(true);
       });
 
+      it("stores a part given as chunks exactly as the same bytes given whole, inline and in a blob", async () => {
+        const p = await rank(1);
+        for (const [epoch, size] of [
+          [1, SMALL],
+          [2, LARGE],
+        ] as const) {
+          const whole = bytesOf(size, epoch);
+          const cuts = [0, 1, Math.floor(size / 3), size - 7, size];
+          const chunks = cuts.slice(1).map((end, i) => whole.subarray(cuts[i], end));
+          const ref = await p.putPart(epoch, chunks);
+          expect(ref).toEqual({ rank: 1, epoch, checksum: crc32(whole), bytes: size });
+          expect((await p.readPart(ref)).equals(whole)).toBe(true);
+        }
+        await expect(p.putPart(3, [Buffer.alloc(1), "text" as unknown as Uint8Array])).rejects.toThrow(TypeError);
+      });
+
       it("keeps parts across close and reopen, as a restarted rank finds them", async () => {
         const p = await rank(3);
         const small = await p.putPart(7, bytesOf(SMALL, 7));

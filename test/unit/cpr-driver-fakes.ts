@@ -83,8 +83,9 @@ export function fakeRank(rank: number, opts: { size?: number; partner?: number; 
   };
   const store = (into: Map<number, Buffer>): PartStoreLike => ({
     putPart: async (epoch, bytes) => {
-      into.set(epoch, Buffer.from(bytes));
-      return { rank, epoch, checksum: crc32(bytes), bytes: bytes.length };
+      const whole = Buffer.concat(bytes instanceof Uint8Array ? [bytes] : bytes);
+      into.set(epoch, whole);
+      return { rank, epoch, checksum: crc32(whole), bytes: whole.length };
     },
     readPart: async (ref) => into.get(ref.epoch)!,
     retain: async () => [],

@@ -29,7 +29,11 @@ import { RankMachine, type RankEffect } from "./rank.ts";
 
 /** The part store operations the driver needs (RankPartStore satisfies it). */
 export interface PartStoreLike {
-  putPart(epoch: number, bytes: Uint8Array, signal?: AbortSignal): Promise<{ rank: number; epoch: number; checksum: number; bytes: number }>;
+  putPart(
+    epoch: number,
+    bytes: Uint8Array | readonly Uint8Array[],
+    signal?: AbortSignal,
+  ): Promise<{ rank: number; epoch: number; checksum: number; bytes: number }>;
   readPart(ref: { rank: number; epoch: number; checksum: number; bytes: number }): Promise<Buffer>;
   retain(keep: readonly number[], opts?: { dropNewer?: boolean }): Promise<number[]>;
   dropParts(epochs: readonly number[]): Promise<number[]>;
@@ -712,18 +716,16 @@ export class CoordinatedDriver implements CprHook {
     const newer = kept.filter((k) => k.epoch > epoch);
     if (newer.length > 0) this.aheadOf.set(source, newer);
     else this.aheadOf.delete(source);
-    // The part, joined from the chunks that came with it and those that came ahead.
-    let part: Buffer | string;
+    // The part: the chunks that came with it and those that came ahead, in order (written as they are).
+    let part: Uint8Array[] | string;
     try {
-      part = Buffer.concat(
-        (b.chunks as unknown[]).map((c) => {
-          if (c instanceof Uint8Array) return c;
-          if (typeof c !== "number") throw new Error("a chunk of the part is neither bytes nor a reference to its state");
-          const f = ahead?.frames[c];
-          if (f === undefined) throw new Error(`the state of line ${epoch}, sent ahead of the part, did not arrive`);
-          return f;
-        }),
-      );
+      part = (b.chunks as unknown[]).map((c) => {
+        if (c instanceof Uint8Array) return c;
+        if (typeof c !== "number") throw new Error("a chunk of the part is neither bytes nor a reference to its state");
+        const f = ahead?.frames[c];
+        if (f === undefined) throw new Error(`the state of line ${epoch}, sent ahead of the part, did not arrive`);
+        return f;
+      });
     } catch (err) {
       part = errorMessage(err);
     }
@@ -890,14 +892,13 @@ export class CoordinatedDriver implements CprHook {
         await this.shareGlobal(part, saved.globalSha256);
         const parts = await this.store();
         const chunks = encodeValueChunks(part);
-        const bytes = Buffer.concat(chunks);
         // Per-host stores: the part counts as durable once a partner on another host keeps a
         // copy too, so losing this host loses no committed line. The copy travels while the
         // local write runs — its state went ahead already (sendAhead) — and the partner's
         // checksum of what it kept must match the local one.
         const partner = this.partner;
         const copied = partner === undefined ? undefined : this.copyToPartner(partner, epoch, this.copyChunks(ahead, epoch, partner, chunks));
-        const ref = await parts.putPart(epoch, bytes).catch(async (err: unknown) => {
+        const ref = await parts.putPart(epoch, chunks).catch(async (err: unknown) => {
           await copied;
           throw err;
         });
