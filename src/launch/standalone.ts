@@ -32,6 +32,7 @@ import type { RunConfig } from "./options.ts";
 import { createReporter, pickStyle, type OutStream } from "./progress.ts";
 import { writeResultsFile } from "./results.ts";
 import { INSECURE_WARNING } from "./run.ts";
+import { detectorTickMs, rankAbortCode, suspicionCode, suspicionText } from "./watch.ts";
 
 /** What a failure of the job looks like to the standalone coordinator. */
 interface Stop {
@@ -134,7 +135,7 @@ export async function runStandalone(
           fail({ code: "LAUNCH_RANK_FAILED", message: ev.message, rank: ev.rank });
           return;
         case "rank-abort":
-          fail({ code: "LAUNCH_RANK_FAILED", message: `rank ${ev.rank} aborted the job: ${ev.code}: ${ev.message}`, rank: ev.rank });
+          fail({ code: rankAbortCode(ev.code), message: `rank ${ev.rank} aborted the job: ${ev.code}: ${ev.message}`, rank: ev.rank });
           return;
         case "rendezvous-timeout":
           fail({
@@ -163,23 +164,17 @@ export async function runStandalone(
   };
   const handleSignals = io.handleSignals ?? true;
   if (handleSignals) for (const s of STOP_SIGNALS) process.on(s, onSignal);
-  const tick = setInterval(
-    () => {
-      if (stop !== undefined) return;
-      for (const s of detector.check(now())) {
-        const what =
-          s.kind === "heartbeat"
-            ? `sent no heartbeat for ${Math.round(s.silentMs)} ms (--failure-timeout ${config.failureTimeoutMs} ms): dead, frozen or unreachable`
-            : `reached no step boundary for ${Math.round(s.silentMs)} ms (--stuck-timeout)`;
-        fail({
-          code: s.kind === "heartbeat" ? "LAUNCH_HEARTBEAT" : "LAUNCH_STUCK",
-          message: `rank ${s.rank} ${what}; the engine that started the ranks restarts the job`,
-          rank: s.rank,
-        });
-      }
-    },
-    Math.max(20, Math.min(250, Math.floor(config.failureTimeoutMs / 4))),
-  );
+  const tick = setInterval(() => {
+    if (stop !== undefined) return;
+    for (const s of detector.check(now())) {
+      const what = s.kind === "heartbeat" ? "dead, frozen or unreachable" : "stuck";
+      fail({
+        code: suspicionCode(s),
+        message: `rank ${s.rank} ${suspicionText(s, config)}: ${what}; the engine that started the ranks restarts the job`,
+        rank: s.rank,
+      });
+    }
+  }, detectorTickMs(config));
   tick.unref();
 
   try {

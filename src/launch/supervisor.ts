@@ -34,6 +34,7 @@ import { Coordinator, type CoordinatorEvent } from "./coordinator.ts";
 import { CprRestartPolicy } from "./cpr-policy.ts";
 import { ElasticPolicy } from "./elastic-policy.ts";
 import { FailureDetector, type Suspicion } from "./detector.ts";
+import { detectorTickMs, rankAbortCode, suspicionCode, suspicionText } from "./watch.ts";
 import type { StoreClaim } from "./job-store.ts";
 import { RetryOnePolicy } from "./retry-one-policy.ts";
 import type { RunConfig } from "./options.ts";
@@ -261,11 +262,7 @@ export class Supervisor {
         coordinator: endpoint,
         transport: this.config.transport,
       });
-      const tickMs = Math.max(
-        20,
-        Math.min(250, Math.floor(Math.min(this.config.failureTimeoutMs, this.config.stuckTimeoutMs ?? Infinity, this.config.startTimeoutMs) / 4)),
-      );
-      this.detectorTimer = setInterval(() => this.onTick(), tickMs);
+      this.detectorTimer = setInterval(() => this.onTick(), detectorTickMs(this.config));
       this.detectorTimer.unref();
       await this.policy.attach?.({
         broadcast: (msg) => coordinator.broadcast(msg),
@@ -568,14 +565,10 @@ export class Supervisor {
         return;
       case "rank-abort": {
         const proc = this.procs[ev.rank];
-        const code =
-          ev.code.startsWith("MPI_") || ev.code.startsWith("CPR_") || ev.code.startsWith("STORE_") || ev.code.startsWith("LAUNCH_")
-            ? (ev.code as LifelineErrorCode)
-            : "LAUNCH_RANK_FAILED";
         this.rankFailed({
           kind: "abort",
           rank: ev.rank,
-          code,
+          code: rankAbortCode(ev.code),
           message: `rank ${ev.rank}${pidText(proc)} aborted the job: ${ev.code}: ${ev.message}`,
           exitStatus: undefined,
         });
@@ -655,15 +648,9 @@ export class Supervisor {
     if (proc === undefined || !proc.alive) return;
     // A frozen or hung rank will not act on SIGTERM; it is failed, so kill it now.
     proc.kill();
-    const silentMs = Math.round(s.silentMs);
-    const message =
-      s.kind === "heartbeat"
-        ? `rank ${s.rank}${pidText(proc)} sent no heartbeat for ${silentMs} ms (--failure-timeout ${this.config.failureTimeoutMs} ms): frozen or unreachable, killed`
-        : s.kind === "start"
-          ? `rank ${s.rank}${pidText(proc)} did not join the job within ${silentMs} ms of starting (--start-timeout ${this.config.startTimeoutMs} ms): still loading, stuck or frozen before init(), killed`
-          : `rank ${s.rank}${pidText(proc)} reached no step boundary (checkpoint() call) for ${silentMs} ms (--stuck-timeout ${this.config.stuckTimeoutMs} ms): stuck, killed`;
-    const code = s.kind === "heartbeat" ? "LAUNCH_HEARTBEAT" : s.kind === "start" ? "LAUNCH_START" : "LAUNCH_STUCK";
-    this.rankFailed({ kind: s.kind, rank: s.rank, code, message, exitStatus: undefined });
+    const what = s.kind === "heartbeat" ? "frozen or unreachable" : s.kind === "start" ? "still loading, stuck or frozen before init()" : "stuck";
+    const message = `rank ${s.rank}${pidText(proc)} ${suspicionText(s, this.config)}: ${what}, killed`;
+    this.rankFailed({ kind: s.kind, rank: s.rank, code: suspicionCode(s), message, exitStatus: undefined });
   }
 
   private onReleaseTimeout(): void {
