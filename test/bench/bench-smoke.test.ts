@@ -246,7 +246,7 @@ describe("bench --quick", () => {
           expect(Number.isFinite(r[k]) && r[k] >= 0, `${r.mode} ${k} = ${r[k]}`).toBe(true);
         expect(r.detectMs + r.restartMs + r.catchUpMs).toBeCloseTo(r.totalMs, 0);
         expect(r.totalLowMs).toBeLessThanOrEqual(r.totalMs);
-        if (r.mode === "retry-one") expect(r.workLostSteps).toBe(0);
+        if (r.mode === "retry-one") expect(r.workLostSteps, `retry-one run: ${JSON.stringify(r)}`).toBe(0);
       }
       expect(report.heatRecovery!.ratio).toBeGreaterThan(0);
       expect(report.heatRecovery!.target).toBe(0.5);

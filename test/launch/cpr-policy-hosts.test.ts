@@ -93,7 +93,8 @@ describe("CprRestartPolicy, per-host stores", () => {
     }
     await prepared;
     expect(policy.tableFor(0)).toEqual({ keep: [1, 2], partner: 2, restore: { epoch: 2, ref: ref(0, 2) } });
-    expect(policy.tableFor(3)).toEqual({ keep: [1, 2], partner: 0, restore: { epoch: 2, ref: ref(3, 2), part: Buffer.from("part 3") } });
+    // Partners: the same place on the next host (0 ↔ 2, 1 ↔ 3).
+    expect(policy.tableFor(3)).toEqual({ keep: [1, 2], partner: 1, restore: { epoch: 2, ref: ref(3, 2), part: Buffer.from("part 3") } });
     expect(h.events.find((e) => e.kind === "job-resuming")).toMatchObject({ epoch: 2, run: 2 });
     expect(h.events.filter((e) => e.kind === "warning").map((e) => (e as { message: string }).message)).toEqual([
       "rank 2's part of line 2 is not on its host: restoring it from the partner copy on rank 0's host (held-by-0/rank-2)",
@@ -147,7 +148,7 @@ describe("CprRestartPolicy, per-host stores", () => {
     policy.onCprMessage(2, { t: "cpr-held", rank: 2, parts: [own(2, 2), own(3, 2)] });
     await second;
     expect(firstSettled).toBe(false);
-    expect(policy.tableFor(1)).toEqual({ keep: [1, 2], partner: 2, restore: { epoch: 2, ref: ref(1, 2) } });
+    expect(policy.tableFor(1)).toEqual({ keep: [1, 2], partner: 3, restore: { epoch: 2, ref: ref(1, 2) } });
     expect(h.events.find((e) => e.kind === "job-restarting")).toMatchObject({ attempt: 1, epoch: 2 });
     await policy.close({ ok: true, exitCode: 0, interrupted: false });
   });
