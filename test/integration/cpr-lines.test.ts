@@ -77,7 +77,9 @@ describe("lifeline lines", () => {
   it(
     "lists a running job's lines without disturbing it (no lock taken)",
     async () => {
-      const args = ["--rows", "96", "--cols", "96", "--iters", "6000", "--tol", "0"];
+      // Long enough (about 5 s alone) for several listings even on a loaded machine, where each
+      // listing (a Node process opening the store) takes a second or more.
+      const args = ["--rows", "96", "--cols", "96", "--iters", "20000", "--tol", "0"];
       const ref = await runLauncher({ np: 2, program: "examples/heat.ts", args, flags: ["--mode", "none"], dir, name: "heat-ref", timeoutMs: TIMEOUT_MS });
       expect(ref.code, context(ref)).toBe(0);
       let running = true;

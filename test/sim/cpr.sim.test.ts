@@ -96,7 +96,7 @@ describe("cpr: early-frame identity survives reordered sends after a restore", (
 describe("cpr: lines aborted because a part could not be written leave no parts behind", () => {
   it("one rank's writes fail from line 2 on: the job finishes with failure-free results, and the aborted lines' parts are gone", async () => {
     let aborted = 0;
-    for (let seed = 1; seed <= 40; seed++) {
+    for (let seed = 1; seed <= 60; seed++) {
       const prng = new Prng(seed);
       const size = prng.rangeInclusive(2, 4);
       const spec = generateProgram(prng.fork(1), { size, opsMax: 30, checkpointChance: 0.5 });

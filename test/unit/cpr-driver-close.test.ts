@@ -4,7 +4,14 @@
  * rank (with its watchdog) would outlive its release until the launcher kills it.
  */
 import { describe, expect, it } from "vitest";
-import { CoordinatedDriver, type PartStoreLike, PROTO_CPR_COPIED, PROTO_CPR_COPY, PROTO_CPR_MARKER } from "../../src/cpr/coordinated/driver.ts";
+import {
+  CoordinatedDriver,
+  type PartStoreLike,
+  PROTO_CPR_COPIED,
+  PROTO_CPR_COPY,
+  PROTO_CPR_COUNT,
+  PROTO_CPR_MARKER,
+} from "../../src/cpr/coordinated/driver.ts";
 import type { RankToCoordinator } from "../../src/mpi/control.ts";
 import type { CprWorldAccess } from "../../src/mpi/cpr-hook.ts";
 import { fakeHost, fakeHostStores, protocolHeader as header } from "./cpr-driver-fakes.ts";
@@ -63,6 +70,8 @@ describe("cpr driver close", () => {
     h.driver.onControl({ t: "cpr-committed", epoch: 0, keep: [0] });
     // Checkpoint 1: taken, the peer's marker arrives, the line stops → the part write queues.
     h.driver.onControl({ t: "cpr-checkpoint", epoch: 1 });
+    // Rank 1's next checkpoint() call has the same count: no reason to wait (see PROTO_CPR_COUNT).
+    h.driver.onProtocol(header(1, PROTO_CPR_COUNT), { epoch: 1, next: 1 });
     h.driver.checkpoint({ x: 1 }, undefined, () => undefined);
     h.driver.onProtocol(header(1, PROTO_CPR_MARKER), { epoch: 1, sent: 0 });
     h.driver.onControl({ t: "cpr-stop", epoch: 1 });

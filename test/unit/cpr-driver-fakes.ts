@@ -9,7 +9,7 @@
  * driver.onProtocol(protocolHeader(1, PROTO_CPR_MARKER), { epoch: 1, sent: 0 });
  * const host = fakeHost();
  */
-import { CoordinatedDriver, type HostStores, type PartStoreLike, PROTO_CPR_MARKER } from "../../src/cpr/coordinated/driver.ts";
+import { CoordinatedDriver, type HostStores, type PartStoreLike, PROTO_CPR_COUNT, PROTO_CPR_MARKER } from "../../src/cpr/coordinated/driver.ts";
 import { decodeValue, encodeValue } from "../../src/mpi/codec.ts";
 import type { RankToCoordinator } from "../../src/mpi/control.ts";
 import type { CprWorldAccess } from "../../src/mpi/cpr-hook.ts";
@@ -118,9 +118,21 @@ export function deliver(from: FakeRank, to: FakeRank, tag: number): Sent[] {
 
 export const settle = (): Promise<void> => new Promise((r) => setTimeout(r, 5));
 
+/**
+ * Rank `a` is asked for checkpoint `epoch` and hears that its peers' next checkpoint() call has
+ * the same count as its own, so it takes it at once.
+ */
+export function requestCheckpoint(a: FakeRank, epoch: number): void {
+  a.driver.onControl({ t: "cpr-checkpoint", epoch });
+  const own = a.out.find((s) => s.tag === PROTO_CPR_COUNT && (s.body as { epoch: number }).epoch === epoch);
+  a.out.splice(0, a.out.length, ...a.out.filter((s) => s.tag !== PROTO_CPR_COUNT));
+  const next = (own?.body as { next: number } | undefined)?.next ?? 1;
+  for (let r = 0; r < a.size; r++) if (r !== a.rank) a.driver.onProtocol(protocolHeader(r, PROTO_CPR_COUNT), { epoch, next });
+}
+
 /** Rank `a` takes checkpoint `epoch` of `state` (and `global`) and writes its part (its peers' markers came, the round stopped). */
 export async function round(a: FakeRank, epoch: number, state: unknown, global?: unknown): Promise<void> {
-  a.driver.onControl({ t: "cpr-checkpoint", epoch });
+  requestCheckpoint(a, epoch);
   a.driver.checkpoint(state, global, () => undefined);
   for (let r = 0; r < a.size; r++) if (r !== a.rank) a.driver.onProtocol(protocolHeader(r, PROTO_CPR_MARKER), { epoch, sent: 0 });
   a.driver.onControl({ t: "cpr-stop", epoch });

@@ -3,12 +3,13 @@
  * its part; every other rank whose global has the same SHA-256 names the writer's instead of
  * holding a copy, and on a restore gets the bytes from the writer, checked against the SHA-256
  * its part recorded. A rank whose global differs keeps its own; a global that does not check
- * out stops the restore (CPR_RESTORE) instead of restoring something else.
+ * out stops the restore (CPR_RESTORE) instead of restoring something else. Ranks asked for a
+ * checkpoint at counts one apart take it at the same count, so that their globals are equal.
  */
 import { describe, expect, it } from "vitest";
-import { PROTO_CPR_EARLY, PROTO_CPR_GLOBAL, PROTO_CPR_GLOBAL_SUM, PROTO_CPR_GLOBAL_WANT } from "../../src/cpr/coordinated/driver.ts";
+import { PROTO_CPR_COUNT, PROTO_CPR_EARLY, PROTO_CPR_GLOBAL, PROTO_CPR_GLOBAL_SUM, PROTO_CPR_GLOBAL_WANT } from "../../src/cpr/coordinated/driver.ts";
 import { decodeValue, encodeValue } from "../../src/mpi/codec.ts";
-import { deliver, fakeRank, type FakeRank, round, settle } from "./cpr-driver-fakes.ts";
+import { deliver, fakeRank, type FakeRank, protocolHeader, round, settle } from "./cpr-driver-fakes.ts";
 
 const model = (seed: number, n = 20_000) => Float64Array.from({ length: n }, (_, i) => Math.cos(i * seed));
 
@@ -128,5 +129,35 @@ describe("a line's global, stored once", () => {
     const got = r.driver.restored()!;
     expect(got.state).toEqual({ step: 4 });
     expect((got.global as Float64Array)[1]).toBe(Math.cos(8));
+  });
+});
+
+describe("checkpoints at the same count (so that the global can be stored once)", () => {
+  /** Rank 0 of 2 has made `before` checkpoint() calls when asked; rank 1 says its next is `theirs` (or nothing). */
+  async function takenAt(before: number, theirs: number | undefined): Promise<number> {
+    const a = fakeRank(0, { size: 2 });
+    await a.driver.beforeStart(a.table);
+    for (let i = 0; i < before; i++) a.driver.checkpoint({ i }, undefined, () => undefined);
+    a.driver.onControl({ t: "cpr-checkpoint", epoch: 1 });
+    if (theirs !== undefined) a.driver.onProtocol(protocolHeader(1, PROTO_CPR_COUNT), { epoch: 1, next: theirs });
+    for (let call = before + 1; call <= before + 6; call++) {
+      a.driver.checkpoint({ call }, undefined, () => undefined);
+      if (a.driver.epoch === 1) return call;
+    }
+    return -1;
+  }
+
+  it("a rank one call behind the others passes one call up and checkpoints at their count", async () => {
+    expect(await takenAt(10, 12)).toBe(12);
+    expect(await takenAt(10, 11)).toBe(11);
+  });
+
+  it("a rank ahead of the others, or counts far apart (a master and its workers), checkpoints at its next call", async () => {
+    expect(await takenAt(10, 10)).toBe(11);
+    expect(await takenAt(10, 30)).toBe(11);
+  });
+
+  it("a rank whose peers' counts have not come yet checkpoints at its next call: nothing on the way holds it up", async () => {
+    expect(await takenAt(10, undefined)).toBe(11);
   });
 });

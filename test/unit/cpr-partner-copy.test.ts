@@ -8,7 +8,7 @@
 import { describe, expect, it } from "vitest";
 import { PROTO_CPR_AHEAD, PROTO_CPR_COPIED, PROTO_CPR_COPY, PROTO_CPR_MARKER } from "../../src/cpr/coordinated/driver.ts";
 import { crc32 } from "../../src/store/checksum.ts";
-import { deliver, fakeRank, protocolHeader as header, round, settle } from "./cpr-driver-fakes.ts";
+import { deliver, fakeRank, protocolHeader as header, requestCheckpoint, round, settle } from "./cpr-driver-fakes.ts";
 
 const rankOf = (rank: number, partner: number) => fakeRank(rank, { partner });
 
@@ -20,7 +20,7 @@ describe("partner copies sent ahead", () => {
     const b = rankOf(1, 0);
     await a.driver.beforeStart(a.table);
     await b.driver.beforeStart(b.table);
-    a.driver.onControl({ t: "cpr-checkpoint", epoch: 1 });
+    requestCheckpoint(a, 1);
     a.driver.checkpoint(bigState(1), undefined, () => undefined);
     // Before the round ends, the state is on its way.
     const ahead = deliver(a, b, PROTO_CPR_AHEAD);

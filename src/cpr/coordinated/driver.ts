@@ -95,6 +95,16 @@ export const GLOBAL_SHARED_BYTES_MIN = 64 * 1024;
 /** How long a rank waits for its line's global writer's SHA-256 before it stores its own global. */
 const GLOBAL_SUM_WAIT_MS = 60_000;
 /**
+ * Ranks that checkpoint at the same count of checkpoint() calls save the same `global`, which a
+ * line then stores once. On a checkpoint request each rank tells the others which call is its
+ * next (PROTO_CPR_COUNT); when those counts are at most one apart (a program whose ranks step
+ * together), every rank takes the checkpoint at the highest, passing up to
+ * {@link ALIGN_DEFER_MAX} calls to get there. Ranks whose counts are further apart (a master
+ * and its workers) checkpoint at their next call, as they would without it.
+ */
+export const PROTO_CPR_COUNT = PROTO_CPR_BASE + 8;
+const ALIGN_DEFER_MAX = 2;
+/**
  * How long a rank waits for its partner to keep a copy of its part. The initiator's phase
  * timeout (60 s) aborts the line first; this bound frees the rank's write chain if it does not.
  */
@@ -210,6 +220,12 @@ export class CoordinatedDriver implements CprHook {
   private globalFailure: LifelineError | undefined;
   /** Restoring: this rank's restored global, for the peers whose parts name it (until afterStart ends). */
   private servedGlobal: { epoch: number; bytes: Buffer } | undefined;
+  /** checkpoint() calls in this process. */
+  private calls = 0;
+  /** Calls passed up in a row to align this checkpoint with the other ranks' (see PROTO_CPR_COUNT). */
+  private deferred = 0;
+  /** Per requested epoch: each rank's next checkpoint() call when it heard the request. */
+  private readonly nextCalls = new Map<number, Map<number, number>>();
   /** Writes of the copies this rank keeps for others, in arrival order. */
   private heldWrites: Promise<void> = Promise.resolve();
   private readonly heldStores = new Map<number, Promise<PartStoreLike>>();
@@ -472,6 +488,12 @@ export class CoordinatedDriver implements CprHook {
       case PROTO_CPR_GLOBAL:
         void this.onGlobal(header.source, body as { epoch?: unknown; global?: unknown; missing?: unknown });
         return;
+      case PROTO_CPR_COUNT: {
+        const c = body as { epoch?: unknown; next?: unknown };
+        if (typeof c.epoch !== "number" || typeof c.next !== "number" || c.epoch <= this.machine.epoch) return;
+        this.countsOf(c.epoch).set(header.source, c.next);
+        return;
+      }
       case PROTO_CPR_COPIED: {
         const c = body as { epoch?: unknown; checksum?: unknown; failure?: unknown };
         if (typeof c.epoch !== "number") return;
@@ -542,11 +564,54 @@ export class CoordinatedDriver implements CprHook {
       }
       return;
     }
+    if (msg.t === "cpr-checkpoint") this.announceCount(msg.epoch);
     this.apply(this.machine.onControl(msg));
   }
 
+  private countsOf(epoch: number): Map<number, number> {
+    let counts = this.nextCalls.get(epoch);
+    if (counts === undefined) {
+      // Older epochs' counts are of no use any more.
+      for (const e of this.nextCalls.keys()) if (e <= this.machine.epoch) this.nextCalls.delete(e);
+      this.nextCalls.set(epoch, (counts = new Map()));
+    }
+    return counts;
+  }
+
+  /** A checkpoint of `epoch` is requested: the others hear which checkpoint() call is this rank's next. */
+  private announceCount(epoch: number): void {
+    if (epoch <= this.machine.epoch || this.access.size === 1) return;
+    const counts = this.countsOf(epoch);
+    if (counts.has(this.access.rank)) return;
+    counts.set(this.access.rank, this.calls + 1);
+    for (let d = 0; d < this.access.size; d++) if (d !== this.access.rank) this.access.sendProtocol(d, PROTO_CPR_COUNT, { epoch, next: this.calls + 1 });
+  }
+
+  /**
+   * Whether to pass up this checkpoint() call, though the checkpoint is due, to take it at the
+   * same count as the other ranks (see PROTO_CPR_COUNT): when a rank's count heard so far is
+   * higher than this call's and all of them are at most one apart; never more than
+   * ALIGN_DEFER_MAX calls. Counts still on their way do not hold the checkpoint up.
+   */
+  private deferToAlign(): boolean {
+    const counts = this.nextCalls.get(this.machine.epoch + 1);
+    let defer = false;
+    if (counts !== undefined && counts.size > 1) {
+      const all = [...counts.values()];
+      const highest = Math.max(...all);
+      defer = highest - Math.min(...all) <= 1 && this.calls < highest;
+    }
+    if (defer && this.deferred < ALIGN_DEFER_MAX) {
+      this.deferred++;
+      return true;
+    }
+    this.deferred = 0;
+    return false;
+  }
+
   checkpoint(state: unknown, global: unknown, flushSelf: () => void): void {
-    if (!this.machine.mayCheckpoint || this.failed) return;
+    this.calls++;
+    if (!this.machine.mayCheckpoint || this.failed || this.deferToAlign()) return;
     // Nothing to self may cross the line: deliver what is pending into the matcher, where
     // it is channel state saved below.
     flushSelf();
