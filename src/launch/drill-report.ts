@@ -228,7 +228,7 @@ export function analyzeFaults(events: readonly RecordedEvent[], faults: readonly
         if (ev.attempt > attempt[ev.rank]!) {
           attempt[ev.rank] = ev.attempt;
           // Progress after a restart starts from what the restored state held.
-          const restoredSteps = restoredStepsOf(stepsAtEpoch[ev.rank]!, lastRestoreEpoch);
+          const restoredSteps = restoredStepsOf(stepsAtEpoch[ev.rank]!, lastRestoreEpoch, ctx.mode);
           base[ev.rank] = restoredSteps;
           steps[ev.rank] = 0;
           for (const r of open) if (r.fault.rank === ev.rank && r.detectedMs !== undefined && r.restartedMs === undefined) r.restartedMs = t;
@@ -244,7 +244,7 @@ export function analyzeFaults(events: readonly RecordedEvent[], faults: readonly
       case "rank-caught-up": {
         // retry-one: the restarted rank restored checkpoint `restored` (a rank reports its
         // version as its epoch) and now runs with the others again: recovered.
-        base[ev.rank] = restoredStepsOf(stepsAtEpoch[ev.rank]!, ev.restored);
+        base[ev.rank] = restoredStepsOf(stepsAtEpoch[ev.rank]!, ev.restored, ctx.mode);
         for (const r of open) {
           if (r.fault.rank !== ev.rank || r.upMs === undefined || !recovering(r)) continue;
           r.restoreEpoch = ev.restored;
@@ -288,7 +288,7 @@ export function analyzeFaults(events: readonly RecordedEvent[], faults: readonly
       continue;
     }
     if (r.stepsAtHit !== undefined) {
-      const restored = restoredStepsOf(stepsAtEpoch[r.fault.rank]!, r.restoreEpoch);
+      const restored = restoredStepsOf(stepsAtEpoch[r.fault.rank]!, r.restoreEpoch, ctx.mode);
       r.workLostSteps = Math.max(0, r.stepsAtHit - restored);
     }
     if (r.interruptedMs !== undefined)
@@ -303,9 +303,25 @@ export function analyzeFaults(events: readonly RecordedEvent[], faults: readonly
  * epoch (it is reported at the very checkpoint() call that took it). Epoch 0, or no line, is
  * the beginning.
  */
-function restoredStepsOf(stepsAtEpoch: ReadonlyMap<number, number>, epoch: number | undefined): number {
+/**
+ * The steps the state of `epoch` held: the step count at which the rank first reported that
+ * epoch. The launcher's --json step events are thinned (one per rank per 250 ms), so that
+ * report may be missing: then the nearest earlier epoch's count stands in, plus — in retry-one,
+ * where every checkpoint() call is a version of its own — one step per version in between,
+ * never past the next reported epoch's count.
+ */
+function restoredStepsOf(stepsAtEpoch: ReadonlyMap<number, number>, epoch: number | undefined, mode: Mode): number {
   if (epoch === undefined || epoch === 0) return 0;
-  return stepsAtEpoch.get(epoch) ?? 0;
+  const exact = stepsAtEpoch.get(epoch);
+  if (exact !== undefined) return exact;
+  let below: { epoch: number; steps: number } = { epoch: 0, steps: 0 };
+  let above: { epoch: number; steps: number } | undefined;
+  for (const [e, steps] of stepsAtEpoch) {
+    if (e < epoch && e >= below.epoch) below = { epoch: e, steps };
+    if (e > epoch && (above === undefined || e < above.epoch)) above = { epoch: e, steps };
+  }
+  const estimate = mode === "retry-one" ? below.steps + (epoch - below.epoch) : below.steps;
+  return above === undefined ? estimate : Math.min(estimate, above.steps);
 }
 
 function recovering(r: FaultReport): boolean {

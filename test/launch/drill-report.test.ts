@@ -93,6 +93,30 @@ describe("analyzeFaults", () => {
     expect(r!.recoveredMs).toBe(1_500);
   });
 
+  it("retry-one: a restored version whose step report the --json events thinned out still counts the steps it held", () => {
+    const events = [
+      spawned(0, 0, 0),
+      spawned(0, 1, 0),
+      up(500, 0),
+      up(510, 1),
+      step(600, 1, 5, 5),
+      // Versions 6-8 and 10-12 were reported within 250 ms of these: not in the events.
+      step(850, 1, 9, 9),
+      out(900, 1, "lifeline: injected fault: killing this rank (step:13)"),
+      exited(905, 1, "SIGKILL", false),
+      failed(906, 1, "was killed by SIGKILL before finalizing"),
+      spawned(910, 1, 1),
+      up(1_000, 1),
+      at(1_100, { kind: "rank-caught-up", rank: 1, attempt: 1, restored: 12, version: 12, seqno: 0, replayed: 0 }),
+      finalized(1_200, 0),
+      finalized(1_200, 1),
+    ];
+    const faults = planFaults(parseKillSpecs(["1@step:13"], 2), { size: 2, mode: "retry-one", seed: 1, reference: undefined });
+    const [r] = analyzeFaults(events, faults, { size: 2, mode: "retry-one" });
+    // Version 12 holds 9 + 3 steps: nothing was redone (it was 9 before, from restoring "0").
+    expect(r).toMatchObject({ restoreEpoch: 12, workLostSteps: 0 });
+  });
+
   it("cpr without a committed line: restarted from the beginning, every step redone", () => {
     const events = cprEvents().map((e) => (e.ev.kind === "job-restarting" ? at(e.t, { ...e.ev, epoch: 0 }) : e));
     const [r] = analyzeFaults(events, plan(["1@step:8"]), { size: 2, mode: "cpr" });
