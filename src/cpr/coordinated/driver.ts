@@ -7,7 +7,10 @@
  * the program: the write runs while the program continues, and its outcome goes to the
  * initiator as cpr-part / cpr-part-failed), and, on recovery, reading the part, restoring the
  * library state, re-injecting the logged frames before the transport delivers anything, and
- * exchanging early-id lists with every peer before init() returns.
+ * exchanging early-id lists with every peer before init() returns. It also keeps a line's
+ * `global` in one part only (see PROTO_CPR_GLOBAL_SUM), aligning the ranks' checkpoint counts
+ * so that their globals are equal (PROTO_CPR_COUNT), and, with per-host stores, copies each
+ * part to its partner (PROTO_CPR_AHEAD, PROTO_CPR_COPY).
  *
  * Time and I/O come from the World's Host and the part store given at construction, so the
  * simulator runs this same code over a MemoryRecoveryStore.
