@@ -60,7 +60,7 @@ export interface Sent {
  * its own parts (`own`, by epoch: pass another rank's map to restore from it) and the copies
  * it keeps for partners (`held`). `partner` makes the stores per-host ones.
  */
-export function fakeRank(rank: number, opts: { size?: number; partner?: number; own?: Map<number, Buffer> } = {}) {
+export function fakeRank(rank: number, opts: { size?: number; partner?: number; own?: Map<number, Buffer>; maxMessageBytes?: number } = {}) {
   const size = opts.size ?? 2;
   const controls: RankToCoordinator[] = [];
   const out: Sent[] = [];
@@ -76,6 +76,7 @@ export function fakeRank(rank: number, opts: { size?: number; partner?: number; 
       const enc = encodeValue(body);
       out.push({ dest, tag, body: decodeValue(enc), bytes: enc.byteLength });
     },
+    ...(opts.maxMessageBytes === undefined ? {} : { maxMessageBytes: opts.maxMessageBytes }),
     sendControl: (msg) => void controls.push(msg),
     fatal: (code, message) => {
       throw new Error(`${code}: ${message}`);

@@ -31,8 +31,8 @@ async function line(size: number, globalOf: (rank: number) => unknown): Promise<
 }
 
 /** The ranks restart from line 1: each restores from its own part; the exchange runs; resolves to what restore() gives. */
-async function restart(old: FakeRank[], tamper?: (body: { global?: Uint8Array }) => void) {
-  const ranks = old.map((o) => fakeRank(o.rank, { size: o.size, own: o.own }));
+async function restart(old: FakeRank[], tamper?: (body: { global?: Uint8Array }) => void, maxMessageBytes?: number) {
+  const ranks = old.map((o) => fakeRank(o.rank, { size: o.size, own: o.own, ...(maxMessageBytes === undefined ? {} : { maxMessageBytes }) }));
   for (const r of ranks) await r.driver.beforeStart(r.restoreTable(1));
   const started = ranks.map((r) =>
     r.driver.afterStart().then(
@@ -104,6 +104,13 @@ describe("a line's global, stored once", () => {
     expect(restored[1]!.outcome.ok).toBe(true);
     expect(restored[0]!.outcome.ok).toBe(false);
     expect(!restored[0]!.outcome.ok && restored[0]!.outcome.err.message).toMatch(/CPR_RESTORE|SHA-256/);
+  });
+
+  it("a run resumed with a --max-message below the global's size stops the restore with a clear CPR_RESTORE, not a timeout", async () => {
+    const ranks = await line(2, () => model(9));
+    const restored = await restart(ranks, undefined, 100_000);
+    expect(restored[1]!.outcome.ok).toBe(true);
+    expect(!restored[0]!.outcome.ok && restored[0]!.outcome.err.message).toMatch(/longer than this run's --max-message of 100000/);
   });
 
   it("a writer whose sum never comes (the line is aborted) leaves the rank's own global in its part", async () => {

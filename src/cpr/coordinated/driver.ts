@@ -479,12 +479,19 @@ export class CoordinatedDriver implements CprHook {
         const w = body as { epoch?: unknown };
         const served = this.servedGlobal;
         if (typeof w.epoch !== "number") return;
+        const max = this.access.maxMessageBytes ?? Infinity;
         this.access.sendProtocol(
           header.source,
           PROTO_CPR_GLOBAL,
-          served?.epoch === w.epoch
-            ? { epoch: w.epoch, global: served.bytes }
-            : { epoch: w.epoch, missing: `rank ${this.access.rank} holds no global of line ${w.epoch}` },
+          served?.epoch !== w.epoch
+            ? { epoch: w.epoch, missing: `rank ${this.access.rank} holds no global of line ${w.epoch}` }
+            : served.bytes.length + 1024 > max
+              ? // A run resumed with a lower --max-message than the one that wrote the line: say so, not time out.
+                {
+                  epoch: w.epoch,
+                  missing: `it is ${served.bytes.length} bytes, longer than this run's --max-message of ${max}; run with a larger --max-message`,
+                }
+              : { epoch: w.epoch, global: served.bytes },
         );
         return;
       }
