@@ -342,12 +342,22 @@ export function decodeBody(encoding: Encoding, arrayType: number, frames: Buffer
 
 /** Encodes a value to one self-contained buffer (frames length-prefixed); for stores and logs. */
 export function encodeValue(data: unknown, alloc?: (bytes: number) => Buffer): Buffer {
-  const chunks = encodeValueChunks(data);
-  const out = alloc === undefined ? Buffer.allocUnsafe(byteLengthOf(chunks)) : alloc(byteLengthOf(chunks));
-  let off = 0;
-  for (const c of chunks) {
-    out.set(c, off);
-    off += c.byteLength;
+  // The head is written straight into the result (retry-one encodes every small collective
+  // result this way): no separate head buffer or chunk list as encodeValueChunks makes.
+  const body = encodeBody(data, { copy: false });
+  const headBytes = 6 + 4 * body.frames.length;
+  const total = headBytes + byteLengthOf(body.frames);
+  const out = alloc === undefined ? Buffer.allocUnsafe(total) : alloc(total);
+  writeValueHead(
+    out,
+    body.encoding,
+    body.arrayType,
+    body.frames.map((f) => f.byteLength),
+  );
+  let off = headBytes;
+  for (const f of body.frames) {
+    out.set(f, off);
+    off += f.byteLength;
   }
   return out;
 }

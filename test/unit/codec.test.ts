@@ -2,7 +2,7 @@
 // type intact, typed arrays travel as raw frames (no msgpack copy), and bad input is rejected
 // with MPI_ENCODE / MPI_DECODE. Method: round trips through the real codec.
 import { describe, expect, it } from "vitest";
-import { decodeBody, decodeValue, encodeBody, encodeValue, typedArrayFrom } from "../../src/mpi/codec.ts";
+import { decodeBody, decodeValue, encodeBody, encodeValue, encodeValueChunks, typedArrayFrom } from "../../src/mpi/codec.ts";
 import { isLifelineError } from "../../src/errors.ts";
 import { Encoding } from "../../src/mpi/wire.ts";
 
@@ -150,5 +150,22 @@ describe("codec", () => {
     for (const v of [undefined, 5, "s", { a: new Float32Array([1]) }, new BigInt64Array([1n])]) {
       expect(decodeValue(encodeValue(v))).toEqual(v);
     }
+  });
+});
+
+describe("encodeValueChunks", () => {
+  it("joined, is encodeValue's bytes; the buffers inside the value are its chunks, not copies", () => {
+    const state = encodeValue({ step: 3, w: new Float64Array([1, 2, 3]) });
+    const values: unknown[] = [
+      undefined,
+      7,
+      "text",
+      new Float32Array([1.5, -2]),
+      { epoch: 3, state, global: null, logs: [[1, 2, 3]] },
+      [state, Buffer.from("x")],
+    ];
+    for (const v of values) expect(Buffer.concat(encodeValueChunks(v)).equals(encodeValue(v))).toBe(true);
+    const chunks = encodeValueChunks({ epoch: 3, state });
+    expect(chunks.some((c) => c.buffer === state.buffer && c.byteOffset === state.byteOffset && c.byteLength === state.byteLength)).toBe(true);
   });
 });

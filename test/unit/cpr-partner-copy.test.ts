@@ -10,16 +10,18 @@ import { PROTO_CPR_AHEAD, PROTO_CPR_COPIED, PROTO_CPR_COPY, PROTO_CPR_MARKER } f
 import { crc32 } from "../../src/store/checksum.ts";
 import { deliver, fakeRank, protocolHeader as header, requestCheckpoint, round, settle } from "./cpr-driver-fakes.ts";
 
-const rankOf = (rank: number, partner: number) => fakeRank(rank, { partner });
+/** Ranks 0 and 1, each the other's partner, started. */
+async function partners() {
+  const pair = [fakeRank(0, { partner: 1 }), fakeRank(1, { partner: 0 })] as const;
+  for (const r of pair) await r.driver.beforeStart(r.table);
+  return pair;
+}
 
 const bigState = (seed: number) => ({ model: Float64Array.from({ length: 200_000 }, (_, i) => Math.sin(i * seed)), step: seed });
 
 describe("partner copies sent ahead", () => {
   it("the state goes at the checkpoint, the copy names it, and the partner keeps the very bytes of the part", async () => {
-    const a = rankOf(0, 1);
-    const b = rankOf(1, 0);
-    await a.driver.beforeStart(a.table);
-    await b.driver.beforeStart(b.table);
+    const [a, b] = await partners();
     requestCheckpoint(a, 1);
     a.driver.checkpoint(bigState(1), undefined, () => undefined);
     // Before the round ends, the state is on its way.
@@ -44,10 +46,7 @@ describe("partner copies sent ahead", () => {
   });
 
   it("a newer checkpoint's state arriving before an older part's copy (the older line aborted meanwhile): the newer copy is whole", async () => {
-    const a = rankOf(0, 1);
-    const b = rankOf(1, 0);
-    await a.driver.beforeStart(a.table);
-    await b.driver.beforeStart(b.table);
+    const [a, b] = await partners();
     await round(a, 1, bigState(1));
     // The initiator gave up on line 1 before its copy reached the partner, and began line 2.
     for (const r of [a, b]) r.driver.onControl({ t: "cpr-aborted", epoch: 1 });
@@ -72,10 +71,7 @@ describe("partner copies sent ahead", () => {
   });
 
   it("a copy whose state never came (the partner restarted meanwhile) is refused, and the rank's part fails", async () => {
-    const a = rankOf(0, 1);
-    const b = rankOf(1, 0);
-    await a.driver.beforeStart(a.table);
-    await b.driver.beforeStart(b.table);
+    const [a, b] = await partners();
     await round(a, 1, bigState(3));
     a.out.splice(0, a.out.length, ...a.out.filter((s) => s.tag !== PROTO_CPR_AHEAD)); // lost
     deliver(a, b, PROTO_CPR_COPY);
@@ -89,8 +85,7 @@ describe("partner copies sent ahead", () => {
   });
 
   it("a malformed copy or state is dropped or refused, never kept", async () => {
-    const b = rankOf(1, 0);
-    await b.driver.beforeStart(b.table);
+    const [, b] = await partners();
     b.driver.onProtocol(header(0, PROTO_CPR_AHEAD), { epoch: 1, frames: ["not bytes"] });
     b.driver.onProtocol(header(0, PROTO_CPR_COPY), { epoch: 1, chunks: [new Uint8Array([1]), "x"] });
     b.driver.onProtocol(header(0, PROTO_CPR_COPY), { epoch: 2, chunks: [7] });

@@ -94,7 +94,7 @@ export const PROTO_CPR_GLOBAL_SUM = PROTO_CPR_BASE + 5;
 export const PROTO_CPR_GLOBAL_WANT = PROTO_CPR_BASE + 6;
 export const PROTO_CPR_GLOBAL = PROTO_CPR_BASE + 7;
 /** Globals smaller than this are stored by every rank: the exchange would cost more than the bytes. */
-export const GLOBAL_SHARED_BYTES_MIN = 64 * 1024;
+const GLOBAL_SHARED_BYTES_MIN = 64 * 1024;
 /** How long a rank waits for its line's global writer's SHA-256 before it stores its own global. */
 const GLOBAL_SUM_WAIT_MS = 60_000;
 /**
