@@ -450,6 +450,11 @@ class FileBlobDir implements BlobDir {
     const path = this.pathOf(name);
     // 'wx': the name carries a random tag, so an existing file is a bug, not something to replace.
     const fh = await open(path, fsConstants.O_WRONLY | fsConstants.O_CREAT | fsConstants.O_EXCL, 0o644);
+    // The file's directory entry must be durable before a record may name the file: it exists
+    // now, so it is synced while the bytes are written (each step a turn of the event loop, which
+    // a program computing between calls may hold for a while).
+    const entrySynced = fsyncDir(this.location);
+    entrySynced.catch(() => undefined);
     let checksum: number;
     try {
       // The write and the fsync run in libuv's thread pool; the CRC is computed on this thread
@@ -464,17 +469,17 @@ class FileBlobDir implements BlobDir {
       if (summed.status === "rejected") throw summed.reason;
       checksum = summed.value;
     } catch (err) {
-      await fh.close().catch(() => undefined); // the write error is the one to report
+      await Promise.allSettled([fh.close(), entrySynced]); // the write error is the one to report
       await unlink(path).catch(() => undefined); // a partial blob; the next open would delete it anyway
       throw err;
     }
-    await fh.close();
+    const [closed, synced] = await Promise.allSettled([fh.close(), entrySynced]);
     if (signal?.aborted === true) {
       await unlink(path).catch(() => undefined);
       signal.throwIfAborted();
     }
-    // The file's directory entry must be durable before a record may name the file.
-    await fsyncDir(this.location);
+    if (closed.status === "rejected") throw closed.reason;
+    if (synced.status === "rejected") throw synced.reason;
     return checksum;
   }
 

@@ -132,7 +132,9 @@ export class KvRankPartStore extends KvHandle implements RankPartStore {
     this.ensureOpen(); // at call time: writes queued before close() still run
     return this.serial(async () => {
       try {
-        const old = await this.recordOrUndefined(epoch);
+        // The part it replaces (if any) is looked up while the new one is written.
+        const replaced = this.recordOrUndefined(epoch);
+        replaced.catch(() => undefined);
         const timeMs = this.nowMs();
         let checksum: number;
         let blob: string | undefined;
@@ -144,6 +146,7 @@ export class KvRankPartStore extends KvHandle implements RankPartStore {
           blob = blobName(epoch, randomBytes(4).toString("hex"));
           checksum = await this.blobs.write(blob, blobHeader({ rank: this.rank, epoch, bytes: length }), chunks, signal);
         }
+        const old = await replaced;
         const ref: PartRef = { rank: this.rank, epoch, checksum, bytes: length };
         const record = encodeRecord({
           v: FORMAT_VERSION,
