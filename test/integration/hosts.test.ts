@@ -47,6 +47,11 @@ const runs = runDirFor("lifeline-hosts-");
 let cluster: TestCluster;
 const LOGREG = ["examples/logreg.ts", "--steps", "400"];
 const HEAT = ["examples/heat.ts", "--rows", "128", "--cols", "128", "--iters", "1500", "--tol", "0"];
+/**
+ * A 256 KiB read-only table as every rank's checkpoint `global` (a line stores it once, in its
+ * global writer's part; the writer's partner builds its copy from its own equal table).
+ */
+const TABLE = ["test/fixtures/cpr/table-steps.ts", "--steps", "500", "--n", "32768", "--spin-ms", "4"];
 /** Fast detection: a beat every 100 ms, silent for 1 s = failed. */
 const FAST = ["--heartbeat", "100", "--failure-timeout", "1s"];
 
@@ -283,17 +288,21 @@ describe("a job across hosts", () => {
   it(
     "cpr, a store on each host's own disk: the coordinator's host dies with its manifest; --resume on a survivor finds the lines in the copies kept there",
     async () => {
-      const ref = await reference("ref-heat4", HEAT);
-      const kill = killAfterLines(0, 2);
+      // With a global stored once: the line's parts on the lost host come from copies, and lines
+      // 4 and 5 (those likely to be the newest at the kill) have their global writer there.
+      const ref = await reference("ref-table", TABLE);
+      const kill = killAfterLines(0, 4);
       const store = join(cluster.diskPath, "lost.store"); // the same path on every host, a disk of its own on each
-      const first = await runOnHost(0, "lost", ["-n", "4", "--mode", "cpr", "--checkpoint-every", "100ms", ...FAST], HEAT, kill.onEvent, "hostfile", store);
+      const first = await runOnHost(0, "lost", ["-n", "4", "--mode", "cpr", "--checkpoint-every", "100ms", ...FAST], TABLE, kill.onEvent, "hostfile", store);
       expect(kill.at(), context(first)).toBeDefined();
+      // Lines were committed that hold the table once (each part copied to the other host).
+      expect(first.events.some((e) => e.event === "line-committed" && (e.bytes as number) < 2 * 256 * 1024)).toBe(true);
       for (let i = 0; i < 100 && (await cluster.pids(1)).length > 0; i++) await new Promise((res) => setTimeout(res, 50));
       const resumed = await runOnHost(
         1,
         "lost",
         ["-n", "4", "--mode", "cpr", "--checkpoint-every", "100ms", "--resume", ...FAST],
-        HEAT,
+        TABLE,
         undefined,
         "survivors",
         store,

@@ -3,10 +3,14 @@
  * checkpoint is taken (PROTO_CPR_AHEAD); the part's copy then carries only what the round
  * added and names those frames. The partner must keep exactly the bytes the rank wrote itself,
  * also when a newer checkpoint's state arrives before an older part's copy, and must refuse —
- * never keep something else — when a state it is told of never came.
+ * never keep something else — when a state it is told of never came. The line's global writer
+ * sends its global neither ahead nor with the copy: the copy names it by SHA-256 and the
+ * partner, which holds an equal global, writes its own bytes in its place — or, when its global
+ * differs or it has none, asks for the part again, whole.
  */
 import { describe, expect, it } from "vitest";
-import { PROTO_CPR_AHEAD, PROTO_CPR_COPIED, PROTO_CPR_COPY, PROTO_CPR_MARKER } from "../../src/cpr/coordinated/driver.ts";
+import { PROTO_CPR_AHEAD, PROTO_CPR_COPIED, PROTO_CPR_COPY, PROTO_CPR_GLOBAL_SUM, PROTO_CPR_MARKER } from "../../src/cpr/coordinated/driver.ts";
+import { decodeValue } from "../../src/mpi/codec.ts";
 import { crc32 } from "../../src/store/checksum.ts";
 import { deliver, fakeRank, protocolHeader as header, requestCheckpoint, round, settle } from "./cpr-driver-fakes.ts";
 
@@ -95,6 +99,62 @@ describe("partner copies sent ahead", () => {
     expect(b.out.map((s) => s.body)).toEqual([
       { epoch: 1, failure: "a chunk of the part is neither bytes nor a reference to its state" },
       { epoch: 2, failure: "the state of line 2, sent ahead of the part, did not arrive" },
+    ]);
+  });
+
+  const globalOf = (seed: number) => Float64Array.from({ length: 100_000 }, (_, i) => Math.cos(i * seed));
+
+  /**
+   * Line 1 on ranks 0 and 1, each the other's partner, with globals `g0` and `g1`: rank 1 is the
+   * line's global writer (1 mod 2). Every frame but the copies' answers is delivered; resolves
+   * to the frames rank 1 sent rank 0.
+   */
+  async function lineWithGlobals(g0: unknown, g1: unknown) {
+    const [a, b] = await partners();
+    await round(a, 1, { step: 1 }, g0);
+    await round(b, 1, { step: 1 }, g1);
+    deliver(b, a, PROTO_CPR_GLOBAL_SUM);
+    await settle();
+    const sent = [...deliver(b, a, PROTO_CPR_AHEAD), ...deliver(b, a, PROTO_CPR_COPY)];
+    deliver(a, b, PROTO_CPR_AHEAD);
+    deliver(a, b, PROTO_CPR_COPY);
+    await settle();
+    return { a, b, sent };
+  }
+
+  it("the global writer's global travels by name: the partner writes its own equal global, and keeps the very bytes of the part", async () => {
+    const g = globalOf(1);
+    const { a, b, sent } = await lineWithGlobals(g, g);
+    // 800 KB of global stayed home: only the state, the head and the round's logs crossed.
+    expect(sent.map((s) => s.tag)).toEqual([PROTO_CPR_AHEAD, PROTO_CPR_COPY]);
+    expect(sent.reduce((n, s) => n + s.bytes, 0)).toBeLessThan(8192);
+    expect((decodeValue(b.own.get(1)!) as { global: Buffer | null }).global).not.toBeNull();
+    expect(a.held.get(1)!.equals(b.own.get(1)!)).toBe(true);
+    expect(a.out.filter((s) => s.tag === PROTO_CPR_COPIED && s.dest === 1).map((s) => s.body)).toEqual([{ epoch: 1, checksum: crc32(b.own.get(1)!) }]);
+    deliver(a, b, PROTO_CPR_COPIED);
+    deliver(b, a, PROTO_CPR_COPIED);
+    await settle();
+    for (const r of [a, b]) expect(r.controls.filter((m) => m.t === "cpr-part" || m.t === "cpr-part-failed").map((m) => m.t)).toEqual(["cpr-part"]);
+  });
+
+  it.each([
+    ["differs (the partner checkpointed at another count)", globalOf(2)],
+    ["is missing (the partner has none)", undefined],
+  ])("when the partner's global %s, it asks again and the whole part comes", async (_, partnerGlobal) => {
+    const { a, b } = await lineWithGlobals(partnerGlobal, globalOf(1));
+    expect(a.held.has(1)).toBe(false);
+    const asked = deliver(a, b, PROTO_CPR_COPIED);
+    expect(asked.map((s) => s.body)).toEqual([{ epoch: 1, resend: expect.stringContaining("holds no global of line 1") }]);
+    await settle();
+    const again = deliver(b, a, PROTO_CPR_COPY);
+    expect(again).toHaveLength(1);
+    expect(again[0]!.bytes).toBeGreaterThan(800_000);
+    await settle();
+    expect(a.held.get(1)!.equals(b.own.get(1)!)).toBe(true);
+    deliver(a, b, PROTO_CPR_COPIED);
+    await settle();
+    expect(b.controls.filter((m) => m.t === "cpr-part" || m.t === "cpr-part-failed")).toEqual([
+      { t: "cpr-part", rank: 1, epoch: 1, ref: { rank: 1, epoch: 1, checksum: crc32(b.own.get(1)!), bytes: b.own.get(1)!.length } },
     ]);
   });
 });

@@ -71,6 +71,9 @@ export const PROTO_CPR_EARLY = PROTO_CPR_BASE + 1;
  * Per-host stores: a part for the partner to keep, and the partner's answer. The part travels
  * as the chunks of its encoding; those that are the checkpoint's serialized state, sent ahead
  * when the checkpoint was taken (PROTO_CPR_AHEAD), are named by their place in that message.
+ * The global writer's global is named by its SHA-256 (`{ global: sha256 }`) and never travels:
+ * the partner took the same line's checkpoint and holds an equal global, whose bytes it writes
+ * in its place. A partner whose global differs answers `resend`, and the part goes again whole.
  */
 export const PROTO_CPR_COPY = PROTO_CPR_BASE + 2;
 export const PROTO_CPR_COPIED = PROTO_CPR_BASE + 3;
@@ -81,6 +84,8 @@ export const PROTO_CPR_COPIED = PROTO_CPR_BASE + 3;
 export const PROTO_CPR_AHEAD = PROTO_CPR_BASE + 4;
 /** States sent ahead that a partner keeps per source rank, waiting for their parts. */
 const AHEAD_KEPT_MAX = 3;
+/** This rank's own globals kept (by line) to complete a partner's copy that names one (PROTO_CPR_COPY). */
+const OWN_GLOBALS_KEPT = 2;
 /**
  * A line's `global` — identical on every rank by the API's contract — is stored once: by the
  * line's global writer (rank epoch mod size), whose part holds it. Each other rank compares
@@ -136,6 +141,21 @@ interface Saved {
   /** The SHA-256 of `global` when it may be stored once (see shareGlobal), computed while the round records. */
   globalSha256?: Promise<Buffer>;
 }
+
+/** What went ahead to the partner at a checkpoint (PROTO_CPR_AHEAD), for the part's copy to name. */
+interface Ahead {
+  epoch: number;
+  partner: number;
+  frames: readonly Buffer[];
+  /** The global this rank writes for the line, kept back: the copy names it by its SHA-256. */
+  global?: { bytes: Buffer; sha256: Promise<Buffer> };
+}
+
+/** A chunk of a part's copy: bytes, a frame sent ahead (its place), or the partner's own equal global. */
+type CopyChunk = Buffer | number | { global: Buffer };
+
+/** A partner's answer to a copy: the checksum of what it kept, why it kept nothing, or that its global differs. */
+type CopyAnswer = { checksum: number } | { failure: string } | { resend: string };
 
 /** A rank's part of a recovery line, as stored. */
 interface Part {
@@ -203,9 +223,15 @@ export class CoordinatedDriver implements CprHook {
   /** Per-host stores: the rank that keeps copies of this rank's parts (from the table). */
   private partner: number | undefined;
   /** Copies sent to the partner, waiting for its word (by epoch). */
-  private readonly copying = new Map<number, (answer: { checksum: number } | { failure: string }) => void>();
+  private readonly copying = new Map<number, (answer: CopyAnswer) => void>();
   /** The epoch whose state went ahead to the partner (and to which partner). */
-  private ahead: { epoch: number; partner: number; frames: readonly Buffer[] } | undefined;
+  private ahead: Ahead | undefined;
+  /**
+   * Per-host stores: this rank's own globals that may be stored once, by epoch, with their
+   * SHA-256, until their line commits or aborts: a partner's copy naming an equal one is
+   * completed from these bytes (PROTO_CPR_COPY).
+   */
+  private readonly ownGlobals = new Map<number, { bytes: Buffer; sha256: Promise<Buffer> }>();
   /**
    * Per source rank: the states it sent ahead of its parts, oldest first, until each part comes
    * (a part's copy may leave after the next checkpoint's state went ahead); at most
@@ -505,11 +531,17 @@ export class CoordinatedDriver implements CprHook {
         return;
       }
       case PROTO_CPR_COPIED: {
-        const c = body as { epoch?: unknown; checksum?: unknown; failure?: unknown };
+        const c = body as { epoch?: unknown; checksum?: unknown; failure?: unknown; resend?: unknown };
         if (typeof c.epoch !== "number") return;
         const done = this.copying.get(c.epoch);
         this.copying.delete(c.epoch);
-        done?.(typeof c.checksum === "number" ? { checksum: c.checksum } : { failure: typeof c.failure === "string" ? c.failure : "no answer" });
+        done?.(
+          typeof c.checksum === "number"
+            ? { checksum: c.checksum }
+            : typeof c.resend === "string"
+              ? { resend: c.resend }
+              : { failure: typeof c.failure === "string" ? c.failure : "no answer" },
+        );
         return;
       }
       default:
@@ -520,6 +552,8 @@ export class CoordinatedDriver implements CprHook {
   onControl(msg: CoordinatorToRank): void {
     if (msg.t === "cpr-committed") {
       const keep = msg.keep;
+      // Every copy of the line is kept by now: the globals kept for them may go.
+      for (const e of this.ownGlobals.keys()) if (e <= msg.epoch) this.ownGlobals.delete(e);
       this.writes = this.writes
         .then(async () => {
           const parts = await this.store();
@@ -549,6 +583,7 @@ export class CoordinatedDriver implements CprHook {
       // orders it) goes now; one not yet written is never written (writePart).
       const epoch = msg.epoch;
       this.abortedEpochs.add(epoch);
+      this.ownGlobals.delete(epoch);
       this.globalSumWaiters.get(epoch)?.();
       for (const [source, kept] of this.aheadOf)
         this.aheadOf.set(
@@ -636,6 +671,7 @@ export class CoordinatedDriver implements CprHook {
     if (saved.global !== null && this.mayShareGlobal(saved.global)) {
       saved.globalSha256 = sha256Yielding(saved.global);
       saved.globalSha256.catch(() => undefined);
+      if (this.partner !== undefined) this.keepOwnGlobal(saved.epoch, { bytes: saved.global, sha256: saved.globalSha256 });
     }
     this.saved = saved;
     this.lateBytes = 0;
@@ -689,6 +725,7 @@ export class CoordinatedDriver implements CprHook {
     for (const done of this.copying.values()) done({ failure: "the rank is closing" });
     this.copying.clear();
     this.aheadOf.clear();
+    this.ownGlobals.clear();
     for (const wake of [...this.globalSumWaiters.values()]) wake();
     this.globalWaiter?.(new LifelineError("CPR_RESTORE", `rank ${this.access.rank} closed while waiting for its line's global`));
     await this.writes.catch(() => undefined);
@@ -759,25 +796,33 @@ export class CoordinatedDriver implements CprHook {
     this.ahead = undefined;
     // Not when the round ended at once (abandoned): no part of this epoch will follow.
     if (partner === undefined || this.saved !== saved || this.closing) return;
-    // Another rank's part most likely names the writer's global instead of holding its own.
+    // Another rank's part most likely names the writer's global instead of holding its own; the
+    // writer's own goes neither ahead nor with the copy, which names it (the partner has it too).
     const global = saved.global !== null && this.writesGlobal(saved.epoch, saved.global) ? saved.global : null;
-    const frames = global === null ? [saved.state, saved.lib] : [saved.state, global, saved.lib];
-    this.ahead = { epoch: saved.epoch, partner, frames };
+    const byName = global !== null && saved.globalSha256 !== undefined ? { bytes: global, sha256: saved.globalSha256 } : undefined;
+    const frames = global === null || byName !== undefined ? [saved.state, saved.lib] : [saved.state, global, saved.lib];
+    this.ahead = { epoch: saved.epoch, partner, frames, ...(byName === undefined ? {} : { global: byName }) };
     this.access.sendProtocol(partner, PROTO_CPR_AHEAD, { epoch: saved.epoch, frames });
   }
 
-  /** The chunks of a part for its partner: those that went ahead (sendAhead) by their place there. */
-  private copyChunks(
-    ahead: { epoch: number; partner: number; frames: readonly Buffer[] } | undefined,
-    epoch: number,
-    partner: number,
-    chunks: readonly Buffer[],
-  ): (Buffer | number)[] {
+  /**
+   * The chunks of a part for its partner: those that went ahead (sendAhead) by their place
+   * there, and the global this rank writes by its SHA-256 (`globalSum`, when known).
+   */
+  private copyChunks(ahead: Ahead | undefined, epoch: number, partner: number, chunks: readonly Buffer[], globalSum: Buffer | undefined): CopyChunk[] {
     if (ahead === undefined || ahead.epoch !== epoch || ahead.partner !== partner) return [...chunks];
+    const same = (f: Buffer, c: Buffer): boolean => f.buffer === c.buffer && f.byteOffset === c.byteOffset && f.byteLength === c.byteLength;
     return chunks.map((c) => {
-      const i = ahead.frames.findIndex((f) => f.buffer === c.buffer && f.byteOffset === c.byteOffset && f.byteLength === c.byteLength);
+      if (globalSum !== undefined && ahead.global !== undefined && same(ahead.global.bytes, c)) return { global: globalSum };
+      const i = ahead.frames.findIndex((f) => same(f, c));
       return i < 0 ? c : i;
     });
+  }
+
+  /** Keeps this rank's global of line `epoch` for a partner's copy that names it (the newest few). */
+  private keepOwnGlobal(epoch: number, global: { bytes: Buffer; sha256: Promise<Buffer> }): void {
+    this.ownGlobals.set(epoch, global);
+    for (const e of [...this.ownGlobals.keys()].sort((x, y) => x - y).slice(0, -OWN_GLOBALS_KEPT)) this.ownGlobals.delete(e);
   }
 
   /** A partner's part: kept in this rank's store of its copies, then acknowledged with its checksum. */
@@ -791,11 +836,14 @@ export class CoordinatedDriver implements CprHook {
     const newer = kept.filter((k) => k.epoch > epoch);
     if (newer.length > 0) this.aheadOf.set(source, newer);
     else this.aheadOf.delete(source);
-    // The part: the chunks that came with it and those that came ahead, in order (written as they are).
-    let part: Uint8Array[] | string;
+    // The part: the chunks that came with it, those that came ahead, and the global it names (this
+    // rank's own), in order (written as they are).
+    let part: (Uint8Array | { global: Buffer })[] | string;
     try {
       part = (b.chunks as unknown[]).map((c) => {
         if (c instanceof Uint8Array) return c;
+        if (typeof c === "object" && c !== null && (c as { global?: unknown }).global instanceof Uint8Array)
+          return { global: asBuffer((c as { global: Uint8Array }).global) };
         if (typeof c !== "number") throw new Error("a chunk of the part is neither bytes nor a reference to its state");
         const f = ahead?.frames[c];
         if (f === undefined) throw new Error(`the state of line ${epoch}, sent ahead of the part, did not arrive`);
@@ -805,16 +853,21 @@ export class CoordinatedDriver implements CprHook {
       part = errorMessage(err);
     }
     this.heldWrites = this.heldWrites.then(async () => {
-      let answer: { epoch: number; checksum: number } | { epoch: number; failure: string };
+      let answer: { epoch: number } & CopyAnswer;
+      const own = typeof part === "string" ? [] : await this.ownGlobalsNamed(epoch, part);
       if (this.closing) {
         answer = { epoch, failure: "the partner is closing" };
       } else if (this.abortedEpochs.has(epoch)) {
         answer = { epoch, failure: `line ${epoch} was aborted` };
       } else if (typeof part === "string") {
         answer = { epoch, failure: part };
+      } else if (own === undefined) {
+        answer = { epoch, resend: `rank ${this.access.rank} holds no global of line ${epoch} with that SHA-256` };
       } else {
+        let g = 0;
+        part = part.map((c) => (c instanceof Uint8Array ? c : own[g++]!));
         try {
-          answer = { epoch, checksum: (await (await this.heldStore(source)).putPart(epoch, part)).checksum };
+          answer = { epoch, checksum: (await (await this.heldStore(source)).putPart(epoch, part as Uint8Array[])).checksum };
         } catch (err) {
           answer = { epoch, failure: errorMessage(err) };
         }
@@ -823,8 +876,35 @@ export class CoordinatedDriver implements CprHook {
     });
   }
 
-  /** Sends the part to the partner; resolves with the checksum of what it kept, or why it did not. */
-  private copyToPartner(partner: number, epoch: number, chunks: (Buffer | number)[]): Promise<{ checksum: number } | { failure: string }> {
+  /**
+   * The bytes of this rank's own globals of line `epoch` for the chunks of a copy that name one
+   * by SHA-256, in order; undefined when it holds no global with that SHA-256.
+   */
+  private async ownGlobalsNamed(epoch: number, chunks: readonly (Uint8Array | { global: Buffer })[]): Promise<Buffer[] | undefined> {
+    const own = this.ownGlobals.get(epoch);
+    const out: Buffer[] = [];
+    for (const c of chunks) {
+      if (c instanceof Uint8Array) continue;
+      const sum = own === undefined ? undefined : await own.sha256.catch(() => undefined);
+      if (own === undefined || sum === undefined || !sum.equals(c.global)) return undefined;
+      out.push(own.bytes);
+    }
+    return out;
+  }
+
+  /**
+   * Sends the part (its `chunks`) to the partner, naming what went ahead and the global this
+   * rank writes (`global`, once its SHA-256 is known); when the partner's global differs, the
+   * part goes again whole. Resolves with the checksum of what the partner kept, or why it did not.
+   */
+  private async copyPart(partner: number, epoch: number, chunks: readonly Buffer[], ahead: Ahead | undefined, global: Buffer | null): Promise<CopyAnswer> {
+    const globalSum = ahead?.global === undefined || global !== ahead.global.bytes ? undefined : await ahead.global.sha256.catch(() => undefined);
+    const answer = await this.copyToPartner(partner, epoch, this.copyChunks(ahead, epoch, partner, chunks, globalSum));
+    return "resend" in answer ? this.copyToPartner(partner, epoch, [...chunks]) : answer;
+  }
+
+  /** Sends a part's chunks to the partner; resolves with its answer (or a failure when none comes). */
+  private copyToPartner(partner: number, epoch: number, chunks: CopyChunk[]): Promise<CopyAnswer> {
     // A write chained behind others may reach here after close() settled the waiting copies.
     if (this.closing) return Promise.resolve({ failure: "the rank is closing" });
     return new Promise((resolve) => {
@@ -972,8 +1052,10 @@ export class CoordinatedDriver implements CprHook {
         // local write runs — its state went ahead already (sendAhead) — and the partner's
         // checksum of what it kept must match the local one.
         const partner = this.partner;
-        const copied = partner === undefined ? undefined : this.copyToPartner(partner, epoch, this.copyChunks(ahead, epoch, partner, chunks));
-        const ref = await parts.putPart(epoch, chunks).catch(async (err: unknown) => {
+        const put = parts.putPart(epoch, chunks);
+        put.catch(() => undefined);
+        const copied = partner === undefined ? undefined : this.copyPart(partner, epoch, chunks, ahead, part.global);
+        const ref = await put.catch(async (err: unknown) => {
           await copied;
           throw err;
         });
@@ -983,9 +1065,11 @@ export class CoordinatedDriver implements CprHook {
             ? undefined
             : "failure" in copy
               ? copy.failure
-              : copy.checksum !== ref.checksum
-                ? `the copy it kept has crc32 ${copy.checksum}, the part ${ref.checksum}`
-                : undefined;
+              : "resend" in copy
+                ? copy.resend
+                : copy.checksum !== ref.checksum
+                  ? `the copy it kept has crc32 ${copy.checksum}, the part ${ref.checksum}`
+                  : undefined;
         if (failure !== undefined) {
           this.access.sendControl({ t: "cpr-part-failed", rank, epoch, message: `its partner rank ${partner} could not keep a copy: ${failure}` });
           return;
