@@ -14,7 +14,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { isLifelineError } from "../../src/errors.ts";
-import { crc32, crc32Portable } from "../../src/store/checksum.ts";
+import { crc32, crc32Portable, crc32Yielding, sliced } from "../../src/store/checksum.ts";
 import { LevelRecoveryStore, STORE_MARKER } from "../../src/store/level-store.ts";
 import { formatLines, listLines } from "../../src/store/lines.ts";
 import { latestLine, localVerifier, pruneLines } from "../../src/store/recovery.ts";
@@ -63,6 +63,41 @@ describe("LevelRecoveryStore on disk", () => {
     expect(crc32(Buffer.from("123456789"))).toBe(0xcbf43926);
     expect(crc32Portable(b)).toBe(crc32(b));
     expect(crc32Portable(b.subarray(500), crc32Portable(b.subarray(0, 500)))).toBe(crc32(b));
+  });
+
+  it("computes a checksum over chunks in slices, yielding to the event loop only once a turn's time went by", async () => {
+    const b = bytesOf(100_003, 7);
+    const chunks = [b.subarray(0, 10), b.subarray(10, 40_000), b.subarray(40_000)];
+    for (const turnMs of [0, 8, Infinity]) expect(await crc32Yielding(chunks, { sliceBytes: 4096, turnMs })).toBe(crc32(b));
+    // Slices in order, none longer than asked; how many turns the loop got in between.
+    const turns = async (turnMs: number): Promise<{ seen: number; turns: number }> => {
+      let seen = 0;
+      let turns = 0;
+      let ticking = true;
+      const tick = (): void => {
+        if (!ticking) return;
+        turns++;
+        setImmediate(tick);
+      };
+      setImmediate(tick);
+      await sliced(
+        chunks,
+        (slice) => {
+          expect(slice.byteLength).toBeLessThanOrEqual(4096);
+          expect(Buffer.from(slice).equals(b.subarray(seen, seen + slice.byteLength))).toBe(true);
+          seen += slice.byteLength;
+        },
+        { sliceBytes: 4096, turnMs },
+      );
+      ticking = false;
+      return { seen, turns };
+    };
+    const every = await turns(0);
+    const never = await turns(Infinity);
+    expect(every.seen).toBe(b.length);
+    expect(never.seen).toBe(b.length);
+    expect(every.turns).toBeGreaterThanOrEqual(20); // a turn between slices: 27 slices
+    expect(never.turns).toBe(0); // one synchronous pass
   });
 
   it("marks a new directory as a store and lays out manifest and rank directories", async () => {

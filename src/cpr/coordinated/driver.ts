@@ -26,7 +26,7 @@ import type { CprHook, CprHookFactory, CprWorldAccess, LibState, NondetEntry, No
 import { PROTO_CPR_BASE } from "../../mpi/cpr-hook.ts";
 import type { Host, Timer } from "../../mpi/host.ts";
 import { Flag, frameId, type Header } from "../../mpi/wire.ts";
-import { crc32 } from "../../store/checksum.ts";
+import { crc32, sliced } from "../../store/checksum.ts";
 import type { JobRecord, LineManifest } from "../../store/types.ts";
 import { RankMachine, type RankEffect } from "./rank.ts";
 
@@ -173,13 +173,10 @@ interface Part {
   nondet: [number, NondetEntry][];
 }
 
-/** SHA-256 of `data`, hashed in slices with a turn of the event loop between them. */
-async function sha256Yielding(data: Uint8Array, sliceBytes = 4 << 20): Promise<Buffer> {
+/** SHA-256 of `data`, hashed in slices over a few turns of the event loop (see sliced). */
+async function sha256Yielding(data: Uint8Array): Promise<Buffer> {
   const hash = createHash("sha256");
-  for (let off = 0; off < data.byteLength; off += sliceBytes) {
-    if (off > 0) await new Promise<void>((resolve) => setImmediate(resolve));
-    hash.update(data.subarray(off, Math.min(off + sliceBytes, data.byteLength)));
-  }
+  await sliced(data, (slice) => hash.update(slice));
   return hash.digest();
 }
 
