@@ -70,9 +70,12 @@ describe("cpr driver close", () => {
     h.driver.onControl({ t: "cpr-committed", epoch: 0, keep: [0] });
     // Checkpoint 1: taken, the peer's marker arrives, the line stops → the part write queues.
     h.driver.onControl({ t: "cpr-checkpoint", epoch: 1 });
-    // Rank 1's next checkpoint() call has the same count: no reason to wait (see PROTO_CPR_COUNT).
+    // Rank 1's next checkpoint() call has the same count: both take it at the call after it (see PROTO_CPR_COUNT).
     h.driver.onProtocol(header(1, PROTO_CPR_COUNT), { epoch: 1, next: 1 });
     h.driver.checkpoint({ x: 1 }, undefined, () => undefined);
+    expect(h.driver.epoch).toBe(0);
+    h.driver.checkpoint({ x: 2 }, undefined, () => undefined);
+    expect(h.driver.epoch).toBe(1);
     h.driver.onProtocol(header(1, PROTO_CPR_MARKER), { epoch: 1, sent: 0 });
     h.driver.onControl({ t: "cpr-stop", epoch: 1 });
     const closed = h.driver.close();

@@ -121,7 +121,7 @@ export const settle = (): Promise<void> => new Promise((r) => setTimeout(r, 5));
 
 /**
  * Rank `a` is asked for checkpoint `epoch` and hears that its peers' next checkpoint() call has
- * the same count as its own, so it takes it at once.
+ * the same count as its own, so it takes it one call later (see {@link takeCheckpoint}).
  */
 export function requestCheckpoint(a: FakeRank, epoch: number): void {
   a.driver.onControl({ t: "cpr-checkpoint", epoch });
@@ -131,10 +131,20 @@ export function requestCheckpoint(a: FakeRank, epoch: number): void {
   for (let r = 0; r < a.size; r++) if (r !== a.rank) a.driver.onProtocol(protocolHeader(r, PROTO_CPR_COUNT), { epoch, next });
 }
 
+/** Rank `a`'s checkpoint() calls with `state` (and `global`) until one takes the checkpoint asked for; how many it made. */
+export function takeCheckpoint(a: FakeRank, state: unknown, global?: unknown): number {
+  const epoch = a.driver.epoch;
+  for (let calls = 1; calls <= 3; calls++) {
+    a.driver.checkpoint(state, global, () => undefined);
+    if (a.driver.epoch !== epoch) return calls;
+  }
+  throw new Error(`rank ${a.rank} took no checkpoint in 3 calls`);
+}
+
 /** Rank `a` takes checkpoint `epoch` of `state` (and `global`) and writes its part (its peers' markers came, the round stopped). */
 export async function round(a: FakeRank, epoch: number, state: unknown, global?: unknown): Promise<void> {
   requestCheckpoint(a, epoch);
-  a.driver.checkpoint(state, global, () => undefined);
+  takeCheckpoint(a, state, global);
   for (let r = 0; r < a.size; r++) if (r !== a.rank) a.driver.onProtocol(protocolHeader(r, PROTO_CPR_MARKER), { epoch, sent: 0 });
   a.driver.onControl({ t: "cpr-stop", epoch });
   await settle();

@@ -140,31 +140,40 @@ describe("a line's global, stored once", () => {
 });
 
 describe("checkpoints at the same count (so that the global can be stored once)", () => {
-  /** Rank 0 of 2 has made `before` checkpoint() calls when asked; rank 1 says its next is `theirs` (or nothing). */
-  async function takenAt(before: number, theirs: number | undefined): Promise<number> {
+  /**
+   * Rank 0 of 2 has made `before` checkpoint() calls when asked; rank 1 says its next is
+   * `theirs` (or nothing), after rank 0's first `late` calls since the request.
+   */
+  async function takenAt(before: number, theirs: number | undefined, late = 0): Promise<number> {
     const a = fakeRank(0, { size: 2 });
     await a.driver.beforeStart(a.table);
     for (let i = 0; i < before; i++) a.driver.checkpoint({ i }, undefined, () => undefined);
     a.driver.onControl({ t: "cpr-checkpoint", epoch: 1 });
-    if (theirs !== undefined) a.driver.onProtocol(protocolHeader(1, PROTO_CPR_COUNT), { epoch: 1, next: theirs });
     for (let call = before + 1; call <= before + 6; call++) {
+      if (theirs !== undefined && call === before + 1 + late) a.driver.onProtocol(protocolHeader(1, PROTO_CPR_COUNT), { epoch: 1, next: theirs });
       a.driver.checkpoint({ call }, undefined, () => undefined);
       if (a.driver.epoch === 1) return call;
     }
     return -1;
   }
 
-  it("a rank one call behind the others passes one call up and checkpoints at their count", async () => {
-    expect(await takenAt(10, 12)).toBe(12);
-    expect(await takenAt(10, 11)).toBe(11);
+  it("ranks that step together take it at the call after the highest count: one behind passes up two calls, the others one", async () => {
+    expect(await takenAt(10, 12)).toBe(13);
+    expect(await takenAt(10, 11)).toBe(12);
+    expect(await takenAt(10, 10)).toBe(12);
   });
 
-  it("a rank ahead of the others, or counts far apart (a master and its workers), checkpoints at its next call", async () => {
-    expect(await takenAt(10, 10)).toBe(11);
+  it("counts far apart (a master and its workers): at the next call", async () => {
     expect(await takenAt(10, 30)).toBe(11);
   });
 
-  it("a rank whose peers' counts have not come yet checkpoints at its next call: nothing on the way holds it up", async () => {
-    expect(await takenAt(10, undefined)).toBe(11);
+  it("a rank whose peers' counts have not come yet passes up calls while they come, two at most", async () => {
+    // The peer, a step behind, heard the request one call later.
+    expect(await takenAt(10, 12, 1)).toBe(13);
+    // Far apart once heard: at once.
+    expect(await takenAt(10, 30, 1)).toBe(12);
+    // Never heard, or heard too late: not held up for more than two calls.
+    expect(await takenAt(10, undefined)).toBe(13);
+    expect(await takenAt(10, 12, 3)).toBe(13);
   });
 });

@@ -12,7 +12,7 @@ import { describe, expect, it } from "vitest";
 import { PROTO_CPR_AHEAD, PROTO_CPR_COPIED, PROTO_CPR_COPY, PROTO_CPR_GLOBAL_SUM, PROTO_CPR_MARKER } from "../../src/cpr/coordinated/driver.ts";
 import { decodeValue } from "../../src/mpi/codec.ts";
 import { crc32 } from "../../src/store/checksum.ts";
-import { deliver, fakeRank, protocolHeader as header, requestCheckpoint, round, settle } from "./cpr-driver-fakes.ts";
+import { deliver, fakeRank, protocolHeader as header, requestCheckpoint, round, settle, takeCheckpoint } from "./cpr-driver-fakes.ts";
 
 /** Ranks 0 and 1, each the other's partner, started. */
 async function partners() {
@@ -27,7 +27,7 @@ describe("partner copies sent ahead", () => {
   it("the state goes at the checkpoint, the copy names it, and the partner keeps the very bytes of the part", async () => {
     const [a, b] = await partners();
     requestCheckpoint(a, 1);
-    a.driver.checkpoint(bigState(1), undefined, () => undefined);
+    takeCheckpoint(a, bigState(1));
     // Before the round ends, the state is on its way.
     const ahead = deliver(a, b, PROTO_CPR_AHEAD);
     expect(ahead).toHaveLength(1);

@@ -105,10 +105,11 @@ const GLOBAL_SUM_WAIT_MS = 60_000;
 /**
  * Ranks that checkpoint at the same count of checkpoint() calls save the same `global`, which a
  * line then stores once. On a checkpoint request each rank tells the others which call is its
- * next (PROTO_CPR_COUNT); when those counts are at most one apart (a program whose ranks step
- * together), every rank takes the checkpoint at the highest, passing up to
- * {@link ALIGN_DEFER_MAX} calls to get there. Ranks whose counts are further apart (a master
- * and its workers) checkpoint at their next call, as they would without it.
+ * next (PROTO_CPR_COUNT) and passes up its calls until it has heard every rank's. When those
+ * counts are at most one apart (a program whose ranks step together), every rank takes the
+ * checkpoint at the call after the highest: none can have passed that one while it waited.
+ * Ranks whose counts are further apart (a master and its workers) checkpoint at their next call
+ * once they know. Nothing waits more than {@link ALIGN_DEFER_MAX} calls.
  */
 export const PROTO_CPR_COUNT = PROTO_CPR_BASE + 8;
 const ALIGN_DEFER_MAX = 2;
@@ -631,17 +632,21 @@ export class CoordinatedDriver implements CprHook {
 
   /**
    * Whether to pass up this checkpoint() call, though the checkpoint is due, to take it at the
-   * same count as the other ranks (see PROTO_CPR_COUNT): when a rank's count heard so far is
-   * higher than this call's and all of them are at most one apart; never more than
-   * ALIGN_DEFER_MAX calls. Counts still on their way do not hold the checkpoint up.
+   * same count as the other ranks (see PROTO_CPR_COUNT): while some rank's count has not come,
+   * and, when all of them are at most one apart, before the call after the highest; never more
+   * than ALIGN_DEFER_MAX calls in a row.
    */
   private deferToAlign(): boolean {
+    const size = this.access.size;
+    if (size === 1) return false;
     const counts = this.nextCalls.get(this.machine.epoch + 1);
-    let defer = false;
-    if (counts !== undefined && counts.size > 1) {
+    let defer: boolean;
+    if (counts === undefined || counts.size < size) {
+      defer = true;
+    } else {
       const all = [...counts.values()];
       const highest = Math.max(...all);
-      defer = highest - Math.min(...all) <= 1 && this.calls < highest;
+      defer = highest - Math.min(...all) <= 1 && this.calls <= highest;
     }
     if (defer && this.deferred < ALIGN_DEFER_MAX) {
       this.deferred++;
