@@ -59,6 +59,12 @@ export interface RetryWorldAccess {
   /** Fails this rank's pending and future calls and asks the coordinator to stop the job. */
   fatal(code: LifelineErrorCode, message: string): void;
   /**
+   * Runs `fn` once the coordinator has heard this rank's abort (at once when none is on its
+   * way): the driver fails the program's calls there, so that a program dying of the error
+   * cannot overtake the abort.
+   */
+  afterAbort(fn: () => void): void;
+  /**
    * Opens or closes the output gate: while closed, no application or collective frame leaves
    * the rank (a determinant is not yet held by every successor; pessimistic logging).
    */

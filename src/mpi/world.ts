@@ -293,10 +293,8 @@ export class World implements WorldApi {
           if (err instanceof LifelineError && err.code === "MPI_LIMIT") this.host.warn(`lifeline: rank ${this.rank}: ${err.message}`);
         }),
       fatal: (err) => this.fatal(err),
-      failPending: (err) => {
-        if (this.abortWaiters === undefined) this.failPending(err);
-        else this.abortWaiters.push(() => this.failPending(err));
-      },
+      failPending: (err) => this.afterAbort(() => this.failPending(err)),
+      afterAbort: (fn) => this.afterAbort(fn),
       recvCompletedFromLog: () => {
         this.outstandingRecvs--;
       },
@@ -702,6 +700,12 @@ export class World implements WorldApi {
     }
     if (c !== undefined) this.abortWaiters.push(() => c.fail(err));
     void this.control.send({ t: "abort", rank: this.place.rank, code: err.code, message: err.message }).catch(() => this.abortHeard());
+  }
+
+  /** Runs `fn` once the coordinator has this rank's abort (see ModeCore.afterAbort). */
+  private afterAbort(fn: () => void): void {
+    if (this.abortWaiters === undefined) fn();
+    else this.abortWaiters.push(fn);
   }
 
   private abortHeard(): void {

@@ -199,13 +199,14 @@ export class RetryOneDriver implements RetryOneHook {
     readonly ident: { op: string; root: number; type: string; length: number };
     readonly bootstrapKey?: string;
   }): Promise<RetryDecision> {
+    if (this.failure !== undefined) return this.failed(this.failure);
     const d = this.newCall();
     this.input(call.bootstrapKey === undefined ? { kind: "collective", ident: call.ident } : { kind: "boot", key: call.bootstrapKey, ident: call.ident });
     return d;
   }
 
   resumeCollective(): Promise<RetryDecision> {
-    if (this.failure !== undefined) return Promise.reject(this.failure);
+    if (this.failure !== undefined) return this.failed(this.failure);
     return this.decision ?? Promise.reject(new LifelineError("CPR_PROTOCOL", "retry-one: a collective resumed that the protocol is not running"));
   }
 
@@ -534,17 +535,24 @@ export class RetryOneDriver implements RetryOneHook {
     const err = new LifelineError(code, message);
     const first = this.failure === undefined;
     this.failure ??= err;
-    this.call?.reject(err);
-    this.ckpt?.reject(err);
-    this.restoring?.reject(err);
-    this.globalWait?.reject(err);
+    const waiting = [this.call, this.ckpt, this.restoring, this.globalWait];
     this.globalWait = undefined;
     this.call = undefined;
     this.ckpt = undefined;
     this.restoring = undefined;
-    this.decision = Promise.reject(err);
+    this.decision = this.failed(err);
     this.decision.catch(() => undefined);
+    // The abort first: a program that dies of this error before the coordinator has the abort
+    // would be taken for a crash (a restart of this rank, where CPR_LOST must restart all).
     if (first) this.access.fatal(code, message);
+    this.access.afterAbort(() => {
+      for (const w of waiting) w?.reject(err);
+    });
+  }
+
+  /** A promise that rejects with `err` once the coordinator has this rank's abort. */
+  private failed<T>(err: LifelineError): Promise<T> {
+    return new Promise<T>((_, reject) => this.access.afterAbort(() => reject(err)));
   }
 
   /** After a view change: frames held for it are delivered, kept or dropped. */

@@ -59,8 +59,14 @@ export interface ModeCore {
   sendControl(msg: RankToCoordinator): void;
   /** Reports `err` and asks the coordinator to stop the job. */
   fatal(err: LifelineError): void;
-  /** Fails every pending call with `err`. */
+  /** Fails every pending call with `err` (once the coordinator has this rank's abort, if one is on its way). */
   failPending(err: LifelineError): void;
+  /**
+   * Runs `fn` once the coordinator has heard this rank's abort (or gave no word in time), at
+   * once when no abort is on its way: an error a program may die of must not reach it before
+   * the abort, or the launcher takes the abort for a crash.
+   */
+  afterAbort(fn: () => void): void;
   /** A posted receive was completed from a replay log (it no longer counts as outstanding). */
   recvCompletedFromLog(): void;
   /** Collectives since the last checkpoint start from 0 again (fault coordinates). */

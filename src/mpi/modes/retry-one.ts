@@ -218,6 +218,7 @@ export class RetryOneMode extends LoggedMode implements AppLog {
         core.fatal(err);
         core.failPending(err);
       },
+      afterAbort: (fn) => core.afterAbort(fn),
       setGate: (open) => core.channel.setGate(open),
       peerSafe: (rank, consumed) => this.dropLogged(rank, consumed),
       sendControl: (msg) => core.sendControl(msg),
