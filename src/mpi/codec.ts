@@ -406,16 +406,45 @@ function writeValueHead(out: Buffer, encoding: Encoding, arrayType: number, fram
 
 /** Inverse of {@link encodeValue}. Typed arrays in the result may view `buf`. */
 export function decodeValue(buf: Buffer): unknown {
+  const [head, ...frames] = encodedValueChunks(buf);
+  return decodeBody(head![0] as Encoding, head![1]!, frames);
+}
+
+/**
+ * The chunks {@link encodeValueChunks} made `buf` of — its head, then its frames — as views of
+ * `buf`. Sent as separate frames, a typed array among them arrives in memory of its own,
+ * aligned, where {@link decodeValueChunks} views it instead of copying it. Throws `MPI_DECODE`
+ * when `buf` is truncated.
+ *
+ * @example
+ * decodeValueChunks(encodedValueChunks(encodeValue(model))); // model, equal
+ */
+export function encodedValueChunks(buf: Buffer): Buffer[] {
   if (buf.length < 6) throw new LifelineError("MPI_DECODE", "encoded value is truncated");
   const n = buf.readUInt32LE(2);
   if (6 + 4 * n > buf.length) throw new LifelineError("MPI_DECODE", "encoded value is truncated");
-  const frames: Buffer[] = [];
+  const chunks: Buffer[] = [buf.subarray(0, 6 + 4 * n)];
   let off = 6 + 4 * n;
   for (let i = 0; i < n; i++) {
     const len = buf.readUInt32LE(6 + 4 * i);
     if (off + len > buf.length) throw new LifelineError("MPI_DECODE", "encoded value is truncated");
-    frames.push(buf.subarray(off, off + len));
+    chunks.push(buf.subarray(off, off + len));
     off += len;
   }
-  return decodeBody(buf[0] as Encoding, buf[1]!, frames);
+  return chunks;
+}
+
+/**
+ * {@link decodeValue} of the concatenation of `chunks`. When they are the value's head and then
+ * one chunk per frame ({@link encodedValueChunks}), nothing is joined; any other split is.
+ */
+export function decodeValueChunks(chunks: readonly Buffer[]): unknown {
+  const head = chunks[0];
+  if (head !== undefined && head.length >= 6) {
+    const n = head.readUInt32LE(2);
+    if (head.length === 6 + 4 * n && chunks.length === n + 1 && chunks.every((c, i) => i === 0 || c.length === head.readUInt32LE(6 + 4 * (i - 1)))) {
+      return decodeBody(head[0] as Encoding, head[1]!, chunks.slice(1));
+    }
+  }
+  return decodeValue(Buffer.concat(chunks));
 }

@@ -2,7 +2,16 @@
 // type intact, typed arrays travel as raw frames (no msgpack copy), and bad input is rejected
 // with MPI_ENCODE / MPI_DECODE. Method: round trips through the real codec.
 import { describe, expect, it } from "vitest";
-import { decodeBody, decodeValue, encodeBody, encodeValue, encodeValueChunks, typedArrayFrom } from "../../src/mpi/codec.ts";
+import {
+  decodeBody,
+  decodeValue,
+  decodeValueChunks,
+  encodeBody,
+  encodedValueChunks,
+  encodeValue,
+  encodeValueChunks,
+  typedArrayFrom,
+} from "../../src/mpi/codec.ts";
 import { isLifelineError } from "../../src/errors.ts";
 import { Encoding } from "../../src/mpi/wire.ts";
 
@@ -167,5 +176,24 @@ describe("encodeValueChunks", () => {
     for (const v of values) expect(Buffer.concat(encodeValueChunks(v)).equals(encodeValue(v))).toBe(true);
     const chunks = encodeValueChunks({ epoch: 3, state });
     expect(chunks.some((c) => c.buffer === state.buffer && c.byteOffset === state.byteOffset && c.byteLength === state.byteLength)).toBe(true);
+  });
+
+  it("an encoded value split back into its chunks decodes from them; an array in a chunk of its own is viewed, not copied", () => {
+    const model = Float64Array.from({ length: 1000 }, (_, i) => i / 7);
+    const values: unknown[] = [undefined, "text", model, { step: 4, w: model, tags: ["a"] }];
+    for (const v of values) {
+      const enc = encodeValue(v);
+      const chunks = encodedValueChunks(enc);
+      expect(Buffer.concat(chunks).equals(enc)).toBe(true);
+      expect(decodeValueChunks(chunks)).toEqual(decodeValue(enc));
+      // Any other split is joined first.
+      expect(decodeValueChunks([enc.subarray(0, 3), enc.subarray(3)])).toEqual(decodeValue(enc));
+    }
+    // As a receiver gets them when each chunk was a frame of its own: in aligned memory.
+    const own = encodedValueChunks(encodeValue(model)).map((c) => Buffer.from(c));
+    const got = decodeValueChunks(own) as Float64Array;
+    expect(got).toEqual(model);
+    expect(got.buffer).toBe(own[1]!.buffer);
+    expect(() => encodedValueChunks(encodeValue(model).subarray(0, 40))).toThrow(/truncated/);
   });
 });

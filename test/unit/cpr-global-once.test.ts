@@ -31,7 +31,7 @@ async function line(size: number, globalOf: (rank: number) => unknown): Promise<
 }
 
 /** The ranks restart from line 1: each restores from its own part; the exchange runs; resolves to what restore() gives. */
-async function restart(old: FakeRank[], tamper?: (body: { global?: Uint8Array }) => void, maxMessageBytes?: number) {
+async function restart(old: FakeRank[], tamper?: (body: { global?: Uint8Array[] }) => void, maxMessageBytes?: number) {
   const ranks = old.map((o) => fakeRank(o.rank, { size: o.size, own: o.own, ...(maxMessageBytes === undefined ? {} : { maxMessageBytes }) }));
   for (const r of ranks) await r.driver.beforeStart(r.restoreTable(1));
   const started = ranks.map((r) =>
@@ -44,7 +44,7 @@ async function restart(old: FakeRank[], tamper?: (body: { global?: Uint8Array })
     for (const from of ranks)
       for (const to of ranks) {
         if (to === from) continue;
-        if (tag === PROTO_CPR_GLOBAL && tamper !== undefined) for (const s of from.out) if (s.tag === tag) tamper(s.body as { global?: Uint8Array });
+        if (tag === PROTO_CPR_GLOBAL && tamper !== undefined) for (const s of from.out) if (s.tag === tag) tamper(s.body as { global?: Uint8Array[] });
         deliver(from, to, tag);
       }
     await settle();
@@ -99,7 +99,8 @@ describe("a line's global, stored once", () => {
     const ranks = await line(2, () => model(4));
     // Line 1's writer is rank 1; rank 0's part names it. One byte of what rank 1 sends changes.
     const restored = await restart(ranks, (body) => {
-      if (body.global !== undefined) body.global[100] = body.global[100]! ^ 1;
+      const data = body.global?.at(-1);
+      if (data !== undefined) data[100] = data[100]! ^ 1;
     });
     expect(restored[1]!.outcome.ok).toBe(true);
     expect(restored[0]!.outcome.ok).toBe(false);

@@ -20,7 +20,7 @@
  */
 import { createHash } from "node:crypto";
 import { LifelineError, errorMessage } from "../../errors.ts";
-import { decodeValue, encodeValue, encodeValueChunks } from "../../mpi/codec.ts";
+import { decodeValue, decodeValueChunks, encodedValueChunks, encodeValue, encodeValueChunks } from "../../mpi/codec.ts";
 import type { CoordinatorToRank, PartRefWire } from "../../mpi/control.ts";
 import type { CprHook, CprHookFactory, CprWorldAccess, LibState, NondetEntry, NondetTicket, RawFrame } from "../../mpi/cpr-hook.ts";
 import { PROTO_CPR_BASE } from "../../mpi/cpr-hook.ts";
@@ -174,8 +174,8 @@ interface Part {
   nondet: [number, NondetEntry][];
 }
 
-/** SHA-256 of `data`, hashed in slices over a few turns of the event loop (see sliced). */
-async function sha256Yielding(data: Uint8Array): Promise<Buffer> {
+/** SHA-256 of `data` (the concatenation of its chunks), hashed in slices over a few turns of the event loop (see sliced). */
+async function sha256Yielding(data: Uint8Array | readonly Uint8Array[]): Promise<Buffer> {
   const hash = createHash("sha256");
   await sliced(data, (slice) => hash.update(slice));
   return hash.digest();
@@ -410,14 +410,16 @@ export class CoordinatedDriver implements CprHook {
       this.globalFailure ??= err;
       this.globalWaiter?.(err);
     };
-    if (!(body.global instanceof Uint8Array)) return fail(typeof body.missing === "string" ? `is missing: ${body.missing}` : "came without its bytes");
-    const bytes = asBuffer(body.global);
-    if (bytes.length !== wanted.bytes || !(await sha256Yielding(bytes)).equals(wanted.sha256)) {
-      return fail(`does not match the SHA-256 this rank's part recorded (${bytes.length} bytes, expected ${wanted.bytes})`);
+    const g = body.global;
+    const chunks = g instanceof Uint8Array ? [asBuffer(g)] : Array.isArray(g) && g.every((c) => c instanceof Uint8Array) ? g.map(asBuffer) : undefined;
+    if (chunks === undefined) return fail(typeof body.missing === "string" ? `is missing: ${body.missing}` : "came without its bytes");
+    const length = chunks.reduce((n, c) => n + c.length, 0);
+    if (length !== wanted.bytes || !(await sha256Yielding(chunks)).equals(wanted.sha256)) {
+      return fail(`does not match the SHA-256 this rank's part recorded (${length} bytes, expected ${wanted.bytes})`);
     }
     if (this.pendingGlobal !== wanted) return;
     this.pendingGlobal = undefined;
-    if (this.restoredPart !== undefined) this.restoredPart.global = decodeValue(bytes);
+    if (this.restoredPart !== undefined) this.restoredPart.global = decodeValueChunks(chunks);
     this.globalWaiter?.();
   }
 
@@ -515,7 +517,8 @@ export class CoordinatedDriver implements CprHook {
                   epoch: w.epoch,
                   missing: `it is ${served.bytes.length} bytes, longer than this run's --max-message of ${max}; run with a larger --max-message`,
                 }
-              : { epoch: w.epoch, global: served.bytes },
+              : // As its chunks: the array inside arrives as a frame of its own, which the asker views, not copies.
+                { epoch: w.epoch, global: encodedValueChunks(served.bytes) },
         );
         return;
       }
