@@ -20,6 +20,7 @@
  */
 import { createHash } from "node:crypto";
 import { LifelineError, errorMessage } from "../../errors.ts";
+import { BouncePool } from "../../mpi/bounce-pool.ts";
 import { decodeValue, decodeValueChunks, encodedValueChunks, encodeValue, encodeValueChunks } from "../../mpi/codec.ts";
 import type { CoordinatorToRank, PartRefWire } from "../../mpi/control.ts";
 import type { CprHook, CprHookFactory, CprWorldAccess, LibState, NondetEntry, NondetTicket, RawFrame } from "../../mpi/cpr-hook.ts";
@@ -100,6 +101,14 @@ export const PROTO_CPR_GLOBAL_WANT = PROTO_CPR_BASE + 6;
 export const PROTO_CPR_GLOBAL = PROTO_CPR_BASE + 7;
 /** Globals smaller than this are stored by every rank: the exchange would cost more than the bytes. */
 const GLOBAL_SHARED_BYTES_MIN = 64 * 1024;
+/**
+ * A global of at least this size is saved into memory that the next checkpoint reuses once its
+ * line is committed: a copy into fresh memory faults in every page, which took 48-125 ms for a
+ * 64 MiB global here, several times the copy itself.
+ */
+const POOLED_GLOBAL_BYTES_MIN = 1024 * 1024;
+/** Idle memory of saved globals kept for the next checkpoint. */
+const GLOBAL_POOL_BYTES_MAX = 256 * 1024 * 1024;
 /** How long a rank waits for its line's global writer's SHA-256 before it stores its own global. */
 const GLOBAL_SUM_WAIT_MS = 60_000;
 /**
@@ -253,6 +262,13 @@ export class CoordinatedDriver implements CprHook {
   private deferred = 0;
   /** Per requested epoch: each rank's next checkpoint() call when it heard the request. */
   private readonly nextCalls = new Map<number, Map<number, number>>();
+  /** Memory for saved globals (see POOLED_GLOBAL_BYTES_MIN). */
+  private readonly globalPool = new BouncePool(GLOBAL_POOL_BYTES_MAX, 8);
+  /**
+   * Saved globals in pooled memory, by epoch, until their line is committed (then nothing reads
+   * them any more: the part and its copy are durable) and their SHA-256 is done.
+   */
+  private readonly pooledGlobals = new Map<number, { buf: Buffer; hashed: Promise<unknown> }>();
   /** Writes of the copies this rank keeps for others, in arrival order. */
   private heldWrites: Promise<void> = Promise.resolve();
   private readonly heldStores = new Map<number, Promise<PartStoreLike>>();
@@ -553,8 +569,16 @@ export class CoordinatedDriver implements CprHook {
   onControl(msg: CoordinatorToRank): void {
     if (msg.t === "cpr-committed") {
       const keep = msg.keep;
-      // Every copy of the line is kept by now: the globals kept for them may go.
+      // Every copy of the line is kept by now: the globals kept for them may go, and the
+      // memory of the saved ones is the next checkpoint's.
       for (const e of this.ownGlobals.keys()) if (e <= msg.epoch) this.ownGlobals.delete(e);
+      for (const [e, p] of this.pooledGlobals) {
+        if (e > msg.epoch) continue;
+        this.pooledGlobals.delete(e);
+        void p.hashed.then(() => {
+          if (!this.closing) this.globalPool.release(p.buf);
+        });
+      }
       this.writes = this.writes
         .then(async () => {
           const parts = await this.store();
@@ -585,6 +609,8 @@ export class CoordinatedDriver implements CprHook {
       const epoch = msg.epoch;
       this.abortedEpochs.add(epoch);
       this.ownGlobals.delete(epoch);
+      // Its part may still be being written from it: left to the garbage collector.
+      this.pooledGlobals.delete(epoch);
       this.globalSumWaiters.get(epoch)?.();
       for (const [source, kept] of this.aheadOf)
         this.aheadOf.set(
@@ -666,10 +692,12 @@ export class CoordinatedDriver implements CprHook {
     // it is channel state saved below.
     flushSelf();
     const value = typeof state === "function" ? (state as () => unknown)() : state;
+    let pooled: Buffer | undefined;
     const saved: Saved = {
       epoch: this.machine.epoch + 1,
       state: encodeValue(value),
-      global: global === undefined ? null : encodeValue(global),
+      global:
+        global === undefined ? null : encodeValue(global, (n) => (n < POOLED_GLOBAL_BYTES_MIN ? Buffer.allocUnsafe(n) : (pooled = this.globalPool.acquire(n)))),
       lib: encodeValue(this.access.captureLibState()),
     };
     // Hashed in the background while the round records: the part needs it (shareGlobal).
@@ -677,6 +705,11 @@ export class CoordinatedDriver implements CprHook {
       saved.globalSha256 = sha256Yielding(saved.global);
       saved.globalSha256.catch(() => undefined);
       if (this.partner !== undefined) this.keepOwnGlobal(saved.epoch, { bytes: saved.global, sha256: saved.globalSha256 });
+    }
+    if (pooled !== undefined) {
+      this.pooledGlobals.set(saved.epoch, { buf: pooled, hashed: (saved.globalSha256 ?? Promise.resolve()).catch(() => undefined) });
+      // Lines that never ended (the job stopped them) are left to the garbage collector.
+      for (const e of [...this.pooledGlobals.keys()]) if (e < saved.epoch - 2) this.pooledGlobals.delete(e);
     }
     this.saved = saved;
     this.lateBytes = 0;
@@ -731,6 +764,7 @@ export class CoordinatedDriver implements CprHook {
     this.copying.clear();
     this.aheadOf.clear();
     this.ownGlobals.clear();
+    this.pooledGlobals.clear();
     for (const wake of [...this.globalSumWaiters.values()]) wake();
     this.globalWaiter?.(new LifelineError("CPR_RESTORE", `rank ${this.access.rank} closed while waiting for its line's global`));
     await this.writes.catch(() => undefined);
