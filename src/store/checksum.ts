@@ -86,8 +86,8 @@ export async function sliced(
 
 /**
  * CRC-32 of `data` computed in slices (see {@link sliced}). Used while the same bytes are
- * being written and fsynced by the thread pool: the write's completion is handled between
- * turns, so the fsync runs while the CRC goes on. Never rejects.
+ * being written (and synced) by the thread pool, whose completion is handled between turns.
+ * Never rejects.
  *
  * @example
  * const [sum] = await Promise.all([crc32Yielding(bytes), writeAndSync(bytes)]);

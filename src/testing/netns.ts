@@ -173,7 +173,7 @@ export class TestCluster {
   /**
    * Drops `percent` of the packets host `i` receives and sends, at random (nftables in the
    * host's namespace); 0 removes the rule. `rtoMaxMs` caps TCP's retransmission timeout on every
-   * host (`net.ipv4.tcp_rto_max_ms`, a per-namespace setting of Linux 6.15 and later; ignored
+   * host (`net.ipv4.tcp_rto_max_ms`, per namespace on recent Linux kernels, 6.18 here; ignored
    * where it does not exist): with 20% loss the timeout of a segment lost again and again
    * doubles up to the kernel's 120 s, and one connection can stall a job for a minute.
    */
