@@ -396,7 +396,11 @@ export class CprRestartPolicy implements RestartPolicy {
   }
 
   tableFor(rank: number): Partial<Extract<CoordinatorToRank, { t: "table" }>> {
-    const hostFields = this.perHost ? { keep: [...this.keep], ...(this.partners?.[rank] === undefined ? {} : { partner: this.partners[rank] }) } : {};
+    const every = this.config.checkpointEvery;
+    const hostFields = {
+      ...(this.perHost ? { keep: [...this.keep], ...(this.partners?.[rank] === undefined ? {} : { partner: this.partners[rank] }) } : {}),
+      ...(every.kind === "steps" ? { checkpointSteps: every.steps } : {}),
+    };
     const line = this.restoreLine;
     if (line === undefined) return hostFields;
     const ref = line.parts[rank]!;

@@ -103,6 +103,12 @@ export type CoordinatorToRank =
        */
       partner?: number;
       keep?: number[];
+      /**
+       * cpr with `--checkpoint-every Nsteps`: N. A rank reports its step count as soon as it has
+       * made N `checkpoint()` calls since its last checkpoint, not only every 200 ms, so that the
+       * coordinator asks for the next line after N steps, as the flag says.
+       */
+      checkpointSteps?: number;
       /** retry-one: ranks down right now (dead, not running again yet). */
       down?: number[];
       /**

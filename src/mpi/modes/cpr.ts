@@ -37,6 +37,11 @@ export class CprMode extends LoggedMode {
   private readonly hook: CprHook;
   /** Results of bootstrap collectives by key (encoded), kept in every checkpoint. */
   private readonly bootstrapResults = new Map<string, Buffer>();
+  /** `--checkpoint-every Nsteps`: N, from the table (see its `checkpointSteps`). */
+  private reportEvery: number | undefined;
+  /** checkpoint() calls since this rank's last checkpoint, and whether they were reported as due. */
+  private callsSinceCheckpoint = 0;
+  private reportedDue = false;
 
   constructor(core: ModeCore, factory: CprHookFactory) {
     super(core);
@@ -127,6 +132,7 @@ export class CprMode extends LoggedMode {
   }
 
   override beforeStart(table: Extract<CoordinatorToRank, { t: "table" }>): Promise<void> {
+    this.reportEvery = typeof table.checkpointSteps === "number" && table.checkpointSteps > 0 ? table.checkpointSteps : undefined;
     // Restore the library state and re-inject logged messages before anything new can
     // arrive: this keeps every channel's order.
     return this.hook.beforeStart(table);
@@ -176,8 +182,18 @@ export class CprMode extends LoggedMode {
     }
     const before = this.hook.epoch;
     this.hook.checkpoint(state, global, () => this.core.channel.deliverSelf(Infinity));
-    if (this.hook.epoch !== before) this.core.versions = this.hook.epoch;
-    this.core.reportStep(this.hook.epoch !== before);
+    const took = this.hook.epoch !== before;
+    if (took) {
+      this.core.versions = this.hook.epoch;
+      this.callsSinceCheckpoint = 0;
+      this.reportedDue = false;
+    } else {
+      this.callsSinceCheckpoint++;
+    }
+    // With --checkpoint-every Nsteps the coordinator hears at once that N steps went by.
+    const due = !this.reportedDue && this.reportEvery !== undefined && this.callsSinceCheckpoint >= this.reportEvery;
+    if (due) this.reportedDue = true;
+    this.core.reportStep(took || due);
   }
 
   /**
