@@ -299,13 +299,9 @@ export function analyzeFaults(events: readonly RecordedEvent[], faults: readonly
 }
 
 /**
- * Steps the state of line `epoch` holds: the step count at which the rank first reported that
- * epoch (it is reported at the very checkpoint() call that took it). Epoch 0, or no line, is
- * the beginning.
- */
-/**
  * The steps the state of `epoch` held: the step count at which the rank first reported that
- * epoch. The launcher's --json step events are thinned (one per rank per 250 ms), so that
+ * epoch (it is reported at the very checkpoint() call that took it); epoch 0, or no line, is
+ * the beginning. The launcher's --json step events are thinned (one per rank per 250 ms), so that
  * report may be missing: then the nearest earlier epoch's count stands in, plus — in retry-one,
  * where every checkpoint() call is a version of its own — one step per version in between,
  * never past the next reported epoch's count.

@@ -375,7 +375,7 @@ export function encodeValue(data: unknown, alloc?: (bytes: number) => Buffer): B
  */
 export function encodeValueChunks(data: unknown): Buffer[] {
   const body = encodeBody(data, { copy: false });
-  const frames = body.frames.map((f) => (Buffer.isBuffer(f) ? f : Buffer.from(f.buffer, f.byteOffset, f.byteLength)));
+  const frames = body.frames.map((f) => bytesOf(f, false));
   return [
     encodedValueHead(
       body.encoding,

@@ -53,9 +53,8 @@ export interface BlobDir {
   /**
    * Creates blob `name` (which must not exist) holding `header` and then `payload` (its chunks
    * in order), durably: file and directory entry are synced when it resolves. Returns the
-   * payload's CRC-32, which the file backend computes while the write and the fsync run. With
-   * `signal` aborted, it stops before its next sync, removes the unfinished file and rejects
-   * with the signal's reason.
+   * payload's CRC-32, which the file backend computes while its synced write runs. With
+   * `signal` aborted, it removes the unfinished file and rejects with the signal's reason.
    */
   write(name: string, header: Buffer, payload: readonly Uint8Array[], signal?: AbortSignal): Promise<number>;
   /** The blob's first `headerBytes` bytes and the rest, or `undefined` if it does not exist. */

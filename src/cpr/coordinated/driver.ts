@@ -21,7 +21,7 @@
 import { createHash } from "node:crypto";
 import { LifelineError, errorMessage } from "../../errors.ts";
 import { BouncePool } from "../../mpi/bounce-pool.ts";
-import { decodeValue, decodeValueChunks, encodedValueChunks, encodeValue, encodeValueChunks } from "../../mpi/codec.ts";
+import { bytesOf, decodeValue, decodeValueChunks, encodedValueChunks, encodeValue, encodeValueChunks } from "../../mpi/codec.ts";
 import type { CoordinatorToRank, PartRefWire } from "../../mpi/control.ts";
 import type { CprHook, CprHookFactory, CprWorldAccess, LibState, NondetEntry, NondetTicket, RawFrame } from "../../mpi/cpr-hook.ts";
 import { PROTO_CPR_BASE } from "../../mpi/cpr-hook.ts";
@@ -85,8 +85,8 @@ export const PROTO_CPR_COPIED = PROTO_CPR_BASE + 3;
 export const PROTO_CPR_AHEAD = PROTO_CPR_BASE + 4;
 /** States sent ahead that a partner keeps per source rank, waiting for their parts. */
 const AHEAD_KEPT_MAX = 3;
-/** This rank's own globals kept (by line) to complete a partner's copy that names one (PROTO_CPR_COPY). */
-const OWN_GLOBALS_KEPT = 2;
+/** Lines whose saved globals a rank keeps (see keptGlobals): a line that never ended goes after this many newer ones. */
+const KEPT_GLOBALS_MAX = 2;
 /**
  * A line's `global` — identical on every rank by the API's contract — is stored once: by the
  * line's global writer (rank epoch mod size), whose part holds it. Each other rank compares
@@ -190,10 +190,6 @@ async function sha256Yielding(data: Uint8Array | readonly Uint8Array[]): Promise
   return hash.digest();
 }
 
-function asBuffer(b: Uint8Array): Buffer {
-  return Buffer.isBuffer(b) ? b : Buffer.from(b.buffer, b.byteOffset, b.byteLength);
-}
-
 /** The factory World.join takes in mode cpr. */
 export function coordinatedHook(openParts: () => Promise<PartStoreLike>, opts: CoordinatedDriverOptions = {}): CprHookFactory {
   return (access, host) => new CoordinatedDriver(access, host, openParts, opts);
@@ -234,11 +230,14 @@ export class CoordinatedDriver implements CprHook {
   /** The epoch whose state went ahead to the partner (and to which partner). */
   private ahead: Ahead | undefined;
   /**
-   * Per-host stores: this rank's own globals that may be stored once, by epoch, with their
-   * SHA-256, until their line commits or aborts: a partner's copy naming an equal one is
-   * completed from these bytes (PROTO_CPR_COPY).
+   * This rank's saved globals, by epoch, kept until their line commits or aborts when a
+   * partner's copy may name one (per-host stores, a global that may be stored once: the copy is
+   * completed from these bytes, PROTO_CPR_COPY) or when they are in pooled memory (`pooled`:
+   * back to the pool once committed and hashed, since then nothing reads them any more; an
+   * aborted line's part may still be being written from it, so that memory is left to the
+   * garbage collector).
    */
-  private readonly ownGlobals = new Map<number, { bytes: Buffer; sha256: Promise<Buffer> }>();
+  private readonly keptGlobals = new Map<number, { bytes: Buffer; sha256: Promise<Buffer> | undefined; pooled: boolean }>();
   /**
    * Per source rank: the states it sent ahead of its parts, oldest first, until each part comes
    * (a part's copy may leave after the next checkpoint's state went ahead); at most
@@ -264,11 +263,6 @@ export class CoordinatedDriver implements CprHook {
   private readonly nextCalls = new Map<number, Map<number, number>>();
   /** Memory for saved globals (see POOLED_GLOBAL_BYTES_MIN). */
   private readonly globalPool = new BouncePool(GLOBAL_POOL_BYTES_MAX, 8);
-  /**
-   * Saved globals in pooled memory, by epoch, until their line is committed (then nothing reads
-   * them any more: the part and its copy are durable) and their SHA-256 is done.
-   */
-  private readonly pooledGlobals = new Map<number, { buf: Buffer; hashed: Promise<unknown> }>();
   /** Writes of the copies this rank keeps for others, in arrival order. */
   private heldWrites: Promise<void> = Promise.resolve();
   private readonly heldStores = new Map<number, Promise<PartStoreLike>>();
@@ -355,7 +349,7 @@ export class CoordinatedDriver implements CprHook {
       version: part.epoch,
     };
     // The global comes from its writer in afterStart; this rank's own may be asked for.
-    this.pendingGlobal = from === undefined ? undefined : { epoch: part.epoch, rank: from.rank, sha256: asBuffer(from.sha256), bytes: from.bytes };
+    this.pendingGlobal = from === undefined ? undefined : { epoch: part.epoch, rank: from.rank, sha256: bytesOf(from.sha256, false), bytes: from.bytes };
     this.servedGlobal = part.global === null ? undefined : { epoch: part.epoch, bytes: part.global };
     this.restoring = true;
   }
@@ -427,7 +421,8 @@ export class CoordinatedDriver implements CprHook {
       this.globalWaiter?.(err);
     };
     const g = body.global;
-    const chunks = g instanceof Uint8Array ? [asBuffer(g)] : Array.isArray(g) && g.every((c) => c instanceof Uint8Array) ? g.map(asBuffer) : undefined;
+    const chunks =
+      g instanceof Uint8Array ? [bytesOf(g, false)] : Array.isArray(g) && g.every((c) => c instanceof Uint8Array) ? g.map((c) => bytesOf(c, false)) : undefined;
     if (chunks === undefined) return fail(typeof body.missing === "string" ? `is missing: ${body.missing}` : "came without its bytes");
     const length = chunks.reduce((n, c) => n + c.length, 0);
     if (length !== wanted.bytes || !(await sha256Yielding(chunks)).equals(wanted.sha256)) {
@@ -499,7 +494,7 @@ export class CoordinatedDriver implements CprHook {
         const a = body as { epoch?: unknown; frames?: unknown };
         if (typeof a.epoch !== "number" || !Array.isArray(a.frames) || !a.frames.every((f) => f instanceof Uint8Array)) return;
         const kept = (this.aheadOf.get(header.source) ?? []).filter((k) => k.epoch !== a.epoch);
-        kept.push({ epoch: a.epoch, frames: a.frames.map(asBuffer) });
+        kept.push({ epoch: a.epoch, frames: a.frames.map((f) => bytesOf(f, false)) });
         // The oldest goes first: a part that has not come by now belongs to a round long over.
         if (kept.length > AHEAD_KEPT_MAX) kept.shift();
         this.aheadOf.set(header.source, kept);
@@ -511,7 +506,7 @@ export class CoordinatedDriver implements CprHook {
       case PROTO_CPR_GLOBAL_SUM: {
         const g = body as { epoch?: unknown; sha256?: unknown; bytes?: unknown };
         if (typeof g.epoch !== "number" || typeof g.bytes !== "number" || header.source !== g.epoch % this.access.size) return;
-        this.globalSums.set(g.epoch, { sha256: g.sha256 instanceof Uint8Array ? asBuffer(g.sha256) : null, bytes: g.bytes });
+        this.globalSums.set(g.epoch, { sha256: g.sha256 instanceof Uint8Array ? bytesOf(g.sha256, false) : null, bytes: g.bytes });
         // Older lines' sums are of no use any more (their parts are written or abandoned).
         for (const e of this.globalSums.keys()) if (e < g.epoch - 2) this.globalSums.delete(e);
         this.globalSumWaiters.get(g.epoch)?.();
@@ -569,15 +564,18 @@ export class CoordinatedDriver implements CprHook {
   onControl(msg: CoordinatorToRank): void {
     if (msg.t === "cpr-committed") {
       const keep = msg.keep;
-      // Every copy of the line is kept by now: the globals kept for them may go, and the
-      // memory of the saved ones is the next checkpoint's.
-      for (const e of this.ownGlobals.keys()) if (e <= msg.epoch) this.ownGlobals.delete(e);
-      for (const [e, p] of this.pooledGlobals) {
+      // Every copy of the line is kept by now: the globals kept for them may go, and pooled
+      // memory is the next checkpoint's.
+      for (const [e, g] of this.keptGlobals) {
         if (e > msg.epoch) continue;
-        this.pooledGlobals.delete(e);
-        void p.hashed.then(() => {
-          if (!this.closing) this.globalPool.release(p.buf);
-        });
+        this.keptGlobals.delete(e);
+        if (g.pooled) {
+          void (g.sha256 ?? Promise.resolve())
+            .catch(() => undefined)
+            .then(() => {
+              if (!this.closing) this.globalPool.release(g.bytes);
+            });
+        }
       }
       this.writes = this.writes
         .then(async () => {
@@ -608,9 +606,7 @@ export class CoordinatedDriver implements CprHook {
       // orders it) goes now; one not yet written is never written (writePart).
       const epoch = msg.epoch;
       this.abortedEpochs.add(epoch);
-      this.ownGlobals.delete(epoch);
-      // Its part may still be being written from it: left to the garbage collector.
-      this.pooledGlobals.delete(epoch);
+      this.keptGlobals.delete(epoch);
       this.globalSumWaiters.get(epoch)?.();
       for (const [source, kept] of this.aheadOf)
         this.aheadOf.set(
@@ -704,12 +700,10 @@ export class CoordinatedDriver implements CprHook {
     if (saved.global !== null && this.mayShareGlobal(saved.global)) {
       saved.globalSha256 = sha256Yielding(saved.global);
       saved.globalSha256.catch(() => undefined);
-      if (this.partner !== undefined) this.keepOwnGlobal(saved.epoch, { bytes: saved.global, sha256: saved.globalSha256 });
     }
-    if (pooled !== undefined) {
-      this.pooledGlobals.set(saved.epoch, { buf: pooled, hashed: (saved.globalSha256 ?? Promise.resolve()).catch(() => undefined) });
-      // Lines that never ended (the job stopped them) are left to the garbage collector.
-      for (const e of [...this.pooledGlobals.keys()]) if (e < saved.epoch - 2) this.pooledGlobals.delete(e);
+    if (saved.global !== null && (pooled !== undefined || (this.partner !== undefined && saved.globalSha256 !== undefined))) {
+      this.keptGlobals.set(saved.epoch, { bytes: saved.global, sha256: saved.globalSha256, pooled: pooled !== undefined });
+      for (const e of this.keptGlobals.keys()) if (e <= saved.epoch - KEPT_GLOBALS_MAX) this.keptGlobals.delete(e);
     }
     this.saved = saved;
     this.lateBytes = 0;
@@ -763,8 +757,7 @@ export class CoordinatedDriver implements CprHook {
     for (const done of this.copying.values()) done({ failure: "the rank is closing" });
     this.copying.clear();
     this.aheadOf.clear();
-    this.ownGlobals.clear();
-    this.pooledGlobals.clear();
+    this.keptGlobals.clear();
     for (const wake of [...this.globalSumWaiters.values()]) wake();
     this.globalWaiter?.(new LifelineError("CPR_RESTORE", `rank ${this.access.rank} closed while waiting for its line's global`));
     await this.writes.catch(() => undefined);
@@ -858,12 +851,6 @@ export class CoordinatedDriver implements CprHook {
     });
   }
 
-  /** Keeps this rank's global of line `epoch` for a partner's copy that names it (the newest few). */
-  private keepOwnGlobal(epoch: number, global: { bytes: Buffer; sha256: Promise<Buffer> }): void {
-    this.ownGlobals.set(epoch, global);
-    for (const e of [...this.ownGlobals.keys()].sort((x, y) => x - y).slice(0, -OWN_GLOBALS_KEPT)) this.ownGlobals.delete(e);
-  }
-
   /** A partner's part: kept in this rank's store of its copies, then acknowledged with its checksum. */
   private keepCopy(source: number, body: unknown): void {
     const b = body as { epoch?: unknown; chunks?: unknown };
@@ -882,7 +869,7 @@ export class CoordinatedDriver implements CprHook {
       part = (b.chunks as unknown[]).map((c) => {
         if (c instanceof Uint8Array) return c;
         if (typeof c === "object" && c !== null && (c as { global?: unknown }).global instanceof Uint8Array)
-          return { global: asBuffer((c as { global: Uint8Array }).global) };
+          return { global: bytesOf((c as { global: Uint8Array }).global, false) };
         if (typeof c !== "number") throw new Error("a chunk of the part is neither bytes nor a reference to its state");
         const f = ahead?.frames[c];
         if (f === undefined) throw new Error(`the state of line ${epoch}, sent ahead of the part, did not arrive`);
@@ -920,11 +907,11 @@ export class CoordinatedDriver implements CprHook {
    * by SHA-256, in order; undefined when it holds no global with that SHA-256.
    */
   private async ownGlobalsNamed(epoch: number, chunks: readonly (Uint8Array | { global: Buffer })[]): Promise<Buffer[] | undefined> {
-    const own = this.ownGlobals.get(epoch);
+    const own = this.keptGlobals.get(epoch);
     const out: Buffer[] = [];
     for (const c of chunks) {
       if (c instanceof Uint8Array) continue;
-      const sum = own === undefined ? undefined : await own.sha256.catch(() => undefined);
+      const sum = await own?.sha256?.catch(() => undefined);
       if (own === undefined || sum === undefined || !sum.equals(c.global)) return undefined;
       out.push(own.bytes);
     }
