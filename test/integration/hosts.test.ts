@@ -37,10 +37,9 @@ const LOSS_ATTEMPTS = 2;
 /**
  * The test hosts cap TCP's retransmission timeout under loss (TestCluster.loss), as an operator
  * of a lossy network may. Without the cap, a segment lost again and again doubles its timeout
- * up to the kernel's 120 s: with CURVE on, the retry-one run once made no step for 62 s after
- * every connection was up, until the rank on the lossy host was declared failed and restarted,
- * and `ss -ti` in the hosts' namespaces showed connections at back-off 5 (6.5 s) within 25 s
- * runs.
+ * up to the kernel's 120 s (eight losses in a row: 51 s): with CURVE on, the retry-one run
+ * once made no step for about a minute after every connection was up, until the rank on the
+ * lossy host was declared failed and restarted.
  */
 const LOSS_RTO_MAX_MS = 2_000;
 /** With CURVE on, the default; `LOSS_INSECURE=1` runs them --insecure. */
