@@ -138,8 +138,15 @@ class SetBox {
 }
 class NegZero {}
 
-/** Frames of the message being decoded; msgpackr's extension readers are synchronous. */
-let decodingFrames: Buffer[] = [];
+/**
+ * Frames of the message being decoded (msgpackr's extension readers are synchronous), in a
+ * process-wide slot rather than in this module: msgpackr keeps one registry of extension
+ * readers per process, and the last registration of a type wins. With two copies of this
+ * module loaded (a program importing both the built package and its sources, or two installed
+ * versions), the reader registered by one copy must see the frames the other copy's
+ * decodeBody set.
+ */
+const decoding = ((globalThis as Record<symbol, unknown>)[Symbol.for("lifeline.codec.decoding")] ??= { frames: [] }) as { frames: Buffer[] };
 
 // Extension type numbers 0x4c.. ("L"): registered for our private classes only, so a user's
 // own use of msgpackr in the same process is unaffected.
@@ -148,7 +155,7 @@ addExtension({
   type: 0x4c,
   write: (r: FrameRef) => [r.index, r.code],
   read: ([index, code]: [number, number]) => {
-    const frame = decodingFrames[index];
+    const frame = decoding.frames[index];
     if (frame === undefined) throw new LifelineError("MPI_DECODE", `message references missing frame ${index}`);
     return typedArrayFrom(code, frame);
   },
@@ -327,14 +334,14 @@ export function decodeBody(encoding: Encoding, arrayType: number, frames: Buffer
     case Encoding.msgpack: {
       const [first, ...rest] = frames;
       if (first === undefined) throw new LifelineError("MPI_DECODE", "a msgpack message has no body frame");
-      decodingFrames = rest;
+      decoding.frames = rest;
       try {
         return packr.unpack(first);
       } catch (err) {
         if (err instanceof LifelineError) throw err;
         throw new LifelineError("MPI_DECODE", `malformed msgpack body: ${(err as Error).message}`, { cause: err });
       } finally {
-        decodingFrames = [];
+        decoding.frames = [];
       }
     }
   }
