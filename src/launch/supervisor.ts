@@ -742,7 +742,8 @@ export class Supervisor {
   /**
    * Restarts every rank (cpr): kills the survivors at once (they roll back anyway), waits
    * until every process is gone, lets the policy choose the recovery line while no rank
-   * runs, then starts all ranks with attempt + 1 and a new rendezvous.
+   * runs, then starts all ranks with attempt + 1 and a new rendezvous. The back-off runs
+   * from the start, beside the kills and the choice: a restart waits for the longer of them.
    */
   private async restartAll(failure: RankFailure, delayMs: number): Promise<void> {
     this.restarting = true;
@@ -765,16 +766,17 @@ export class Supervisor {
     // Nothing of the dying attempt counts from now on: a rank cut off from here may still
     // deliver a finalize, which must not release a job that is restarting.
     this.coordinator?.endRound();
+    // The back-off counts from now, while the survivors die and the policy chooses the line.
+    const backoff = sleepMs(delayMs);
     for (const p of this.procs) if (p?.alive) p.kill();
     await Promise.all(this.procs.flatMap((p) => (p === undefined ? [] : [p.exited])));
-    if (delayMs > 0) await new Promise((resolve) => setTimeout(resolve, delayMs));
     if (this.stopping) {
       this.restarting = false;
       this.checkAllExited();
       return;
     }
     try {
-      await this.policy.prepareRestart?.(attempt);
+      await Promise.all([this.policy.prepareRestart?.(attempt), backoff]);
     } catch (err) {
       this.restarting = false;
       this.fail({
@@ -784,6 +786,11 @@ export class Supervisor {
         message: `cannot restart the job: ${errorMessage(err)}`,
         exitStatus: undefined,
       });
+      return;
+    }
+    if (this.stopping) {
+      this.restarting = false;
+      this.checkAllExited();
       return;
     }
     this.finalized.fill(false);
@@ -833,9 +840,10 @@ export class Supervisor {
         after: failure.message,
       });
     }
+    // The back-off counts from now, while the failed processes die.
+    const backoff = sleepMs(delayMs);
     for (const p of old) if (p?.alive) p.kill();
-    await Promise.all(old.flatMap((p) => (p === undefined ? [] : [p.exited])));
-    if (delayMs > 0) await new Promise((resolve) => setTimeout(resolve, delayMs));
+    await Promise.all([...old.flatMap((p) => (p === undefined ? [] : [p.exited])), backoff]);
     if (this.stopping) {
       for (const r of ranks) this.replacing.delete(r);
       this.checkAllExited();
@@ -1085,6 +1093,11 @@ export class Supervisor {
 
 /** The error file's name in the store directory, unless `--error-file` says otherwise. */
 export const ERROR_FILE_NAME = "errors.json";
+
+/** Resolves after `ms` milliseconds (at once for 0). */
+function sleepMs(ms: number): Promise<void> {
+  return ms > 0 ? new Promise((resolve) => setTimeout(resolve, ms)) : Promise.resolve();
+}
 
 function recordCause(failure: RankFailure, exit: RankExit | undefined): FailureRecord["cause"] {
   switch (failure.kind) {
