@@ -12,17 +12,20 @@
  * const buf = pool.acquire(1 << 20); buf.set(bytes); send(buf); // on receipt: pool.release(buf)
  */
 export class BouncePool {
-  private readonly free = new Map<number, ArrayBuffer[]>();
+  private readonly free = new Map<number, (ArrayBuffer | SharedArrayBuffer)[]>();
   private pooledBytes = 0;
 
   /**
    * @param maxPooledBytes idle memory the pool may keep; beyond it, released buffers are dropped.
    * @param classesPerOctave block sizes per power of two: 1 = powers of two (up to 2x the
    *   bytes asked for); 8 = at most 1/8 more than asked for (for large, repeating sizes).
+   * @param opts.shared blocks are SharedArrayBuffers, which another thread can read without a
+   *   copy (see sha256OffThread).
    */
   constructor(
     private readonly maxPooledBytes: number,
     private readonly classesPerOctave = 1,
+    private readonly opts: { shared?: boolean } = {},
   ) {}
 
   /** The block size that serves `bytes`. */
@@ -42,12 +45,12 @@ export class BouncePool {
       this.pooledBytes -= size;
       return Buffer.from(block, 0, bytes);
     }
-    return Buffer.from(new ArrayBuffer(size), 0, bytes);
+    return Buffer.from(this.opts.shared === true ? new SharedArrayBuffer(size) : new ArrayBuffer(size), 0, bytes);
   }
 
   /** Gives back a buffer from {@link acquire} once nothing reads it any more. */
   release(buf: Buffer): void {
-    const block = buf.buffer as ArrayBuffer;
+    const block = buf.buffer;
     const size = block.byteLength;
     if (this.pooledBytes + size > this.maxPooledBytes) return;
     let list = this.free.get(size);

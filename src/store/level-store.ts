@@ -35,7 +35,7 @@ import { dirname, join, resolve } from "node:path";
 import { Level } from "level";
 import { LifelineError } from "../errors.ts";
 import type { BlobDir, KvDb, KvOp } from "./backend.ts";
-import { crc32Yielding } from "./checksum.ts";
+import { crc32OffThread } from "./checksum-thread.ts";
 import { KvLineManifest } from "./manifest.ts";
 import { KvRankPartStore } from "./part-store.ts";
 import { checkRank, corrupt, deepestMessage, notOpen, storeError } from "./records.ts";
@@ -459,9 +459,10 @@ class FileBlobDir implements BlobDir {
     entrySynced.catch(() => undefined);
     let checksum: number;
     try {
-      // The synced write runs in libuv's thread pool; the CRC is computed on this thread meanwhile.
+      // The synced write runs in libuv's thread pool; the CRC meanwhile, on the checksum thread
+      // for bytes in shared memory (a cpr rank's saved global), else on this thread in slices.
       const durable = writevFully(fh, [header, ...payload], 0);
-      const [written, summed] = await Promise.allSettled([durable, crc32Yielding(payload)]);
+      const [written, summed] = await Promise.allSettled([durable, crc32OffThread(payload)]);
       if (written.status === "rejected") throw written.reason;
       if (summed.status === "rejected") throw summed.reason;
       checksum = summed.value;
