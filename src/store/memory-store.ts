@@ -149,7 +149,7 @@ export class MemoryRecoveryStore implements RecoveryStore, StoreFaults {
 
   async corruptPart(rank: number, epoch: number): Promise<void> {
     const { data, key, record } = this.partRecord(rank, epoch);
-    const blob = record["blob"];
+    const blob = record["blob"] ?? middleBlock(record);
     if (typeof blob === "string") {
       const file = data.blobs.get(blob);
       if (file === undefined) throw new Error(`corruptPart: rank ${rank}'s blob ${blob} does not exist`);
@@ -162,7 +162,7 @@ export class MemoryRecoveryStore implements RecoveryStore, StoreFaults {
 
   async removePart(rank: number, epoch: number): Promise<void> {
     const { data, key, record } = this.partRecord(rank, epoch);
-    const blob = record["blob"];
+    const blob = record["blob"] ?? middleBlock(record);
     if (typeof blob === "string") data.blobs.delete(blob);
     else data.kv.delete(key);
   }
@@ -301,4 +301,13 @@ class MemoryBlobDir implements BlobDir {
 
 function osError(code: string, message: string): Error {
   return Object.assign(new Error(message), { code });
+}
+
+/**
+ * The block file in the middle of a blocked part's record (see BLOCKED_BYTES_MIN), which the
+ * fault helpers damage or remove; null for other records. Other parts may name the same file.
+ */
+export function middleBlock(record: Record<string, unknown>): string | null {
+  const runs = Array.isArray(record["blocks"]) ? (record["blocks"] as { f?: unknown }[]).filter((g) => typeof g.f === "string") : [];
+  return runs.length === 0 ? null : (runs[Math.floor(runs.length / 2)]!.f as string);
 }

@@ -22,13 +22,16 @@ import { isLifelineError } from "../errors.ts";
 import type { BlobDir, KvDb, KvOp } from "./backend.ts";
 import { KvHandle } from "./kv-handle.ts";
 import { crc32, formatChecksum } from "./checksum.ts";
+import { crc32OffThread, sha256OffThread } from "./checksum-thread.ts";
 import {
   BLOB_HEADER_BYTES,
   BLOB_NAME_RE,
+  BLOCK_NAME_RE,
   FORMAT_VERSION,
   PART_PREFIX,
   blobHeader,
   blobName,
+  blockName,
   bytesField,
   checkEpoch,
   checkRank,
@@ -43,13 +46,22 @@ import {
   storeError,
   uintField,
 } from "./records.ts";
-import { INLINE_BYTES_MAX, type PartCheck, type PartInfo, type PartRef, type RankPartStore } from "./types.ts";
+import { BLOCK_BYTES, BLOCKED_BYTES_MIN, INLINE_BYTES_MAX, type PartCheck, type PartInfo, type PartRef, type RankPartStore } from "./types.ts";
+
+/**
+ * A run of a blocked part's bytes (see BLOCKED_BYTES_MIN): a block file, which other parts may
+ * name too, or a few bytes kept in the record (the small chunks between large ones).
+ * In the record: `{ f: file, n: bytes, h: sha256 }` or `{ d: bytes }`.
+ */
+type Segment = { readonly file: string; readonly bytes: number; readonly sha256: Buffer } | { readonly data: Buffer };
 
 interface PartRecord extends PartInfo {
   /** The blob file's name when `location` is "blob". */
   readonly blob: string | undefined;
   /** The part's bytes when `location` is "inline". */
   readonly data: Buffer | undefined;
+  /** The part's runs when `location` is "blocks". */
+  readonly segments: readonly Segment[] | undefined;
 }
 
 type Loaded =
@@ -89,6 +101,8 @@ export class KvRankPartStore extends KvHandle implements RankPartStore {
   readonly rank: number;
   private readonly blobs: BlobDir;
   private readonly nowMs: () => number;
+  /** The block files the records name, by the hex SHA-256 of their bytes; built when first needed, dropped when records go. */
+  private blockIndex: Map<string, { file: string; bytes: number }> | undefined;
 
   // Writes run one at a time, in call order (KvHandle.serial): simpler to reason about than interleaved ones.
   private constructor(opts: KvRankPartStoreOptions) {
@@ -139,9 +153,15 @@ export class KvRankPartStore extends KvHandle implements RankPartStore {
         let checksum: number;
         let blob: string | undefined;
         let inline: Buffer | undefined;
+        let segments: Segment[] | undefined;
         if (length <= INLINE_BYTES_MAX) {
           inline = Buffer.concat(chunks);
           checksum = crc32(inline);
+        } else if (length >= BLOCKED_BYTES_MIN) {
+          const summed = crc32OffThread(chunks);
+          summed.catch(() => undefined);
+          segments = await this.writeBlocks(epoch, chunks, signal);
+          checksum = await summed;
         } else {
           blob = blobName(epoch, randomBytes(4).toString("hex"));
           checksum = await this.blobs.write(blob, blobHeader({ rank: this.rank, epoch, bytes: length }), chunks, signal);
@@ -157,21 +177,76 @@ export class KvRankPartStore extends KvHandle implements RankPartStore {
           timeMs,
           blob: blob ?? null,
           data: inline ?? null,
+          ...(segments === undefined ? {} : { blocks: segments.map((g) => ("data" in g ? { d: g.data } : { f: g.file, n: g.bytes, h: g.sha256 })) }),
         });
-        // The commit point of the part: synced, and only after its blob (if any) is durable.
-        // (An abandoned put leaves its blob unreferenced: the next open deletes it.)
+        // The commit point of the part: synced, and only after its blob or blocks (if any) are
+        // durable. (An abandoned put leaves them unreferenced: the next open deletes them.)
         signal?.throwIfAborted();
         await this.kv.write([{ type: "put", key: partKey(epoch), value: record }], { sync: true });
-        if (old?.blob !== undefined && old.blob !== blob) {
-          // The replaced part's blob is unreferenced now. The new part is already durable, so a
-          // failure here must not fail the put: the next open deletes unreferenced blobs.
-          await this.blobs.remove([old.blob]).catch(() => undefined);
+        if (segments !== undefined && this.blockIndex !== undefined) {
+          for (const g of segments) if ("file" in g) this.blockIndex.set(g.sha256.toString("hex"), { file: g.file, bytes: g.bytes });
+        }
+        if (old !== undefined) {
+          // The replaced part's files that no record names now. The new part is already
+          // durable, so a failure here must not fail the put: the next open deletes them.
+          await this.removeUnreferenced(filesOf(old)).catch(() => undefined);
         }
         return ref;
       } catch (err) {
         throw storeError(err, `rank ${this.rank}: writing its part of line ${epoch}`, this.location);
       }
     });
+  }
+
+  /**
+   * Writes the block files of a blocked part that the store does not hold yet (see
+   * BLOCKED_BYTES_MIN); resolves with the part's runs. A failure removes what it wrote.
+   */
+  private async writeBlocks(epoch: number, chunks: readonly Uint8Array[], signal: AbortSignal | undefined): Promise<Segment[]> {
+    const pieces = piecesOf(chunks);
+    const index = await this.blocks();
+    const sums = await Promise.all(pieces.map((p) => (p instanceof Uint8Array ? sha256OffThread(p) : Promise.resolve(undefined))));
+    const written = new Map<string, string>();
+    const writes: Promise<number>[] = [];
+    const segments = pieces.map((p, i): Segment => {
+      if (!(p instanceof Uint8Array)) return { data: p.data };
+      const sha256 = sums[i]!;
+      const hex = sha256.toString("hex");
+      const held = index.get(hex);
+      let file = held !== undefined && held.bytes === p.byteLength ? held.file : written.get(hex);
+      if (file === undefined) {
+        file = blockName(epoch, randomBytes(4).toString("hex"));
+        written.set(hex, file);
+        writes.push(this.blobs.write(file, blobHeader({ rank: this.rank, epoch, bytes: p.byteLength }), [p], signal));
+      }
+      return { file, bytes: p.byteLength, sha256 };
+    });
+    const failed = (await Promise.allSettled(writes)).find((r) => r.status === "rejected");
+    if (failed !== undefined) {
+      await this.blobs.remove([...written.values()]).catch(() => undefined);
+      throw failed.reason;
+    }
+    return segments;
+  }
+
+  /** The index of the block files the records name (see {@link blockIndex}). */
+  private async blocks(): Promise<Map<string, { file: string; bytes: number }>> {
+    if (this.blockIndex !== undefined) return this.blockIndex;
+    const index = new Map<string, { file: string; bytes: number }>();
+    for (const [key, value] of await this.kv.scan(PART_PREFIX, {})) {
+      const record = this.recordOf(key, value);
+      for (const g of record?.segments ?? []) if ("file" in g) index.set(g.sha256.toString("hex"), { file: g.file, bytes: g.bytes });
+    }
+    return (this.blockIndex = index);
+  }
+
+  /** Deletes those of `files` (blobs, blocks) that no record names. */
+  private async removeUnreferenced(files: readonly string[]): Promise<void> {
+    if (files.length === 0) return;
+    const named = new Set<string>();
+    for (const [key, value] of await this.kv.scan(PART_PREFIX, {})) for (const f of filesOfRecordValue(this.recordOf(key, value))) named.add(f);
+    this.blockIndex = undefined;
+    await this.blobs.remove(files.filter((f) => !named.has(f)));
   }
 
   async getPart(epoch: number): Promise<Buffer | undefined> {
@@ -266,15 +341,13 @@ export class KvRankPartStore extends KvHandle implements RankPartStore {
    */
   private async deleteRecords(rows: readonly [string, Buffer][]): Promise<number[]> {
     if (rows.length === 0) return [];
-    const blobs = rows.flatMap(([key, value]) => {
-      const blob = this.blobOfRecord(key, value);
-      return blob === undefined ? [] : [blob];
-    });
+    const files = rows.flatMap(([key, value]) => filesOfRecordValue(this.recordOf(key, value)));
     await this.kv.write(
       rows.map(([key]): KvOp => ({ type: "del", key })),
       { sync: true },
     );
-    await this.blobs.remove(blobs);
+    // Block files other parts still name stay.
+    await this.removeUnreferenced(files);
     return rows.map(([key]) => epochOfKey(key, PART_PREFIX)!);
   }
 
@@ -308,15 +381,21 @@ export class KvRankPartStore extends KvHandle implements RankPartStore {
       }
       blob = blobRaw;
     }
-    if ((blob === undefined) === (data === undefined)) throw corrupt(`${what}: record must hold either the bytes or a blob name`);
+    const segments = rec["blocks"] === undefined || rec["blocks"] === null ? undefined : segmentsField(rec["blocks"], what);
+    if ([blob, data, segments].filter((x) => x !== undefined).length !== 1) throw corrupt(`${what}: record must hold one of the bytes, a blob name or blocks`);
     if (data !== undefined && data.length !== bytes) throw corrupt(`${what}: record holds ${data.length} bytes, says ${bytes}`);
-    return { rank, epoch, bytes, checksum, timeMs, location: blob === undefined ? "inline" : "blob", blob, data };
+    if (segments !== undefined) {
+      const total = segments.reduce((n, g) => n + ("data" in g ? g.data.length : g.bytes), 0);
+      if (total !== bytes) throw corrupt(`${what}: record's blocks hold ${total} bytes, it says ${bytes}`);
+    }
+    const location = blob !== undefined ? "blob" : segments !== undefined ? "blocks" : "inline";
+    return { rank, epoch, bytes, checksum, timeMs, location, blob, data, segments };
   }
 
-  /** The blob a record names, or undefined if the record is inline or unreadable. */
-  private blobOfRecord(key: string, value: Buffer): string | undefined {
+  /** A record, or undefined if it is unreadable (its files become orphans, which the next open deletes). */
+  private recordOf(key: string, value: Buffer): PartRecord | undefined {
     try {
-      return this.decodePart(key, value).blob;
+      return this.decodePart(key, value);
     } catch (err) {
       if (isLifelineError(err, "STORE_CORRUPT")) return undefined;
       throw err;
@@ -369,6 +448,11 @@ export class KvRankPartStore extends KvHandle implements RankPartStore {
     if (record.data !== undefined) {
       data = record.data;
       where = `inline record in ${this.location}`;
+    } else if (record.segments !== undefined) {
+      where = `the block files of ${this.blobs.location}`;
+      const read = await this.readBlocks(what, record);
+      if (read.kind !== "ok") return read;
+      data = read.data;
     } else {
       const blob = record.blob!;
       where = this.blobs.pathOf(blob);
@@ -407,14 +491,113 @@ export class KvRankPartStore extends KvHandle implements RankPartStore {
     return { kind: "ok", record, data };
   }
 
+  /** A blocked part's bytes, each block checked against its header and the record. */
+  private async readBlocks(what: string, record: PartRecord): Promise<{ kind: "ok"; data: Buffer } | Exclude<Loaded, { kind: "ok" }>> {
+    const segments = record.segments!;
+    const data = Buffer.allocUnsafe(record.bytes);
+    const offsets: number[] = [];
+    let at = 0;
+    for (const g of segments) {
+      offsets.push(at);
+      at += "data" in g ? g.data.length : g.bytes;
+    }
+    const results = await Promise.all(
+      segments.map(async (g, i): Promise<Exclude<Loaded, { kind: "ok" }> | undefined> => {
+        if ("data" in g) {
+          g.data.copy(data, offsets[i]);
+          return undefined;
+        }
+        const where = this.blobs.pathOf(g.file);
+        let file: { header: Buffer; payload: Buffer } | undefined;
+        try {
+          file = await this.blobs.read(g.file, BLOB_HEADER_BYTES);
+        } catch (err) {
+          throw storeError(err, `reading ${what}`, where);
+        }
+        if (file === undefined) return { kind: "missing", message: `${what} is missing: block file ${where} does not exist` };
+        const header = parseBlobHeader(file.header);
+        if (typeof header === "string") return { kind: "corrupt", message: `${what} is damaged: block file ${where}: ${header}` };
+        if (header.rank !== this.rank || header.bytes !== g.bytes || file.payload.length !== g.bytes) {
+          return {
+            kind: "corrupt",
+            message: `${what} is damaged: block file ${where} describes rank ${header.rank} and ${header.bytes} bytes and holds ${file.payload.length}; its record says rank ${this.rank}, ${g.bytes} bytes`,
+          };
+        }
+        file.payload.copy(data, offsets[i]);
+        return undefined;
+      }),
+    );
+    return results.find((r) => r !== undefined) ?? { kind: "ok", data };
+  }
+
   private async collectOrphanBlobs(): Promise<void> {
     const referenced = new Set<string>();
-    for (const [key, value] of await this.kv.scan(PART_PREFIX, {})) {
-      const blob = this.blobOfRecord(key, value);
-      if (blob !== undefined) referenced.add(blob);
-    }
-    // Only files named like our blobs: anything else in the directory is not ours to delete.
-    const orphans = (await this.blobs.list()).filter((name) => BLOB_NAME_RE.test(name) && !referenced.has(name));
+    for (const [key, value] of await this.kv.scan(PART_PREFIX, {})) for (const f of filesOfRecordValue(this.recordOf(key, value))) referenced.add(f);
+    // Only files named like our blobs and blocks: anything else in the directory is not ours to delete.
+    const orphans = (await this.blobs.list()).filter((name) => (BLOB_NAME_RE.test(name) || BLOCK_NAME_RE.test(name)) && !referenced.has(name));
     if (orphans.length > 0) await this.blobs.remove(orphans);
   }
+}
+
+/** The files a record names: its blob, or its block files. */
+function filesOf(record: PartRecord): string[] {
+  if (record.blob !== undefined) return [record.blob];
+  return (record.segments ?? []).flatMap((g) => ("file" in g ? [g.file] : []));
+}
+
+function filesOfRecordValue(record: PartRecord | undefined): string[] {
+  return record === undefined ? [] : filesOf(record);
+}
+
+/**
+ * A blocked part's chunks cut into runs (see BLOCKED_BYTES_MIN): pieces of at most BLOCK_BYTES
+ * of each chunk of INLINE_BYTES_MAX or more, to be stored as blocks; smaller chunks in between
+ * gathered, kept in the record (`{ data }`) or, once they add up to INLINE_BYTES_MAX, a block too.
+ */
+function piecesOf(chunks: readonly Uint8Array[]): (Uint8Array | { data: Buffer })[] {
+  const out: (Uint8Array | { data: Buffer })[] = [];
+  let small: Uint8Array[] = [];
+  let smallBytes = 0;
+  const flush = (): void => {
+    if (smallBytes === 0) return;
+    const bytes = Buffer.concat(small);
+    out.push(smallBytes >= INLINE_BYTES_MAX ? bytes : { data: bytes });
+    small = [];
+    smallBytes = 0;
+  };
+  for (const c of chunks) {
+    if (c.byteLength < INLINE_BYTES_MAX) {
+      small.push(c);
+      smallBytes += c.byteLength;
+      if (smallBytes >= INLINE_BYTES_MAX) flush();
+      continue;
+    }
+    flush();
+    for (let off = 0; off < c.byteLength; off += BLOCK_BYTES) out.push(c.subarray(off, Math.min(off + BLOCK_BYTES, c.byteLength)));
+  }
+  flush();
+  return out;
+}
+
+/** A record's `blocks` field; `STORE_CORRUPT` naming `what` when it is malformed. */
+function segmentsField(raw: unknown, what: string): Segment[] {
+  if (!Array.isArray(raw) || raw.length === 0) throw corrupt(`${what}: field blocks is not a list of runs`);
+  return raw.map((g: unknown, i): Segment => {
+    const r = g as { f?: unknown; n?: unknown; h?: unknown; d?: unknown } | null;
+    if (r !== null && typeof r === "object" && r.d instanceof Uint8Array) return { data: Buffer.from(r.d.buffer, r.d.byteOffset, r.d.byteLength) };
+    if (
+      r === null ||
+      typeof r !== "object" ||
+      typeof r.f !== "string" ||
+      !BLOCK_NAME_RE.test(r.f) ||
+      typeof r.n !== "number" ||
+      !Number.isSafeInteger(r.n) ||
+      r.n <= 0 ||
+      !(r.h instanceof Uint8Array) ||
+      r.h.length !== 32
+    ) {
+      throw corrupt(`${what}: run ${i} of field blocks is neither bytes nor a block file with its size and SHA-256`);
+    }
+    return { file: r.f, bytes: r.n, sha256: Buffer.from(r.h.buffer, r.h.byteOffset, r.h.byteLength) };
+  });
 }

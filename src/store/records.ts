@@ -244,6 +244,20 @@ export function blobName(epoch: number, tag: string): string {
 /** What {@link blobName} makes; garbage collection deletes only files named like this. */
 export const BLOB_NAME_RE = /^[0-9a-f]{16}-[0-9a-f]{8}\.part$/;
 
+/**
+ * A block file's name (see BLOCKED_BYTES_MIN): the epoch of the part that first wrote it, then
+ * a random tag. It has the header of a blob file (its rank, that epoch, its bytes).
+ *
+ * @example
+ * blockName(7, "1a2b3c4d"); // "0000000000000007-1a2b3c4d.blk"
+ */
+export function blockName(epoch: number, tag: string): string {
+  return `${epochKeyPart(epoch)}-${tag}.blk`;
+}
+
+/** What {@link blockName} makes; garbage collection deletes only files named like this (or like blobs). */
+export const BLOCK_NAME_RE = /^[0-9a-f]{16}-[0-9a-f]{8}\.blk$/;
+
 // ---- arguments and errors -------------------------------------------------------------------
 
 /**

@@ -36,7 +36,9 @@ export interface PartRef {
 
 /**
  * A part as its rank store lists it. `location` tells whether the bytes sit inside the rank's
- * LevelDB (`inline`, small parts) or in a blob file next to it (`blob`, large parts).
+ * LevelDB (`inline`, small parts), in a blob file next to it (`blob`, large parts), or in
+ * block files that parts with equal bytes share (`blocks`, parts of {@link BLOCKED_BYTES_MIN}
+ * or more).
  *
  * @example
  * for (const p of await parts.listParts()) console.log(p.epoch, p.bytes, p.location);
@@ -44,7 +46,7 @@ export interface PartRef {
  */
 export interface PartInfo extends PartRef {
   readonly timeMs: number;
-  readonly location: "inline" | "blob";
+  readonly location: "inline" | "blob" | "blocks";
 }
 
 /**
@@ -417,9 +419,9 @@ export interface RecoveryStore {
  * (await latestLine(manifest, verifier)).warnings; // ["recovery line 7 is unusable ..."]
  */
 export interface StoreFaults {
-  /** Flips one byte of the part's payload (blob file or inline record). */
+  /** Flips one byte of the part's payload (blob file, middle block file, or inline record). */
   corruptPart(rank: number, epoch: number): Promise<void>;
-  /** Removes the part's bytes: its blob file, or its record if the part is inline. */
+  /** Removes the part's bytes: its blob file, its middle block file, or its record if the part is inline. */
   removePart(rank: number, epoch: number): Promise<void>;
   /** Flips one byte of line `epoch`'s commit record in the manifest. */
   corruptLineRecord(epoch: number): Promise<void>;
@@ -446,3 +448,15 @@ export const META_BYTES_MAX = 1 << 20;
  * synced 64 MiB put costs about 2x a file write: the reference row of bench/store-bench.ts).
  */
 export const INLINE_BYTES_MAX = 64 * 1024;
+
+/**
+ * Parts of at least this size are stored as blocks: each chunk of {@link INLINE_BYTES_MAX} or
+ * more is cut into pieces of {@link BLOCK_BYTES}, and each piece goes to a block file named in
+ * the part's record by its SHA-256. A piece equal to one the store already holds (the same
+ * bytes in an older line's part, as a large global that changed in a few places) is not
+ * written again: the new record names the same file. A line of 64 MiB whose global changed in
+ * one place writes about one block of it.
+ */
+export const BLOCKED_BYTES_MIN = 4 << 20;
+/** The size of a block (see {@link BLOCKED_BYTES_MIN}); the last piece of a chunk is shorter. */
+export const BLOCK_BYTES = 1 << 20;

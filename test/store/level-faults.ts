@@ -14,6 +14,7 @@ import { Level } from "level";
 import { BLOB_HEADER_BYTES, decodeRecord, lineKey, partKey } from "../../src/store/records.ts";
 import type { StoreFaults } from "../../src/store/types.ts";
 import { LevelRecoveryStore } from "../../src/store/level-store.ts";
+import { middleBlock } from "../../src/store/memory-store.ts";
 import { bytesOf } from "./suite.ts";
 
 export class LevelStoreFaults implements StoreFaults {
@@ -23,7 +24,8 @@ export class LevelStoreFaults implements StoreFaults {
     await this.withDb(join(this.dir, `rank-${rank}`, "parts"), async (db) => {
       const value = await db.get(partKey(epoch));
       if (value === undefined) throw new Error(`rank ${rank} has no part of line ${epoch}`);
-      const blob = decodeRecord(value, "fault injection")["blob"];
+      const rec = decodeRecord(value, "fault injection");
+      const blob = rec["blob"] ?? middleBlock(rec);
       if (typeof blob === "string") {
         const path = join(this.dir, `rank-${rank}`, "blobs", blob);
         const fh = await open(path, "r+");
@@ -44,7 +46,8 @@ export class LevelStoreFaults implements StoreFaults {
     await this.withDb(join(this.dir, `rank-${rank}`, "parts"), async (db) => {
       const value = await db.get(partKey(epoch));
       if (value === undefined) throw new Error(`rank ${rank} has no part of line ${epoch}`);
-      const blob = decodeRecord(value, "fault injection")["blob"];
+      const rec = decodeRecord(value, "fault injection");
+      const blob = rec["blob"] ?? middleBlock(rec);
       if (typeof blob === "string") await unlink(join(this.dir, `rank-${rank}`, "blobs", blob));
       else await db.del(partKey(epoch), { sync: true });
     });

@@ -16,6 +16,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { isLifelineError } from "../../src/errors.ts";
 import { crc32, crc32Portable, crc32Yielding, sliced } from "../../src/store/checksum.ts";
 import { LevelRecoveryStore, STORE_MARKER } from "../../src/store/level-store.ts";
+import { BLOCK_BYTES, BLOCKED_BYTES_MIN } from "../../src/store/types.ts";
 import { formatLines, listLines } from "../../src/store/lines.ts";
 import { latestLine, localVerifier, pruneLines } from "../../src/store/recovery.ts";
 import { LevelStoreFaults, populateStore } from "./level-faults.ts";
@@ -204,6 +205,46 @@ describe("LevelRecoveryStore on disk", () => {
     expect(existsSync(join(dir, "rank-1", "parts.tmp-0badc0de"))).toBe(false);
     expect((await latestLine(m, localVerifier([await store.openRank(0), p]))).line!.epoch).toBe(3);
     await m.close();
+    await p.close();
+  });
+
+  it("writes only the blocks of a large part that changed, and deletes block files once no part names them", async () => {
+    const dir = freshDir();
+    const store = new LevelRecoveryStore(dir);
+    const p = await store.openRank(0);
+    const blobs = join(dir, "rank-0", "blobs");
+    const blocks = async (): Promise<string[]> => (await readdir(blobs)).filter((f) => f.endsWith(".blk")).sort();
+    const global = bytesOf(8 * BLOCK_BYTES, 1);
+    const head = bytesOf(40, 2);
+    await p.putPart(1, [head, global]);
+    const first = await blocks();
+    expect(first).toHaveLength(8);
+    global[3 * BLOCK_BYTES + 5] = global[3 * BLOCK_BYTES + 5]! ^ 1;
+    const r2 = await p.putPart(2, [head, global]);
+    const second = await blocks();
+    expect(second).toHaveLength(9);
+    expect(second.filter((f) => !first.includes(f))).toHaveLength(1);
+    await p.retain([2]);
+    expect(await blocks()).toHaveLength(8);
+    expect((await p.readPart(r2)).equals(Buffer.concat([head, global]))).toBe(true);
+    await p.retain([], { dropNewer: true });
+    expect(await blocks()).toEqual([]);
+    await p.close();
+  });
+
+  it("deletes block files no record names when it opens, and nothing else", async () => {
+    const dir = freshDir();
+    const store = new LevelRecoveryStore(dir);
+    let p = await store.openRank(0);
+    const ref = await p.putPart(1, bytesOf(BLOCKED_BYTES_MIN, 3));
+    await p.close();
+    const blobs = join(dir, "rank-0", "blobs");
+    const kept = (await readdir(blobs)).sort();
+    await writeFile(join(blobs, "0000000000000002-deadbeef.blk"), "a block whose record was never written");
+    await writeFile(join(blobs, "0000000000000002-deadbeef.blk.bak"), "not ours");
+    p = await store.openRank(0);
+    expect((await readdir(blobs)).sort()).toEqual([...kept, "0000000000000002-deadbeef.blk.bak"].sort());
+    expect((await p.readPart(ref)).equals(bytesOf(BLOCKED_BYTES_MIN, 3))).toBe(true);
     await p.close();
   });
 

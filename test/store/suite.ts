@@ -16,7 +16,16 @@ import { isLifelineError, type LifelineError, type LifelineErrorCode } from "../
 import { crc32 } from "../../src/store/checksum.ts";
 import { listLinesIn } from "../../src/store/lines.ts";
 import { latestLine, localVerifier, pruneLines, recoverLocal } from "../../src/store/recovery.ts";
-import { INLINE_BYTES_MAX, type LineManifest, type PartRef, type RankPartStore, type RecoveryStore, type StoreFaults } from "../../src/store/types.ts";
+import {
+  BLOCK_BYTES,
+  BLOCKED_BYTES_MIN,
+  INLINE_BYTES_MAX,
+  type LineManifest,
+  type PartRef,
+  type RankPartStore,
+  type RecoveryStore,
+  type StoreFaults,
+} from "../../src/store/types.ts";
 
 /** What a factory hands each test. */
 export interface StoreFixture {
@@ -98,6 +107,69 @@ export function recoveryStoreSuite(name: string, factory: StoreFactory): void {
       await m.commitLine(epoch, refs);
       return refs;
     }
+
+    describe("blocked parts (BLOCKED_BYTES_MIN and more)", () => {
+      /** A large part as a codec makes it: small heads around two large arrays. */
+      const chunked = (seed: number): Buffer[] => [
+        bytesOf(10, seed),
+        bytesOf(BLOCKED_BYTES_MIN + BLOCK_BYTES / 2, seed + 1),
+        bytesOf(3, seed + 2),
+        bytesOf(INLINE_BYTES_MAX, seed + 3),
+        bytesOf(7, seed + 4),
+      ];
+
+      it("round-trip byte for byte, chunked or whole, and are listed as blocks", async () => {
+        const p = await rank(0);
+        const chunks = chunked(1);
+        const whole = Buffer.concat(chunks);
+        const a = await p.putPart(1, chunks);
+        const b = await p.putPart(2, whole);
+        for (const ref of [a, b]) {
+          expect(ref).toMatchObject({ checksum: crc32(whole), bytes: whole.length });
+          expect((await p.readPart(ref)).equals(whole)).toBe(true);
+        }
+        chunks[1]!.fill(0); // the store kept its own copy
+        await closeAll();
+        const again = await rank(0);
+        expect((await again.readPart(a)).equals(whole)).toBe(true);
+        expect((await again.listParts()).map((i) => [i.epoch, i.location])).toEqual([
+          [1, "blocks"],
+          [2, "blocks"],
+        ]);
+      });
+
+      it("share equal blocks: a part that changed in one place reads back whole, before and after the older one goes", async () => {
+        const p = await rank(1);
+        const first = chunked(5);
+        const second = first.map((c) => Buffer.from(c));
+        second[1]![BLOCK_BYTES + 17] = second[1]![BLOCK_BYTES + 17]! ^ 0xff;
+        const r1 = await p.putPart(1, first);
+        const r2 = await p.putPart(2, second);
+        expect((await p.readPart(r1)).equals(Buffer.concat(first))).toBe(true);
+        expect((await p.readPart(r2)).equals(Buffer.concat(second))).toBe(true);
+        expect(await p.retain([2])).toEqual([1]);
+        expect((await p.readPart(r2)).equals(Buffer.concat(second))).toBe(true);
+        await closeAll(); // the next open deletes what no record names, and nothing else
+        const again = await rank(1);
+        expect((await again.readPart(r2)).equals(Buffer.concat(second))).toBe(true);
+        // Written again for the same epoch (an aborted attempt's leftover): the blocks of the new bytes.
+        const r2b = await again.putPart(2, first);
+        expect((await again.readPart(r2b)).equals(Buffer.concat(first))).toBe(true);
+      });
+
+      it("a flipped byte or a lost block file makes a part unusable (STORE_CORRUPT), never wrong", async () => {
+        const p = await rank(0);
+        const r1 = await p.putPart(1, chunked(9));
+        const r2 = await p.putPart(2, chunked(20));
+        await closeAll();
+        await faults.corruptPart(0, 1);
+        await faults.removePart(0, 2);
+        const again = await rank(0);
+        expect(await again.checkPart(r1)).toMatchObject({ kind: "corrupt", message: expect.stringMatching(/checksum mismatch/) });
+        expect(await again.checkPart(r2)).toMatchObject({ kind: "missing", message: expect.stringMatching(/block file .* does not exist/) });
+        await expectCode(again.readPart(r1), "STORE_CORRUPT");
+      });
+    });
 
     describe("rank parts", () => {
       it("round-trips empty, inline and blob parts with their checksums", async () => {
