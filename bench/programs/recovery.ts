@@ -40,6 +40,16 @@ const steps = Number(values.steps);
 const failStep = Number(values["fail-step"]);
 const stepMs = Number(values["step-ms"]);
 
+/**
+ * Distinct values, as a trained model's are (a constant model would be all equal blocks, which
+ * a cpr line stores once: see BLOCKED_BYTES_MIN in src/store/types.ts).
+ */
+function initialModel(n: number): Float64Array {
+  const m = new Float64Array(n);
+  for (let i = 0; i < n; i++) m[i] = 1 + i * 2 ** -30;
+  return m;
+}
+
 interface Local {
   step: number;
   data: Float64Array;
@@ -52,7 +62,7 @@ if (recovering) {
   mark(`start ${startedMs.toFixed(3)}`);
   mark(`restored ${nowMs().toFixed(3)} step ${saved?.state.step ?? 0}`);
 }
-const model = saved?.global ?? new Float64Array((globalMib * (1 << 20)) / 8).fill(1);
+const model = saved?.global ?? initialModel((globalMib * (1 << 20)) / 8);
 const local: Local = saved?.state ?? { step: 0, data: new Float64Array(Math.max(1, (localMib * (1 << 20)) / 8)).fill(world.rank + 1) };
 
 const slice = Math.max(1, Math.floor(local.data.length / 16));

@@ -1,5 +1,5 @@
 /**
- * A line's `global` is stored once: the line's global writer (rank epoch mod size) keeps it in
+ * A line's `global` is stored once: the global writer (rank 0) keeps it in
  * its part; every other rank whose global has the same SHA-256 names the writer's instead of
  * holding a copy, and on a restore gets the bytes from the writer, checked against the SHA-256
  * its part recorded. A rank whose global differs keeps its own; a global that does not check
@@ -59,13 +59,13 @@ describe("a line's global, stored once", () => {
   it("the writer's part holds it, the others' name it; a restart gives every rank the same global, bit for bit", async () => {
     const g = model(3);
     const ranks = await line(3, () => g);
-    // Line 1's writer is rank 1 (1 mod 3).
-    expect(partOf(ranks[1]!).global).not.toBeNull();
-    for (const r of [0, 2]) {
+    // The writer is rank 0.
+    expect(partOf(ranks[0]!).global).not.toBeNull();
+    for (const r of [1, 2]) {
       const part = partOf(ranks[r]!);
       expect(part.v).toBe(2);
       expect(part.global).toBeNull();
-      expect(part.globalFrom).toMatchObject({ rank: 1, bytes: encodeValue(g).length });
+      expect(part.globalFrom).toMatchObject({ rank: 0, bytes: encodeValue(g).length });
       expect(ranks[r]!.own.get(1)!.length).toBeLessThan(4096);
     }
     const restored = await restart(ranks);
@@ -97,21 +97,21 @@ describe("a line's global, stored once", () => {
 
   it("a global that does not match the part's SHA-256 stops the restore with CPR_RESTORE", async () => {
     const ranks = await line(2, () => model(4));
-    // Line 1's writer is rank 1; rank 0's part names it. One byte of what rank 1 sends changes.
+    // The writer is rank 0; rank 1's part names it. One byte of what rank 0 sends changes.
     const restored = await restart(ranks, (body) => {
       const data = body.global?.at(-1);
       if (data !== undefined) data[100] = data[100]! ^ 1;
     });
-    expect(restored[1]!.outcome.ok).toBe(true);
-    expect(restored[0]!.outcome.ok).toBe(false);
-    expect(!restored[0]!.outcome.ok && restored[0]!.outcome.err.message).toMatch(/CPR_RESTORE|SHA-256/);
+    expect(restored[0]!.outcome.ok).toBe(true);
+    expect(restored[1]!.outcome.ok).toBe(false);
+    expect(!restored[1]!.outcome.ok && restored[1]!.outcome.err.message).toMatch(/CPR_RESTORE|SHA-256/);
   });
 
   it("a run resumed with a --max-message below the global's size stops the restore with a clear CPR_RESTORE, not a timeout", async () => {
     const ranks = await line(2, () => model(9));
     const restored = await restart(ranks, undefined, 100_000);
-    expect(restored[1]!.outcome.ok).toBe(true);
-    expect(!restored[0]!.outcome.ok && restored[0]!.outcome.err.message).toMatch(/longer than this run's --max-message of 100000/);
+    expect(restored[0]!.outcome.ok).toBe(true);
+    expect(!restored[1]!.outcome.ok && restored[1]!.outcome.err.message).toMatch(/longer than this run's --max-message of 100000/);
   });
 
   it("a writer whose sum never comes (the line is aborted) leaves the rank's own global in its part", async () => {
@@ -119,12 +119,12 @@ describe("a line's global, stored once", () => {
     const ranks = Array.from({ length: size }, (_, r) => fakeRank(r, { size }));
     for (const r of ranks) await r.driver.beforeStart(r.table);
     const g = model(6);
-    await round(ranks[0]!, 1, { step: 1 }, g);
-    // Rank 0 waits for rank 1's sum; the initiator aborts the line instead.
-    expect(ranks[0]!.controls.some((m) => m.t === "cpr-part")).toBe(false);
-    ranks[0]!.driver.onControl({ t: "cpr-aborted", epoch: 1 });
+    await round(ranks[1]!, 1, { step: 1 }, g);
+    // Rank 1 waits for rank 0's sum; the initiator aborts the line instead.
+    expect(ranks[1]!.controls.some((m) => m.t === "cpr-part")).toBe(false);
+    ranks[1]!.driver.onControl({ t: "cpr-aborted", epoch: 1 });
     await settle();
-    expect(partOf(ranks[0]!).global).not.toBeNull();
+    expect(partOf(ranks[1]!).global).not.toBeNull();
   });
 
   it("parts of format 1 (every rank its own global) still restore", async () => {

@@ -105,56 +105,58 @@ describe("partner copies sent ahead", () => {
   const globalOf = (seed: number) => Float64Array.from({ length: 100_000 }, (_, i) => Math.cos(i * seed));
 
   /**
-   * Line 1 on ranks 0 and 1, each the other's partner, with globals `g0` and `g1`: rank 1 is the
-   * line's global writer (1 mod 2). Every frame but the copies' answers is delivered; resolves
-   * to the frames rank 1 sent rank 0.
+   * Line 1 on ranks 0 and 1, each the other's partner: rank 0, the global writer, with global
+   * `gw`, rank 1 with `gp`. Every frame but the copies' answers is delivered; resolves to the
+   * frames the writer sent its partner.
    */
-  async function lineWithGlobals(g0: unknown, g1: unknown) {
-    const [a, b] = await partners();
-    await round(a, 1, { step: 1 }, g0);
-    await round(b, 1, { step: 1 }, g1);
-    deliver(b, a, PROTO_CPR_GLOBAL_SUM);
+  async function lineWithGlobals(gp: unknown, gw: unknown) {
+    const [writer, partner] = await partners();
+    await round(partner, 1, { step: 1 }, gp);
+    await round(writer, 1, { step: 1 }, gw);
+    deliver(writer, partner, PROTO_CPR_GLOBAL_SUM);
     await settle();
-    const sent = [...deliver(b, a, PROTO_CPR_AHEAD), ...deliver(b, a, PROTO_CPR_COPY)];
-    deliver(a, b, PROTO_CPR_AHEAD);
-    deliver(a, b, PROTO_CPR_COPY);
+    const sent = [...deliver(writer, partner, PROTO_CPR_AHEAD), ...deliver(writer, partner, PROTO_CPR_COPY)];
+    deliver(partner, writer, PROTO_CPR_AHEAD);
+    deliver(partner, writer, PROTO_CPR_COPY);
     await settle();
-    return { a, b, sent };
+    return { writer, partner, sent };
   }
 
   it("the global writer's global travels by name: the partner writes its own equal global, and keeps the very bytes of the part", async () => {
     const g = globalOf(1);
-    const { a, b, sent } = await lineWithGlobals(g, g);
+    const { writer, partner, sent } = await lineWithGlobals(g, g);
     // 800 KB of global stayed home: only the state, the head and the round's logs crossed.
     expect(sent.map((s) => s.tag)).toEqual([PROTO_CPR_AHEAD, PROTO_CPR_COPY]);
     expect(sent.reduce((n, s) => n + s.bytes, 0)).toBeLessThan(8192);
-    expect((decodeValue(b.own.get(1)!) as { global: Buffer | null }).global).not.toBeNull();
-    expect(a.held.get(1)!.equals(b.own.get(1)!)).toBe(true);
-    expect(a.out.filter((s) => s.tag === PROTO_CPR_COPIED && s.dest === 1).map((s) => s.body)).toEqual([{ epoch: 1, checksum: crc32(b.own.get(1)!) }]);
-    deliver(a, b, PROTO_CPR_COPIED);
-    deliver(b, a, PROTO_CPR_COPIED);
+    expect((decodeValue(writer.own.get(1)!) as { global: Buffer | null }).global).not.toBeNull();
+    expect(partner.held.get(1)!.equals(writer.own.get(1)!)).toBe(true);
+    expect(partner.out.filter((s) => s.tag === PROTO_CPR_COPIED && s.dest === 0).map((s) => s.body)).toEqual([
+      { epoch: 1, checksum: crc32(writer.own.get(1)!) },
+    ]);
+    deliver(partner, writer, PROTO_CPR_COPIED);
+    deliver(writer, partner, PROTO_CPR_COPIED);
     await settle();
-    for (const r of [a, b]) expect(r.controls.filter((m) => m.t === "cpr-part" || m.t === "cpr-part-failed").map((m) => m.t)).toEqual(["cpr-part"]);
+    for (const r of [writer, partner]) expect(r.controls.filter((m) => m.t === "cpr-part" || m.t === "cpr-part-failed").map((m) => m.t)).toEqual(["cpr-part"]);
   });
 
   it.each([
     ["differs (the partner checkpointed at another count)", globalOf(2)],
     ["is missing (the partner has none)", undefined],
   ])("when the partner's global %s, it asks again and the whole part comes", async (_, partnerGlobal) => {
-    const { a, b } = await lineWithGlobals(partnerGlobal, globalOf(1));
-    expect(a.held.has(1)).toBe(false);
-    const asked = deliver(a, b, PROTO_CPR_COPIED);
+    const { writer, partner } = await lineWithGlobals(partnerGlobal, globalOf(1));
+    expect(partner.held.has(1)).toBe(false);
+    const asked = deliver(partner, writer, PROTO_CPR_COPIED);
     expect(asked.map((s) => s.body)).toEqual([{ epoch: 1, resend: expect.stringContaining("holds no global of line 1") }]);
     await settle();
-    const again = deliver(b, a, PROTO_CPR_COPY);
+    const again = deliver(writer, partner, PROTO_CPR_COPY);
     expect(again).toHaveLength(1);
     expect(again[0]!.bytes).toBeGreaterThan(800_000);
     await settle();
-    expect(a.held.get(1)!.equals(b.own.get(1)!)).toBe(true);
-    deliver(a, b, PROTO_CPR_COPIED);
+    expect(partner.held.get(1)!.equals(writer.own.get(1)!)).toBe(true);
+    deliver(partner, writer, PROTO_CPR_COPIED);
     await settle();
-    expect(b.controls.filter((m) => m.t === "cpr-part" || m.t === "cpr-part-failed")).toEqual([
-      { t: "cpr-part", rank: 1, epoch: 1, ref: { rank: 1, epoch: 1, checksum: crc32(b.own.get(1)!), bytes: b.own.get(1)!.length } },
+    expect(writer.controls.filter((m) => m.t === "cpr-part" || m.t === "cpr-part-failed")).toEqual([
+      { t: "cpr-part", rank: 0, epoch: 1, ref: { rank: 0, epoch: 1, checksum: crc32(writer.own.get(1)!), bytes: writer.own.get(1)!.length } },
     ]);
   });
 });

@@ -18,7 +18,6 @@
  * @example
  * const world = await World.join(place, { cpr: coordinatedHook(() => new LevelRecoveryStore(place.store).openRank(place.rank)) });
  */
-import { createHash } from "node:crypto";
 import { LifelineError, errorMessage } from "../../errors.ts";
 import { BouncePool } from "../../mpi/bounce-pool.ts";
 import { bytesOf, decodeValue, decodeValueChunks, encodedValueChunks, encodeValue, encodeValueChunks } from "../../mpi/codec.ts";
@@ -27,7 +26,8 @@ import type { CprHook, CprHookFactory, CprWorldAccess, LibState, NondetEntry, No
 import { PROTO_CPR_BASE } from "../../mpi/cpr-hook.ts";
 import type { Host, Timer } from "../../mpi/host.ts";
 import { Flag, frameId, type Header } from "../../mpi/wire.ts";
-import { crc32, sliced } from "../../store/checksum.ts";
+import { crc32 } from "../../store/checksum.ts";
+import { sha256OffThread } from "../../store/checksum-thread.ts";
 import type { JobRecord, LineManifest } from "../../store/types.ts";
 import { RankMachine, type RankEffect } from "./rank.ts";
 
@@ -89,7 +89,7 @@ const AHEAD_KEPT_MAX = 3;
 const KEPT_GLOBALS_MAX = 2;
 /**
  * A line's `global` — identical on every rank by the API's contract — is stored once: by the
- * line's global writer (rank epoch mod size), whose part holds it. Each other rank compares
+ * global writer (GLOBAL_WRITER), whose part holds it. Each other rank compares
  * the SHA-256 of its own with the writer's (PROTO_CPR_GLOBAL_SUM) and, when they are equal,
  * its part names the writer's instead of holding a copy; a rank whose global differs (it
  * checkpointed at another count, or the program broke the contract) stores its own. On a
@@ -99,6 +99,12 @@ const KEPT_GLOBALS_MAX = 2;
 export const PROTO_CPR_GLOBAL_SUM = PROTO_CPR_BASE + 5;
 export const PROTO_CPR_GLOBAL_WANT = PROTO_CPR_BASE + 6;
 export const PROTO_CPR_GLOBAL = PROTO_CPR_BASE + 7;
+/**
+ * The rank that writes every line's global: always the same one, so that its store holds the
+ * previous line's blocks, and a large global that changed in few places costs a line few new
+ * blocks (BLOCKED_BYTES_MIN in src/store/types.ts).
+ */
+const GLOBAL_WRITER = 0;
 /** Globals smaller than this are stored by every rank: the exchange would cost more than the bytes. */
 const GLOBAL_SHARED_BYTES_MIN = 64 * 1024;
 /**
@@ -183,13 +189,6 @@ interface Part {
   nondet: [number, NondetEntry][];
 }
 
-/** SHA-256 of `data` (the concatenation of its chunks), hashed in slices over a few turns of the event loop (see sliced). */
-async function sha256Yielding(data: Uint8Array | readonly Uint8Array[]): Promise<Buffer> {
-  const hash = createHash("sha256");
-  await sliced(data, (slice) => hash.update(slice));
-  return hash.digest();
-}
-
 /** The factory World.join takes in mode cpr. */
 export function coordinatedHook(openParts: () => Promise<PartStoreLike>, opts: CoordinatedDriverOptions = {}): CprHookFactory {
   return (access, host) => new CoordinatedDriver(access, host, openParts, opts);
@@ -262,7 +261,7 @@ export class CoordinatedDriver implements CprHook {
   /** Per requested epoch: each rank's next checkpoint() call when it heard the request. */
   private readonly nextCalls = new Map<number, Map<number, number>>();
   /** Memory for saved globals (see POOLED_GLOBAL_BYTES_MIN). */
-  private readonly globalPool = new BouncePool(GLOBAL_POOL_BYTES_MAX, 8);
+  private readonly globalPool = new BouncePool(GLOBAL_POOL_BYTES_MAX, 8, { shared: true });
   /** Writes of the copies this rank keeps for others, in arrival order. */
   private heldWrites: Promise<void> = Promise.resolve();
   private readonly heldStores = new Map<number, Promise<PartStoreLike>>();
@@ -425,7 +424,7 @@ export class CoordinatedDriver implements CprHook {
       g instanceof Uint8Array ? [bytesOf(g, false)] : Array.isArray(g) && g.every((c) => c instanceof Uint8Array) ? g.map((c) => bytesOf(c, false)) : undefined;
     if (chunks === undefined) return fail(typeof body.missing === "string" ? `is missing: ${body.missing}` : "came without its bytes");
     const length = chunks.reduce((n, c) => n + c.length, 0);
-    if (length !== wanted.bytes || !(await sha256Yielding(chunks)).equals(wanted.sha256)) {
+    if (length !== wanted.bytes || !(await sha256OffThread(chunks)).equals(wanted.sha256)) {
       return fail(`does not match the SHA-256 this rank's part recorded (${length} bytes, expected ${wanted.bytes})`);
     }
     if (this.pendingGlobal !== wanted) return;
@@ -505,7 +504,7 @@ export class CoordinatedDriver implements CprHook {
         return;
       case PROTO_CPR_GLOBAL_SUM: {
         const g = body as { epoch?: unknown; sha256?: unknown; bytes?: unknown };
-        if (typeof g.epoch !== "number" || typeof g.bytes !== "number" || header.source !== g.epoch % this.access.size) return;
+        if (typeof g.epoch !== "number" || typeof g.bytes !== "number" || header.source !== GLOBAL_WRITER) return;
         this.globalSums.set(g.epoch, { sha256: g.sha256 instanceof Uint8Array ? bytesOf(g.sha256, false) : null, bytes: g.bytes });
         // Older lines' sums are of no use any more (their parts are written or abandoned).
         for (const e of this.globalSums.keys()) if (e < g.epoch - 2) this.globalSums.delete(e);
@@ -698,9 +697,10 @@ export class CoordinatedDriver implements CprHook {
     };
     // Hashed in the background while the round records: the part needs it (shareGlobal).
     if (saved.global !== null && this.mayShareGlobal(saved.global)) {
-      saved.globalSha256 = sha256Yielding(saved.global);
+      saved.globalSha256 = sha256OffThread(saved.global);
       saved.globalSha256.catch(() => undefined);
     }
+    this.announceGlobalSum(saved);
     if (saved.global !== null && (pooled !== undefined || (this.partner !== undefined && saved.globalSha256 !== undefined))) {
       this.keptGlobals.set(saved.epoch, { bytes: saved.global, sha256: saved.globalSha256, pooled: pooled !== undefined });
       for (const e of this.keptGlobals.keys()) if (e <= saved.epoch - KEPT_GLOBALS_MAX) this.keptGlobals.delete(e);
@@ -830,7 +830,7 @@ export class CoordinatedDriver implements CprHook {
     if (partner === undefined || this.saved !== saved || this.closing) return;
     // Another rank's part most likely names the writer's global instead of holding its own; the
     // writer's own goes neither ahead nor with the copy, which names it (the partner has it too).
-    const global = saved.global !== null && this.writesGlobal(saved.epoch, saved.global) ? saved.global : null;
+    const global = saved.global !== null && this.writesGlobal(saved.global) ? saved.global : null;
     const byName = global !== null && saved.globalSha256 !== undefined ? { bytes: global, sha256: saved.globalSha256 } : undefined;
     const frames = global === null || byName !== undefined ? [saved.state, saved.lib] : [saved.state, global, saved.lib];
     this.ahead = { epoch: saved.epoch, partner, frames, ...(byName === undefined ? {} : { global: byName }) };
@@ -1001,11 +1001,11 @@ export class CoordinatedDriver implements CprHook {
   }
 
   /**
-   * Whether this rank's part of line `epoch` holds `global` itself: always on one rank or
-   * for a small one; else only when it is the line's global writer.
+   * Whether this rank's part holds `global` itself: always on one rank or for a small one;
+   * else only on the global writer.
    */
-  private writesGlobal(epoch: number, global: Buffer): boolean {
-    return !this.mayShareGlobal(global) || epoch % this.access.size === this.access.rank;
+  private writesGlobal(global: Buffer): boolean {
+    return !this.mayShareGlobal(global) || this.access.rank === GLOBAL_WRITER;
   }
 
   /** Whether a global may be stored once: not on one rank, not when small, not when a restore could not send it. */
@@ -1015,30 +1015,32 @@ export class CoordinatedDriver implements CprHook {
   }
 
   /**
-   * The global writer of the part's line tells the others the SHA-256 of its global (in the
-   * background: its own write need not wait for it); any other rank whose global is equal
-   * drops its own from the part and names the writer's.
+   * The global writer of a checkpoint's line tells the others the SHA-256 of its global as soon
+   * as it is known, while the line still records: the others' parts wait for it (shareGlobal).
+   */
+  private announceGlobalSum(saved: Saved): void {
+    const size = this.access.size;
+    if (size === 1 || this.access.rank !== GLOBAL_WRITER) return;
+    const send = (sha256: Buffer | null): void => {
+      for (let d = 0; d < size; d++)
+        if (d !== GLOBAL_WRITER) this.access.sendProtocol(d, PROTO_CPR_GLOBAL_SUM, { epoch: saved.epoch, sha256, bytes: saved.global?.length ?? 0 });
+    };
+    if (saved.globalSha256 === undefined) send(null);
+    else void saved.globalSha256.then(send, () => send(null));
+  }
+
+  /**
+   * A rank other than the line's global writer whose global equals the writer's (by the
+   * SHA-256 the writer announced) drops its own from the part and names the writer's.
    */
   private async shareGlobal(part: Part, sha256Of: Promise<Buffer> | undefined): Promise<void> {
-    const size = this.access.size;
-    if (size === 1) return;
-    const writer = part.epoch % size;
     const global = part.global;
-    if (writer === this.access.rank) {
-      const send = (sha256: Buffer | null): void => {
-        for (let d = 0; d < size; d++)
-          if (d !== writer) this.access.sendProtocol(d, PROTO_CPR_GLOBAL_SUM, { epoch: part.epoch, sha256, bytes: global?.length ?? 0 });
-      };
-      if (sha256Of === undefined) send(null);
-      else void sha256Of.then(send, () => send(null));
-      return;
-    }
-    if (global === null || sha256Of === undefined) return;
+    if (this.access.size === 1 || this.access.rank === GLOBAL_WRITER || global === null || sha256Of === undefined) return;
     const [theirs, mine] = await Promise.all([this.writerSum(part.epoch), sha256Of]);
     this.globalSums.delete(part.epoch);
     if (theirs?.sha256 === undefined || theirs.sha256 === null || theirs.bytes !== global.length || !theirs.sha256.equals(mine)) return;
     part.global = null;
-    part.globalFrom = { rank: writer, sha256: mine, bytes: global.length };
+    part.globalFrom = { rank: GLOBAL_WRITER, sha256: mine, bytes: global.length };
   }
 
   /** Builds the part of `epoch` and writes it in the background; reports the outcome. */
