@@ -57,8 +57,12 @@ export interface BlobDir {
    * `signal` aborted, it removes the unfinished file and rejects with the signal's reason.
    */
   write(name: string, header: Buffer, payload: readonly Uint8Array[], signal?: AbortSignal): Promise<number>;
-  /** The blob's first `headerBytes` bytes and the rest, or `undefined` if it does not exist. */
-  read(name: string, headerBytes: number): Promise<{ header: Buffer; payload: Buffer } | undefined>;
+  /**
+   * The blob's first `headerBytes` bytes and the rest, or `undefined` if it does not exist.
+   * With `into`, a rest of exactly `into.length` bytes is read into it (and `payload` is
+   * `into`); a rest of another length comes in a buffer of its own, as without.
+   */
+  read(name: string, headerBytes: number, into?: Buffer): Promise<{ header: Buffer; payload: Buffer } | undefined>;
   /** Deletes blobs; missing ones are ignored. */
   remove(names: readonly string[]): Promise<void>;
   /** Names of all files in the directory. */

@@ -35,6 +35,24 @@ parentPort.on("message", (job) => {
       const hash = createHash("sha256");
       for (const v of job.views) hash.update(v);
       result = hash.digest();
+    } else if (job.kind === "blocks") {
+      result = [];
+      let hash = createHash("sha256");
+      let filled = 0;
+      for (const v of job.views) {
+        for (let off = 0; off < v.length; ) {
+          const n = Math.min(job.blockBytes - filled, v.length - off);
+          hash.update(v.subarray(off, off + n));
+          off += n;
+          filled += n;
+          if (filled === job.blockBytes) {
+            result.push(hash.digest());
+            hash = createHash("sha256");
+            filled = 0;
+          }
+        }
+      }
+      if (filled > 0 || result.length === 0) result.push(hash.digest());
     } else {
       result = 0;
       for (const v of job.views) result = zlib.crc32(v, result);
@@ -46,7 +64,7 @@ parentPort.on("message", (job) => {
 });
 `;
 
-type Job = { kind: "sha256" | "crc32" };
+type Job = { kind: "sha256" | "crc32" } | { kind: "blocks"; blockBytes: number };
 type Pending = { resolve: (result: unknown) => void; onThread: () => void };
 
 let worker: Worker | undefined;
@@ -130,6 +148,54 @@ export function sha256OffThread(data: Uint8Array | readonly Uint8Array[]): Promi
     return hash.digest();
   };
   return run({ kind: "sha256" }, views, onMain, (r) => Buffer.from(r as Uint8Array));
+}
+
+/**
+ * The SHA-256 of each `blockBytes` of `data` (the concatenation of its chunks; the last block
+ * may be shorter; empty data has one, empty, block): on the checksum thread when it lies in
+ * shared memory, else in slices over a few turns of the event loop.
+ *
+ * @example
+ * (await blockSha256s(bytes, 1 << 20)).length === Math.max(1, Math.ceil(bytes.length / (1 << 20))); // true
+ */
+export function blockSha256s(data: Uint8Array | readonly Uint8Array[], blockBytes: number): Promise<Buffer[]> {
+  if (!Number.isSafeInteger(blockBytes) || blockBytes <= 0) throw new RangeError(`blockSha256s: blockBytes must be a positive integer, got ${blockBytes}`);
+  const views = asViews(data);
+  const onMain = async (): Promise<Buffer[]> => {
+    const out: Buffer[] = [];
+    let hash = createHash("sha256");
+    let filled = 0;
+    await sliced(views, (slice) => {
+      for (let off = 0; off < slice.length;) {
+        const n = Math.min(blockBytes - filled, slice.length - off);
+        hash.update(slice.subarray(off, off + n));
+        off += n;
+        filled += n;
+        if (filled === blockBytes) {
+          out.push(hash.digest());
+          hash = createHash("sha256");
+          filled = 0;
+        }
+      }
+    });
+    if (filled > 0 || out.length === 0) out.push(hash.digest());
+    return out;
+  };
+  return run({ kind: "blocks", blockBytes }, views, onMain, (r) => (r as Uint8Array[]).map((d) => Buffer.from(d.buffer, d.byteOffset, d.byteLength)));
+}
+
+/**
+ * The SHA-256 of a list of block digests (from {@link blockSha256s}): a name for the data they
+ * cover that is as strong as its SHA-256, and that a store keeping the data in those blocks
+ * can check block by block.
+ *
+ * @example
+ * const name = listSha256(await blockSha256s(global, BLOCK_BYTES));
+ */
+export function listSha256(digests: readonly Uint8Array[]): Buffer {
+  const hash = createHash("sha256");
+  for (const d of digests) hash.update(d);
+  return hash.digest();
 }
 
 /**

@@ -481,7 +481,7 @@ class FileBlobDir implements BlobDir {
     return checksum;
   }
 
-  async read(name: string, headerBytes: number): Promise<{ header: Buffer; payload: Buffer } | undefined> {
+  async read(name: string, headerBytes: number, into?: Buffer): Promise<{ header: Buffer; payload: Buffer } | undefined> {
     let fh: FileHandle;
     try {
       fh = await open(this.pathOf(name), "r");
@@ -494,7 +494,8 @@ class FileBlobDir implements BlobDir {
       const header = Buffer.alloc(Math.min(size, headerBytes));
       await readFully(fh, header, 0);
       // A buffer of its own (not a slice after the header), so the part starts aligned.
-      const payload = Buffer.allocUnsafe(Math.max(0, size - headerBytes));
+      const rest = Math.max(0, size - headerBytes);
+      const payload = into !== undefined && into.length === rest ? into : Buffer.allocUnsafe(rest);
       await readFully(fh, payload, headerBytes);
       return { header, payload };
     } finally {

@@ -277,11 +277,13 @@ class MemoryBlobDir implements BlobDir {
     return checksum;
   }
 
-  async read(name: string, headerBytes: number): Promise<{ header: Buffer; payload: Buffer } | undefined> {
+  async read(name: string, headerBytes: number, into?: Buffer): Promise<{ header: Buffer; payload: Buffer } | undefined> {
     this.check();
     const file = this.data.blobs.get(name);
     if (file === undefined) return undefined;
-    return { header: Buffer.from(file.subarray(0, headerBytes)), payload: Buffer.from(file.subarray(headerBytes)) };
+    const rest = file.subarray(headerBytes);
+    if (into !== undefined && rest.length === into.length) rest.copy(into);
+    return { header: Buffer.from(file.subarray(0, headerBytes)), payload: into !== undefined && rest.length === into.length ? into : Buffer.from(rest) };
   }
 
   async remove(names: readonly string[]): Promise<void> {

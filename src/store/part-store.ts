@@ -46,7 +46,16 @@ import {
   storeError,
   uintField,
 } from "./records.ts";
-import { BLOCK_BYTES, BLOCKED_BYTES_MIN, INLINE_BYTES_MAX, type PartCheck, type PartInfo, type PartRef, type RankPartStore } from "./types.ts";
+import {
+  BLOCK_BYTES,
+  BLOCKED_BYTES_MIN,
+  INLINE_BYTES_MAX,
+  type KnownSha256,
+  type PartCheck,
+  type PartInfo,
+  type PartRef,
+  type RankPartStore,
+} from "./types.ts";
 
 /**
  * A run of a blocked part's bytes (see BLOCKED_BYTES_MIN): a block file, which other parts may
@@ -134,7 +143,7 @@ export class KvRankPartStore extends KvHandle implements RankPartStore {
     return store;
   }
 
-  async putPart(epoch: number, bytes: Uint8Array | readonly Uint8Array[], signal?: AbortSignal): Promise<PartRef> {
+  async putPart(epoch: number, bytes: Uint8Array | readonly Uint8Array[], signal?: AbortSignal, knownSha256?: KnownSha256): Promise<PartRef> {
     checkEpoch(epoch);
     const chunks = bytes instanceof Uint8Array ? [bytes] : bytes;
     if (!Array.isArray(chunks) || !chunks.every((c) => c instanceof Uint8Array)) {
@@ -160,7 +169,7 @@ export class KvRankPartStore extends KvHandle implements RankPartStore {
         } else if (length >= BLOCKED_BYTES_MIN) {
           const summed = crc32OffThread(chunks);
           summed.catch(() => undefined);
-          segments = await this.writeBlocks(epoch, chunks, signal);
+          segments = await this.writeBlocks(epoch, chunks, signal, knownSha256);
           checksum = await summed;
         } else {
           blob = blobName(epoch, randomBytes(4).toString("hex"));
@@ -202,10 +211,10 @@ export class KvRankPartStore extends KvHandle implements RankPartStore {
    * Writes the block files of a blocked part that the store does not hold yet (see
    * BLOCKED_BYTES_MIN); resolves with the part's runs. A failure removes what it wrote.
    */
-  private async writeBlocks(epoch: number, chunks: readonly Uint8Array[], signal: AbortSignal | undefined): Promise<Segment[]> {
+  private async writeBlocks(epoch: number, chunks: readonly Uint8Array[], signal: AbortSignal | undefined, known: KnownSha256 | undefined): Promise<Segment[]> {
     const pieces = piecesOf(chunks);
     const index = await this.blocks();
-    const sums = await Promise.all(pieces.map((p) => (p instanceof Uint8Array ? sha256OffThread(p) : Promise.resolve(undefined))));
+    const sums = await Promise.all(pieces.map((p) => (p instanceof Uint8Array ? (known?.(p) ?? sha256OffThread(p)) : Promise.resolve(undefined))));
     const written = new Map<string, string>();
     const writes: Promise<number>[] = [];
     const segments = pieces.map((p, i): Segment => {
@@ -508,9 +517,10 @@ export class KvRankPartStore extends KvHandle implements RankPartStore {
           return undefined;
         }
         const where = this.blobs.pathOf(g.file);
+        const into = data.subarray(offsets[i], offsets[i]! + g.bytes);
         let file: { header: Buffer; payload: Buffer } | undefined;
         try {
-          file = await this.blobs.read(g.file, BLOB_HEADER_BYTES);
+          file = await this.blobs.read(g.file, BLOB_HEADER_BYTES, into);
         } catch (err) {
           throw storeError(err, `reading ${what}`, where);
         }
@@ -523,7 +533,6 @@ export class KvRankPartStore extends KvHandle implements RankPartStore {
             message: `${what} is damaged: block file ${where} describes rank ${header.rank} and ${header.bytes} bytes and holds ${file.payload.length}; its record says rank ${this.rank}, ${g.bytes} bytes`,
           };
         }
-        file.payload.copy(data, offsets[i]);
         return undefined;
       }),
     );

@@ -155,14 +155,15 @@ export interface RankPartStore {
    * puts into the commit record. `bytes` — one buffer, or chunks that together make the part
    * (written as they are, never joined into a copy) — must not change until the promise
    * settles. With `signal` aborted, the put stops before its next sync and rejects, leaving no
-   * part. Rejects with `STORE_NOT_OPEN`, `STORE_IO`.
+   * part. `knownSha256` may give the SHA-256 of pieces of a blocked part (see {@link KnownSha256}).
+   * Rejects with `STORE_NOT_OPEN`, `STORE_IO`.
    *
    * @example
    * const ref = await parts.putPart(3, Buffer.from("state"));
    * ref.bytes; // 5
    * await parts.putPart(4, [head, model]); // the same as putPart(4, Buffer.concat([head, model]))
    */
-  putPart(epoch: number, bytes: Uint8Array | readonly Uint8Array[], signal?: AbortSignal): Promise<PartRef>;
+  putPart(epoch: number, bytes: Uint8Array | readonly Uint8Array[], signal?: AbortSignal, knownSha256?: KnownSha256): Promise<PartRef>;
 
   /**
    * The bytes of this rank's part of `epoch`, verified against the part's own checksum, or
@@ -460,3 +461,15 @@ export const INLINE_BYTES_MAX = 64 * 1024;
 export const BLOCKED_BYTES_MIN = 4 << 20;
 /** The size of a block (see {@link BLOCKED_BYTES_MIN}); the last piece of a chunk is shorter. */
 export const BLOCK_BYTES = 1 << 20;
+
+/**
+ * The SHA-256 of a piece of a blocked part that the caller already has (a cpr rank hashes its
+ * saved global block by block when it takes the checkpoint), or undefined for the store to
+ * hash it. A piece is a view of one of the part's chunks: `BLOCK_BYTES` (or the chunk's rest)
+ * from a multiple of `BLOCK_BYTES` into it. The caller vouches for the digest: a wrong one
+ * makes the part fail its CRC-32 when read (unusable, never restored wrong).
+ *
+ * @example
+ * const known: KnownSha256 = (piece) => (piece.buffer === global.buffer ? sums[(piece.byteOffset - global.byteOffset) / BLOCK_BYTES] : undefined);
+ */
+export type KnownSha256 = (piece: Uint8Array) => Promise<Buffer> | undefined;

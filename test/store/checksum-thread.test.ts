@@ -10,7 +10,7 @@
 import { createHash } from "node:crypto";
 import { describe, expect, it } from "vitest";
 import { crc32 } from "../../src/store/checksum.ts";
-import { checksumThreadState, crc32OffThread, OFF_THREAD_BYTES_MIN, sha256OffThread } from "../../src/store/checksum-thread.ts";
+import { blockSha256s, checksumThreadState, crc32OffThread, listSha256, OFF_THREAD_BYTES_MIN, sha256OffThread } from "../../src/store/checksum-thread.ts";
 import { bytesOf } from "./suite.ts";
 
 function shared(bytes: Buffer): Buffer {
@@ -39,6 +39,22 @@ describe("checksums off the main thread", () => {
       expect(await crc32OffThread(chunks)).toBe(crc32(Buffer.concat(chunks)));
     }
     expect(checksumThreadState()).toEqual({ pending: 0, broken: false });
+  });
+
+  it("hash blocks across chunk boundaries, the same on the thread and here", async () => {
+    const block = 1 << 20;
+    for (const n of [0, 5, block, 3 * block, 3 * block + 1234]) {
+      const plain = bytesOf(n, n + 3);
+      const expected = n === 0 ? [sha256()] : Array.from({ length: Math.ceil(n / block) }, (_, i) => sha256(plain.subarray(i * block, (i + 1) * block)));
+      const inShared = shared(plain);
+      const cut = Math.floor(n / 2) + 3;
+      for (const data of [inShared, plain, [inShared.subarray(0, cut), inShared.subarray(cut)], [plain.subarray(0, 7), plain.subarray(7)]]) {
+        const got = await blockSha256s(data, block);
+        expect(got.map((d) => d.toString("hex"))).toEqual(expected.map((d) => d.toString("hex")));
+        expect(listSha256(got).equals(sha256(...expected))).toBe(true);
+      }
+    }
+    expect(() => blockSha256s(Buffer.alloc(1), 0)).toThrow(RangeError);
   });
 
   it("hash shared memory while the main thread computes", async () => {

@@ -8,6 +8,7 @@
  * directly and check the codes (STORE_NOT_FOUND, STORE_IO, STORE_CORRUPT) and that nothing
  * crashes. Cross-process locking and kill -9 are in crash.test.ts.
  */
+import { createHash } from "node:crypto";
 import { existsSync } from "node:fs";
 import { mkdir, mkdtemp, readdir, readFile, rm, truncate, writeFile, open, cp, stat } from "node:fs/promises";
 import { tmpdir } from "node:os";
@@ -16,7 +17,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { isLifelineError } from "../../src/errors.ts";
 import { crc32, crc32Portable, crc32Yielding, sliced } from "../../src/store/checksum.ts";
 import { LevelRecoveryStore, STORE_MARKER } from "../../src/store/level-store.ts";
-import { BLOCK_BYTES, BLOCKED_BYTES_MIN } from "../../src/store/types.ts";
+import { BLOCK_BYTES, BLOCKED_BYTES_MIN, type KnownSha256 } from "../../src/store/types.ts";
 import { formatLines, listLines } from "../../src/store/lines.ts";
 import { latestLine, localVerifier, pruneLines } from "../../src/store/recovery.ts";
 import { LevelStoreFaults, populateStore } from "./level-faults.ts";
@@ -229,6 +230,36 @@ describe("LevelRecoveryStore on disk", () => {
     expect((await p.readPart(r2)).equals(Buffer.concat([head, global]))).toBe(true);
     await p.retain([], { dropNewer: true });
     expect(await blocks()).toEqual([]);
+    await p.close();
+  });
+
+  it("takes the caller's SHA-256 of a block when given: a right one saves the hashing, a wrong one makes the part unusable, not wrong", async () => {
+    const dir = freshDir();
+    const p = await new LevelRecoveryStore(dir).openRank(0);
+    const a = bytesOf(4 * BLOCK_BYTES, 5);
+    const b = Buffer.from(a);
+    b[BLOCK_BYTES + 1] = b[BLOCK_BYTES + 1]! ^ 1;
+    const sums = (bytes: Buffer): Buffer[] =>
+      Array.from({ length: 4 }, (_, i) =>
+        createHash("sha256")
+          .update(bytes.subarray(i * BLOCK_BYTES, (i + 1) * BLOCK_BYTES))
+          .digest(),
+      );
+    const asked: number[] = [];
+    const known =
+      (bytes: Buffer, digests: Buffer[]): KnownSha256 =>
+      (piece) => {
+        if (piece.buffer !== bytes.buffer) return undefined;
+        const i = (piece.byteOffset - bytes.byteOffset) / BLOCK_BYTES;
+        asked.push(i);
+        return Promise.resolve(digests[i]!);
+      };
+    const ra = await p.putPart(1, [bytesOf(9, 1), a], undefined, known(a, sums(a)));
+    expect(asked).toEqual([0, 1, 2, 3]);
+    expect((await p.readPart(ra)).equals(Buffer.concat([bytesOf(9, 1), a]))).toBe(true);
+    // A wrong digest for b's changed block (a's): the part names a's block, and fails its CRC-32.
+    const rb = await p.putPart(2, [bytesOf(9, 1), b], undefined, known(b, sums(a)));
+    expect(await p.checkPart(rb)).toMatchObject({ kind: "corrupt", message: expect.stringMatching(/checksum mismatch/) });
     await p.close();
   });
 

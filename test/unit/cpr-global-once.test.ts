@@ -6,6 +6,7 @@
  * out stops the restore (CPR_RESTORE) instead of restoring something else. Ranks asked for a
  * checkpoint at counts one apart take it at the same count, so that their globals are equal.
  */
+import { createHash } from "node:crypto";
 import { describe, expect, it } from "vitest";
 import { PROTO_CPR_COUNT, PROTO_CPR_EARLY, PROTO_CPR_GLOBAL, PROTO_CPR_GLOBAL_SUM, PROTO_CPR_GLOBAL_WANT } from "../../src/cpr/coordinated/driver.ts";
 import { decodeValue, encodeValue } from "../../src/mpi/codec.ts";
@@ -63,7 +64,7 @@ describe("a line's global, stored once", () => {
     expect(partOf(ranks[0]!).global).not.toBeNull();
     for (const r of [1, 2]) {
       const part = partOf(ranks[r]!);
-      expect(part.v).toBe(2);
+      expect(part.v).toBe(3);
       expect(part.global).toBeNull();
       expect(part.globalFrom).toMatchObject({ rank: 0, bytes: encodeValue(g).length });
       expect(ranks[r]!.own.get(1)!.length).toBeLessThan(4096);
@@ -125,6 +126,26 @@ describe("a line's global, stored once", () => {
     ranks[1]!.driver.onControl({ t: "cpr-aborted", epoch: 1 });
     await settle();
     expect(partOf(ranks[1]!).global).not.toBeNull();
+  });
+
+  it("parts of format 2 (a global named by its plain SHA-256, not its blocks') still restore", async () => {
+    const g = model(11);
+    const ranks = await line(2, () => g);
+    const writerGlobal = (decodeValue(ranks[0]!.own.get(1)!) as { global: Buffer }).global;
+    for (const r of ranks) {
+      const p = decodeValue(r.own.get(1)!) as StoredPart & { globalFrom: { sha256: Buffer } | null };
+      const v2 = {
+        ...p,
+        v: 2,
+        ...(p.globalFrom === null ? {} : { globalFrom: { ...p.globalFrom, sha256: createHash("sha256").update(writerGlobal).digest() } }),
+      };
+      r.own.set(1, encodeValue(v2));
+    }
+    const restored = await restart(ranks);
+    for (const { outcome, restored: got } of restored) {
+      expect(outcome.ok, String(!outcome.ok && outcome.err)).toBe(true);
+      expect((got!.global as Float64Array)[1]).toBe(Math.cos(11));
+    }
   });
 
   it("parts of format 1 (every rank its own global) still restore", async () => {

@@ -27,8 +27,8 @@ import { PROTO_CPR_BASE } from "../../mpi/cpr-hook.ts";
 import type { Host, Timer } from "../../mpi/host.ts";
 import { Flag, frameId, type Header } from "../../mpi/wire.ts";
 import { crc32 } from "../../store/checksum.ts";
-import { sha256OffThread } from "../../store/checksum-thread.ts";
-import type { JobRecord, LineManifest } from "../../store/types.ts";
+import { blockSha256s, listSha256, sha256OffThread } from "../../store/checksum-thread.ts";
+import { BLOCK_BYTES, type JobRecord, type KnownSha256, type LineManifest } from "../../store/types.ts";
 import { RankMachine, type RankEffect } from "./rank.ts";
 
 /** The part store operations the driver needs (RankPartStore satisfies it). */
@@ -37,6 +37,7 @@ export interface PartStoreLike {
     epoch: number,
     bytes: Uint8Array | readonly Uint8Array[],
     signal?: AbortSignal,
+    knownSha256?: KnownSha256,
   ): Promise<{ rank: number; epoch: number; checksum: number; bytes: number }>;
   readPart(ref: { rank: number; epoch: number; checksum: number; bytes: number }): Promise<Buffer>;
   retain(keep: readonly number[], opts?: { dropNewer?: boolean }): Promise<number[]>;
@@ -89,8 +90,9 @@ const AHEAD_KEPT_MAX = 3;
 const KEPT_GLOBALS_MAX = 2;
 /**
  * A line's `global` — identical on every rank by the API's contract — is stored once: by the
- * global writer (GLOBAL_WRITER), whose part holds it. Each other rank compares
- * the SHA-256 of its own with the writer's (PROTO_CPR_GLOBAL_SUM) and, when they are equal,
+ * global writer (GLOBAL_WRITER), whose part holds it. Each other rank compares the name of
+ * its own (globalName: a SHA-256 of its blocks' SHA-256s) with the writer's
+ * (PROTO_CPR_GLOBAL_SUM) and, when they are equal,
  * its part names the writer's instead of holding a copy; a rank whose global differs (it
  * checkpointed at another count, or the program broke the contract) stores its own. On a
  * restore such a rank asks the writer (PROTO_CPR_GLOBAL_WANT), which sends the bytes from its
@@ -144,9 +146,40 @@ export const LATE_BYTES_MAX = 512 * 1024 * 1024;
 export const RECORDING_TIMEOUT_MS = 120_000;
 /** How long a restoring rank waits for every peer's early-id list. */
 export const RECOVERY_EXCHANGE_TIMEOUT_MS = 60_000;
-/** Format 2 adds `globalFrom`; format 1 parts (every rank its own global) are still read. */
-const PART_FORMAT = 2;
-const PART_FORMATS_READ = [1, 2];
+/**
+ * Format 2 adds `globalFrom`; format 3 names a global by its block list (globalName), where
+ * format 2 named it by its SHA-256. Parts of formats 1 (every rank its own global) and 2 are
+ * still read.
+ */
+const PART_FORMAT = 3;
+const PART_FORMATS_READ = [1, 2, 3];
+
+/**
+ * A global's name: the SHA-256 of the SHA-256s of its blocks of BLOCK_BYTES — as strong as its
+ * SHA-256, computed in the same pass as the block digests that the global writer's store
+ * then need not compute again (KnownSha256).
+ */
+function globalName(global: Uint8Array | readonly Uint8Array[]): { blocks: Promise<Buffer[]>; name: Promise<Buffer> } {
+  const blocks = blockSha256s(global, BLOCK_BYTES);
+  const name = blocks.then(listSha256);
+  blocks.catch(() => undefined);
+  name.catch(() => undefined);
+  return { blocks, name };
+}
+
+/** The digests of `globals`' blocks, for the store (see KnownSha256). */
+function knownBlocks(globals: readonly { bytes: Buffer; blocks: Promise<Buffer[]> | undefined }[]): KnownSha256 {
+  return (piece) => {
+    for (const g of globals) {
+      if (g.blocks === undefined || piece.buffer !== g.bytes.buffer) continue;
+      const at = piece.byteOffset - g.bytes.byteOffset;
+      if (at < 0 || at >= g.bytes.length || at % BLOCK_BYTES !== 0 || piece.byteLength !== Math.min(BLOCK_BYTES, g.bytes.length - at)) continue;
+      const i = at / BLOCK_BYTES;
+      return g.blocks.then((d) => d[i]!);
+    }
+    return undefined;
+  };
+}
 
 /** A checkpoint serialized, until its part is written. */
 interface Saved {
@@ -154,8 +187,10 @@ interface Saved {
   state: Buffer;
   global: Buffer | null;
   lib: Buffer;
-  /** The SHA-256 of `global` when it may be stored once (see shareGlobal), computed while the round records. */
+  /** The name of `global` when it may be stored once (see shareGlobal, globalName), computed while the round records. */
   globalSha256?: Promise<Buffer>;
+  /** The digests of the blocks of `global` that its name is made of. */
+  globalBlocks?: Promise<Buffer[]>;
 }
 
 /** What went ahead to the partner at a checkpoint (PROTO_CPR_AHEAD), for the part's copy to name. */
@@ -236,7 +271,10 @@ export class CoordinatedDriver implements CprHook {
    * aborted line's part may still be being written from it, so that memory is left to the
    * garbage collector).
    */
-  private readonly keptGlobals = new Map<number, { bytes: Buffer; sha256: Promise<Buffer> | undefined; pooled: boolean }>();
+  private readonly keptGlobals = new Map<
+    number,
+    { bytes: Buffer; sha256: Promise<Buffer> | undefined; blocks: Promise<Buffer[]> | undefined; pooled: boolean }
+  >();
   /**
    * Per source rank: the states it sent ahead of its parts, oldest first, until each part comes
    * (a part's copy may leave after the next checkpoint's state went ahead); at most
@@ -248,7 +286,7 @@ export class CoordinatedDriver implements CprHook {
   /** writePart waiting for the writer's SHA-256 of `epoch`. */
   private readonly globalSumWaiters = new Map<number, () => void>();
   /** Restoring: the global this rank's part names, still to come from its writer. */
-  private pendingGlobal: { epoch: number; rank: number; sha256: Buffer; bytes: number } | undefined;
+  private pendingGlobal: { epoch: number; rank: number; sha256: Buffer; bytes: number; byBlocks: boolean } | undefined;
   private globalWaiter: ((err?: LifelineError) => void) | undefined;
   /** Restoring: why the global this rank's part names cannot be restored (it came wrong). */
   private globalFailure: LifelineError | undefined;
@@ -348,7 +386,8 @@ export class CoordinatedDriver implements CprHook {
       version: part.epoch,
     };
     // The global comes from its writer in afterStart; this rank's own may be asked for.
-    this.pendingGlobal = from === undefined ? undefined : { epoch: part.epoch, rank: from.rank, sha256: bytesOf(from.sha256, false), bytes: from.bytes };
+    this.pendingGlobal =
+      from === undefined ? undefined : { epoch: part.epoch, rank: from.rank, sha256: bytesOf(from.sha256, false), bytes: from.bytes, byBlocks: part.v >= 3 };
     this.servedGlobal = part.global === null ? undefined : { epoch: part.epoch, bytes: part.global };
     this.restoring = true;
   }
@@ -424,7 +463,8 @@ export class CoordinatedDriver implements CprHook {
       g instanceof Uint8Array ? [bytesOf(g, false)] : Array.isArray(g) && g.every((c) => c instanceof Uint8Array) ? g.map((c) => bytesOf(c, false)) : undefined;
     if (chunks === undefined) return fail(typeof body.missing === "string" ? `is missing: ${body.missing}` : "came without its bytes");
     const length = chunks.reduce((n, c) => n + c.length, 0);
-    if (length !== wanted.bytes || !(await sha256OffThread(chunks)).equals(wanted.sha256)) {
+    const name = length !== wanted.bytes ? undefined : wanted.byBlocks ? await globalName(chunks).name : await sha256OffThread(chunks);
+    if (name?.equals(wanted.sha256) !== true) {
       return fail(`does not match the SHA-256 this rank's part recorded (${length} bytes, expected ${wanted.bytes})`);
     }
     if (this.pendingGlobal !== wanted) return;
@@ -697,12 +737,13 @@ export class CoordinatedDriver implements CprHook {
     };
     // Hashed in the background while the round records: the part needs it (shareGlobal).
     if (saved.global !== null && this.mayShareGlobal(saved.global)) {
-      saved.globalSha256 = sha256OffThread(saved.global);
-      saved.globalSha256.catch(() => undefined);
+      const { blocks, name } = globalName(saved.global);
+      saved.globalBlocks = blocks;
+      saved.globalSha256 = name;
     }
     this.announceGlobalSum(saved);
     if (saved.global !== null && (pooled !== undefined || (this.partner !== undefined && saved.globalSha256 !== undefined))) {
-      this.keptGlobals.set(saved.epoch, { bytes: saved.global, sha256: saved.globalSha256, pooled: pooled !== undefined });
+      this.keptGlobals.set(saved.epoch, { bytes: saved.global, sha256: saved.globalSha256, blocks: saved.globalBlocks, pooled: pooled !== undefined });
       for (const e of this.keptGlobals.keys()) if (e <= saved.epoch - KEPT_GLOBALS_MAX) this.keptGlobals.delete(e);
     }
     this.saved = saved;
@@ -891,9 +932,9 @@ export class CoordinatedDriver implements CprHook {
         answer = { epoch, resend: `rank ${this.access.rank} holds no global of line ${epoch} with that SHA-256` };
       } else {
         let g = 0;
-        part = part.map((c) => (c instanceof Uint8Array ? c : own[g++]!));
+        part = part.map((c) => (c instanceof Uint8Array ? c : own[g++]!.bytes));
         try {
-          answer = { epoch, checksum: (await (await this.heldStore(source)).putPart(epoch, part as Uint8Array[])).checksum };
+          answer = { epoch, checksum: (await (await this.heldStore(source)).putPart(epoch, part as Uint8Array[], undefined, knownBlocks(own))).checksum };
         } catch (err) {
           answer = { epoch, failure: errorMessage(err) };
         }
@@ -903,17 +944,20 @@ export class CoordinatedDriver implements CprHook {
   }
 
   /**
-   * The bytes of this rank's own globals of line `epoch` for the chunks of a copy that name one
-   * by SHA-256, in order; undefined when it holds no global with that SHA-256.
+   * This rank's own globals of line `epoch` for the chunks of a copy that name one (globalName),
+   * in order; undefined when it holds no global of that name.
    */
-  private async ownGlobalsNamed(epoch: number, chunks: readonly (Uint8Array | { global: Buffer })[]): Promise<Buffer[] | undefined> {
+  private async ownGlobalsNamed(
+    epoch: number,
+    chunks: readonly (Uint8Array | { global: Buffer })[],
+  ): Promise<{ bytes: Buffer; blocks: Promise<Buffer[]> | undefined }[] | undefined> {
     const own = this.keptGlobals.get(epoch);
-    const out: Buffer[] = [];
+    const out: { bytes: Buffer; blocks: Promise<Buffer[]> | undefined }[] = [];
     for (const c of chunks) {
       if (c instanceof Uint8Array) continue;
       const sum = await own?.sha256?.catch(() => undefined);
       if (own === undefined || sum === undefined || !sum.equals(c.global)) return undefined;
-      out.push(own.bytes);
+      out.push(own);
     }
     return out;
   }
@@ -1080,7 +1124,8 @@ export class CoordinatedDriver implements CprHook {
         // local write runs — its state went ahead already (sendAhead) — and the partner's
         // checksum of what it kept must match the local one.
         const partner = this.partner;
-        const put = parts.putPart(epoch, chunks);
+        const global = saved.global;
+        const put = parts.putPart(epoch, chunks, undefined, global === null ? undefined : knownBlocks([{ bytes: global, blocks: saved.globalBlocks }]));
         put.catch(() => undefined);
         const copied = partner === undefined ? undefined : this.copyPart(partner, epoch, chunks, ahead, part.global);
         const ref = await put.catch(async (err: unknown) => {
