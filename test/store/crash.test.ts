@@ -24,6 +24,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { LevelRecoveryStore } from "../../src/store/level-store.ts";
 import { latestLine, localVerifier, recoverLocal } from "../../src/store/recovery.ts";
 import type { RankPartStore } from "../../src/store/types.ts";
+import { blockFilesNamed } from "./level-faults.ts";
 import { expectCode } from "./suite.ts";
 import { Prng } from "../../src/testing/prng.ts";
 
@@ -195,20 +196,28 @@ describe("store under kill -9", () => {
 
     // A last recovery collects every leftover of aborted, interrupted and pruned lines.
     const { manifest, ranks, close } = await openAll(dir);
+    let blocked = 0;
+    const named: string[][] = [];
+    const blockFiles: string[][] = [];
     try {
       await recoverLocal(manifest, ranks);
       const committed = (await manifest.list()).map((l) => l.epoch);
       for (const r of ranks) {
         const parts = await r.listParts();
         expect(parts.map((p) => p.epoch)).toEqual(committed);
-        const files = (await readdir(join(dir, `rank-${r.rank}`, "blobs"))).length;
-        expect(files, `rank ${r.rank}'s blob files`).toBe(parts.filter((p) => p.location === "blob").length);
+        const files = await readdir(join(dir, `rank-${r.rank}`, "blobs"));
+        expect(files.filter((f) => f.endsWith(".part")).length, `rank ${r.rank}'s blob files`).toBe(parts.filter((p) => p.location === "blob").length);
+        blocked += parts.filter((p) => p.location === "blocks").length;
+        blockFiles[r.rank] = files.filter((f) => f.endsWith(".blk")).sort();
       }
     } finally {
       await close();
     }
+    // No block file that no record names, and none missing (the records read with the store closed).
+    for (let r = 0; r < RANKS; r++) named[r] = (await blockFilesNamed(dir, r)).sort();
+    expect(blockFiles).toEqual(named);
     console.log(
-      `crash test: ${KILLS} kills (${killedBeforeReady} aimed at start-up, ${killedInRecovery} of them before "ready"; ${killedWhileWriting} while writing), ${reported.size} commits reported`,
+      `crash test: ${KILLS} kills (${killedBeforeReady} aimed at start-up, ${killedInRecovery} of them before "ready"; ${killedWhileWriting} while writing), ${reported.size} commits reported, ${blocked} blocked parts kept`,
     );
   }, 120_000);
 });

@@ -104,3 +104,19 @@ export async function populateStore(dir: string): Promise<string> {
   for (const r of ranks) await r.close();
   return dir;
 }
+
+/** The block files rank `rank`'s part records name (see BLOCKED_BYTES_MIN), read with the store closed. */
+export async function blockFilesNamed(dir: string, rank: number): Promise<string[]> {
+  const db = new Level<string, Buffer>(join(dir, `rank-${rank}`, "parts"), { keyEncoding: "utf8", valueEncoding: "buffer", createIfMissing: false });
+  await db.open();
+  const named = new Set<string>();
+  try {
+    for await (const [, value] of db.iterator()) {
+      const blocks = decodeRecord(value, "block listing")["blocks"];
+      if (Array.isArray(blocks)) for (const g of blocks as { f?: unknown }[]) if (typeof g.f === "string") named.add(g.f);
+    }
+  } finally {
+    await db.close();
+  }
+  return [...named];
+}
