@@ -35,6 +35,8 @@ parentPort.on("message", (job) => {
       const hash = createHash("sha256");
       for (const v of job.views) hash.update(v);
       result = hash.digest();
+    } else if (job.kind === "each") {
+      result = job.views.map((v) => createHash("sha256").update(v).digest());
     } else if (job.kind === "blocks") {
       result = [];
       let hash = createHash("sha256");
@@ -64,7 +66,7 @@ parentPort.on("message", (job) => {
 });
 `;
 
-type Job = { kind: "sha256" | "crc32" } | { kind: "blocks"; blockBytes: number };
+type Job = { kind: "sha256" | "each" | "crc32" } | { kind: "blocks"; blockBytes: number };
 type Pending = { resolve: (result: unknown) => void; onThread: () => void };
 
 let worker: Worker | undefined;
@@ -148,6 +150,40 @@ export function sha256OffThread(data: Uint8Array | readonly Uint8Array[]): Promi
     return hash.digest();
   };
   return run({ kind: "sha256" }, views, onMain, (r) => Buffer.from(r as Uint8Array));
+}
+
+/**
+ * The SHA-256 of each of `views`, in order: on the checksum thread when they lie in shared
+ * memory, else in slices over a few turns of the event loop (one pass, not one per view).
+ *
+ * @example
+ * const [a, b] = await sha256Each([x, y]); // createHash("sha256").update(x).digest(), and y's
+ */
+export function sha256Each(views: readonly Uint8Array[]): Promise<Buffer[]> {
+  const onMain = async (): Promise<Buffer[]> => {
+    const out: Buffer[] = [];
+    let i = 0;
+    let hash = createHash("sha256");
+    let left = views[0]?.byteLength ?? 0;
+    // Done with view i (and any empty ones after it): its digest, then the next.
+    const advance = (): void => {
+      while (i < views.length && left === 0) {
+        out.push(hash.digest());
+        hash = createHash("sha256");
+        i++;
+        left = views[i]?.byteLength ?? 0;
+      }
+    };
+    advance();
+    // sliced() never lets a slice span two views.
+    await sliced(views, (slice) => {
+      hash.update(slice);
+      left -= slice.byteLength;
+      advance();
+    });
+    return out;
+  };
+  return run({ kind: "each" }, views, onMain, (r) => (r as Uint8Array[]).map((d) => Buffer.from(d.buffer, d.byteOffset, d.byteLength)));
 }
 
 /**

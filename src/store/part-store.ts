@@ -22,7 +22,7 @@ import { isLifelineError } from "../errors.ts";
 import type { BlobDir, KvDb, KvOp } from "./backend.ts";
 import { KvHandle } from "./kv-handle.ts";
 import { crc32, formatChecksum } from "./checksum.ts";
-import { crc32OffThread, sha256OffThread } from "./checksum-thread.ts";
+import { crc32OffThread, sha256Each } from "./checksum-thread.ts";
 import {
   BLOB_HEADER_BYTES,
   BLOB_NAME_RE,
@@ -214,7 +214,15 @@ export class KvRankPartStore extends KvHandle implements RankPartStore {
   private async writeBlocks(epoch: number, chunks: readonly Uint8Array[], signal: AbortSignal | undefined, known: KnownSha256 | undefined): Promise<Segment[]> {
     const pieces = piecesOf(chunks);
     const index = await this.blocks();
-    const sums = await Promise.all(pieces.map((p) => (p instanceof Uint8Array ? (known?.(p) ?? sha256OffThread(p)) : Promise.resolve(undefined))));
+    // The caller's digests where it has them; the others in one pass (not one each: that would
+    // hash a large part in one turn of the event loop).
+    const given = pieces.map((p) => (p instanceof Uint8Array ? known?.(p) : undefined));
+    const missing = pieces.flatMap((p, i) => (p instanceof Uint8Array && given[i] === undefined ? [p] : []));
+    const hashed = await sha256Each(missing);
+    let next = 0;
+    const sums = await Promise.all(
+      pieces.map((p, i) => (p instanceof Uint8Array ? (given[i] ?? Promise.resolve(hashed[next++]!)) : Promise.resolve(undefined))),
+    );
     const written = new Map<string, string>();
     const writes: Promise<number>[] = [];
     const segments = pieces.map((p, i): Segment => {

@@ -10,7 +10,15 @@
 import { createHash } from "node:crypto";
 import { describe, expect, it } from "vitest";
 import { crc32 } from "../../src/store/checksum.ts";
-import { blockSha256s, checksumThreadState, crc32OffThread, listSha256, OFF_THREAD_BYTES_MIN, sha256OffThread } from "../../src/store/checksum-thread.ts";
+import {
+  blockSha256s,
+  checksumThreadState,
+  crc32OffThread,
+  listSha256,
+  OFF_THREAD_BYTES_MIN,
+  sha256Each,
+  sha256OffThread,
+} from "../../src/store/checksum-thread.ts";
 import { bytesOf } from "./suite.ts";
 
 function shared(bytes: Buffer): Buffer {
@@ -39,6 +47,14 @@ describe("checksums off the main thread", () => {
       expect(await crc32OffThread(chunks)).toBe(crc32(Buffer.concat(chunks)));
     }
     expect(checksumThreadState()).toEqual({ pending: 0, broken: false });
+  });
+
+  it("hash each of many views, empty ones too, the same on the thread and here", async () => {
+    const plain = [bytesOf(3 << 20, 1), bytesOf(0, 2), bytesOf(5, 3), bytesOf(9 << 20, 4), bytesOf(0, 5)];
+    const expected = plain.map((v) => sha256(v).toString("hex"));
+    for (const views of [plain, plain.map(shared), []]) {
+      expect((await sha256Each(views)).map((d) => d.toString("hex"))).toEqual(views.length === 0 ? [] : expected);
+    }
   });
 
   it("hash blocks across chunk boundaries, the same on the thread and here", async () => {
