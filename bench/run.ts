@@ -1049,14 +1049,20 @@ function recoveryText(plan: RecoveryPlan): string {
       `### Recovery, ${c.np} ranks, ${c.globalMib} MiB global + ${c.localMib} MiB local state per rank, rank 1 killed at step ${c.failStep} (median; seconds)`,
     ),
   ];
-  const r1 = plan.runs.filter((r) => r.variant === "retry-one");
-  if (r1.length > 0) {
-    const total = median(r1.map((r) => r.totalMs)) / 1000;
+  // The same bound for both modes (the message-path issue's for cpr: kill → every rank past the failure).
+  for (const [variant, what] of [
+    ["retry-one", "kill → restarted rank caught up"],
+    ["cpr", "kill → every rank past the failure"],
+  ] as const) {
+    const runs = plan.runs.filter((r) => r.variant === variant);
+    if (runs.length === 0) continue;
+    const total = median(runs.map((r) => r.totalMs)) / 1000;
+    const within = runs.filter((r) => r.totalMs <= RECOVERY_TARGET_S * 1000).length;
     out.push(
-      `Target (retry-one, kill → restarted rank caught up) <= ${RECOVERY_TARGET_S} s: ${total <= RECOVERY_TARGET_S ? "met" : "NOT met"} (${total.toFixed(2)} s).`,
-      "",
+      `Target (${variant}, ${what}) <= ${RECOVERY_TARGET_S} s: ${total <= RECOVERY_TARGET_S ? "met" : "NOT met"} (median ${total.toFixed(2)} s; ${within} of ${runs.length} runs within).`,
     );
   }
+  out.push("");
   for (const e of plan.errors) out.push(`- recovery ${e.split("\n")[0]}`);
   return out.join("\n");
 }
