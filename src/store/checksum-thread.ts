@@ -17,49 +17,82 @@
 import { createHash } from "node:crypto";
 import { Worker } from "node:worker_threads";
 import * as zlib from "node:zlib";
-import { crc32Yielding, sliced } from "./checksum.ts";
+import { crc32, crc32Yielding, sliced } from "./checksum.ts";
 
 /** Below this many bytes in shared memory a checksum stays on the main thread (a message costs more). */
 export const OFF_THREAD_BYTES_MIN = 1 << 20;
 
-// The thread's whole program: small enough to need no file, so it runs the same from src/ (tsx,
-// vitest) and from dist/, and it needs no TypeScript loader.
-const WORKER_SOURCE = `
-const { parentPort } = require("node:worker_threads");
-const { createHash } = require("node:crypto");
-const zlib = require("node:zlib");
-parentPort.on("message", (job) => {
-  try {
-    let result;
-    if (job.kind === "sha256") {
+/**
+ * The checksum jobs, written once: the thread runs this source, and the main thread evaluates
+ * the same source for its fallback (see {@link startJob}). A job is started for a kind and
+ * the views' sizes, fed the views' bytes in order in slices that never span two views
+ * (`update`), and gives its result at the end (`finish`). Plain JavaScript in a string, so it
+ * needs no file and no TypeScript loader and runs the same from src/ (tsx, vitest) and dist/.
+ */
+const JOBS_SOURCE = `
+function startJob(job) {
+  switch (job.kind) {
+    case "sha256": {
       const hash = createHash("sha256");
-      for (const v of job.views) hash.update(v);
-      result = hash.digest();
-    } else if (job.kind === "each") {
-      result = job.views.map((v) => createHash("sha256").update(v).digest());
-    } else if (job.kind === "blocks") {
-      result = [];
+      return { update: (s) => hash.update(s), finish: () => hash.digest() };
+    }
+    case "crc32": {
+      let sum = 0;
+      return { update: (s) => { sum = crc32(s, sum); }, finish: () => sum };
+    }
+    case "each": {
+      // One digest per view: the sizes tell where each ends (empty views included).
+      const out = [];
+      let i = 0;
+      let hash = createHash("sha256");
+      let left = job.sizes[0] ?? 0;
+      const advance = () => {
+        while (i < job.sizes.length && left === 0) {
+          out.push(hash.digest());
+          hash = createHash("sha256");
+          i++;
+          left = job.sizes[i] ?? 0;
+        }
+      };
+      advance();
+      return { update: (s) => { hash.update(s); left -= s.length; advance(); }, finish: () => out };
+    }
+    case "blocks": {
+      // One digest per blockBytes of the concatenation (the last may be shorter; none: one, empty).
+      const out = [];
       let hash = createHash("sha256");
       let filled = 0;
-      for (const v of job.views) {
-        for (let off = 0; off < v.length; ) {
-          const n = Math.min(job.blockBytes - filled, v.length - off);
-          hash.update(v.subarray(off, off + n));
+      const update = (s) => {
+        for (let off = 0; off < s.length; ) {
+          const n = Math.min(job.blockBytes - filled, s.length - off);
+          hash.update(s.subarray(off, off + n));
           off += n;
           filled += n;
           if (filled === job.blockBytes) {
-            result.push(hash.digest());
+            out.push(hash.digest());
             hash = createHash("sha256");
             filled = 0;
           }
         }
-      }
-      if (filled > 0 || result.length === 0) result.push(hash.digest());
-    } else {
-      result = 0;
-      for (const v of job.views) result = zlib.crc32(v, result);
+      };
+      return { update, finish: () => { if (filled > 0 || out.length === 0) out.push(hash.digest()); return out; } };
     }
-    parentPort.postMessage({ id: job.id, result });
+  }
+  throw new Error("unknown checksum job " + job.kind);
+}
+`;
+
+// The thread's whole program: the jobs, over whole views at once.
+const WORKER_SOURCE = `
+const { parentPort } = require("node:worker_threads");
+const { createHash } = require("node:crypto");
+const { crc32 } = require("node:zlib");
+${JOBS_SOURCE}
+parentPort.on("message", (job) => {
+  try {
+    const j = startJob(job);
+    for (const v of job.views) j.update(v);
+    parentPort.postMessage({ id: job.id, result: j.finish() });
   } catch (err) {
     parentPort.postMessage({ id: job.id, error: String((err && err.message) || err) });
   }
@@ -67,6 +100,14 @@ parentPort.on("message", (job) => {
 `;
 
 type Job = { kind: "sha256" | "each" | "crc32" } | { kind: "blocks"; blockBytes: number };
+interface Started {
+  update(slice: Uint8Array): void;
+  finish(): unknown;
+}
+
+/** The jobs of {@link JOBS_SOURCE} on this thread, with this module's CRC-32 (zlib's, or the portable one). */
+const startJob = new Function("createHash", "crc32", `${JOBS_SOURCE}\nreturn startJob;`)(createHash, crc32) as (job: Job & { sizes: number[] }) => Started;
+
 type Pending = { resolve: (result: unknown) => void; onThread: () => void };
 
 let worker: Worker | undefined;
@@ -121,7 +162,18 @@ function offThread(views: readonly Uint8Array[]): boolean {
   return shared >= OFF_THREAD_BYTES_MIN && copied <= shared / 16;
 }
 
-function run<T>(job: Job, views: readonly Uint8Array[], onMain: () => Promise<T>, wrap: (result: unknown) => T): Promise<T> {
+/**
+ * Runs `job` over `views`: on the thread when they lie in shared memory (and the thread runs),
+ * else here in slices over a few turns of the event loop (see sliced), as when the thread dies
+ * before it answers. `wrap` turns the job's result into the caller's type.
+ */
+function run<T>(job: Job, views: readonly Uint8Array[], wrap: (result: unknown) => T): Promise<T> {
+  const sized = { ...job, sizes: views.map((v) => v.byteLength) };
+  const onMain = async (): Promise<T> => {
+    const j = startJob(sized);
+    await sliced(views, (slice) => j.update(slice));
+    return wrap(j.finish());
+  };
   const w = offThread(views) ? thread() : undefined;
   if (w === undefined) return onMain();
   return new Promise<T>((resolve, reject) => {
@@ -129,9 +181,15 @@ function run<T>(job: Job, views: readonly Uint8Array[], onMain: () => Promise<T>
     pending.set(id, { resolve: (r) => resolve(wrap(r)), onThread: () => void onMain().then(resolve, reject) });
     w.ref();
     // Views of a SharedArrayBuffer cross without a copy; the few small others are copied.
-    w.postMessage({ id, ...job, views });
+    w.postMessage({ id, ...sized, views });
   });
 }
+
+/** Digests as Buffers (they cross from the thread as plain Uint8Arrays). */
+const asBuffer = (d: unknown): Buffer => {
+  const u = d as Uint8Array;
+  return Buffer.from(u.buffer, u.byteOffset, u.byteLength);
+};
 
 const asViews = (data: Uint8Array | readonly Uint8Array[]): readonly Uint8Array[] => (data instanceof Uint8Array ? [data] : data);
 
@@ -143,13 +201,7 @@ const asViews = (data: Uint8Array | readonly Uint8Array[]): readonly Uint8Array[
  * (await sha256OffThread([a, b])).equals(createHash("sha256").update(a).update(b).digest()); // true
  */
 export function sha256OffThread(data: Uint8Array | readonly Uint8Array[]): Promise<Buffer> {
-  const views = asViews(data);
-  const onMain = async (): Promise<Buffer> => {
-    const hash = createHash("sha256");
-    await sliced(views, (slice) => hash.update(slice));
-    return hash.digest();
-  };
-  return run({ kind: "sha256" }, views, onMain, (r) => Buffer.from(r as Uint8Array));
+  return run({ kind: "sha256" }, asViews(data), asBuffer);
 }
 
 /**
@@ -160,30 +212,7 @@ export function sha256OffThread(data: Uint8Array | readonly Uint8Array[]): Promi
  * const [a, b] = await sha256Each([x, y]); // createHash("sha256").update(x).digest(), and y's
  */
 export function sha256Each(views: readonly Uint8Array[]): Promise<Buffer[]> {
-  const onMain = async (): Promise<Buffer[]> => {
-    const out: Buffer[] = [];
-    let i = 0;
-    let hash = createHash("sha256");
-    let left = views[0]?.byteLength ?? 0;
-    // Done with view i (and any empty ones after it): its digest, then the next.
-    const advance = (): void => {
-      while (i < views.length && left === 0) {
-        out.push(hash.digest());
-        hash = createHash("sha256");
-        i++;
-        left = views[i]?.byteLength ?? 0;
-      }
-    };
-    advance();
-    // sliced() never lets a slice span two views.
-    await sliced(views, (slice) => {
-      hash.update(slice);
-      left -= slice.byteLength;
-      advance();
-    });
-    return out;
-  };
-  return run({ kind: "each" }, views, onMain, (r) => (r as Uint8Array[]).map((d) => Buffer.from(d.buffer, d.byteOffset, d.byteLength)));
+  return run({ kind: "each" }, views, (r) => (r as unknown[]).map(asBuffer));
 }
 
 /**
@@ -196,28 +225,7 @@ export function sha256Each(views: readonly Uint8Array[]): Promise<Buffer[]> {
  */
 export function blockSha256s(data: Uint8Array | readonly Uint8Array[], blockBytes: number): Promise<Buffer[]> {
   if (!Number.isSafeInteger(blockBytes) || blockBytes <= 0) throw new RangeError(`blockSha256s: blockBytes must be a positive integer, got ${blockBytes}`);
-  const views = asViews(data);
-  const onMain = async (): Promise<Buffer[]> => {
-    const out: Buffer[] = [];
-    let hash = createHash("sha256");
-    let filled = 0;
-    await sliced(views, (slice) => {
-      for (let off = 0; off < slice.length;) {
-        const n = Math.min(blockBytes - filled, slice.length - off);
-        hash.update(slice.subarray(off, off + n));
-        off += n;
-        filled += n;
-        if (filled === blockBytes) {
-          out.push(hash.digest());
-          hash = createHash("sha256");
-          filled = 0;
-        }
-      }
-    });
-    if (filled > 0 || out.length === 0) out.push(hash.digest());
-    return out;
-  };
-  return run({ kind: "blocks", blockBytes }, views, onMain, (r) => (r as Uint8Array[]).map((d) => Buffer.from(d.buffer, d.byteOffset, d.byteLength)));
+  return run({ kind: "blocks", blockBytes }, asViews(data), (r) => (r as unknown[]).map(asBuffer));
 }
 
 /**
@@ -243,9 +251,9 @@ export function listSha256(digests: readonly Uint8Array[]): Buffer {
  */
 export function crc32OffThread(data: Uint8Array | readonly Uint8Array[]): Promise<number> {
   const views = asViews(data);
-  const onMain = (): Promise<number> => crc32Yielding(views);
-  if (!nativeCrc32) return onMain();
-  return run({ kind: "crc32" }, views, onMain, (r) => r as number);
+  // Without zlib's CRC-32 (Node < 20.15) the thread has none: the portable one runs here.
+  if (!nativeCrc32) return crc32Yielding(views);
+  return run({ kind: "crc32" }, views, (r) => r as number);
 }
 
 /** For tests: how many checksums the thread has not answered yet, and whether it is usable. */
