@@ -73,7 +73,7 @@ export const PROTO_CPR_EARLY = PROTO_CPR_BASE + 1;
  * Per-host stores: a part for the partner to keep, and the partner's answer. The part travels
  * as the chunks of its encoding; those that are the checkpoint's serialized state, sent ahead
  * when the checkpoint was taken (PROTO_CPR_AHEAD), are named by their place in that message.
- * The global writer's global is named by its SHA-256 (`{ global: sha256 }`) and never travels:
+ * The global writer's global is named (`{ global: name }`, see globalName) and never travels:
  * the partner took the same line's checkpoint and holds an equal global, whose bytes it writes
  * in its place. A partner whose global differs answers `resend`, and the part goes again whole.
  */
