@@ -50,6 +50,7 @@ import {
   BLOCK_BYTES,
   BLOCKED_BYTES_MIN,
   INLINE_BYTES_MAX,
+  type BlockOptions,
   type KnownSha256,
   type PartCheck,
   type PartInfo,
@@ -143,7 +144,7 @@ export class KvRankPartStore extends KvHandle implements RankPartStore {
     return store;
   }
 
-  async putPart(epoch: number, bytes: Uint8Array | readonly Uint8Array[], signal?: AbortSignal, knownSha256?: KnownSha256): Promise<PartRef> {
+  async putPart(epoch: number, bytes: Uint8Array | readonly Uint8Array[], signal?: AbortSignal, blocks?: BlockOptions): Promise<PartRef> {
     checkEpoch(epoch);
     const chunks = bytes instanceof Uint8Array ? [bytes] : bytes;
     if (!Array.isArray(chunks) || !chunks.every((c) => c instanceof Uint8Array)) {
@@ -166,10 +167,10 @@ export class KvRankPartStore extends KvHandle implements RankPartStore {
         if (length <= INLINE_BYTES_MAX) {
           inline = Buffer.concat(chunks);
           checksum = crc32(inline);
-        } else if (length >= BLOCKED_BYTES_MIN) {
+        } else if (blocks !== undefined && length >= BLOCKED_BYTES_MIN) {
           const summed = crc32OffThread(chunks);
           summed.catch(() => undefined);
-          segments = await this.writeBlocks(epoch, chunks, signal, knownSha256);
+          segments = await this.writeBlocks(epoch, chunks, signal, blocks.knownSha256);
           checksum = await summed;
         } else {
           blob = blobName(epoch, randomBytes(4).toString("hex"));

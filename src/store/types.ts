@@ -155,15 +155,16 @@ export interface RankPartStore {
    * puts into the commit record. `bytes` — one buffer, or chunks that together make the part
    * (written as they are, never joined into a copy) — must not change until the promise
    * settles. With `signal` aborted, the put stops before its next sync and rejects, leaving no
-   * part. `knownSha256` may give the SHA-256 of pieces of a blocked part (see {@link KnownSha256}).
-   * Rejects with `STORE_NOT_OPEN`, `STORE_IO`.
+   * part. With `blocks`, a part of {@link BLOCKED_BYTES_MIN} or more is stored as blocks that
+   * parts with equal bytes share; without, in a blob file of its own. Rejects with
+   * `STORE_NOT_OPEN`, `STORE_IO`.
    *
    * @example
    * const ref = await parts.putPart(3, Buffer.from("state"));
    * ref.bytes; // 5
    * await parts.putPart(4, [head, model]); // the same as putPart(4, Buffer.concat([head, model]))
    */
-  putPart(epoch: number, bytes: Uint8Array | readonly Uint8Array[], signal?: AbortSignal, knownSha256?: KnownSha256): Promise<PartRef>;
+  putPart(epoch: number, bytes: Uint8Array | readonly Uint8Array[], signal?: AbortSignal, blocks?: BlockOptions): Promise<PartRef>;
 
   /**
    * The bytes of this rank's part of `epoch`, verified against the part's own checksum, or
@@ -451,12 +452,17 @@ export const META_BYTES_MAX = 1 << 20;
 export const INLINE_BYTES_MAX = 64 * 1024;
 
 /**
- * Parts of at least this size are stored as blocks: each chunk of {@link INLINE_BYTES_MAX} or
- * more is cut into pieces of {@link BLOCK_BYTES}, and each piece goes to a block file named in
- * the part's record by its SHA-256. A piece equal to one the store already holds (the same
- * bytes in an older line's part, as a large global that changed in a few places) is not
- * written again: the new record names the same file. A line of 64 MiB whose global changed in
- * one place writes about one block of it.
+ * Parts of at least this size that are put with {@link BlockOptions} are stored as blocks:
+ * each chunk of {@link INLINE_BYTES_MAX} or more is cut into pieces of {@link BLOCK_BYTES},
+ * and each piece goes to a block file named in the part's record by its SHA-256. A piece equal
+ * to one the store already holds (the same bytes in an older line's part, as a large global
+ * that changed in a few places) is not written again: the new record names the same file. A
+ * line of 64 MiB whose global changed in one place writes about one block of it.
+ *
+ * Opt-in, because every piece must be hashed: worth it when the caller has the digests anyway
+ * (a cpr rank names its global by them), not where it would hash only for the store (a
+ * retry-one rank's durable checkpoint: hashing 64 MiB on every rank cost its job more than
+ * writing it whole, in `npm run bench -- --only durable`).
  */
 export const BLOCKED_BYTES_MIN = 4 << 20;
 /** The size of a block (see {@link BLOCKED_BYTES_MIN}); the last piece of a chunk is shorter. */
@@ -473,3 +479,15 @@ export const BLOCK_BYTES = 1 << 20;
  * const known: KnownSha256 = (piece) => (piece.buffer === global.buffer ? sums[(piece.byteOffset - global.byteOffset) / BLOCK_BYTES] : undefined);
  */
 export type KnownSha256 = (piece: Uint8Array) => Promise<Buffer> | undefined;
+
+/**
+ * {@link RankPartStore.putPart}'s choice of blocks (see {@link BLOCKED_BYTES_MIN}), with the
+ * digests the caller already has; those it has not the store computes.
+ *
+ * @example
+ * await parts.putPart(7, [head, global], undefined, { knownSha256: known });
+ * await parts.putPart(8, [head, global], undefined, {}); // blocks, every digest computed by the store
+ */
+export interface BlockOptions {
+  readonly knownSha256?: KnownSha256;
+}

@@ -560,11 +560,11 @@ function simParts(
           await step();
         };
   return {
-    async putPart(epoch, bytes, signal, knownSha256) {
+    async putPart(epoch, bytes, signal, blocks) {
       await hop();
       if (fail?.(epoch) === true)
         throw new LifelineError("STORE_IO", `rank ${inner.rank}: writing its part of line ${epoch}: ENOSPC: no space left on device (simulated)`);
-      const r = await inner.putPart(epoch, bytes, signal, knownSha256);
+      const r = await inner.putPart(epoch, bytes, signal, blocks);
       written.set(`${r.rank}/${r.epoch}/${r.checksum}`, Buffer.concat(bytes instanceof Uint8Array ? [bytes] : bytes));
       await hop();
       return r;

@@ -217,11 +217,11 @@ describe("LevelRecoveryStore on disk", () => {
     const blocks = async (): Promise<string[]> => (await readdir(blobs)).filter((f) => f.endsWith(".blk")).sort();
     const global = bytesOf(8 * BLOCK_BYTES, 1);
     const head = bytesOf(40, 2);
-    await p.putPart(1, [head, global]);
+    await p.putPart(1, [head, global], undefined, {});
     const first = await blocks();
     expect(first).toHaveLength(8);
     global[3 * BLOCK_BYTES + 5] = global[3 * BLOCK_BYTES + 5]! ^ 1;
-    const r2 = await p.putPart(2, [head, global]);
+    const r2 = await p.putPart(2, [head, global], undefined, {});
     const second = await blocks();
     expect(second).toHaveLength(9);
     expect(second.filter((f) => !first.includes(f))).toHaveLength(1);
@@ -254,11 +254,11 @@ describe("LevelRecoveryStore on disk", () => {
         asked.push(i);
         return Promise.resolve(digests[i]!);
       };
-    const ra = await p.putPart(1, [bytesOf(9, 1), a], undefined, known(a, sums(a)));
+    const ra = await p.putPart(1, [bytesOf(9, 1), a], undefined, { knownSha256: known(a, sums(a)) });
     expect(asked).toEqual([0, 1, 2, 3]);
     expect((await p.readPart(ra)).equals(Buffer.concat([bytesOf(9, 1), a]))).toBe(true);
     // A wrong digest for b's changed block (a's): the part names a's block, and fails its CRC-32.
-    const rb = await p.putPart(2, [bytesOf(9, 1), b], undefined, known(b, sums(a)));
+    const rb = await p.putPart(2, [bytesOf(9, 1), b], undefined, { knownSha256: known(b, sums(a)) });
     expect(await p.checkPart(rb)).toMatchObject({ kind: "corrupt", message: expect.stringMatching(/checksum mismatch/) });
     await p.close();
   });
@@ -267,7 +267,7 @@ describe("LevelRecoveryStore on disk", () => {
     const dir = freshDir();
     const store = new LevelRecoveryStore(dir);
     let p = await store.openRank(0);
-    const ref = await p.putPart(1, bytesOf(BLOCKED_BYTES_MIN, 3));
+    const ref = await p.putPart(1, bytesOf(BLOCKED_BYTES_MIN, 3), undefined, {});
     await p.close();
     const blobs = join(dir, "rank-0", "blobs");
     const kept = (await readdir(blobs)).sort();

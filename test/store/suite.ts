@@ -118,13 +118,14 @@ export function recoveryStoreSuite(name: string, factory: StoreFactory): void {
         bytesOf(7, seed + 4),
       ];
 
-      it("round-trip byte for byte, chunked or whole, and are listed as blocks", async () => {
+      it("round-trip byte for byte, chunked or whole, and are listed as blocks (without BlockOptions: a blob)", async () => {
         const p = await rank(0);
         const chunks = chunked(1);
         const whole = Buffer.concat(chunks);
-        const a = await p.putPart(1, chunks);
-        const b = await p.putPart(2, whole);
-        for (const ref of [a, b]) {
+        const a = await p.putPart(1, chunks, undefined, {});
+        const b = await p.putPart(2, whole, undefined, {});
+        const c = await p.putPart(3, chunks);
+        for (const ref of [a, b, c]) {
           expect(ref).toMatchObject({ checksum: crc32(whole), bytes: whole.length });
           expect((await p.readPart(ref)).equals(whole)).toBe(true);
         }
@@ -135,6 +136,7 @@ export function recoveryStoreSuite(name: string, factory: StoreFactory): void {
         expect((await again.listParts()).map((i) => [i.epoch, i.location])).toEqual([
           [1, "blocks"],
           [2, "blocks"],
+          [3, "blob"],
         ]);
       });
 
@@ -143,8 +145,8 @@ export function recoveryStoreSuite(name: string, factory: StoreFactory): void {
         const first = chunked(5);
         const second = first.map((c) => Buffer.from(c));
         second[1]![BLOCK_BYTES + 17] = second[1]![BLOCK_BYTES + 17]! ^ 0xff;
-        const r1 = await p.putPart(1, first);
-        const r2 = await p.putPart(2, second);
+        const r1 = await p.putPart(1, first, undefined, {});
+        const r2 = await p.putPart(2, second, undefined, {});
         expect((await p.readPart(r1)).equals(Buffer.concat(first))).toBe(true);
         expect((await p.readPart(r2)).equals(Buffer.concat(second))).toBe(true);
         expect(await p.retain([2])).toEqual([1]);
@@ -153,14 +155,14 @@ export function recoveryStoreSuite(name: string, factory: StoreFactory): void {
         const again = await rank(1);
         expect((await again.readPart(r2)).equals(Buffer.concat(second))).toBe(true);
         // Written again for the same epoch (an aborted attempt's leftover): the blocks of the new bytes.
-        const r2b = await again.putPart(2, first);
+        const r2b = await again.putPart(2, first, undefined, {});
         expect((await again.readPart(r2b)).equals(Buffer.concat(first))).toBe(true);
       });
 
       it("a flipped byte or a lost block file makes a part unusable (STORE_CORRUPT), never wrong", async () => {
         const p = await rank(0);
-        const r1 = await p.putPart(1, chunked(9));
-        const r2 = await p.putPart(2, chunked(20));
+        const r1 = await p.putPart(1, chunked(9), undefined, {});
+        const r2 = await p.putPart(2, chunked(20), undefined, {});
         await closeAll();
         await faults.corruptPart(0, 1);
         await faults.removePart(0, 2);

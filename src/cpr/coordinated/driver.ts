@@ -28,7 +28,7 @@ import type { Host, Timer } from "../../mpi/host.ts";
 import { Flag, frameId, type Header } from "../../mpi/wire.ts";
 import { crc32 } from "../../store/checksum.ts";
 import { blockSha256s, listSha256, sha256OffThread } from "../../store/checksum-thread.ts";
-import { BLOCK_BYTES, type JobRecord, type KnownSha256, type LineManifest } from "../../store/types.ts";
+import { BLOCK_BYTES, type BlockOptions, type JobRecord, type KnownSha256, type LineManifest } from "../../store/types.ts";
 import { RankMachine, type RankEffect } from "./rank.ts";
 
 /** The part store operations the driver needs (RankPartStore satisfies it). */
@@ -37,7 +37,7 @@ export interface PartStoreLike {
     epoch: number,
     bytes: Uint8Array | readonly Uint8Array[],
     signal?: AbortSignal,
-    knownSha256?: KnownSha256,
+    blocks?: BlockOptions,
   ): Promise<{ rank: number; epoch: number; checksum: number; bytes: number }>;
   readPart(ref: { rank: number; epoch: number; checksum: number; bytes: number }): Promise<Buffer>;
   retain(keep: readonly number[], opts?: { dropNewer?: boolean }): Promise<number[]>;
@@ -934,7 +934,10 @@ export class CoordinatedDriver implements CprHook {
         let g = 0;
         part = part.map((c) => (c instanceof Uint8Array ? c : own[g++]!.bytes));
         try {
-          answer = { epoch, checksum: (await (await this.heldStore(source)).putPart(epoch, part as Uint8Array[], undefined, knownBlocks(own))).checksum };
+          answer = {
+            epoch,
+            checksum: (await (await this.heldStore(source)).putPart(epoch, part as Uint8Array[], undefined, { knownSha256: knownBlocks(own) })).checksum,
+          };
         } catch (err) {
           answer = { epoch, failure: errorMessage(err) };
         }
@@ -1124,8 +1127,13 @@ export class CoordinatedDriver implements CprHook {
         // local write runs — its state went ahead already (sendAhead) — and the partner's
         // checksum of what it kept must match the local one.
         const partner = this.partner;
-        const global = saved.global;
-        const put = parts.putPart(epoch, chunks, undefined, global === null ? undefined : knownBlocks([{ bytes: global, blocks: saved.globalBlocks }]));
+        // A part that holds a global whose block digests are known (globalName) goes in blocks:
+        // the writer's store holds the previous line's, and a global changes little from line
+        // to line. Other parts are not hashed for the store's sake (see BLOCKED_BYTES_MIN).
+        const global = part.global;
+        const blocks =
+          global !== null && saved.globalBlocks !== undefined ? { knownSha256: knownBlocks([{ bytes: global, blocks: saved.globalBlocks }]) } : undefined;
+        const put = parts.putPart(epoch, chunks, undefined, blocks);
         put.catch(() => undefined);
         const copied = partner === undefined ? undefined : this.copyPart(partner, epoch, chunks, ahead, part.global);
         const ref = await put.catch(async (err: unknown) => {
