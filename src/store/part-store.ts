@@ -261,8 +261,7 @@ export class KvRankPartStore extends KvHandle implements RankPartStore {
   /** Deletes those of `files` (blobs, blocks) that no record names. */
   private async removeUnreferenced(files: readonly string[]): Promise<void> {
     if (files.length === 0) return;
-    const named = new Set<string>();
-    for (const [key, value] of await this.kv.scan(PART_PREFIX, {})) for (const f of filesOfRecordValue(this.recordOf(key, value))) named.add(f);
+    const named = await this.namedFiles();
     this.blockIndex = undefined;
     await this.blobs.remove(files.filter((f) => !named.has(f)));
   }
@@ -359,7 +358,7 @@ export class KvRankPartStore extends KvHandle implements RankPartStore {
    */
   private async deleteRecords(rows: readonly [string, Buffer][]): Promise<number[]> {
     if (rows.length === 0) return [];
-    const files = rows.flatMap(([key, value]) => filesOfRecordValue(this.recordOf(key, value)));
+    const files = rows.flatMap(([key, value]) => filesOf(this.recordOf(key, value)));
     await this.kv.write(
       rows.map(([key]): KvOp => ({ type: "del", key })),
       { sync: true },
@@ -548,23 +547,26 @@ export class KvRankPartStore extends KvHandle implements RankPartStore {
     return results.find((r) => r !== undefined) ?? { kind: "ok", data };
   }
 
+  /** The blob and block files the records name (an unreadable record names none). */
+  private async namedFiles(): Promise<Set<string>> {
+    const named = new Set<string>();
+    for (const [key, value] of await this.kv.scan(PART_PREFIX, {})) for (const f of filesOf(this.recordOf(key, value))) named.add(f);
+    return named;
+  }
+
   private async collectOrphanBlobs(): Promise<void> {
-    const referenced = new Set<string>();
-    for (const [key, value] of await this.kv.scan(PART_PREFIX, {})) for (const f of filesOfRecordValue(this.recordOf(key, value))) referenced.add(f);
+    const referenced = await this.namedFiles();
     // Only files named like our blobs and blocks: anything else in the directory is not ours to delete.
     const orphans = (await this.blobs.list()).filter((name) => (BLOB_NAME_RE.test(name) || BLOCK_NAME_RE.test(name)) && !referenced.has(name));
     if (orphans.length > 0) await this.blobs.remove(orphans);
   }
 }
 
-/** The files a record names: its blob, or its block files. */
-function filesOf(record: PartRecord): string[] {
+/** The files a record names: its blob, or its block files; none for an unreadable record. */
+function filesOf(record: PartRecord | undefined): string[] {
+  if (record === undefined) return [];
   if (record.blob !== undefined) return [record.blob];
   return (record.segments ?? []).flatMap((g) => ("file" in g ? [g.file] : []));
-}
-
-function filesOfRecordValue(record: PartRecord | undefined): string[] {
-  return record === undefined ? [] : filesOf(record);
 }
 
 /**
