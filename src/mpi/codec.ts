@@ -17,7 +17,7 @@ import { addExtension, Packr } from "msgpackr";
 import { LifelineError } from "../errors.ts";
 import { Encoding } from "./wire.ts";
 
-type TypedArray =
+export type TypedArray =
   | Int8Array
   | Uint8Array
   | Uint8ClampedArray
@@ -90,7 +90,6 @@ export function isTypedArray(v: unknown): v is TypedArray {
   return typedArrayCode(v) !== 0;
 }
 
-/** The bytes of a typed array, as a Buffer view (no copy) or a fresh copy. */
 /** Total length of some byte chunks (a body's frames, a result kept as chunks). */
 export function byteLengthOf(chunks: readonly ArrayBufferView[]): number {
   let n = 0;
@@ -98,6 +97,23 @@ export function byteLengthOf(chunks: readonly ArrayBufferView[]): number {
   return n;
 }
 
+/** A copy of a typed array, of its own type (a Buffer's `slice()` is a view, not a copy). */
+export function copyTyped<T extends TypedArray>(v: T): T {
+  return (Buffer.isBuffer(v) ? Buffer.from(v) : (v as unknown as { slice(): T }).slice()) as T;
+}
+
+/**
+ * A typed array of `like`'s type with `length` elements, NOT initialised: for a caller that
+ * writes every element before anyone reads one. (A zero-filled one of many MiB comes as fresh
+ * pages from the kernel, and writing it costs a page fault per 4 KiB; this memory is recycled.)
+ */
+export function allocUninitialisedLike<T extends TypedArray>(like: T, length: number): T {
+  const bytes = Buffer.allocUnsafeSlow(length * like.BYTES_PER_ELEMENT);
+  if (Buffer.isBuffer(like)) return bytes as unknown as T;
+  return new (like.constructor as new (buffer: ArrayBufferLike, byteOffset: number, length: number) => T)(bytes.buffer, bytes.byteOffset, length);
+}
+
+/** The bytes of a typed array, as a Buffer view (no copy) or a fresh copy. */
 export function bytesOf(v: ArrayBufferView, copy: boolean): Buffer {
   const view = Buffer.from(v.buffer, v.byteOffset, v.byteLength);
   return copy ? Buffer.from(view) : view;

@@ -50,7 +50,7 @@ export interface QueryScope {
   readonly viewId: number;
   /** Queries are off (retry-one while its recovery rounds run: ranks are at different points). */
   readonly queriesPaused: boolean;
-  /** The algorithms may send views of their accumulator: every frame is delivered live, never from a log. */
+  /** Every frame is delivered live, never from a log: the algorithms may send views and combine into what arrives. */
   readonly liveOnly: boolean;
 }
 

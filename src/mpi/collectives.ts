@@ -24,11 +24,24 @@
  * - alltoall: all pairs at once.
  *
  * Memory rule on this path: a buffer handed to zeromq (which sends views without copying) is
- * never written again and never given to the program: user data is copied when encoded, and
+ * never written again and never given to the program. User data is copied when encoded, unless
+ * the receiver provably has the message before the call returns (see CollectiveIo.liveOnly);
  * received buffers that are forwarded are copied before the program sees them.
+ * test/unit/collectives.test.ts checks this by scribbling over inputs and results on return.
  */
 import { LifelineError } from "../errors.ts";
-import { byteLengthOf, bytesOf, decodeBody, type EncodedBody, encodeBody, isTypedArray, typedArrayCode, typedArrayFrom } from "./codec.ts";
+import {
+  allocUninitialisedLike,
+  byteLengthOf,
+  bytesOf,
+  copyTyped,
+  decodeBody,
+  type EncodedBody,
+  encodeBody,
+  isTypedArray,
+  typedArrayCode,
+  typedArrayFrom,
+} from "./codec.ts";
 import { combine, combineInto, isBuiltinOp } from "./reduce-ops.ts";
 import type { ReduceOp } from "./types.ts";
 import { Encoding, type Header } from "./wire.ts";
@@ -53,9 +66,10 @@ export interface CollectiveIo {
   retainResult?(arrayType: number, parts: readonly Buffer[]): void;
   /**
    * Every message is delivered live, never again from a log (modes none and retry-one; cpr
-   * re-delivers late messages after a recovery), so the ring may send views of its
-   * accumulator: its causal chain delivers a chunk before that chunk is written again.
-   * Otherwise chunks are sent as copies.
+   * logs late messages and re-delivers them after a recovery). Then the algorithms may send
+   * views of memory that a causal chain shows is not written before the receiver has it, and
+   * may combine into a received chunk, which nothing else holds. Otherwise chunks are sent as
+   * copies and received ones are only read.
    */
   readonly liveOnly?: boolean;
 }
@@ -221,7 +235,7 @@ async function directAllreduce(io: CollectiveIo, data: unknown, body: EncodedBod
 }
 
 function copyValue<T>(data: T): T {
-  return (isTypedArray(data) ? (data as unknown as TA).slice() : data) as T;
+  return (isTypedArray(data) ? copyTyped(data as unknown as TA) : data) as T;
 }
 
 /**
@@ -302,7 +316,7 @@ async function ringReduceScatter(io: CollectiveIo, acc: TA, op: ReduceOp): Promi
 
 async function ringAllreduce(io: CollectiveIo, data: TA, op: ReduceOp): Promise<TA> {
   const { rank, size } = io;
-  const acc = data.slice() as TA;
+  const acc = copyTyped(data);
   const n = acc.length;
   await ringReduceScatter(io, acc, op);
   const next = (rank + 1) % size,
@@ -338,12 +352,21 @@ async function ringAllreduce(io: CollectiveIo, data: TA, op: ReduceOp): Promise<
  * halving with block r fully reduced — each block is reduced in one place, along a fixed tree,
  * so every rank gets the same bits on every run — then the doubling hands the finished blocks
  * round, each as the immutable buffer it was made or received as (several frames per message).
+ *
+ * The partial sums live in buffers the program never sees, so the result array is written
+ * once, at the end. When messages are delivered live only, a received chunk is ours alone
+ * (nothing logs it) and the partial sum is combined into it in place: no copy of the caller's
+ * data is made at all, and the first step sends a view of it (the caller cannot write it
+ * before this call returns, which needs the first partner's finished block, which needs that
+ * message). Otherwise (cpr may log what arrives) the kept half is copied and combined into.
  */
 async function halvingDoublingAllreduce(io: CollectiveIo, data: TA, op: ReduceOp): Promise<TA> {
   const { rank, size } = io;
-  const acc = data.slice() as TA;
-  const n = acc.length;
+  const live = io.liveOnly === true;
+  const n = data.length;
   const at = (block: number): number => chunkStart(n, size, block);
+  // `cur` holds the partial sums of blocks [lo, hi): element i of it is element at(lo) + i.
+  let cur: TA = data;
   let lo = 0,
     hi = size;
   let step = 0;
@@ -353,42 +376,55 @@ async function halvingDoublingAllreduce(io: CollectiveIo, data: TA, op: ReduceOp
     const lower = rank < partner;
     const [keepLo, keepHi] = lower ? [lo, mid] : [mid, hi];
     const [sendLo, sendHi] = lower ? [mid, hi] : [lo, mid];
-    // A view when messages are delivered live only: these blocks are next written here when
-    // this partner sends them back finished, which it does only after it received this.
-    const sent = io.send(partner, step, rawBody(acc, at(sendLo), at(sendHi), io.liveOnly !== true));
-    const theirs = viewOf(await io.recv(partner, step), acc, at(keepHi) - at(keepLo));
-    combineInto(acc.subarray(at(keepLo), at(keepHi)), theirs, op, false);
+    const base = at(lo);
+    // A view when messages are delivered live only: `cur` is the caller's data (see above) or a
+    // buffer that is never written again once this step has combined out of it.
+    const sent = io.send(partner, step, rawBody(cur, at(sendLo) - base, at(sendHi) - base, !live));
+    const theirs = viewOf(await io.recv(partner, step), data, at(keepHi) - at(keepLo));
+    const ours = cur.subarray(at(keepLo) - base, at(keepHi) - base);
+    if (live) {
+      // Built-in ops are commutative bit for bit: theirs ⊕ ours == ours ⊕ theirs.
+      combineInto(theirs, ours, op, false);
+      cur = theirs;
+    } else {
+      const next = copyTyped(ours);
+      combineInto(next, theirs, op, false);
+      cur = next;
+    }
     await sent;
     lo = keepLo;
     hi = keepHi;
   }
-  // Block `rank` is final. Finished blocks as immutable buffers: ours copied once (acc goes to
-  // the program, which may change it while ZeroMQ still reads), the others as received.
+  // Block `rank` is final, in `cur`, which nothing writes again. The finished blocks as
+  // immutable buffers: ours and the others as received.
   const parts: Buffer[] = new Array(size);
-  parts[rank] = bytesOf(acc.subarray(at(rank), at(rank + 1)), true);
-  const code = typedArrayCode(acc);
+  parts[rank] = bytesOf(cur, false);
+  const code = typedArrayCode(data);
+  const out = allocUninitialisedLike(data, n); // every block is set below
   for (let dist = 1; dist < size; dist <<= 1, step++) {
     const partner = rank ^ dist;
     const sent = io.send(partner, step, { encoding: Encoding.typedArray, arrayType: code, frames: parts.slice(lo, hi) });
+    // Our own block goes into the result while the first exchange is on the wire.
+    if (dist === 1) setChunk(out, cur, at(rank));
     const [theirLo, theirHi] = partner < rank ? [lo - dist, lo] : [hi, hi + dist];
     const arrival = await io.recv(partner, step);
     if (arrival.header.encoding !== Encoding.typedArray || arrival.header.arrayType !== code || arrival.frames.length !== theirHi - theirLo) {
       throw new LifelineError(
         "MPI_COLLECTIVE_MISMATCH",
-        `rank ${partner} sent ${arrival.frames.length} finished blocks of another shape than ${acc.constructor.name}`,
+        `rank ${partner} sent ${arrival.frames.length} finished blocks of another shape than ${data.constructor.name}`,
       );
     }
     for (let b = theirLo; b < theirHi; b++) {
       const frame = arrival.frames[b - theirLo]!;
-      setChunk(acc, viewOf({ header: arrival.header, frames: [frame] }, acc, at(b + 1) - at(b)), at(b));
+      setChunk(out, viewOf({ header: arrival.header, frames: [frame] }, data, at(b + 1) - at(b)), at(b));
       parts[b] = frame;
     }
     lo = Math.min(lo, theirLo);
     hi = Math.max(hi, theirHi);
     await sent;
   }
-  if (io.retainResult !== undefined && byteLengthOf(parts) === acc.byteLength) io.retainResult(code, parts);
-  return acc;
+  if (io.retainResult !== undefined && byteLengthOf(parts) === out.byteLength) io.retainResult(code, parts);
+  return out;
 }
 
 export async function reduce<T>(io: CollectiveIo, data: T, op: ReduceOp, root: number): Promise<T | undefined> {
@@ -396,7 +432,7 @@ export async function reduce<T>(io: CollectiveIo, data: T, op: ReduceOp, root: n
   if (size === 1) return copyValue(data);
   if (useRing(data, op, size)) {
     // Reduce-scatter, then every rank sends its finished chunk to the root.
-    const acc = (data as unknown as TA).slice() as TA;
+    const acc = copyTyped(data as unknown as TA);
     const n = acc.length;
     await ringReduceScatter(io, acc, op);
     const mine = (rank + 1) % size;

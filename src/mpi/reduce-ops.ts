@@ -11,7 +11,7 @@
  * combine(2n, 5n, "max");                                             // 5n
  */
 import { LifelineError } from "../errors.ts";
-import { isTypedArray, typedArrayCode } from "./codec.ts";
+import { copyTyped, isTypedArray, type TypedArray, typedArrayCode } from "./codec.ts";
 import type { ReduceOp, ReduceOpName } from "./types.ts";
 
 export const OP_NAMES: readonly ReduceOpName[] = ["sum", "prod", "min", "max", "land", "lor", "band", "bor"];
@@ -150,7 +150,7 @@ export function combine(lower: unknown, higher: unknown, op: ReduceOp): unknown 
         `reduction over ${describe(a)}(${a.length}) and ${describe(b)}(${b.length}): every rank must pass the same type and length`,
       );
     }
-    const out = (a as unknown as { slice(): Arr }).slice();
+    const out = copyTyped(a as unknown as TypedArray) as unknown as Arr;
     combineInto(out, b, op, true);
     return out;
   }

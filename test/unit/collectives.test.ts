@@ -9,8 +9,13 @@ import type { EncodedBody } from "../../src/mpi/codec.ts";
 import { encodeHeader, Kind, type Header } from "../../src/mpi/wire.ts";
 import { Prng } from "../../src/testing/prng.ts";
 
-/** p virtual ranks; messages are delivered after a random number of event-loop turns. */
-function cluster(p: number, seed: number): coll.CollectiveIo[] {
+/**
+ * p virtual ranks; messages are delivered after a random number of event-loop turns, as copies
+ * taken at send time. A socket reads a sent buffer at some moment before delivery, so a sender
+ * that writes a buffer it handed over between those two moments is caught: `written` lists
+ * every such buffer.
+ */
+function cluster(p: number, seed: number, watch?: { written: string[] }): coll.CollectiveIo[] {
   const prng = new Prng(seed);
   const rnd = (): number => prng.float();
   const boxes = new Map<string, coll.Arrival>();
@@ -38,6 +43,9 @@ function cluster(p: number, seed: number): coll.CollectiveIo[] {
       const key = `${rank}>${dest}@${step}`;
       const delay = Math.floor(rnd() * 3);
       setTimeout(() => {
+        body.frames.forEach((f, i) => {
+          if (!Buffer.from(f.buffer, f.byteOffset, f.byteLength).equals(arrival.frames[i]!)) watch?.written.push(key);
+        });
         const w = waiting.get(key);
         if (w !== undefined) {
           waiting.delete(key);
@@ -82,6 +90,45 @@ describe("collective algorithms over 1..9 virtual ranks", () => {
       for (let r = 0; r < p; r++) if (retained[r] !== undefined) expect(Buffer.concat(retained[r]!).toString("hex")).toBe(bytes(sums[r]!));
     }
     expect(seen.size).toBe(1);
+  });
+
+  it.each([1, 2, 3, 4, 5, 8])("no buffer is written once sent, not even by the program after the call returns (p=%i)", async (p) => {
+    const n = 20_000 + p;
+    const kinds: ((r: number) => Float64Array | Int32Array | Buffer)[] = [
+      (r) => f64(r, n),
+      (r) => Int32Array.from({ length: n }, (_, i) => r * 7 + i),
+      (r) => Buffer.from(Uint8Array.from({ length: 70_000 }, (_, i) => (r + i) & 0xff)),
+      (r) => Buffer.from([r, 1, 2]),
+    ];
+    for (const liveOnly of [true, false]) {
+      for (const [k, make] of kinds.entries()) {
+        const watch = { written: [] as string[] };
+        const ios = cluster(p, 31 * p + k, watch).map((io) => ({ ...io, liveOnly }));
+        let want = 0;
+        for (let r = 0; r < p; r++) want += make(r)[1]!;
+        // Each rank checks its input and result the moment the call returns, then scribbles
+        // over both, as a program may; a message still undelivered from either shows.
+        const run = async (io: coll.CollectiveIo, call: (x: ReturnType<typeof make>) => Promise<ArrayBufferView | undefined>): Promise<string> => {
+          const input = make(io.rank);
+          const before = bytes(input);
+          const out = await call(input);
+          expect(bytes(input)).toBe(before);
+          const got = out === undefined ? "" : bytes(out);
+          for (const v of [input, out]) if (v !== undefined) new Uint8Array(v.buffer, v.byteOffset, v.byteLength).fill(0xa5);
+          return got;
+        };
+        const sums = await Promise.all(ios.map((io) => run(io, (x) => coll.allreduce(io, x, "sum"))));
+        const maxes = await Promise.all(ios.map((io) => run(io, (x) => coll.reduce(io, x, "max", p - 1))));
+        await new Promise((resolve) => setTimeout(resolve, 10)); // every delivery is done
+        expect(watch.written).toEqual([]);
+        expect(new Set(sums).size).toBe(1);
+        const all = Array.from({ length: p }, (_, r) => make(r));
+        expect(maxes[p - 1]).toBe(bytes(all[0]!.map((_, i) => Math.max(...all.map((x) => x[i]!)))));
+        const sum1 = Buffer.from(sums[0]!, "hex");
+        const second = k === 0 ? sum1.readDoubleLE(8) : k === 1 ? sum1.readInt32LE(4) : sum1[1]!;
+        expect(second).toBeCloseTo(k >= 2 ? want & 0xff : want, 9);
+      }
+    }
   });
 
   it.each(sizes)("allreduce keeps rank order and gives identical bits (p=%i)", async (p) => {
