@@ -132,7 +132,7 @@ const HELP = `Usage: npm run bench -- [options]
   --target-ms <ms>      calibrate each timed block to about this long (default 50; quick 5)
   --variant <v>         both (default); lifeline: the subject only (the Lifeline job; for
                         the retry-one family the retry-one job); raw: the raw zeromq.js
-                        baselines only (no build needed; skips bcast, barrier, the retry-one
+                        baselines only (no build needed; skips bcast, the retry-one
                         family and the whole-job benchmarks)
   --payload <p>         f64 (default; Float64Array) or u8 (Uint8Array) for ping-pong/stream
   --sizes <list>        override the payload sizes in bytes of the selected benchmarks (e.g. 8,1048576)
@@ -339,7 +339,7 @@ const ROLES: readonly Role[] = ["subject", "baseline"];
 /**
  * The jobs a case uses under `--variant`: both; `lifeline`, the subject only; `raw`, the
  * baseline only, and only where it is a raw zeromq.js program (so that `--variant raw` needs
- * no build: bcast and barrier, which have no baseline, and the retry-one family, whose baseline
+ * no build: bcast, which has no baseline, and the retry-one family, whose baseline
  * is a Lifeline job, measure nothing).
  */
 function jobsFor(c: Case, opts: Options): Partial<Record<Role, JobKind>> {
@@ -752,7 +752,7 @@ async function main(): Promise<void> {
         "each case compares a subject job with a baseline job (results[].kinds; each figure names its job and kind): " +
         (opts.curve
           ? `every benchmark but the retry-one family: lifeline --mode ${opts.mode} over tcp with CURVE (the default) vs the same job with --insecure; `
-          : `pingpong, stream, allreduce: lifeline --mode ${opts.mode} vs the raw zeromq.js program; bcast, barrier: lifeline --mode ${opts.mode} alone; `) +
+          : `pingpong, stream, allreduce: lifeline --mode ${opts.mode} vs the raw zeromq.js program; barrier: lifeline --mode ${opts.mode} vs the raw ring's 8 B allreduce; bcast: lifeline --mode ${opts.mode} alone; `) +
         "retry-one, retry-one-pingpong, retry-one-stream: allreduce, pingpong, stream blocks in lifeline --mode retry-one --durable-every 0 (checkpoint(null), untimed, after each block) vs lifeline --mode none",
       timing: `calibrated to ~${opts.targetMs} ms per timed block, 1 warm-up block, ${opts.reps} timed blocks per variant, subject and baseline alternating (S B, B S, ...), barrier before each block`,
       figure: "median over the timed blocks of seconds per operation",

@@ -96,7 +96,7 @@ const TITLES: Record<Benchmark, string> = {
   stream: "Unidirectional streaming bandwidth, 2 processes (MB/s, 1 MB = 1e6 B)",
   allreduce: "Allreduce, Float64Array sum, per op, slowest rank (us); raw = hand-written ring",
   bcast: "Bcast from rank 0, per op, slowest rank (us); no raw baseline",
-  barrier: "Barrier, per op, slowest rank (us); no raw baseline",
+  barrier: "Barrier, per op, slowest rank (us); raw = the hand-written ring's allreduce of 8 B",
   "retry-one":
     "Allreduce, Float64Array sum, per op, slowest rank (us): Lifeline job under --mode retry-one vs Lifeline job under --mode none, both in this run",
   "retry-one-pingpong":

@@ -11,6 +11,8 @@
  *   delivery has arrived, so no copy is needed. The result is a new array, as the
  *   communicator's allreduce returns one.
  *
+ * - barrier: the same ring allreduce of one Float64 (8 B), the baseline of Lifeline's barrier.
+ *
  * Started by bench/run.ts:
  *   node --import tsx bench/programs/raw-pushpull.ts --ctrl <ep> --id raw4 --rank 0 --size 4 \
  *        --transport ipc --dir <tmp>
@@ -108,6 +110,10 @@ async function runBlock(bench: BenchName, bytes: number, iters: number): Promise
       if (out[0] !== expect || out[out.length - 1] !== expect) throw new Error(`ring allreduce gave ${out[0]}, expected ${expect}`);
       break;
     }
+    case "barrier":
+      // The baseline of Lifeline's barrier: the ring's allreduce of one Float64 (8 B).
+      for (let i = 0; i < iters; i++) await sync();
+      break;
     default:
       throw new Error(`raw-pushpull cannot run ${bench}`);
   }
