@@ -354,11 +354,13 @@ async function ringAllreduce(io: CollectiveIo, data: TA, op: ReduceOp): Promise<
  * round, each as the immutable buffer it was made or received as (several frames per message).
  *
  * The partial sums live in buffers the program never sees, so the result array is written
- * once, at the end. When messages are delivered live only, a received chunk is ours alone
- * (nothing logs it) and the partial sum is combined into it in place: no copy of the caller's
- * data is made at all, and the first step sends a view of it (the caller cannot write it
- * before this call returns, which needs the first partner's finished block, which needs that
- * message). Otherwise (cpr may log what arrives) the kept half is copied and combined into.
+ * once, at the end. The first step sends half of the caller's data and combines the other half
+ * into a buffer of ours: when messages are delivered live only, into the chunk that arrived,
+ * which nothing else holds (no copy of the caller's data at all; the view sent is safe because
+ * this call cannot return before that partner's finished blocks come back, which needs that
+ * message); otherwise (cpr may log what arrives) into a copy of the kept half, and the half
+ * sent is a copy. Later steps combine in place into the half they keep of that buffer and send
+ * the other half as a view: nothing writes it again.
  */
 async function halvingDoublingAllreduce(io: CollectiveIo, data: TA, op: ReduceOp): Promise<TA> {
   const { rank, size } = io;
@@ -377,12 +379,14 @@ async function halvingDoublingAllreduce(io: CollectiveIo, data: TA, op: ReduceOp
     const [keepLo, keepHi] = lower ? [lo, mid] : [mid, hi];
     const [sendLo, sendHi] = lower ? [mid, hi] : [lo, mid];
     const base = at(lo);
-    // A view when messages are delivered live only: `cur` is the caller's data (see above) or a
-    // buffer that is never written again once this step has combined out of it.
-    const sent = io.send(partner, step, rawBody(cur, at(sendLo) - base, at(sendHi) - base, !live));
+    const callers = cur === data;
+    const sent = io.send(partner, step, rawBody(cur, at(sendLo) - base, at(sendHi) - base, callers && !live));
     const theirs = viewOf(await io.recv(partner, step), data, at(keepHi) - at(keepLo));
     const ours = cur.subarray(at(keepLo) - base, at(keepHi) - base);
-    if (live) {
+    if (!callers) {
+      combineInto(ours, theirs, op, false);
+      cur = ours;
+    } else if (live) {
       // Built-in ops are commutative bit for bit: theirs ⊕ ours == ours ⊕ theirs.
       combineInto(theirs, ours, op, false);
       cur = theirs;
