@@ -1,7 +1,8 @@
 /**
  * The program of bench/tools/mode-ab.ts: `--iters` iterations of barrier, one allreduce of a
- * `--bytes` Float64Array (sum, checked) and checkpoint(null) — the shape of a data-parallel
- * training step that checkpoints every iteration. Finalizes with this rank's median time of
+ * `--bytes` Float64Array (sum, checked) and, every `--checkpoint-every` iterations (default 1),
+ * checkpoint(null) — the shape of a data-parallel training step that checkpoints every
+ * iteration, or every few (retry-one keeps every collective result since the last checkpoint). Finalizes with this rank's median time of
  * the allreduce (ms) and its CPU time per iteration (ms, process.cpuUsage: every thread),
  * both over the iterations after `--warmup`. `--cpu-prof <dir>`: a V8 CPU profile per rank
  * (summarize with bench/tools/cpuprofile-top.ts).
@@ -16,12 +17,14 @@ const { values } = parseArgs({
     bytes: { type: "string", default: "16777216" },
     iters: { type: "string", default: "40" },
     warmup: { type: "string", default: "5" },
+    "checkpoint-every": { type: "string", default: "1" },
     "cpu-prof": { type: "string" },
   },
 });
 const n = Math.max(1, Math.floor(Number(values.bytes) / 8));
 const iters = Number(values.iters);
 const warmup = Number(values.warmup);
+const checkpointEvery = Math.max(1, Number(values["checkpoint-every"]));
 
 const world = await init();
 await world.restore();
@@ -38,7 +41,7 @@ for (let i = 0; i < warmup + iters; i++) {
   const ms = performance.now() - t0;
   const c = process.cpuUsage(c0);
   if (r[0] !== expect || r[n - 1] !== expect) throw new Error(`allreduce gave ${r[0]}, expected ${expect}`);
-  await world.checkpoint(null);
+  if ((i + 1) % checkpointEvery === 0) await world.checkpoint(null);
   if (i < warmup) continue;
   times.push(ms);
   cpuMs += (c.user + c.system) / 1000;

@@ -1,7 +1,8 @@
 /**
  * What a recovery mode costs a program, measured one job at a time: bench/programs/allreduce-loop.ts
- * (barrier, allreduce, checkpoint per iteration) under each `--modes` entry in turn, the order
- * alternating between rounds, so no other job shares the machine while one is measured (the
+ * (barrier and allreduce per iteration, a checkpoint every `--checkpoint-every` iterations) under
+ * each `--modes` entry in turn, the order alternating between rounds, so no other job shares
+ * the machine while one is measured (the
  * harness of `npm run bench` keeps both jobs alive and alternates blocks, which for large
  * payloads lets one job's background work — GC, freeing received buffers — fall into the
  * other's timing). Per run: the slowest rank's median allreduce time and the CPU time of all
@@ -10,7 +11,7 @@
  * floor's cost is `npm run bench -- --only durable`).
  *
  *   npm run build && node --import tsx bench/tools/mode-ab.ts [--np 4] [--sizes 4194304,16777216,41943040]
- *        [--iters 40] [--rounds 3] [--modes none,retry-one]
+ *        [--iters 40] [--rounds 3] [--modes none,retry-one] [--checkpoint-every 1]
  */
 import { execFileSync } from "node:child_process";
 import { mkdtempSync, readFileSync, rmSync } from "node:fs";
@@ -29,6 +30,7 @@ const { values } = parseArgs({
     iters: { type: "string", default: "40" },
     rounds: { type: "string", default: "3" },
     modes: { type: "string", default: "none,retry-one" },
+    "checkpoint-every": { type: "string", default: "1" },
   },
 });
 const np = Number(values.np);
@@ -67,6 +69,8 @@ function runOnce(mode: string, bytes: number): Run {
       String(bytes),
       "--iters",
       values.iters,
+      "--checkpoint-every",
+      values["checkpoint-every"],
     ],
     { cwd: ROOT, stdio: ["ignore", "ignore", "inherit"], timeout: 600_000 },
   );
@@ -76,7 +80,7 @@ function runOnce(mode: string, bytes: number): Run {
 
 try {
   const lines = [
-    `### allreduce + checkpoint per iteration, ${np} ranks, one job at a time (median of ${rounds} rounds; load ${os.loadavg()[0]!.toFixed(2)})`,
+    `### allreduce per iteration, checkpoint every ${values["checkpoint-every"]}, ${np} ranks, one job at a time (median of ${rounds} rounds; load ${os.loadavg()[0]!.toFixed(2)})`,
     "",
     `| size | ${modes.map((m) => `${m} ms | ${m} CPU ms`).join(" | ")} | ${modes
       .slice(1)

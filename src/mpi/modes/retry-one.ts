@@ -78,6 +78,15 @@ const RETRY_STEP_SHIFT = 1 << 20;
  * itself).
  */
 const RESULT_POOL_BYTES_MIN = 64 * 1024;
+/**
+ * Results of at least this size are kept as a pooled copy even when the algorithm offers its
+ * own immutable chunks: those chunks (ZeroMQ's receive buffers, mostly) are fresh memory for
+ * every call while they are kept, and faulting in their pages costs more than the copy into
+ * reused memory. Measured with `node --import tsx bench/tools/mode-ab.ts --modes
+ * none,retry-one --checkpoint-every 10`: the copy wins at 1 MiB, the two are even at 256 KiB
+ * and at 16 MiB; below the bound the chunks spare the copy.
+ */
+const RESULT_CHUNKS_BYTES_MAX = 512 * 1024;
 /** Idle memory of results and checkpoint copies kept for reuse. */
 const RESULT_POOL_BYTES_MAX = 512 * 1024 * 1024;
 /** Messages kept in the sender log, all destinations together (see logBytesMax). */
@@ -532,10 +541,11 @@ export class RetryOneMode extends LoggedMode implements AppLog {
       }
       if (this.retryRun === mine) this.retryRun = undefined;
       if (result !== undefined && !mine.abandoned) {
-        // The algorithm's own immutable chunks when it offered them (no copy), else a copy.
+        // The algorithm's own immutable chunks when it offered them and they are not large (no
+        // copy), else a copy (see RESULT_CHUNKS_BYTES_MAX).
         const bytes = byteLengthOf(retained.parts);
         hook.afterCollective(
-          retained.parts.length > 0
+          retained.parts.length > 0 && bytes < RESULT_CHUNKS_BYTES_MAX
             ? [encodedValueHead(Encoding.typedArray, retained.arrayType, [bytes]), ...retained.parts]
             : encodeValue(result.value, (n) => this.resultBuffer(n)),
         );
