@@ -314,36 +314,64 @@ async function ringReduceScatter(io: CollectiveIo, acc: TA, op: ReduceOp): Promi
   }
 }
 
+/**
+ * Ring allreduce (any number of ranks): reduce-scatter, then allgather. When messages are
+ * delivered live only, the reduce-scatter combines our part of each chunk into the chunk that
+ * arrived (which nothing else holds) and passes that buffer on, so no copy of the caller's data
+ * is made; the first step sends a view of it (this call cannot return before our chunk comes
+ * back finished, at the end of a chain that starts with that message). Otherwise it runs on a
+ * copy of the data, in place.
+ */
 async function ringAllreduce(io: CollectiveIo, data: TA, op: ReduceOp): Promise<TA> {
   const { rank, size } = io;
-  const acc = copyTyped(data);
-  const n = acc.length;
-  await ringReduceScatter(io, acc, op);
+  const n = data.length;
+  const at = (chunk: number): number => chunkStart(n, size, chunk);
   const next = (rank + 1) % size,
     prev = (rank - 1 + size) % size;
-  // Allgather: forward what we receive (buffers the program never sees), copy it into acc.
+  // After the reduce-scatter this rank holds chunk `mine` finished.
   const mine = (rank + 1) % size;
-  // Always a copy: acc goes to the program, which may change it before the successor has this.
-  let outgoing: EncodedBody = rawBody(acc, chunkStart(n, size, mine), chunkStart(n, size, mine + 1), true);
-  // The finished chunks as immutable buffers (ours copied once to send, the others as received).
+  let out: TA;
+  let finished: TA;
+  if (io.liveOnly === true) {
+    let outgoing = rawBody(data, at(rank), at(rank + 1), false);
+    let cur: TA = data;
+    for (let s = 0; s < size - 1; s++) {
+      const sent = io.send(next, s, outgoing);
+      const chunk = (rank - s - 1 + size) % size;
+      cur = viewOf(await io.recv(prev, s), data, at(chunk + 1) - at(chunk));
+      // The partial sum from upstream first, as ringReduceScatter combines it.
+      combineInto(cur, data.subarray(at(chunk), at(chunk + 1)), op, true);
+      outgoing = rawBody(cur, 0, cur.length, false);
+      await sent;
+    }
+    finished = cur;
+    out = allocUninitialisedLike(data, n); // every chunk is set below
+  } else {
+    out = copyTyped(data);
+    await ringReduceScatter(io, out, op);
+    // A copy: `out` goes to the program, which may change it before the successor has this.
+    finished = copyTyped(out.subarray(at(mine), at(mine + 1)));
+  }
+  // Allgather: forward what we receive (buffers the program never sees), copy it into `out`.
+  // The finished chunks as immutable buffers (ours, the others as received).
   const parts: Buffer[] = [];
-  parts[mine] = outgoing.frames[0] as Buffer;
+  parts[mine] = bytesOf(finished, false);
+  let outgoing: EncodedBody = { encoding: Encoding.typedArray, arrayType: typedArrayCode(data), frames: [parts[mine]] };
   for (let s = 0; s < size - 1; s++) {
     const base = size - 1;
     const sent = io.send(next, base + s, outgoing);
+    if (s === 0 && io.liveOnly === true) setChunk(out, finished, at(mine));
     const recvChunk = (rank - s + size) % size;
-    const from = chunkStart(n, size, recvChunk),
-      to = chunkStart(n, size, recvChunk + 1);
     const arrival = await io.recv(prev, base + s);
-    setChunk(acc, viewOf(arrival, acc, to - from), from);
+    setChunk(out, viewOf(arrival, data, at(recvChunk + 1) - at(recvChunk)), at(recvChunk));
     parts[recvChunk] = arrival.frames[0]!;
     outgoing = asBody(arrival);
     await sent;
   }
-  if (io.retainResult !== undefined && byteLengthOf(parts) === acc.byteLength) {
-    io.retainResult(typedArrayCode(acc), parts);
+  if (io.retainResult !== undefined && byteLengthOf(parts) === out.byteLength) {
+    io.retainResult(typedArrayCode(out), parts);
   }
-  return acc;
+  return out;
 }
 
 /**
