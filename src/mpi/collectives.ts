@@ -74,8 +74,15 @@ export interface CollectiveIo {
   readonly liveOnly?: boolean;
 }
 
-/** Typed arrays at or above this size use the ring algorithms (when the op allows). */
-export const RING_BYTES_MIN = 64 * 1024;
+/**
+ * Typed arrays at or above this size use the bandwidth-optimal algorithms (recursive halving
+ * and doubling, or the ring) when the op allows; below it recursive doubling's log2(p) steps
+ * of the whole array are faster on few ranks, since each step costs a message's latency. On
+ * 2 cores (`npm run bench -- --only allreduce --sizes 65536,131072,262144,1048576`) recursive
+ * doubling won clearly at 64 and 128 KiB, the two were even at 192 and 256 KiB, and halving
+ * and doubling won at 1 MiB.
+ */
+export const RING_BYTES_MIN = 256 * 1024;
 
 type TA =
   | Float64Array
