@@ -39,6 +39,9 @@ const modes = values.modes.split(",");
 const rounds = Number(values.rounds);
 const dir = mkdtempSync(path.join(os.tmpdir(), "mode-ab-"));
 
+/** Milliseconds with three significant digits (an 8 B allreduce takes a few tenths of one). */
+const fmt = (ms: number): string => (ms >= 100 ? ms.toFixed(0) : ms.toPrecision(3));
+
 interface Run {
   ms: number;
   cpuMs: number;
@@ -97,12 +100,12 @@ try {
       for (const m of k % 2 === 0 ? modes : [...modes].reverse()) {
         const r = runOnce(m, bytes);
         by.get(m)!.push(r);
-        process.stderr.write(`${sizeLabel(bytes)} round ${k + 1} ${m}: ${r.ms.toFixed(1)} ms, CPU ${r.cpuMs.toFixed(1)} ms per iteration\n`);
+        process.stderr.write(`${sizeLabel(bytes)} round ${k + 1} ${m}: ${fmt(r.ms)} ms, CPU ${fmt(r.cpuMs)} ms per iteration\n`);
       }
     }
     const med = (m: string, f: (r: Run) => number): number => median(by.get(m)!.map(f));
     lines.push(
-      `| ${sizeLabel(bytes)} | ${modes.map((m) => `${med(m, (r) => r.ms).toFixed(1)} | ${med(m, (r) => r.cpuMs).toFixed(1)}`).join(" | ")} | ` +
+      `| ${sizeLabel(bytes)} | ${modes.map((m) => `${fmt(med(m, (r) => r.ms))} | ${fmt(med(m, (r) => r.cpuMs))}`).join(" | ")} | ` +
         `${modes
           .slice(1)
           .map(
