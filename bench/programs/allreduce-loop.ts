@@ -2,9 +2,9 @@
  * The program of bench/tools/mode-ab.ts: `--iters` iterations of barrier, one allreduce of a
  * `--bytes` Float64Array (sum, checked) and, every `--checkpoint-every` iterations (default 1),
  * checkpoint(null) — the shape of a data-parallel training step that checkpoints every
- * iteration, or every few (retry-one keeps every collective result since the last checkpoint). Finalizes with this rank's median time of
- * the allreduce (ms) and its CPU time per iteration (ms, process.cpuUsage: every thread),
- * both over the iterations after `--warmup`. `--cpu-prof <dir>`: a V8 CPU profile per rank
+ * iteration, or every few (retry-one keeps every collective result since the last
+ * checkpoint). Finalizes with this rank's median time of the allreduce (ms) and its CPU time
+ * per iteration (ms, process.cpuUsage: every thread), both over the iterations after `--warmup`. `--cpu-prof <dir>`: a V8 CPU profile per rank
  * (summarize with bench/tools/cpuprofile-top.ts).
  */
 import path from "node:path";

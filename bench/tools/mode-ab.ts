@@ -2,10 +2,9 @@
  * What a recovery mode costs a program, measured one job at a time: bench/programs/allreduce-loop.ts
  * (barrier and allreduce per iteration, a checkpoint every `--checkpoint-every` iterations) under
  * each `--modes` entry in turn, the order alternating between rounds, so no other job shares
- * the machine while one is measured (the
- * harness of `npm run bench` keeps both jobs alive and alternates blocks, which for large
- * payloads lets one job's background work — GC, freeing received buffers — fall into the
- * other's timing). Per run: the slowest rank's median allreduce time and the CPU time of all
+ * the machine while one is measured (the harness of `npm run bench` keeps both jobs alive and
+ * alternates blocks, which for large payloads lets one job's background work — GC, freeing
+ * received buffers — fall into the other's timing). Per run: the slowest rank's median allreduce time and the CPU time of all
  * ranks per iteration; per mode: the median over rounds, and the ratio to the first mode.
  * Every job's store is under a temp dir; retry-one runs with `--durable-every 0` (the durable
  * floor's cost is `npm run bench -- --only durable`).

@@ -304,13 +304,12 @@ async function ringReduceScatter(io: CollectiveIo, acc: TA, op: ReduceOp): Promi
   for (let s = 0; s < size - 1; s++) {
     const sendChunk = (rank - s + size) % size;
     const recvChunk = (rank - s - 1 + size) % size;
-    // A view when messages are delivered live only (io.liveOnly): this chunk is next written in
-    // the allgather at step s, by a message from the predecessor that causally follows the
-    // successor's receipt of this one (the allgather chunk left rank r-1-s after it finished
-    // the reduce-scatter, which needed the successor's step s: each rank sends step t + 1 only
-    // after it received step t). After a cpr recovery, messages re-delivered from a late log
-    // lack that causality: a copy. (A retry-one execution that is abandoned stops writing: its
-    // receives fail.)
+    // A view when messages are delivered live only (io.liveOnly): this chunk is written again
+    // only when its finished value comes back (at a reduce's root), from the end of the chain
+    // that this message continues, so after the successor received it (each rank sends step
+    // t + 1 only after it received step t). After a cpr recovery, messages re-delivered from a
+    // late log lack that causality: a copy. (A retry-one execution that is abandoned stops
+    // writing: its receives fail.)
     const sent = io.send(next, s, rawBody(acc, chunkStart(n, size, sendChunk), chunkStart(n, size, sendChunk + 1), io.liveOnly !== true));
     const from = chunkStart(n, size, recvChunk),
       to = chunkStart(n, size, recvChunk + 1);
@@ -337,9 +336,10 @@ async function ringAllreduce(io: CollectiveIo, data: TA, op: ReduceOp): Promise<
     prev = (rank - 1 + size) % size;
   // After the reduce-scatter this rank holds chunk `mine` finished.
   const mine = (rank + 1) % size;
+  const live = io.liveOnly === true;
   let out: TA;
   let finished: TA;
-  if (io.liveOnly === true) {
+  if (live) {
     let outgoing = rawBody(data, at(rank), at(rank + 1), false);
     let cur: TA = data;
     for (let s = 0; s < size - 1; s++) {
@@ -367,7 +367,7 @@ async function ringAllreduce(io: CollectiveIo, data: TA, op: ReduceOp): Promise<
   for (let s = 0; s < size - 1; s++) {
     const base = size - 1;
     const sent = io.send(next, base + s, outgoing);
-    if (s === 0 && io.liveOnly === true) setChunk(out, finished, at(mine));
+    if (s === 0 && live) setChunk(out, finished, at(mine));
     const recvChunk = (rank - s + size) % size;
     const arrival = await io.recv(prev, base + s);
     setChunk(out, viewOf(arrival, data, at(recvChunk + 1) - at(recvChunk)), at(recvChunk));

@@ -282,8 +282,9 @@ class MemoryBlobDir implements BlobDir {
     const file = this.data.blobs.get(name);
     if (file === undefined) return undefined;
     const rest = file.subarray(headerBytes);
-    if (into !== undefined && rest.length === into.length) rest.copy(into);
-    return { header: Buffer.from(file.subarray(0, headerBytes)), payload: into !== undefined && rest.length === into.length ? into : Buffer.from(rest) };
+    const payload = into !== undefined && rest.length === into.length ? into : Buffer.alloc(rest.length);
+    rest.copy(payload);
+    return { header: Buffer.from(file.subarray(0, headerBytes)), payload };
   }
 
   async remove(names: readonly string[]): Promise<void> {
