@@ -241,6 +241,15 @@ async function directAllreduce(io: CollectiveIo, data: unknown, body: EncodedBod
   return acc === data ? copyValue(data) : acc;
 }
 
+/**
+ * The body of a partial result that this rank sends and never returns: a view when a built-in
+ * op made it (combine returns fresh values, which nothing writes), else a copy (the caller's
+ * own `data`, or whatever a user's function returned, which may be its input).
+ */
+function partialBody(acc: unknown, data: unknown, op: ReduceOp): EncodedBody {
+  return encodeBody(acc, { copy: acc === data || !isBuiltinOp(op) });
+}
+
 function copyValue<T>(data: T): T {
   return (isTypedArray(data) ? copyTyped(data as unknown as TA) : data) as T;
 }
@@ -254,7 +263,8 @@ function copyValue<T>(data: T): T {
 /** `first`: `data` already encoded (copied), used for the first message that sends `data` itself. */
 async function recursiveDoubling(io: CollectiveIo, data: unknown, op: ReduceOp, first?: EncodedBody): Promise<unknown> {
   const { rank, size } = io;
-  const encodeAcc = (acc: unknown): EncodedBody => (acc === data && first !== undefined ? first : encodeBody(acc, { copy: true }));
+  // Only for an `acc` that is not the result (the last one, which the fold sends as a copy).
+  const encodeAcc = (acc: unknown): EncodedBody => (acc === data && first !== undefined ? first : partialBody(acc, data, op));
   const pof2 = highestPowerOfTwoBelow(size + 1);
   const rem = size - pof2;
   let acc: unknown = data;
@@ -496,7 +506,7 @@ export async function reduce<T>(io: CollectiveIo, data: T, op: ReduceOp, root: n
   let step = 0;
   for (let mask = 1; mask < size; mask <<= 1, step++) {
     if (rank & mask) {
-      await io.send(rank - mask, step, encodeBody(acc, { copy: true }));
+      await io.send(rank - mask, step, partialBody(acc, data, op));
       acc = undefined;
       break;
     }
@@ -505,7 +515,7 @@ export async function reduce<T>(io: CollectiveIo, data: T, op: ReduceOp, root: n
   const last = 64;
   if (root === 0) return rank === 0 ? (acc === data ? copyValue(data) : (acc as T)) : undefined;
   if (rank === 0) {
-    await io.send(root, last, encodeBody(acc, { copy: true }));
+    await io.send(root, last, partialBody(acc, data, op));
     return undefined;
   }
   if (rank === root) return decode(await io.recv(0, last)) as T;
