@@ -465,7 +465,9 @@ export class CoordinatedDriver implements CprHook {
     const length = chunks.reduce((n, c) => n + c.length, 0);
     const name = length !== wanted.bytes ? undefined : wanted.byBlocks ? await globalName(chunks).name : await sha256OffThread(chunks);
     if (name?.equals(wanted.sha256) !== true) {
-      return fail(`does not match the SHA-256 this rank's part recorded (${length} bytes, expected ${wanted.bytes})`);
+      return fail(
+        `does not match the ${wanted.byBlocks ? "name (its blocks' SHA-256s)" : "SHA-256"} this rank's part recorded (${length} bytes, expected ${wanted.bytes})`,
+      );
     }
     if (this.pendingGlobal !== wanted) return;
     this.pendingGlobal = undefined;
@@ -929,7 +931,7 @@ export class CoordinatedDriver implements CprHook {
       } else if (typeof part === "string") {
         answer = { epoch, failure: part };
       } else if (own === undefined) {
-        answer = { epoch, resend: `rank ${this.access.rank} holds no global of line ${epoch} with that SHA-256` };
+        answer = { epoch, resend: `rank ${this.access.rank} holds no global of line ${epoch} with that name` };
       } else {
         let g = 0;
         part = part.map((c) => (c instanceof Uint8Array ? c : own[g++]!.bytes));
