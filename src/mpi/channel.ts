@@ -530,11 +530,13 @@ export class Channel {
   /**
    * Delivers a frame held or logged elsewhere as if it arrived now (not classified again).
    * `stored`: it comes from this rank's recovery line, which a run with another job key may
-   * have written (a resumed job).
+   * have written (a resumed job). Its body is delivered as a copy: decoded from the part, it
+   * views the part's bytes, which the store may still be writing (a partner's copy kept
+   * again), and a collective combines into the chunks it receives.
    */
   inject(frame: RawFrame, stored = false): void {
     const h = decodeHeader(frame.header, stored ? { keysIn: "stored", size: this.size } : this.expect);
-    this.deliver(h, frame.body, frame.header, false);
+    this.deliver(h, stored ? frame.body.map((b) => Buffer.from(b)) : frame.body, frame.header, false);
   }
 
   /** A dropped frame, with the rank that sent it when its channel key proved that (rate-limited). */

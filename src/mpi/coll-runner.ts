@@ -5,9 +5,8 @@
  * by stray frames of finished collectives, and by asking the peers of a collective blocked
  * for a while for their signature of it (coll-registry.ts). A mismatch is fatal for the job.
  *
- * The mode decides what a collective frame's epoch is (the channel's stamper), whether the
- * algorithm may send views of its accumulator (`liveOnly`), and, for retry-one, which view a
- * signature query is about.
+ * The mode decides what a collective frame's epoch is (the channel's stamper) and, for
+ * retry-one, which view a signature query is about.
  *
  * @example
  * const sum = await runner.run("allreduce", ["sum", "Float64Array[4]"], (io) => coll.allreduce(io, data, "sum"));
@@ -44,14 +43,12 @@ function fnv1a(parts: readonly (string | number)[]): number {
   return h >>> 0;
 }
 
-/** What the runner asks of the mode (mode none: view 0, never paused, live frames only). */
+/** What the runner asks of the mode (mode none: view 0, never paused). */
 export interface QueryScope {
   /** The view a query or answer is about; queries of another view are answered "not reached". */
   readonly viewId: number;
   /** Queries are off (retry-one while its recovery rounds run: ranks are at different points). */
   readonly queriesPaused: boolean;
-  /** Every frame is delivered live, never from a log: the algorithms may send views and combine into what arrives. */
-  readonly liveOnly: boolean;
 }
 
 export interface RunnerOptions {
@@ -127,7 +124,6 @@ export class CollectiveRunner {
         return failure !== undefined ? Promise.reject(failure) : this.colls.recv(c, source, step);
       },
       ...(retainResult === undefined ? {} : { retainResult }),
-      liveOnly: this.scope.liveOnly,
     };
     // retry-one: a run the protocol abandoned (no longer active) may still end later; ignore it.
     const gone = (): boolean => this.colls.supersede && this.colls.activeCollective(c.seq) !== c;

@@ -25,9 +25,13 @@
  *
  * Memory rule on this path: a buffer handed to zeromq (which sends views without copying) is
  * never written again and never given to the program. User data is copied when encoded, unless
- * the receiver provably has the message before the call returns (see CollectiveIo.liveOnly);
- * received buffers that are forwarded are copied before the program sees them.
- * test/unit/collectives.test.ts checks this by scribbling over inputs and results on return.
+ * the receiver provably has the message before the call returns (a causal chain: the call
+ * cannot return before a message that needs this one has come back); received buffers that
+ * are forwarded are copied before the program sees them. A received chunk is the algorithm's
+ * own: every mode that keeps a frame it received (cpr's late log, a checkpoint of the inbox)
+ * or re-delivers one from a store keeps or delivers a copy, so the algorithms may combine into
+ * what arrives. test/unit/collectives.test.ts checks this by scribbling over inputs and
+ * results on return.
  */
 import { LifelineError } from "../errors.ts";
 import {
@@ -64,14 +68,6 @@ export interface CollectiveIo {
    * are, they spare the keeper a copy of the whole result.
    */
   retainResult?(arrayType: number, parts: readonly Buffer[]): void;
-  /**
-   * Every message is delivered live, never again from a log (modes none and retry-one; cpr
-   * logs late messages and re-delivers them after a recovery). Then the algorithms may send
-   * views of memory that a causal chain shows is not written before the receiver has it, and
-   * may combine into a received chunk, which nothing else holds. Otherwise chunks are sent as
-   * copies and received ones are only read.
-   */
-  readonly liveOnly?: boolean;
 }
 
 /**
@@ -314,13 +310,11 @@ async function ringReduceScatter(io: CollectiveIo, acc: TA, op: ReduceOp): Promi
   for (let s = 0; s < size - 1; s++) {
     const sendChunk = (rank - s + size) % size;
     const recvChunk = (rank - s - 1 + size) % size;
-    // A view when messages are delivered live only (io.liveOnly): this chunk is written again
-    // only when its finished value comes back (at a reduce's root), from the end of the chain
-    // that this message continues, so after the successor received it (each rank sends step
-    // t + 1 only after it received step t). After a cpr recovery, messages re-delivered from a
-    // late log lack that causality: a copy. (A retry-one execution that is abandoned stops
-    // writing: its receives fail.)
-    const sent = io.send(next, s, rawBody(acc, chunkStart(n, size, sendChunk), chunkStart(n, size, sendChunk + 1), io.liveOnly !== true));
+    // A view: this chunk is written again only when its finished value comes back (at a
+    // reduce's root), from the end of the chain that this message continues, so after the
+    // successor received it (each rank sends step t + 1 only after it received step t). (A
+    // retry-one execution that is abandoned stops writing: its receives fail.)
+    const sent = io.send(next, s, rawBody(acc, chunkStart(n, size, sendChunk), chunkStart(n, size, sendChunk + 1), false));
     const from = chunkStart(n, size, recvChunk),
       to = chunkStart(n, size, recvChunk + 1);
     const theirs = viewOf(await io.recv(prev, s), acc, to - from);
@@ -331,12 +325,11 @@ async function ringReduceScatter(io: CollectiveIo, acc: TA, op: ReduceOp): Promi
 }
 
 /**
- * Ring allreduce (any number of ranks): reduce-scatter, then allgather. When messages are
- * delivered live only, the reduce-scatter combines our part of each chunk into the chunk that
- * arrived (which nothing else holds) and passes that buffer on, so no copy of the caller's data
- * is made; the first step sends a view of it (this call cannot return before our chunk comes
- * back finished, at the end of a chain that starts with that message). Otherwise it runs on a
- * copy of the data, in place.
+ * Ring allreduce (any number of ranks): reduce-scatter, then allgather. The reduce-scatter
+ * combines our part of each chunk into the chunk that arrived (which nothing else holds) and
+ * passes that buffer on, so no copy of the caller's data is made; the first step sends a view
+ * of it (this call cannot return before our chunk comes back finished, at the end of a chain
+ * that starts with that message).
  */
 async function ringAllreduce(io: CollectiveIo, data: TA, op: ReduceOp): Promise<TA> {
   const { rank, size } = io;
@@ -346,43 +339,33 @@ async function ringAllreduce(io: CollectiveIo, data: TA, op: ReduceOp): Promise<
     prev = (rank - 1 + size) % size;
   // After the reduce-scatter this rank holds chunk `mine` finished.
   const mine = (rank + 1) % size;
-  const live = io.liveOnly === true;
-  let out: TA;
-  let finished: TA;
-  if (live) {
-    let outgoing = rawBody(data, at(rank), at(rank + 1), false);
-    let cur: TA = data;
-    for (let s = 0; s < size - 1; s++) {
-      const sent = io.send(next, s, outgoing);
-      const chunk = (rank - s - 1 + size) % size;
-      cur = viewOf(await io.recv(prev, s), data, at(chunk + 1) - at(chunk));
-      // The partial sum from upstream first, as ringReduceScatter combines it.
-      combineInto(cur, data.subarray(at(chunk), at(chunk + 1)), op, true);
-      outgoing = rawBody(cur, 0, cur.length, false);
-      await sent;
-    }
-    finished = cur;
-    out = allocUninitialisedLike(data, n); // every chunk is set below
-  } else {
-    out = copyTyped(data);
-    await ringReduceScatter(io, out, op);
-    // A copy: `out` goes to the program, which may change it before the successor has this.
-    finished = copyTyped(out.subarray(at(mine), at(mine + 1)));
+  let outgoing = rawBody(data, at(rank), at(rank + 1), false);
+  let cur: TA = data;
+  for (let s = 0; s < size - 1; s++) {
+    const sent = io.send(next, s, outgoing);
+    const chunk = (rank - s - 1 + size) % size;
+    cur = viewOf(await io.recv(prev, s), data, at(chunk + 1) - at(chunk));
+    // The partial sum from upstream first, as ringReduceScatter combines it.
+    combineInto(cur, data.subarray(at(chunk), at(chunk + 1)), op, true);
+    outgoing = rawBody(cur, 0, cur.length, false);
+    await sent;
   }
+  const finished = cur;
+  const out = allocUninitialisedLike(data, n); // every chunk is set below
   // Allgather: forward what we receive (buffers the program never sees), copy it into `out`.
   // The finished chunks as immutable buffers (ours, the others as received).
   const parts: Buffer[] = [];
   parts[mine] = bytesOf(finished, false);
-  let outgoing: EncodedBody = { encoding: Encoding.typedArray, arrayType: typedArrayCode(data), frames: [parts[mine]] };
+  let gathered: EncodedBody = { encoding: Encoding.typedArray, arrayType: typedArrayCode(data), frames: [parts[mine]] };
   for (let s = 0; s < size - 1; s++) {
     const base = size - 1;
-    const sent = io.send(next, base + s, outgoing);
-    if (s === 0 && live) setChunk(out, finished, at(mine));
+    const sent = io.send(next, base + s, gathered);
+    if (s === 0) setChunk(out, finished, at(mine));
     const recvChunk = (rank - s + size) % size;
     const arrival = await io.recv(prev, base + s);
     setChunk(out, viewOf(arrival, data, at(recvChunk + 1) - at(recvChunk)), at(recvChunk));
     parts[recvChunk] = arrival.frames[0]!;
-    outgoing = asBody(arrival);
+    gathered = asBody(arrival);
     await sent;
   }
   if (io.retainResult !== undefined && byteLengthOf(parts) === out.byteLength) {
@@ -400,16 +383,13 @@ async function ringAllreduce(io: CollectiveIo, data: TA, op: ReduceOp): Promise<
  *
  * The partial sums live in buffers the program never sees, so the result array is written
  * once, at the end. The first step sends half of the caller's data and combines the other half
- * into a buffer of ours: when messages are delivered live only, into the chunk that arrived,
- * which nothing else holds (no copy of the caller's data at all; the view sent is safe because
- * this call cannot return before that partner's finished blocks come back, which needs that
- * message); otherwise (cpr may log what arrives) into a copy of the kept half, and the half
- * sent is a copy. Later steps combine in place into the half they keep of that buffer and send
- * the other half as a view: nothing writes it again.
+ * into the chunk that arrived, which nothing else holds (no copy of the caller's data at all;
+ * the view sent is safe because this call cannot return before that partner's finished blocks
+ * come back, which needs that message). Later steps combine in place into the half they keep
+ * of that buffer and send the other half as a view: nothing writes it again.
  */
 async function halvingDoublingAllreduce(io: CollectiveIo, data: TA, op: ReduceOp): Promise<TA> {
   const { rank, size } = io;
-  const live = io.liveOnly === true;
   const n = data.length;
   const at = (block: number): number => chunkStart(n, size, block);
   // `cur` holds the partial sums of blocks [lo, hi): element i of it is element at(lo) + i.
@@ -424,21 +404,16 @@ async function halvingDoublingAllreduce(io: CollectiveIo, data: TA, op: ReduceOp
     const [keepLo, keepHi] = lower ? [lo, mid] : [mid, hi];
     const [sendLo, sendHi] = lower ? [mid, hi] : [lo, mid];
     const base = at(lo);
-    const callers = cur === data;
-    const sent = io.send(partner, step, rawBody(cur, at(sendLo) - base, at(sendHi) - base, callers && !live));
+    const sent = io.send(partner, step, rawBody(cur, at(sendLo) - base, at(sendHi) - base, false));
     const theirs = viewOf(await io.recv(partner, step), data, at(keepHi) - at(keepLo));
     const ours = cur.subarray(at(keepLo) - base, at(keepHi) - base);
-    if (!callers) {
+    if (cur !== data) {
       combineInto(ours, theirs, op, false);
       cur = ours;
-    } else if (live) {
+    } else {
       // Built-in ops are commutative bit for bit: theirs ⊕ ours == ours ⊕ theirs.
       combineInto(theirs, ours, op, false);
       cur = theirs;
-    } else {
-      const next = copyTyped(ours);
-      combineInto(next, theirs, op, false);
-      cur = next;
     }
     await sent;
     lo = keepLo;

@@ -250,9 +250,6 @@ export class World implements WorldApi {
         get queriesPaused() {
           return modeOf().queriesPaused;
         },
-        get liveOnly() {
-          return modeOf().liveOnly;
-        },
       },
     });
     const core = this.modeCore();

@@ -24,6 +24,7 @@
  * const program = programOf(spec); // (world, ctx) => Promise<{ ops: string[] }>
  */
 import { createHash } from "node:crypto";
+import { RING_BYTES_MIN } from "../mpi/collectives.ts";
 import { encodeValue } from "../mpi/codec.ts";
 import { ANY_SOURCE, ANY_TAG, type Message, type ReduceOp, type Request } from "../mpi/types.ts";
 import type { World } from "../mpi/world.ts";
@@ -116,7 +117,10 @@ export interface GenerateOptions {
 
 /** Tags of round i live in [i*TAG_STRIDE, (i+1)*TAG_STRIDE): rounds never share a tag. */
 const TAG_STRIDE = 8;
-const BIG_F64 = 8192 + 3; // 64 KiB + a ragged tail: takes the ring path
+/** A large point-to-point body: 64 KiB + a ragged tail, sent from bounce buffers. */
+const BIG_F64 = 8192 + 3;
+/** A large reduction operand: past RING_BYTES_MIN with a ragged tail, so it takes the halving-doubling or ring path. */
+const BIG_COLL_F64 = RING_BYTES_MIN / 8 + 3;
 
 function genRound(prng: Prng, size: number, opIndex: number, msgsMax: number): P2pRound {
   const n = prng.rangeInclusive(0, msgsMax);
@@ -232,7 +236,7 @@ export function makeData(kind: DataKind, len: number, key: number): unknown {
     case "u8":
       return new Uint8Array(len).map(() => p.index(256));
     case "bigF64":
-      return new Float64Array(BIG_F64).map((_, i) => (i % 17) + (key % 5));
+      return new Float64Array(BIG_COLL_F64).map((_, i) => (i % 17) + (key % 5));
   }
 }
 

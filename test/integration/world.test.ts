@@ -20,12 +20,14 @@ interface RankResult {
   [k: string]: unknown;
 }
 
-async function run(np: number, fixture: string, args: string[] = [], timeoutMs = 60_000, mode = "none") {
+async function run(np: number, fixture: string, args: string[] = [], timeoutMs = 60_000, mode = "none", flags: string[] = []) {
   const results = join(tmp.dir, `r${runs}.json`);
   // Each run its own store (retry-one's durable floor and cpr keep lines there).
   const store = join(tmp.dir, `s${runs++}`);
-  const res = await runCli(["run", "-n", String(np), "--mode", mode, "--store", store, "--results", results, join(FIX, fixture), ...args], { timeoutMs });
-  let json: { ranks: [RankResult, ...RankResult[]] } | undefined;
+  const res = await runCli(["run", "-n", String(np), "--mode", mode, "--store", store, "--results", results, ...flags, join(FIX, fixture), ...args], {
+    timeoutMs,
+  });
+  let json: { ranks: [RankResult, ...RankResult[]]; recovery?: { linesCommitted: unknown[] } } | undefined;
   try {
     json = JSON.parse(readFileSync(results, "utf8"));
   } catch {
@@ -47,11 +49,18 @@ describe("collectives over real processes", () => {
     [2, "none"],
     [3, "none"],
     [4, "none"],
+    [3, "cpr"],
+    [4, "cpr"],
     [4, "retry-one"],
-  ])("ring allreduce/reduce while the program trashes results and inputs at once, two calls at a time too (none), %i ranks, mode %s", async (np, mode) => {
-    const r = await run(np, "ring-reuse.ts", mode === "retry-one" ? ["--sequential"] : [], 120_000, mode);
+  ])("ring allreduce/reduce while the program trashes results and inputs at once, two calls at a time too (none, cpr), %i ranks, mode %s", async (np, mode) => {
+    // cpr: a checkpoint location after every call and a line every 2 steps, so collectives run
+    // while ranks record (late chunks logged, then combined into) as well as between lines.
+    const cpr = mode === "cpr";
+    const args = mode === "retry-one" ? ["--sequential"] : cpr ? ["--checkpoints"] : [];
+    const r = await run(np, "ring-reuse.ts", args, 120_000, mode, cpr ? ["--checkpoint-every", "2steps"] : []);
     expect(r.code, r.stderr).toBe(0);
     for (const rank of r.json!.ranks) expect(rank.fails).toEqual([]);
+    if (cpr) expect(r.json!.recovery!.linesCommitted.length).toBeGreaterThan(5);
   });
 
   it("gives bit-identical reductions on a re-run with the same size", async () => {

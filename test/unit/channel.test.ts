@@ -1,10 +1,14 @@
 /**
  * The channel's receipts: a sender lends pooled bounce buffers to large messages and gets them
  * back when the receiver acknowledges them — once per turn for all that arrived, on a reply
- * when the program sends one in the same turn, else in a receipt frame of its own.
+ * when the program sends one in the same turn, else in a receipt frame of its own. And frames
+ * delivered again: from a recovery line as copies, held ones as they are.
  */
 import { describe, expect, it } from "vitest";
+import { Channel } from "../../src/mpi/channel.ts";
+import type { Host } from "../../src/mpi/host.ts";
 import { Kind } from "../../src/mpi/wire.ts";
+import { forgedHeader } from "../../src/testing/compromised.ts";
 import { memChannels } from "./mem-channels.ts";
 
 /** Two channels (ranks 0 and 1) over an in-memory FIFO; `sent` records what each sent. */
@@ -84,5 +88,38 @@ describe("channel receipts", () => {
     const p = a!.sendApp(new Float64Array(512 * 1024), 1, 1);
     a!.forgetLent(new Error("aborted"));
     await expect(p).rejects.toThrow("aborted");
+  });
+});
+
+describe("frames injected again", () => {
+  /** A channel of rank 1 of 2 whose deliveries are captured with their body buffers. */
+  const receiver = () => {
+    const got: Buffer[][] = [];
+    const ch = new Channel({
+      rank: 1,
+      size: 2,
+      attempt: 0,
+      host: { transport: { endpoint: "mem://1" } } as unknown as Host,
+      deliver: (_h, body) => void got.push(body),
+    });
+    ch.join({ keysIn: [7, 7], keysOut: [7, 7], attempts: [0, 0] });
+    const header = forgedHeader({ kind: Kind.collective, key: 7 });
+    return { ch, got, header };
+  };
+
+  it("a frame from the recovery line arrives as a copy: a collective combining into it leaves the line's bytes alone", () => {
+    const { ch, got, header } = receiver();
+    // Decoded from a part, a frame views the part's bytes, which the store may still be writing.
+    const part = Buffer.alloc(64, 3);
+    ch.inject({ header, body: [part.subarray(0, 32)] }, true);
+    got[0]![0]!.fill(0xa5);
+    expect(part.every((b) => b === 3)).toBe(true);
+  });
+
+  it("a frame held from the network is delivered as it is (it is the receiver's own)", () => {
+    const { ch, got, header } = receiver();
+    const body = Buffer.alloc(32, 3);
+    ch.inject({ header, body: [body] });
+    expect(got[0]![0]).toBe(body);
   });
 });

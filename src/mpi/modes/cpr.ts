@@ -32,8 +32,6 @@ import type { ModeCore, RestoredState } from "./none.ts";
 const CPR_CLOSE_WAIT_MS = 5_000;
 
 export class CprMode extends LoggedMode {
-  /** Late messages are delivered again from the log after a recovery: no views of accumulators. */
-  override readonly liveOnly = false;
   private readonly hook: CprHook;
   /** Results of bootstrap collectives by key (encoded), kept in every checkpoint. */
   private readonly bootstrapResults = new Map<string, Buffer>();

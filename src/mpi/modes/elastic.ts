@@ -50,7 +50,6 @@ function inWorld(io: coll.CollectiveIo, w: InWorld): coll.CollectiveIo {
     send: (dest, step, body) => io.send(slots[dest]!, step, body),
     recv: (source, step) => io.recv(slots[source]!, step),
     ...(io.retainResult === undefined ? {} : { retainResult: io.retainResult }),
-    ...(io.liveOnly === undefined ? {} : { liveOnly: io.liveOnly }),
   };
 }
 

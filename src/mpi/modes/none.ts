@@ -100,8 +100,6 @@ export interface RestoredState {
 export class NoneMode implements FrameStamper, QueryScope {
   /** App envelopes keep their arrived frame (cpr checkpoints the unexpected queue). */
   readonly keepsFrames: boolean = false;
-  /** Collective algorithms may send views of their accumulator (see CollectiveIo.liveOnly). */
-  readonly liveOnly: boolean = true;
 
   constructor(protected readonly core: ModeCore) {}
 
