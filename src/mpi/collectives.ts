@@ -232,15 +232,46 @@ async function directAllreduce(io: CollectiveIo, data: unknown, body: EncodedBod
     }),
   );
   await Promise.all(sends);
+  // A received operand is ours to combine into; the caller's `data` never is.
   let acc = operands[0];
-  for (let r = 1; r < size; r++) acc = combine(acc, operands[r], op);
+  let own = rank !== 0;
+  for (let r = 1; r < size; r++) {
+    const x = operands[r];
+    if (own && combinesInPlace(acc, x, op)) combineInto(acc as TA, x as TA, op, true);
+    else if (r !== rank && combinesInPlace(x, acc, op)) {
+      combineInto(x as TA, acc as TA, op, false);
+      acc = x;
+    } else acc = combine(acc, x, op);
+    own = true;
+  }
   return acc === data ? copyValue(data) : acc;
 }
 
 /**
+ * `into ⊕= other` can be computed in place: a built-in op (commutative bit for bit, so which
+ * operand is written does not change the result) on two typed arrays of one type and length.
+ * The caller makes sure `into` is a value it owns (a chunk that arrived, or a result it made).
+ */
+function combinesInPlace(into: unknown, other: unknown, op: ReduceOp): boolean {
+  return isBuiltinOp(op) && isTypedArray(into) && isTypedArray(other) && typedArrayCode(into) === typedArrayCode(other) && into.length === other.length;
+}
+
+/**
+ * lower ⊕ higher where `theirs` arrived (ours alone: see the memory rule) and `acc` is this
+ * rank's: written into `theirs` when it can be, so no fresh array is made; else a new value.
+ */
+function combineArrival(theirs: unknown, acc: unknown, theirsLower: boolean, op: ReduceOp): unknown {
+  if (combinesInPlace(theirs, acc, op)) {
+    combineInto(theirs as TA, acc as TA, op, theirsLower);
+    return theirs;
+  }
+  return theirsLower ? combine(theirs, acc, op) : combine(acc, theirs, op);
+}
+
+/**
  * The body of a partial result that this rank sends and never returns: a view when a built-in
- * op made it (combine returns fresh values, which nothing writes), else a copy (the caller's
- * own `data`, or whatever a user's function returned, which may be its input).
+ * op made it (a fresh value or a chunk that arrived, which nothing writes again), else a copy
+ * (the caller's own `data`, or whatever a user's function returned, which may be its input).
  */
 function partialBody(acc: unknown, data: unknown, op: ReduceOp): EncodedBody {
   return encodeBody(acc, { copy: acc === data || !isBuiltinOp(op) });
@@ -271,7 +302,7 @@ async function recursiveDoubling(io: CollectiveIo, data: unknown, op: ReduceOp, 
       await io.send(rank + 1, step, encodeAcc(acc));
       vrank = -1;
     } else {
-      acc = combine(decode(await io.recv(rank - 1, step)), acc, op);
+      acc = combineArrival(decode(await io.recv(rank - 1, step)), acc, true, op);
       vrank = rank >> 1;
     }
   } else {
@@ -285,7 +316,8 @@ async function recursiveDoubling(io: CollectiveIo, data: unknown, op: ReduceOp, 
       const sent = io.send(partner, step, encodeAcc(acc));
       const theirs = decode(await io.recv(partner, step));
       await sent;
-      acc = partner < rank ? combine(theirs, acc, op) : combine(acc, theirs, op);
+      // Into what arrived: `acc` was just sent as a view and must not change.
+      acc = combineArrival(theirs, acc, partner < rank, op);
     }
   } else {
     step += Math.log2(pof2);
@@ -485,7 +517,7 @@ export async function reduce<T>(io: CollectiveIo, data: T, op: ReduceOp, root: n
       acc = undefined;
       break;
     }
-    if (rank + mask < size) acc = combine(acc, decode(await io.recv(rank + mask, step)), op);
+    if (rank + mask < size) acc = combineArrival(decode(await io.recv(rank + mask, step)), acc, false, op);
   }
   const last = 64;
   if (root === 0) return rank === 0 ? (acc === data ? copyValue(data) : (acc as T)) : undefined;
