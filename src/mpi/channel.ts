@@ -41,6 +41,13 @@ const BOUNCE_BYTES_MIN = 64 * 1024;
 const RENDEZVOUS_BYTES_MIN = 4 * 1024 * 1024;
 /** A receiver owing receipts for this many bytes to one sender sends one at the end of its turn. */
 const RECEIPT_WINDOW_BYTES = 4 * 1024 * 1024;
+/**
+ * A send whose message leaves more than this many bytes of bounce buffers lent to its
+ * destination resolves only once receipts bring them back under it: a sender that runs ahead
+ * of its receiver waits instead of copying into fresh memory for every message (and holding
+ * up to the high-water mark's worth of copies). A few receipt windows, so the link stays busy.
+ */
+const LENT_WINDOW_BYTES = 4 * RECEIPT_WINDOW_BYTES;
 /** ... and otherwise once that sender's receipt-flagged traffic pauses this long. */
 const RECEIPT_IDLE_MS = 2;
 /** Idle bounce-buffer memory kept for reuse. */
@@ -59,8 +66,16 @@ function bodyBytes(body: readonly Buffer[]): number {
 /** A message waiting for its receipt: its bounce buffers, or the rendezvous send to resolve. */
 interface Lent {
   readonly bufs: Buffer[];
+  /** Bytes of `bufs`. */
+  readonly bytes: number;
   done?: () => void;
   fail?: (err: unknown) => void;
+}
+
+/** A send waiting for its destination's lent bytes to fall under {@link LENT_WINDOW_BYTES}. */
+interface CreditWait {
+  readonly resolve: () => void;
+  readonly reject: (err: unknown) => void;
 }
 
 /** An application message as a sender keeps it for a resend (retry-one's sender-based log). */
@@ -133,6 +148,9 @@ export class Channel {
   private readonly selfQueue: { header: Header; raw: RawFrame }[] = [];
   /** Messages waiting for their receipt (bounce buffers, rendezvous), per destination by channel sequence. */
   private readonly lent: Map<number, Lent>[];
+  /** Per destination, the bytes of bounce buffers lent to it, and the sends waiting for them to come back. */
+  private readonly lentBytes: Float64Array;
+  private readonly creditWaits: CreditWait[][];
   private readonly bounce = new BouncePool(BOUNCE_POOL_BYTES_MAX);
   private garbageWarnings = 0;
   readonly maxMessageBytes: number;
@@ -157,6 +175,8 @@ export class Channel {
     this.channelSeqOut = new Uint32Array(opts.size);
     this.appSeqOut = new Uint32Array(opts.size);
     this.lent = Array.from({ length: opts.size }, () => new Map<number, Lent>());
+    this.lentBytes = new Float64Array(opts.size);
+    this.creditWaits = Array.from({ length: opts.size }, () => []);
     this.receiptDue = new Float64Array(opts.size).fill(-1);
     this.receiptBytes = new Float64Array(opts.size);
   }
@@ -321,9 +341,11 @@ export class Channel {
    * Encodes and sends one application message; the program may reuse its buffers once this
    * resolves (as MPI's send). Arrays are copied — small ones into fresh memory, large ones
    * into warm pooled buffers, which the receiver's reader loop releases with a receipt on
-   * arrival (not on a matching receive, so it cannot deadlock). Very large ones are not
-   * copied at all (a rendezvous): ZeroMQ reads the program's own memory, and the send
-   * resolves when the receipt says every byte arrived.
+   * arrival (not on a matching receive, so it cannot deadlock); while the destination holds
+   * more than {@link LENT_WINDOW_BYTES} of them the send resolves only once receipts bring
+   * them back (a slow receiver slows its sender). Very large ones are not copied at all (a
+   * rendezvous): ZeroMQ reads the program's own memory, and the send resolves when the
+   * receipt says every byte arrived.
    */
   sendApp(data: unknown, dest: number, tag: number): Promise<void> {
     if (this.appLog !== undefined) return this.sendLogged(data, dest, tag, this.appLog);
@@ -359,14 +381,27 @@ export class Channel {
     header.flags |= rendezvous ? Flag.receipt | Flag.rendezvous : Flag.receipt;
     const seq = header.channelSeq;
     const byDest = this.lent[dest]!;
-    const entry: Lent = { bufs };
+    const entry: Lent = { bufs, bytes: rendezvous ? 0 : userBytes };
     byDest.set(seq, entry);
+    this.lentBytes[dest] = this.lentBytes[dest]! + entry.bytes;
     const sent = this.transmit(dest, header, body, () => {
       // Not sent after all (a suppressed re-send): no receipt will come.
       byDest.delete(seq);
-      this.returnLent(entry);
+      this.returnLent(dest, entry);
     });
-    if (!rendezvous) return sent;
+    if (!rendezvous) {
+      // The message is on its way already (in order with everything else on the channel);
+      // only the program waits, while its destination holds too many of our buffers.
+      if (this.lentBytes[dest] <= LENT_WINDOW_BYTES) return sent;
+      const waits = this.creditWaits[dest]!;
+      return sent.then(() =>
+        this.lentBytes[dest]! <= LENT_WINDOW_BYTES
+          ? undefined
+          : new Promise<void>((resolve, reject) => {
+              waits.push({ resolve, reject });
+            }),
+      );
+    }
     return new Promise<void>((resolve, reject) => {
       entry.done = resolve;
       entry.fail = reject;
@@ -398,9 +433,17 @@ export class Channel {
     return this.transmit(dest, h, body).catch(() => undefined);
   }
 
-  private returnLent(entry: Lent): void {
+  private returnLent(dest: number, entry: Lent): void {
     for (const b of entry.bufs) this.bounce.release(b);
+    this.lentBytes[dest] = this.lentBytes[dest]! - entry.bytes;
     entry.done?.();
+  }
+
+  /** Sends waiting for credit to `dest` go on once its lent bytes are under the window again. */
+  private credit(dest: number): void {
+    const waits = this.creditWaits[dest]!;
+    if (waits.length === 0 || this.lentBytes[dest]! > LENT_WINDOW_BYTES) return;
+    for (const w of waits.splice(0)) w.resolve();
   }
 
   /**
@@ -415,8 +458,9 @@ export class Channel {
     for (const [s, entry] of byDest) {
       if (s > seq) break;
       byDest.delete(s);
-      this.returnLent(entry);
+      this.returnLent(source, entry);
     }
+    this.credit(source);
   }
 
   /** Messages whose bounce buffers are still lent (waiting for their receipt). */
@@ -428,7 +472,7 @@ export class Channel {
 
   /**
    * After an abort: lent buffers are left to the collector (ZeroMQ may still read them), and
-   * rendezvous sends waiting for a receipt fail with `err`.
+   * rendezvous sends waiting for a receipt, and sends waiting for credit, fail with `err`.
    */
   forgetLent(err: unknown): void {
     this.failGated(err);
@@ -436,6 +480,8 @@ export class Channel {
       for (const entry of m.values()) entry.fail?.(err);
       m.clear();
     }
+    this.lentBytes.fill(0);
+    for (const waits of this.creditWaits) for (const w of waits.splice(0)) w.reject(err);
   }
 
   // ---- receive -----------------------------------------------------------------------------

@@ -81,6 +81,40 @@ describe("channel receipts", () => {
     expect(a!.lentCount).toBe(0);
   });
 
+  it("a sender that runs ahead of a busy receiver waits once 16 MiB of its buffers are out, and goes on with their receipts", async () => {
+    const m = pair();
+    const [a] = m.channels;
+    m.pause(1);
+    const big = new Float64Array(128 * 1024); // 1 MiB
+    // 16 MiB out: each send resolves once the transport has it.
+    for (let i = 0; i < 16; i++) await a!.sendApp(big, 1, 1);
+    let resolved = false;
+    const p = a!.sendApp(big, 1, 1).then(() => {
+      resolved = true;
+    });
+    await settle();
+    expect(resolved).toBe(false);
+    expect(a!.lentCount).toBe(17);
+    // The receiver's loop runs again: every message arrives (in order), receipts come back.
+    m.release(1);
+    await p;
+    for (const end = Date.now() + 5_000; a!.lentCount > 0 && Date.now() < end;) await settle();
+    expect(a!.lentCount).toBe(0);
+    expect(m.delivered).toHaveLength(17);
+  });
+
+  it("a send waiting for its buffers to come back fails with the abort's error", async () => {
+    const m = pair();
+    const [a] = m.channels;
+    m.pause(1);
+    const big = new Float64Array(128 * 1024);
+    for (let i = 0; i < 16; i++) await a!.sendApp(big, 1, 1);
+    const p = a!.sendApp(big, 1, 1);
+    await settle();
+    a!.forgetLent(new Error("aborted"));
+    await expect(p).rejects.toThrow("aborted");
+  });
+
   it("a rendezvous send still waiting when the rank aborts fails with the abort's error", async () => {
     const {
       channels: [a],

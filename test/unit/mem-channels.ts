@@ -13,12 +13,28 @@ export interface MemChannels {
   /** Every app message delivered, in order, with its body's text. */
   readonly delivered: { at: number; source: number; tag: number; bytes: number; data: string }[];
   readonly warnings: string[];
+  /** Holds back every delivery to `rank` (a receiver whose event loop is busy) until {@link release}. */
+  pause(rank: number): void;
+  /** Delivers what was held back for `rank`, in order, and delivers at once from then on. */
+  release(rank: number): void;
 }
 
 /** `key(s, d)`: the key of channel s → d, as the coordinator's table gives it (default 0). */
 export function memChannels(size: number, opts: { maxMessageBytes?: number; key?: (s: number, d: number) => number } = {}): MemChannels {
   const key = opts.key ?? (() => 0);
-  const out: MemChannels = { channels: [], sent: [], delivered: [], warnings: [] };
+  const held = new Map<number, Buffer[][]>();
+  const out: MemChannels = {
+    channels: [],
+    sent: [],
+    delivered: [],
+    warnings: [],
+    pause: (rank) => void held.set(rank, held.get(rank) ?? []),
+    release: (rank) => {
+      const frames = held.get(rank) ?? [];
+      held.delete(rank);
+      for (const f of frames) out.channels[rank]!.onFrames(f);
+    },
+  };
   const make = (rank: number): Channel => {
     const transport: Transport = {
       endpoint: `mem://${rank}`,
@@ -28,7 +44,11 @@ export function memChannels(size: number, opts: { maxMessageBytes?: number; key?
         const copy = frames.map((f) => Buffer.from(f));
         const h = decodeHeader(copy[0]!.subarray(0, 40), { keysIn: "stored", size });
         out.sent.push({ from: rank, kind: h.kind, tag: h.tag, channelSeq: h.channelSeq });
-        setImmediate(() => out.channels[dest]!.onFrames(copy));
+        setImmediate(() => {
+          const waiting = held.get(dest);
+          if (waiting !== undefined) waiting.push(copy);
+          else out.channels[dest]!.onFrames(copy);
+        });
       },
       close: async () => undefined,
     };
