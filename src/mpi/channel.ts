@@ -531,8 +531,9 @@ export class Channel {
           this.host.defer(this.sendReceipts);
         }
       } else {
-        this.receiptIdle?.stop();
-        this.receiptIdle = this.host.after(RECEIPT_IDLE_MS, this.sendReceipts);
+        // One timer for the pause, moved on lazily: not a timer of its own per message.
+        this.receiptIdleAt = this.host.now() + RECEIPT_IDLE_MS;
+        this.receiptIdle ??= this.host.after(RECEIPT_IDLE_MS, this.receiptPause);
       }
     }
     this.deliver(header, body, rawHeader!, true);
@@ -544,6 +545,14 @@ export class Channel {
   private readonly receiptBytes: Float64Array;
   private receiptsScheduled = false;
   private receiptIdle: Timer | undefined;
+  /** When the traffic owed a receipt counts as paused (see {@link receiptPause}). */
+  private receiptIdleAt = 0;
+  private readonly receiptPause = (): void => {
+    this.receiptIdle = undefined;
+    const left = this.receiptIdleAt - this.host.now();
+    if (left > 0) this.receiptIdle = this.host.after(left, this.receiptPause);
+    else this.sendReceipts();
+  };
   private readonly sendReceipts = (): void => {
     this.receiptsScheduled = false;
     this.receiptIdle?.stop();

@@ -55,6 +55,7 @@ export function memChannels(size: number, opts: { maxMessageBytes?: number; key?
     const host = {
       transport,
       defer: (fn: () => void) => void setImmediate(fn),
+      now: () => performance.now(),
       after: (ms: number, fn: () => void) => {
         const t = setTimeout(fn, ms);
         return { stop: () => clearTimeout(t) };
