@@ -8,25 +8,33 @@
  *   pushpull-2f   Push/Pull, 2 frames
  *   pushpull-2f-loop  Push/Pull, 2 frames, received by a `for await` reader loop that hands
  *                 each message to a waiting promise (Lifeline's reader pattern)
+ *   pair-1f-curve Pair, 1 frame, with CURVE (tcp only; not in the default list)
  *
  * Reports one-way latency (round trip / 2) and CPU per one-way message (both processes, all
- * threads) as medians over alternating rounds.
+ * threads) as medians over alternating rounds. With pair-1f-curve and pair-1f both measured it
+ * also reports what CURVE's cipher costs per byte (each one-way message is encrypted once and
+ * decrypted once, by libzmq's I/O threads) and, from that, the least CPU CURVE adds to an
+ * allreduce of that size on 4 ranks (each rank sends and receives 2(p-1)/p of the data).
  *
  *   node --import tsx bench/tools/zmq-variants.ts [--sizes 8,65536] [--rounds 15] [--transport ipc|tcp]
+ *        [--variants pair-1f,pair-1f-curve]
  */
 import { spawn } from "node:child_process";
 import { mkdtempSync, rmSync } from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
-import { Pair, Pull, Push } from "zeromq";
+import { curveKeyPair, Pair, Pull, Push } from "zeromq";
 import { programArgs } from "../lib/ctrl.ts";
 import { median } from "../lib/stats.ts";
 
-const VARIANTS = ["pair-1f", "pair-2f", "pushpull-1f", "pushpull-2f", "pushpull-2f-loop"] as const;
-type Variant = (typeof VARIANTS)[number];
+const ALL = ["pair-1f", "pair-2f", "pushpull-1f", "pushpull-2f", "pushpull-2f-loop", "pair-1f-curve"] as const;
+type Variant = (typeof ALL)[number];
 
 const args = programArgs(process.argv.slice(2));
+const VARIANTS = (args.get("variants") ?? "pair-1f,pair-2f,pushpull-1f,pushpull-2f,pushpull-2f-loop").split(",") as Variant[];
+for (const v of VARIANTS) if (!(ALL as readonly string[]).includes(v)) throw new RangeError(`unknown variant ${v}; one of ${ALL.join(", ")}`);
+if (VARIANTS.includes("pair-1f-curve") && (args.get("transport") ?? "ipc") !== "tcp") throw new RangeError("pair-1f-curve needs --transport tcp");
 const role = args.get("role") ?? "main";
 const transport = args.get("transport") ?? "ipc";
 const dir = args.get("dir") ?? mkdtempSync(path.join(os.tmpdir(), "zmqvar-"));
@@ -53,7 +61,21 @@ async function setup(): Promise<Map<Variant, Link>> {
     await ctrl.bind(addr("ctrl"));
     const child = spawn(
       process.execPath,
-      ["--import", "tsx", fileURLToPath(import.meta.url), "--role", "echo", "--transport", transport, "--dir", dir, "--ctrl", ctrl.lastEndpoint!],
+      [
+        "--import",
+        "tsx",
+        fileURLToPath(import.meta.url),
+        "--role",
+        "echo",
+        "--transport",
+        transport,
+        "--dir",
+        dir,
+        "--ctrl",
+        ctrl.lastEndpoint!,
+        "--variants",
+        VARIANTS.join(","),
+      ],
       { stdio: ["pipe", "inherit", "inherit"] },
     );
     process.on("exit", () => child.kill("SIGKILL"));
@@ -62,8 +84,18 @@ async function setup(): Promise<Map<Variant, Link>> {
   }
   // Each side binds its Pull (and side 0 its Pair); endpoints are swapped over ctrl.
   const mine: Record<string, string> = {};
+  const server = curveKeyPair();
+  mine.curveServerKey = server.publicKey;
   for (const v of VARIANTS) {
-    if (v.startsWith("pair")) {
+    if (v === "pair-1f-curve") {
+      // Side 0 is the CURVE server; side 1 connects with a key pair of its own (no ZAP: any key is let in).
+      if (side === 0) {
+        const s = new Pair({ linger: 0, curveServer: true, curveSecretKey: server.secretKey, curvePublicKey: server.publicKey });
+        await s.bind(addr(`${v}-${side}`));
+        mine[v] = s.lastEndpoint!;
+        pairs.set(v, s);
+      }
+    } else if (v.startsWith("pair")) {
       const s = new Pair({ linger: 0 });
       if (side === 0) {
         await s.bind(addr(`${v}-${side}`));
@@ -87,6 +119,10 @@ async function setup(): Promise<Map<Variant, Link>> {
     await ctrl.send(JSON.stringify(mine));
   }
   for (const v of VARIANTS) {
+    if (v === "pair-1f-curve" && side === 1) {
+      const own = curveKeyPair();
+      pairs.set(v, new Pair({ linger: 0, curveServerKey: theirs.curveServerKey!, curveSecretKey: own.secretKey, curvePublicKey: own.publicKey }));
+    }
     if (v.startsWith("pair")) {
       const s = pairs.get(v)!;
       if (side === 1) s.connect(theirs[v]!);
@@ -185,6 +221,16 @@ async function main(): Promise<void> {
       const l = median(lat.get(v)!);
       const c = median(cpu.get(v)!);
       results.push(`| ${v} | ${l.toFixed(1)} | ${(l / base).toFixed(2)}x | ${c.toFixed(1)} | ${(c / baseCpu).toFixed(2)}x |`);
+    }
+    if (VARIANTS.includes("pair-1f-curve")) {
+      // Per one-way message its bytes are encrypted (sender's I/O thread) and decrypted (receiver's).
+      const nsPerByte = ((median(cpu.get("pair-1f-curve")!) - baseCpu) * 1000) / bytes;
+      const p = 4;
+      const carried = 2 * (p - 1) * bytes;
+      results.push(
+        `CURVE costs ${nsPerByte.toFixed(2)} ns of CPU per byte carried, encrypted and decrypted (${(1000 / nsPerByte).toFixed(0)} MB/s); ` +
+          `an allreduce of ${bytes} B on ${p} ranks carries ${(carried / 1048576).toFixed(2)} MiB over its links, so CURVE adds at least ${((nsPerByte * carried) / 1e6).toFixed(1)} ms of CPU to it`,
+      );
     }
   }
   await ctrl.send(JSON.stringify({ v: "quit", n: 0 }));
