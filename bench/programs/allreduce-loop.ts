@@ -5,7 +5,10 @@
  * iteration, or every few (retry-one keeps every collective result since the last
  * checkpoint). Finalizes with this rank's median time of the allreduce (ms) and its CPU time
  * per iteration (ms, process.cpuUsage: every thread), both over the iterations after `--warmup`. `--cpu-prof <dir>`: a V8 CPU profile per rank
- * (summarize with bench/tools/cpuprofile-top.ts).
+ * (summarize with bench/tools/cpuprofile-top.ts). `--settle-ms` (default 1500): the ranks wait
+ * this long after joining before they start, so that what starts with the job (cpr's and
+ * retry-one's warm spare processes booting, the launcher's own start-up) is done and does not
+ * take the cores from the first iterations of one mode but not another.
  */
 import path from "node:path";
 import { parseArgs } from "node:util";
@@ -18,6 +21,7 @@ const { values } = parseArgs({
     iters: { type: "string", default: "40" },
     warmup: { type: "string", default: "5" },
     "checkpoint-every": { type: "string", default: "1" },
+    "settle-ms": { type: "string", default: "1500" },
     "cpu-prof": { type: "string" },
   },
 });
@@ -28,6 +32,7 @@ const checkpointEvery = Math.max(1, Number(values["checkpoint-every"]));
 
 const world = await init();
 await world.restore();
+await new Promise((resolve) => setTimeout(resolve, Number(values["settle-ms"])));
 const data = new Float64Array(n).fill(world.rank + 1);
 const expect = (world.size * (world.size + 1)) / 2;
 const times: number[] = [];

@@ -7,7 +7,9 @@
  * received buffers — fall into the other's timing). Per run: the slowest rank's median allreduce time and the CPU time of all
  * ranks per iteration; per mode: the median over rounds, and the ratio to the first mode.
  * Every job's store is under a temp dir; retry-one runs with `--durable-every 0` (the durable
- * floor's cost is `npm run bench -- --only durable`).
+ * floor's cost is `npm run bench -- --only durable`). Each job's ranks wait 1.5 s before their
+ * first iteration (allreduce-loop's `--settle-ms`): cpr and retry-one start a warm spare
+ * process with the job, whose start-up would otherwise fall into their first iterations only.
  *
  *   npm run build && node --import tsx bench/tools/mode-ab.ts [--np 4] [--sizes 4194304,16777216,41943040]
  *        [--iters 40] [--rounds 3] [--modes none,retry-one] [--checkpoint-every 1]
