@@ -390,6 +390,12 @@ export class Channel {
       this.returnLent(dest, entry);
     });
     if (!rendezvous) {
+      // A message the transport refused gets no receipt: it holds no credit. Its buffers are
+      // left to the collector, not pooled (which ZeroMQ still reads is not known here).
+      sent.catch(() => {
+        if (byDest.delete(seq)) this.lentBytes[dest] = this.lentBytes[dest]! - entry.bytes;
+        this.credit(dest);
+      });
       // The message is on its way already (in order with everything else on the channel);
       // only the program waits, while its destination holds too many of our buffers.
       if (this.lentBytes[dest] <= LENT_WINDOW_BYTES) return sent;

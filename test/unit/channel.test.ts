@@ -103,6 +103,21 @@ describe("channel receipts", () => {
     expect(m.delivered).toHaveLength(17);
   });
 
+  it("a message the transport refused holds no credit: later sends to that rank do not wait for it", async () => {
+    const m = pair();
+    const [a] = m.channels;
+    m.pause(1);
+    const big = new Float64Array(128 * 1024); // 1 MiB
+    const transport = (a as unknown as { transport: { send: (d: number, f: unknown[]) => Promise<void> } }).transport;
+    const send = transport.send;
+    transport.send = () => Promise.reject(new Error("peer gone"));
+    for (let i = 0; i < 16; i++) await expect(a!.sendApp(big, 1, 1)).rejects.toThrow("peer gone");
+    transport.send = send;
+    // 16 refused messages would have used up the window; these go out and resolve at once.
+    for (let i = 0; i < 8; i++) await a!.sendApp(big, 1, 1);
+    expect(a!.lentCount).toBe(8);
+  });
+
   it("a send waiting for its buffers to come back fails with the abort's error", async () => {
     const m = pair();
     const [a] = m.channels;
