@@ -1,0 +1,47 @@
+/**
+ * The program of bench/tools/stream-ab.ts: rank 0 sends `--iters` messages of `--bytes`
+ * (a Float64Array, each `send` awaited) to rank 1, which receives them and answers with a
+ * 1-value ack; `--blocks` such blocks after one warm-up block. Finalizes, per block, the
+ * bandwidth (MB/s, rank 0's time including the ack) and this rank's CPU per message (us,
+ * every thread).
+ */
+import { parseArgs } from "node:util";
+import { init } from "lifeline";
+
+const { values } = parseArgs({
+  options: {
+    bytes: { type: "string", default: "1048576" },
+    iters: { type: "string", default: "400" },
+    blocks: { type: "string", default: "3" },
+  },
+});
+const bytes = Number(values.bytes);
+const iters = Number(values.iters);
+const world = await init();
+await world.restore();
+const buf = new Float64Array(Math.max(1, bytes / 8)).fill(1);
+
+async function block(n: number): Promise<void> {
+  if (world.rank === 0) {
+    for (let i = 0; i < n; i++) await world.send(buf, 1, 7);
+    await world.recv(1, 8);
+  } else if (world.rank === 1) {
+    for (let i = 0; i < n; i++) await world.recv(0, 7);
+    await world.send(1, 0, 8);
+  }
+}
+
+await block(Math.max(10, iters >> 3));
+const mbps: number[] = [];
+const cpuUs: number[] = [];
+for (let b = 0; b < Number(values.blocks); b++) {
+  await world.barrier();
+  const r0 = process.resourceUsage();
+  const t0 = performance.now();
+  await block(iters);
+  const ms = performance.now() - t0;
+  const r1 = process.resourceUsage();
+  mbps.push((bytes * iters) / ms / 1000);
+  cpuUs.push((r1.userCPUTime + r1.systemCPUTime - r0.userCPUTime - r0.systemCPUTime) / iters);
+}
+await world.finalize({ mbps, cpuUs });
