@@ -34,6 +34,7 @@ type Variant = (typeof ALL)[number];
 const args = programArgs(process.argv.slice(2));
 const VARIANTS = (args.get("variants") ?? "pair-1f,pair-2f,pushpull-1f,pushpull-2f,pushpull-2f-loop").split(",") as Variant[];
 for (const v of VARIANTS) if (!(ALL as readonly string[]).includes(v)) throw new RangeError(`unknown variant ${v}; one of ${ALL.join(", ")}`);
+if (!VARIANTS.includes("pair-1f")) throw new RangeError("--variants must include pair-1f, the baseline of every ratio");
 if (VARIANTS.includes("pair-1f-curve") && (args.get("transport") ?? "ipc") !== "tcp") throw new RangeError("pair-1f-curve needs --transport tcp");
 const role = args.get("role") ?? "main";
 const transport = args.get("transport") ?? "ipc";
@@ -84,12 +85,12 @@ async function setup(): Promise<Map<Variant, Link>> {
   }
   // Each side binds its Pull (and side 0 its Pair); endpoints are swapped over ctrl.
   const mine: Record<string, string> = {};
-  const server = curveKeyPair();
-  mine.curveServerKey = server.publicKey;
+  const server = side === 0 && VARIANTS.includes("pair-1f-curve") ? curveKeyPair() : undefined;
+  if (server !== undefined) mine.curveServerKey = server.publicKey;
   for (const v of VARIANTS) {
     if (v === "pair-1f-curve") {
       // Side 0 is the CURVE server; side 1 connects with a key pair of its own (no ZAP: any key is let in).
-      if (side === 0) {
+      if (server !== undefined) {
         const s = new Pair({ linger: 0, curveServer: true, curveSecretKey: server.secretKey, curvePublicKey: server.publicKey });
         await s.bind(addr(`${v}-${side}`));
         mine[v] = s.lastEndpoint!;

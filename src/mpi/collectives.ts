@@ -236,36 +236,18 @@ async function directAllreduce(io: CollectiveIo, data: unknown, body: EncodedBod
   let acc = operands[0];
   let own = rank !== 0;
   for (let r = 1; r < size; r++) {
-    const x = operands[r];
-    if (own && combinesInPlace(acc, x, op)) combineInto(acc as TA, x as TA, op, true);
-    else if (r !== rank && combinesInPlace(x, acc, op)) {
-      combineInto(x as TA, acc as TA, op, false);
-      acc = x;
-    } else acc = combine(acc, x, op);
-    own = true;
+    acc = combine(acc, operands[r], op, own ? "lower" : r !== rank ? "higher" : undefined);
+    own = true; // what combine() returns: a fresh value or a received operand
   }
   return acc === data ? copyValue(data) : acc;
 }
 
 /**
- * `into ⊕= other` can be computed in place: a built-in op (commutative bit for bit, so which
- * operand is written does not change the result) on two typed arrays of one type and length.
- * The caller makes sure `into` is a value it owns (a chunk that arrived, or a result it made).
- */
-function combinesInPlace(into: unknown, other: unknown, op: ReduceOp): boolean {
-  return isBuiltinOp(op) && isTypedArray(into) && isTypedArray(other) && typedArrayCode(into) === typedArrayCode(other) && into.length === other.length;
-}
-
-/**
  * lower ⊕ higher where `theirs` arrived (ours alone: see the memory rule) and `acc` is this
- * rank's: written into `theirs` when it can be, so no fresh array is made; else a new value.
+ * rank's: computed into `theirs` when combine() can, so no fresh array is made.
  */
 function combineArrival(theirs: unknown, acc: unknown, theirsLower: boolean, op: ReduceOp): unknown {
-  if (combinesInPlace(theirs, acc, op)) {
-    combineInto(theirs as TA, acc as TA, op, theirsLower);
-    return theirs;
-  }
-  return theirsLower ? combine(theirs, acc, op) : combine(acc, theirs, op);
+  return theirsLower ? combine(theirs, acc, op, "lower") : combine(acc, theirs, op, "higher");
 }
 
 /**

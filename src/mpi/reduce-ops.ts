@@ -137,10 +137,13 @@ function scalar(a: unknown, b: unknown, op: ReduceOpName): unknown {
 }
 
 /**
- * lower ⊕ higher as a new value (inputs are not modified). Shapes must agree; a mismatch is
- * `MPI_COLLECTIVE_MISMATCH` (ranks passed different data), an op that does not apply is `MPI_OP`.
+ * lower ⊕ higher. Shapes must agree; a mismatch is `MPI_COLLECTIVE_MISMATCH` (ranks passed
+ * different data), an op that does not apply is `MPI_OP`. The inputs are not modified, unless
+ * `writable` names an operand the caller owns: with a built-in op on typed arrays the result is
+ * then computed into it and it is returned (built-in ops are commutative bit for bit, so which
+ * operand is written does not change the result); otherwise the result is a new value.
  */
-export function combine(lower: unknown, higher: unknown, op: ReduceOp): unknown {
+export function combine(lower: unknown, higher: unknown, op: ReduceOp, writable?: "lower" | "higher"): unknown {
   if (isTypedArray(lower) || isTypedArray(higher)) {
     const a = lower as Arr & ArrayBufferView,
       b = higher as Arr & ArrayBufferView;
@@ -149,6 +152,11 @@ export function combine(lower: unknown, higher: unknown, op: ReduceOp): unknown 
         "MPI_COLLECTIVE_MISMATCH",
         `reduction over ${describe(a)}(${a.length}) and ${describe(b)}(${b.length}): every rank must pass the same type and length`,
       );
+    }
+    if (writable !== undefined && typeof op === "string") {
+      const into = writable === "lower" ? a : b;
+      combineInto(into, writable === "lower" ? b : a, op, writable === "lower");
+      return into;
     }
     const out = copyTyped(a as unknown as TypedArray) as unknown as Arr;
     combineInto(out, b, op, true);

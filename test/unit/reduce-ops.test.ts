@@ -62,6 +62,25 @@ describe("reduce ops", () => {
     expect(acc).toEqual([1001, 2002]);
   });
 
+  it("computes into the operand the caller names as writable, for built-in ops on typed arrays only", () => {
+    const lower = new Float64Array([1, 2]),
+      higher = new Float64Array([10, 20]);
+    expect(combine(lower, higher, "sum", "higher")).toBe(higher);
+    expect([...higher]).toEqual([11, 22]);
+    expect([...lower]).toEqual([1, 2]);
+    expect(combine(lower, higher, "max", "lower")).toBe(lower);
+    expect([...lower]).toEqual([11, 22]);
+    // A user function, or plain arrays: a new value, inputs untouched.
+    const a = new Int32Array([1, 2]);
+    const f = combine(a, new Int32Array([3, 4]), (x: number, y: number) => x * 10 + y, "lower");
+    expect(f).not.toBe(a);
+    expect([...(f as Int32Array)]).toEqual([13, 24]);
+    expect([...a]).toEqual([1, 2]);
+    const p = [1, 2];
+    expect(combine(p, [3, 4], "sum", "lower")).not.toBe(p);
+    throwsCode(() => combine(new Float64Array(1), new Float64Array(2), "sum", "lower"), "MPI_COLLECTIVE_MISMATCH");
+  });
+
   it("rejects ops that do not apply and mismatched shapes", () => {
     throwsCode(() => combine("a", "b", "sum"), "MPI_OP");
     throwsCode(() => combine(1, 1n, "sum"), "MPI_OP");
