@@ -19,7 +19,8 @@
  * (one store shared by all hosts here) just when the launcher reads the recovery line for the
  * next restart, and the launcher fails the job with STORE_LOCKED (as src/launch/cpr-policy.ts
  * does); in retry-one, a second cut before a checkpoint re-replicated the first restarted
- * rank's state can take a checkpoint and all its replicas (CPR_RESTORE, as in the crash swarm).
+ * rank's state can take a checkpoint and all its replicas, or (on 2 ranks) restart every rank
+ * (CPR_LOST, as in the crash swarm).
  */
 import { describe, expect, it } from "vitest";
 import { describeProgram } from "../../src/testing/programs.ts";
@@ -47,12 +48,7 @@ describe("simulation: partitions", () => {
           locked++;
           continue;
         }
-        if (
-          mode === "retry-one" &&
-          out.status === "failed" &&
-          out.aborts.length > 0 &&
-          out.aborts.every((a) => a.code === "CPR_RESTORE" && /lost/.test(a.message))
-        ) {
+        if (mode === "retry-one" && out.status === "failed" && out.aborts.length > 0 && out.aborts.every((a) => a.code === "CPR_LOST")) {
           beyond++;
           continue;
         }
