@@ -13,7 +13,7 @@
  * jobs (the real launcher running bench/programs/mpi-bench.ts, one per recovery mode needed)
  * and raw baseline processes (bench/programs/raw-*.ts) — keeps them all running, and drives
  * them over a control channel (bench/lib/ctrl.ts). For each case: calibrate each variant to
- * ~`--target-ms` per timed block, one warm-up block each, then `--reps` timed blocks
+ * ~`--target-ms` per timed block, untimed warm-up blocks for ~`--warmup-ms`, then `--reps` timed blocks
  * alternating S B, B S, ...; every block starts with a barrier inside the job. The figure is
  * the median over the blocks.
  *
@@ -88,6 +88,8 @@ import { renderStartupTable, STARTUP_TARGET, startupRatio, startupRuns, type Sta
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
 
 /** Benchmarks of whole jobs, run after the timed-block ones (`--only` names them too). */
+/** Default of `--warmup-ms` (see warmUp). */
+const WARMUP_MS = 1500;
 const JOB_BENCHMARKS = ["recovery", "heat-recovery", "durable", "elastic", "startup", "partner"] as const;
 
 const HELP = `Usage: npm run bench -- [options]
@@ -130,6 +132,10 @@ const HELP = `Usage: npm run bench -- [options]
                         not used by the retry-one family, which always runs both modes
   --reps <n>            timed repetitions per case and variant (default 15; quick 3)
   --target-ms <ms>      calibrate each timed block to about this long (default 50; quick 5)
+  --warmup-ms <ms>      run each case's blocks untimed for about this long per variant before
+                        timing it, so that processes are measured in their steady state, not
+                        while V8 still compiles and sizes its heap (default 1500; quick 0:
+                        one warm-up block)
   --variant <v>         both (default); lifeline: the subject only (the Lifeline job; for
                         the retry-one family the retry-one job); raw: the raw zeromq.js
                         baselines only (no build needed; skips bcast, the retry-one
@@ -170,6 +176,8 @@ interface Options {
   curve: boolean;
   reps: number;
   targetMs: number;
+  /** Untimed blocks of each case per variant, for about this long, before the timed ones (at least one). */
+  warmupMs: number;
   variant: "both" | "lifeline" | "raw";
   payload: "f64" | "u8";
   out: string;
@@ -197,6 +205,7 @@ function parseOptions(argv: string[]): Options {
         mode: { type: "string", default: "none" },
         reps: { type: "string" },
         "target-ms": { type: "string" },
+        "warmup-ms": { type: "string" },
         "recovery-runs": { type: "string" },
         variant: { type: "string", default: "both" },
         payload: { type: "string", default: "f64" },
@@ -269,6 +278,11 @@ function parseOptions(argv: string[]): Options {
     if (!Number.isInteger(n) || n < 1) usage(`--${name} ${raw}: expected a positive integer`);
     return n;
   };
+  const nonNegInt = (name: string, raw: string): number => {
+    const n = Number(raw);
+    if (!Number.isInteger(n) || n < 0) usage(`--${name} ${raw}: expected an integer >= 0`);
+    return n;
+  };
   const list = (name: string, raw: string | undefined, min: number): number[] | undefined => {
     if (raw === undefined) return undefined;
     const xs = raw.split(",").map((x) => Number(x.trim()));
@@ -293,6 +307,7 @@ function parseOptions(argv: string[]): Options {
     transport: v.hosts || v.curve ? "tcp" : v.transport,
     reps: posInt("reps", v.reps, quick ? 3 : 15),
     targetMs: posInt("target-ms", v["target-ms"], quick ? 5 : 50),
+    warmupMs: v["warmup-ms"] === undefined ? (quick ? 0 : WARMUP_MS) : nonNegInt("warmup-ms", v["warmup-ms"]),
     variant: v.variant,
     payload: v.payload,
     out: path.resolve(v.out ?? path.join(ROOT, "bench", "results", `${stamp}.json`)),
@@ -456,6 +471,25 @@ async function measure(job: Job, c: Case, iters: number): Promise<Measured> {
   };
 }
 
+/**
+ * Untimed blocks of case `c` for about `ms` (at least one); their seconds per operation, in
+ * order. A process runs the message path several times slower for its first thousands of
+ * operations, while V8 compiles it and grows its heap (about 1.5 s for a 4-rank allreduce of
+ * 8 B: 730 down to 300 us per operation); timing inside that window measures the warm-up,
+ * not the message path, and tilts each session's first cases against the larger program.
+ */
+async function warmUp(job: Job, c: Case, iters: number, ms: number): Promise<{ perOpS: number[]; lastWallS: number }> {
+  const perOpS: number[] = [];
+  const t0 = performance.now();
+  let lastWallS: number;
+  do {
+    const m = await measure(job, c, iters);
+    perOpS.push(m.perOpS);
+    lastWallS = m.wallS;
+  } while (performance.now() - t0 < ms);
+  return { perOpS, lastWallS };
+}
+
 async function runCase(c: Case, pool: JobPool, opts: Options, peers: PeersFile): Promise<CaseResult> {
   const errors: string[] = [];
   const kinds = jobsFor(c, opts);
@@ -475,7 +509,15 @@ async function runCase(c: Case, pool: JobPool, opts: Options, peers: PeersFile):
   const targetS = opts.targetMs / 1000;
   const state = new Map<
     Role,
-    { iters: number; calibration: [number, number][]; warmupPerOpS: number; perOpS: number[]; cpuPerOpS: number[]; loopPerOpS: number[]; faultsPerOp: number[] }
+    {
+      iters: number;
+      calibration: [number, number][];
+      warmupPerOpS: number[];
+      perOpS: number[];
+      cpuPerOpS: number[];
+      loopPerOpS: number[];
+      faultsPerOp: number[];
+    }
   >();
   const drop = (role: Role, err: unknown): void => {
     errors.push(`${what(role)}: ${(err as Error).message}`);
@@ -486,8 +528,10 @@ async function runCase(c: Case, pool: JobPool, opts: Options, peers: PeersFile):
   for (const [role, job] of jobs) {
     try {
       const cal = await calibrate(async (iters) => (await measure(job, c, iters)).wallS, { targetS, itersMax: 100_000 });
-      const warm = await measure(job, c, cal.iters);
-      state.set(role, { iters: cal.iters, calibration: cal.probes, warmupPerOpS: warm.perOpS, perOpS: [], cpuPerOpS: [], loopPerOpS: [], faultsPerOp: [] });
+      const warm = await warmUp(job, c, cal.iters, opts.warmupMs);
+      // Calibrated while still warming up: scaled to the target by the last warm-up block.
+      const iters = opts.warmupMs === 0 ? cal.iters : Math.min(100_000, Math.max(1, Math.round((cal.iters * targetS) / Math.max(warm.lastWallS, 1e-9))));
+      state.set(role, { iters, calibration: cal.probes, warmupPerOpS: warm.perOpS, perOpS: [], cpuPerOpS: [], loopPerOpS: [], faultsPerOp: [] });
     } catch (err) {
       drop(role, err);
     }
@@ -754,7 +798,7 @@ async function main(): Promise<void> {
           ? `every benchmark but the retry-one family: lifeline --mode ${opts.mode} over tcp with CURVE (the default) vs the same job with --insecure; `
           : `pingpong, stream, allreduce: lifeline --mode ${opts.mode} vs the raw zeromq.js program; barrier: lifeline --mode ${opts.mode} vs the raw ring's 8 B allreduce; bcast: lifeline --mode ${opts.mode} alone; `) +
         "retry-one, retry-one-pingpong, retry-one-stream: allreduce, pingpong, stream blocks in lifeline --mode retry-one --durable-every 0 (checkpoint(null), untimed, after each block) vs lifeline --mode none",
-      timing: `calibrated to ~${opts.targetMs} ms per timed block, 1 warm-up block, ${opts.reps} timed blocks per variant, subject and baseline alternating (S B, B S, ...), barrier before each block`,
+      timing: `calibrated to ~${opts.targetMs} ms per timed block, untimed warm-up blocks for ~${opts.warmupMs} ms (at least 1), ${opts.reps} timed blocks per variant, subject and baseline alternating (S B, B S, ...), barrier before each block`,
       figure: "median over the timed blocks of seconds per operation",
       ratio: "us rows: subject time / baseline time; MB/s rows: subject MB/s / baseline MB/s",
     },

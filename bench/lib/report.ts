@@ -14,8 +14,8 @@ export interface VariantResult {
   iters: number;
   /** Calibration probes: [iters, block wall seconds]. */
   calibration: [number, number][];
-  /** The warm-up block, seconds per operation (not used in the median). */
-  warmupPerOpS: number;
+  /** The untimed warm-up blocks, seconds per operation, in the order they ran (not used in the median). */
+  warmupPerOpS: number[];
   /** Timed repetitions, seconds per operation, in the order they ran. */
   perOpS: number[];
   medianPerOpS: number;

@@ -193,7 +193,7 @@ function variant(job: string, kind: JobKind, us: number, cpuUs: number): Variant
     kind,
     iters: 10,
     calibration: [[1, 1e-3]],
-    warmupPerOpS: us / 1e6,
+    warmupPerOpS: [us / 1e6],
     perOpS: [us / 1e6, us / 1e6],
     medianPerOpS: us / 1e6,
     value: us,
