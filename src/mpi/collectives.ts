@@ -194,20 +194,25 @@ export const DIRECT_RANKS_MAX = 3;
 /** ... and "small" means an encoded payload of at most this many bytes. */
 export const DIRECT_BYTES_MAX = 8 * 1024;
 
-export async function allreduce<T>(io: CollectiveIo, data: T, op: ReduceOp): Promise<T> {
-  if (io.size === 1) return copyValue(data);
-  if (useRing(data, op, io.size)) {
-    const pof2 = (io.size & (io.size - 1)) === 0;
-    return (await (pof2 ? halvingDoublingAllreduce(io, data, op) : ringAllreduce(io, data, op))) as T;
+/** Not async itself: it hands over the chosen algorithm's promise (one hop fewer per call). */
+export function allreduce<T>(io: CollectiveIo, data: T, op: ReduceOp): Promise<T> {
+  try {
+    if (io.size === 1) return Promise.resolve(copyValue(data));
+    if (useRing(data, op, io.size)) {
+      const pof2 = (io.size & (io.size - 1)) === 0;
+      return (pof2 ? halvingDoublingAllreduce(io, data, op) : ringAllreduce(io, data, op)) as Promise<T>;
+    }
+    let body: EncodedBody | undefined;
+    // A typed array's size is known without encoding it; other data is encoded once, and that
+    // encoding is the first message of whichever algorithm runs.
+    if (io.size <= DIRECT_RANKS_MAX && !(isTypedArray(data) && data.byteLength > DIRECT_BYTES_MAX)) {
+      body = encodeBody(data, { copy: true });
+      if (bodyBytes(body) <= DIRECT_BYTES_MAX) return directAllreduce(io, data, body, op) as Promise<T>;
+    }
+    return recursiveDoubling(io, data, op, body) as Promise<T>;
+  } catch (err) {
+    return Promise.reject(err);
   }
-  let body: EncodedBody | undefined;
-  // A typed array's size is known without encoding it; other data is encoded once, and that
-  // encoding is the first message of whichever algorithm runs.
-  if (io.size <= DIRECT_RANKS_MAX && !(isTypedArray(data) && data.byteLength > DIRECT_BYTES_MAX)) {
-    body = encodeBody(data, { copy: true });
-    if (bodyBytes(body) <= DIRECT_BYTES_MAX) return (await directAllreduce(io, data, body, op)) as T;
-  }
-  return (await recursiveDoubling(io, data, op, body)) as T;
 }
 
 const bodyBytes = (b: EncodedBody): number => byteLengthOf(b.frames);

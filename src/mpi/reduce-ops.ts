@@ -63,14 +63,16 @@ const OP_BODY: Record<ReduceOpName, string> = {
 };
 
 type Kernel = (acc: Arr, other: Arr, from: number, to: number) => void;
-const kernels = new Map<string, Kernel>();
+/** Per op, per array constructor (looked up without building a key: this runs for every combine). */
+const kernels = new Map<ReduceOpName, Map<unknown, Kernel>>();
 
 function kernel(op: ReduceOpName, acc: Arr): Kernel {
-  const type = Array.isArray(acc) ? "Array" : (acc as object).constructor.name;
-  const key = `${op}:${type}`;
-  let k = kernels.get(key);
+  const ctor = Array.isArray(acc) ? Array : (acc as object).constructor;
+  let byType = kernels.get(op);
+  if (byType === undefined) kernels.set(op, (byType = new Map()));
+  let k = byType.get(ctor);
   if (k === undefined) {
-    const big = type === "BigInt64Array" || type === "BigUint64Array";
+    const big = ctor === BigInt64Array || ctor === BigUint64Array;
 
     k = new Function(
       "acc",
@@ -79,7 +81,7 @@ function kernel(op: ReduceOpName, acc: Arr): Kernel {
       "to",
       `"use strict"; const one = ${big ? "1n" : "1"}, zero = ${big ? "0n" : "0"}; for (let i = from; i < to; i++) { ${OP_BODY[op]} }`,
     ) as Kernel;
-    kernels.set(key, k);
+    byType.set(ctor, k);
   }
   return k;
 }
