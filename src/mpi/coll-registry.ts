@@ -15,7 +15,7 @@
  *    message, e.g. a gather where two ranks both believe they are the root.
  *
  * @example
- * const c = reg.begin(signature, "bcast", ["root=0"], now);  // → { seq, signature, call }
+ * const c = reg.begin("bcast", ["root=0"]);  // → { seq, signature, call }
  * await reg.recv(c, source, step);           // rejects MPI_COLLECTIVE_MISMATCH on disagreement
  * reg.end(c);
  */
@@ -28,35 +28,16 @@ export const QUERY_AFTER_MS = 1000;
 /** Signatures of finished collectives kept for peers' queries. */
 const HISTORY_MAX = 4096;
 
-/** A collective call as this rank made it: its signature, and its description for errors. */
-class CallRecord {
-  constructor(
-    readonly signature: number,
-    private readonly kind: string,
-    private readonly identity: readonly (string | number)[],
-  ) {}
-
-  /** Human description, e.g. `bcast(root=1)`; built only when an error or a peer's query needs it. */
-  get call(): string {
-    return `${this.kind}(${this.identity.join(", ")})`;
-  }
-}
-
-export class ActiveCollective extends CallRecord {
+export interface ActiveCollective {
+  readonly seq: number;
+  readonly signature: number;
+  /** Human description, e.g. `bcast(root=1)`. */
+  readonly call: string;
+  readonly startedMs: number;
   nextQueryMs: number;
-  /** Set by {@link CollectiveRegistry.fail}: its pending and later receives reject with it. */
-  error: LifelineError | undefined;
-
-  constructor(
-    readonly seq: number,
-    signature: number,
-    kind: string,
-    identity: readonly (string | number)[],
-    readonly startedMs: number,
-  ) {
-    super(signature, kind, identity);
-    this.nextQueryMs = startedMs + QUERY_AFTER_MS;
-  }
+  /** Fails the collective's pending receive(s). */
+  fail: (err: LifelineError) => void;
+  readonly failed: Promise<never>;
 }
 
 export class CollectiveRegistry {
@@ -66,7 +47,7 @@ export class CollectiveRegistry {
   private readonly unreadBySeq = new Map<number, number>();
   private readonly waiters = new Map<string, { resolve: (a: Arrival) => void; reject: (e: unknown) => void }>();
   private readonly active = new Map<number, ActiveCollective>();
-  private readonly history = new Map<number, CallRecord>();
+  private readonly history = new Map<number, { signature: number; call: string }>();
 
   /**
    * retry-one: a filed message may be superseded by one with the same (sequence, source,
@@ -101,29 +82,22 @@ export class CollectiveRegistry {
     this.nextSeq = seq;
   }
 
-  /** Starts the next collective: `kind` and `identity` describe it in errors (see CallRecord). */
-  begin(signature: number, kind: string, identity: readonly (string | number)[], nowMs: number): ActiveCollective {
-    const c = new ActiveCollective(this.nextSeq++, signature, kind, identity, nowMs);
-    this.active.set(c.seq, c);
+  begin(signature: number, call: string, nowMs: number): ActiveCollective {
+    const seq = this.nextSeq++;
+    let fail!: (err: LifelineError) => void;
+    const failed = new Promise<never>((_, reject) => {
+      fail = reject;
+    });
+    failed.catch(() => undefined); // observed through recv(); never an unhandled rejection
+    const c: ActiveCollective = { seq, signature, call, startedMs: nowMs, nextQueryMs: nowMs + QUERY_AFTER_MS, fail, failed };
+    this.active.set(seq, c);
     return c;
-  }
-
-  /** Fails collective `c`: its pending receives reject with `err`, and so do its later ones. */
-  fail(c: ActiveCollective, err: LifelineError): void {
-    c.error ??= err;
-    const prefix = `${c.seq}.`;
-    for (const [key, w] of this.waiters) {
-      if (key.startsWith(prefix)) {
-        this.waiters.delete(key);
-        w.reject(c.error);
-      }
-    }
   }
 
   /** The collective finished on this rank. Throws if a peer's message for it is still unread. */
   end(c: ActiveCollective): void {
     this.active.delete(c.seq);
-    this.history.set(c.seq, c);
+    this.history.set(c.seq, { signature: c.signature, call: c.call });
     if (this.history.size > HISTORY_MAX) this.history.delete(c.seq - HISTORY_MAX);
     const unread = this.unreadBySeq.get(c.seq);
     if (unread !== undefined && unread > 0) {
@@ -200,8 +174,7 @@ export class CollectiveRegistry {
         return Promise.reject(err);
       }
     }
-    if (c.error !== undefined) return Promise.reject(c.error);
-    return new Promise<Arrival>((resolve, reject) => {
+    const got = new Promise<Arrival>((resolve, reject) => {
       this.waiters.set(key, {
         resolve: (a) => {
           try {
@@ -213,6 +186,7 @@ export class CollectiveRegistry {
         reject,
       });
     });
+    return Promise.race([got, c.failed]);
   }
 
   /** Collectives blocked long enough to query peers about; advances their next query time. */
@@ -229,8 +203,10 @@ export class CollectiveRegistry {
   }
 
   /** This rank's signature for `seq`, for a peer's query; undefined if not reached yet. */
-  signatureOf(seq: number): { readonly signature: number; readonly call: string } | undefined {
-    return this.active.get(seq) ?? this.history.get(seq);
+  signatureOf(seq: number): { signature: number; call: string } | undefined {
+    const a = this.active.get(seq);
+    if (a !== undefined) return { signature: a.signature, call: a.call };
+    return this.history.get(seq);
   }
 
   activeCollective(seq: number): ActiveCollective | undefined {
@@ -250,7 +226,7 @@ export class CollectiveRegistry {
         w.reject(err);
       }
     }
-    if (c !== undefined) c.error ??= err as LifelineError;
+    c?.fail(err as LifelineError);
     this.purge((a) => a.header.collSeq !== seq);
   }
 
@@ -284,6 +260,6 @@ export class CollectiveRegistry {
   failAll(err: unknown): void {
     for (const w of this.waiters.values()) w.reject(err);
     this.waiters.clear();
-    for (const c of this.active.values()) c.error ??= err as LifelineError;
+    for (const c of this.active.values()) c.fail(err as LifelineError);
   }
 }

@@ -33,19 +33,14 @@ export const PROTO_COLL_ANSWER = 0x101;
 /** How often blocked collectives are looked at (see coll-registry.ts). */
 const QUERY_TICK_MS = 250;
 
-/** FNV-1a of `kind` and `identity` joined by U+0001 (hashed part by part: no joined string is made). */
-function fnv1a(kind: string, identity: readonly (string | number)[]): number {
-  let h = hashInto(0x811c9dc5, kind);
-  for (const part of identity) h = hashInto(Math.imul(h ^ 1, 0x01000193), String(part));
-  return h >>> 0;
-}
-
-function hashInto(h: number, s: string): number {
+function fnv1a(parts: readonly (string | number)[]): number {
+  let h = 0x811c9dc5;
+  const s = parts.join("\u0001");
   for (let i = 0; i < s.length; i++) {
     h ^= s.charCodeAt(i);
     h = Math.imul(h, 0x01000193);
   }
-  return h;
+  return h >>> 0;
 }
 
 /** What the runner asks of the mode (mode none: view 0, never paused). */
@@ -113,7 +108,7 @@ export class CollectiveRunner {
     retainResult?: (arrayType: number, parts: readonly Buffer[]) => void,
   ): Promise<R> {
     const kindIndex = COLL_KINDS.indexOf(kind);
-    const c = this.colls.begin(fnv1a(kind, identity), kind, identity, this.host.now());
+    const c = this.colls.begin(fnv1a([kind, ...identity]), `${kind}(${identity.join(", ")})`, this.host.now());
     const channel = this.channel;
     const io: coll.CollectiveIo = {
       rank: this.rank,

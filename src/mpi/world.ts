@@ -695,7 +695,7 @@ export class World implements WorldApi {
       this.abortWaiters = [];
       this.abortWait = this.host.after(ABORT_HEARD_WAIT_MS, () => this.abortHeard());
     }
-    if (c !== undefined) this.abortWaiters.push(() => this.runner.colls.fail(c, err));
+    if (c !== undefined) this.abortWaiters.push(() => c.fail(err));
     void this.control.send({ t: "abort", rank: this.place.rank, code: err.code, message: err.message }).catch(() => this.abortHeard());
   }
 
