@@ -4,7 +4,8 @@
  * checkpoint(null) — the shape of a data-parallel training step that checkpoints every
  * iteration, or every few (retry-one keeps every collective result since the last
  * checkpoint). Finalizes with this rank's median time of the allreduce (ms) and its CPU time
- * per iteration (ms, process.cpuUsage: every thread), both over the iterations after `--warmup`. `--cpu-prof <dir>`: a V8 CPU profile per rank
+ * per iteration (ms, process.cpuUsage: every thread), both over the `--iters` iterations after the
+ * warm-up (`--warmup` iterations, and more until `--warmup-ms`, default 1500). `--cpu-prof <dir>`: a V8 CPU profile per rank
  * (summarize with bench/tools/cpuprofile-top.ts). `--settle-ms` (default 1500): the ranks wait
  * this long after joining before they start, so that what starts with the job (cpr's and
  * retry-one's warm spare processes booting, the launcher's own start-up) is done and does not
@@ -20,6 +21,7 @@ const { values } = parseArgs({
     bytes: { type: "string", default: "16777216" },
     iters: { type: "string", default: "40" },
     warmup: { type: "string", default: "5" },
+    "warmup-ms": { type: "string", default: "1500" },
     "checkpoint-every": { type: "string", default: "1" },
     "settle-ms": { type: "string", default: "1500" },
     "cpu-prof": { type: "string" },
@@ -35,10 +37,10 @@ await world.restore();
 await new Promise((resolve) => setTimeout(resolve, Number(values["settle-ms"])));
 const data = new Float64Array(n).fill(world.rank + 1);
 const expect = (world.size * (world.size + 1)) / 2;
-const times: number[] = [];
-let cpuMs = 0;
-const stopProfile = values["cpu-prof"] === undefined ? undefined : await startProfile();
-for (let i = 0; i < warmup + iters; i++) {
+let done = 0;
+
+/** One iteration; its allreduce's time and CPU (ms). */
+async function iteration(): Promise<{ ms: number; cpuMs: number }> {
   await world.barrier();
   const c0 = process.cpuUsage();
   const t0 = performance.now();
@@ -46,10 +48,25 @@ for (let i = 0; i < warmup + iters; i++) {
   const ms = performance.now() - t0;
   const c = process.cpuUsage(c0);
   if (r[0] !== expect || r[n - 1] !== expect) throw new Error(`allreduce gave ${r[0]}, expected ${expect}`);
-  if ((i + 1) % checkpointEvery === 0) await world.checkpoint(null);
-  if (i < warmup) continue;
-  times.push(ms);
-  cpuMs += (c.user + c.system) / 1000;
+  if (++done % checkpointEvery === 0) await world.checkpoint(null);
+  return { ms, cpuMs: (c.user + c.system) / 1000 };
+}
+
+// Warm-up: `--warmup` iterations, then 20 more at a time while rank 0 has spent less than
+// `--warmup-ms` (its decision goes to every rank by a bcast, so that all run the same
+// collectives). A rank runs the message path up to 3x slower for its first thousands of
+// operations, while V8 compiles it.
+const w0 = performance.now();
+for (let i = 0; i < warmup; i++) await iteration();
+while ((await world.bcast(performance.now() - w0 < Number(values["warmup-ms"]), 0)) === true) for (let i = 0; i < 20; i++) await iteration();
+
+const times: number[] = [];
+let cpuMs = 0;
+const stopProfile = values["cpu-prof"] === undefined ? undefined : await startProfile();
+for (let i = 0; i < iters; i++) {
+  const it = await iteration();
+  times.push(it.ms);
+  cpuMs += it.cpuMs;
 }
 await stopProfile?.(path.join(values["cpu-prof"]!, `${world.mode}-${world.rank}.cpuprofile`));
 times.sort((a, b) => a - b);
