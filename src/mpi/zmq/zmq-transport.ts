@@ -106,9 +106,12 @@ export class ZmqTransport implements Transport {
 
   /** Starts the single reader loop. `onFrames` runs synchronously for each arriving message. */
   start(onFrames: (frames: Buffer[]) => void, onError: (err: unknown) => void): void {
+    // receive() directly rather than `for await` over the socket: zeromq.js's async iterator
+    // wraps every receive in an async function of its own (one promise and hop more).
     this.reading = (async () => {
+      const pull = this.pull;
       try {
-        for await (const frames of this.pull) onFrames(frames);
+        while (!this.closed) onFrames(await pull.receive());
       } catch (err) {
         if (!this.closed) onError(err);
       }
