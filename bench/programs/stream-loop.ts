@@ -1,7 +1,7 @@
 /**
  * The program of bench/tools/stream-ab.ts: rank 0 sends `--iters` messages of `--bytes`
  * (a Float64Array, each `send` awaited) to rank 1, which receives them and answers with a
- * 1-value ack; `--blocks` such blocks after one warm-up block. Finalizes, per block, the
+ * 1-value ack; `--blocks` such blocks after ~`--warmup-ms` (default 1500) of warm-up blocks. Finalizes, per block, the
  * bandwidth (MB/s, rank 0's time including the ack) and this rank's CPU per message (us,
  * every thread).
  */
@@ -13,6 +13,7 @@ const { values } = parseArgs({
     bytes: { type: "string", default: "1048576" },
     iters: { type: "string", default: "400" },
     blocks: { type: "string", default: "3" },
+    "warmup-ms": { type: "string", default: "1500" },
   },
 });
 const bytes = Number(values.bytes);
@@ -31,7 +32,12 @@ async function block(n: number): Promise<void> {
   }
 }
 
-await block(Math.max(10, iters >> 3));
+// Warm-up: blocks of an eighth while rank 0 has spent less than `--warmup-ms` (its decision
+// goes to both by a bcast). A rank runs the message path up to 3x slower for its first
+// thousands of operations, while V8 compiles it.
+const w0 = performance.now();
+do await block(Math.max(10, iters >> 3));
+while ((await world.bcast(performance.now() - w0 < Number(values["warmup-ms"]), 0)) === true);
 const mbps: number[] = [];
 const cpuUs: number[] = [];
 for (let b = 0; b < Number(values.blocks); b++) {

@@ -5,6 +5,7 @@
  * between rounds, so that neither shares the machine with the other (the harness of `npm run
  * bench` keeps both alive and alternates short blocks). Per size: the median bandwidth of
  * each and their ratio, and each side's CPU per message (sender / receiver, every thread).
+ * Each side warms up for 1.5 s before it is timed (V8 compiles the message path meanwhile).
  *
  *   npm run build && node --import tsx bench/tools/stream-ab.ts [--sizes 65536,1048576] [--iters 400] [--rounds 3]
  */
@@ -30,6 +31,8 @@ const { values } = parseArgs({
   },
 });
 const iters = Number(values.iters);
+/** Warm-up of each side before its timed blocks (stream-loop.ts's `--warmup-ms` default). */
+const WARMUP_MS = 1500;
 
 interface Side {
   mbps: number[];
@@ -61,7 +64,17 @@ async function rawSide(rank: number, dir: string, bytes: number): Promise<void> 
     await pull.receive();
     await push.send(ack);
   }
-  await block(Math.max(10, iters >> 3));
+  // Warm-up as stream-loop.ts's: blocks of an eighth while rank 0 has spent less than 1.5 s
+  // (after each, rank 0 sends 1 for another block, 0 for the end).
+  const w0 = performance.now();
+  for (;;) {
+    await block(Math.max(10, iters >> 3));
+    if (rank === 0) {
+      const more = performance.now() - w0 < WARMUP_MS;
+      await push.send(Buffer.from([more ? 1 : 0]));
+      if (!more) break;
+    } else if ((await pull.receive())[0]![0] !== 1) break;
+  }
   const out: Side = { mbps: [], cpuUs: [] };
   for (let b = 0; b < 3; b++) {
     const r0 = process.resourceUsage();
