@@ -141,16 +141,19 @@ describe("drills in mode retry-one (only the failed rank restarts, from its peer
   );
 
   it(
-    "logreg: rank 1 killed at its 10th step restores checkpoint 9 from its peers and catches up",
+    "logreg: rank 1 killed at its 10th step restores checkpoint 9 (or 8) from its peers and catches up",
     async () => {
       const o = await drill({ mode: "retry-one", kill: ["1@step:10"] }, ["examples/logreg.ts", "--steps", "200"]);
       expectRecovered(o, 1);
       const [fault] = o.report.runs[1]!.faultReports;
       expect(fault!.restoredFromPeers, o.stderr).toBe(true);
-      expect(fault!.restoreEpoch, o.stderr).toBe(9);
+      // The newest checkpoint a survivor knows to be safe: 9, unless the kill (at the 10th
+      // call) overtook the notice that told rank 0 checkpoint 9 was complete. Then rank 0
+      // knows 8, and rank 1 redoes one step more (seen once under a full test run's load).
+      expect([8, 9], o.stderr).toContain(fault!.restoreEpoch);
       expect(fault!.recoveredMs, o.stderr).toBeDefined();
       expect(fault!.workLostSteps!).toBeLessThanOrEqual(9);
-      expect(o.stderr).toMatch(/restored checkpoint 9 from its peers/);
+      expect(o.stderr).toMatch(new RegExp(`restored checkpoint ${fault!.restoreEpoch} from its peers`));
     },
     DRILL_TEST_MS,
   );
