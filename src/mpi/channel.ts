@@ -177,6 +177,7 @@ export class Channel {
     this.lent = Array.from({ length: opts.size }, () => new Map<number, Lent>());
     this.lentBytes = new Float64Array(opts.size);
     this.creditWaits = Array.from({ length: opts.size }, () => []);
+    this.heardFrom = new Uint8Array(opts.size);
     this.receiptDue = new Float64Array(opts.size).fill(-1);
     this.receiptBytes = new Float64Array(opts.size);
   }
@@ -345,10 +346,14 @@ export class Channel {
    * more than {@link LENT_WINDOW_BYTES} of them the send resolves only once receipts bring
    * them back (a slow receiver slows its sender). Very large ones are not copied at all (a
    * rendezvous): ZeroMQ reads the program's own memory, and the send resolves when the
-   * receipt says every byte arrived.
+   * receipt says every byte arrived. So is a large reply — a message to a rank that sent us
+   * one since our last to it, with nothing of ours still unacknowledged there (ping-pong,
+   * request and answer): that rank waits for it, and its receipt rides on what it sends next.
    */
   sendApp(data: unknown, dest: number, tag: number): Promise<void> {
     if (this.appLog !== undefined) return this.sendLogged(data, dest, tag, this.appLog);
+    const reply = this.heardFrom[dest] === 1;
+    this.heardFrom[dest] = 0;
     const body = encodeBody(data, { copy: false });
     // Frames that view the program's arrays; msgpack's own output buffer is ours already.
     const first = body.encoding === Encoding.typedArray ? 0 : 1;
@@ -366,7 +371,10 @@ export class Channel {
       }
       return this.transmit(dest, this.header(Kind.app, dest, tag, body), body);
     }
-    const rendezvous = userBytes >= RENDEZVOUS_BYTES_MIN;
+    // A reply (the destination sent us an application message since our last one to it) to a
+    // quiet channel goes from the program's memory too: the destination is waiting for it,
+    // its receipt rides on what the destination sends next, and the copy is saved.
+    const rendezvous = userBytes >= RENDEZVOUS_BYTES_MIN || (reply && this.lent[dest]!.size === 0);
     const bufs: Buffer[] = [];
     if (!rendezvous) {
       for (let i = first; i < frames.length; i++) {
@@ -521,7 +529,10 @@ export class Channel {
       this.receiptFrame(header, body);
       return;
     }
-    if (header.kind === Kind.app && (header.flags & Flag.ack) !== 0) this.onReceipt(header.source, header.signature);
+    if (header.kind === Kind.app) {
+      this.heardFrom[header.source] = 1;
+      if ((header.flags & Flag.ack) !== 0) this.onReceipt(header.source, header.signature);
+    }
     if ((header.flags & Flag.receipt) !== 0 && header.kind === Kind.app) {
       // The bytes are all here now: the sender may have its buffers back. One receipt covers
       // every such message from the source so far, and rides on the next app frame to it when
@@ -545,6 +556,8 @@ export class Channel {
     this.deliver(header, body, rawHeader!, true);
   }
 
+  /** Per peer, 1 when an application message from it arrived since our last one to it (see sendApp). */
+  private readonly heardFrom: Uint8Array;
   /** Per source, the channel sequence of the newest message still to acknowledge (-1: none). */
   private readonly receiptDue: Float64Array;
   /** Per source, the body bytes of the messages owed a receipt. */

@@ -7,7 +7,7 @@
 import { describe, expect, it } from "vitest";
 import { Channel } from "../../src/mpi/channel.ts";
 import type { Host } from "../../src/mpi/host.ts";
-import { Kind } from "../../src/mpi/wire.ts";
+import { Flag, Kind } from "../../src/mpi/wire.ts";
 import { forgedHeader } from "../../src/testing/compromised.ts";
 import { memChannels } from "./mem-channels.ts";
 
@@ -61,6 +61,57 @@ describe("channel receipts", () => {
     await settle();
     expect(sent.filter((s) => s.from === 1).map((s) => s.kind)).toEqual([Kind.app]);
     expect(a!.lentCount).toBe(0);
+  });
+
+  it("a large reply on a quiet channel is sent from the program's memory; its send resolves on the receipt", async () => {
+    const {
+      channels: [a, b],
+      sent,
+    } = pair();
+    const big = new Float64Array(16 * 1024); // 128 KiB
+    let reply: Promise<void> | undefined;
+    let replied = false;
+    // Rank 1 answers what it receives with a large message, as a ping-pong does.
+    (b as unknown as { deliver: unknown }).deliver = () => {
+      reply ??= b!.sendApp(big, 0, 2).then(() => {
+        replied = true;
+      });
+    };
+    // Rank 0 has heard nothing from rank 1: its message is a copy, lent until the receipt.
+    await a!.sendApp(big, 1, 1);
+    expect(a!.lentCount).toBe(1);
+    for (const end = Date.now() + 5_000; reply === undefined && Date.now() < end;) await settle();
+    const [first, answer] = sent.filter((s) => s.kind === Kind.app);
+    expect(first!.flags & Flag.rendezvous).toBe(0);
+    // The answer: from the program's memory, and it carries the receipt of rank 0's message.
+    expect(answer!.from).toBe(1);
+    expect(answer!.flags & Flag.rendezvous).toBe(Flag.rendezvous);
+    expect(answer!.flags & Flag.ack).toBe(Flag.ack);
+    await reply;
+    expect(replied).toBe(true);
+    expect(a!.lentCount).toBe(0);
+    expect(b!.lentCount).toBe(0);
+    // Rank 0 now answers rank 1 in turn: from its memory as well (nothing of its is unacknowledged).
+    const next = a!.sendApp(big, 1, 3);
+    for (const end = Date.now() + 5_000; sent.filter((s) => s.kind === Kind.app).length < 3 && Date.now() < end;) await settle();
+    expect(sent.filter((s) => s.kind === Kind.app)[2]!.flags & Flag.rendezvous).toBe(Flag.rendezvous);
+    // Rank 1 sends nothing more: its receipt comes in a frame of its own, at the end of its turn.
+    await next;
+    expect(a!.lentCount).toBe(0);
+  });
+
+  it("a second large message to a rank that has not answered is a copy again (a stream)", async () => {
+    const {
+      channels: [a, b],
+      sent,
+    } = pair();
+    const big = new Float64Array(16 * 1024);
+    await b!.sendApp(new Float64Array(1), 0, 9); // rank 0 hears from rank 1 once
+    await settle();
+    await a!.sendApp(big, 1, 1); // a reply on a quiet channel: from the program's memory
+    await a!.sendApp(big, 1, 2); // not a reply any more: a copy
+    const flags = sent.filter((s) => s.from === 0 && s.kind === Kind.app).map((s) => s.flags & Flag.rendezvous);
+    expect(flags).toEqual([Flag.rendezvous, 0]);
   });
 
   it("a very large message is sent from the program's memory and the send resolves on its receipt", async () => {

@@ -9,7 +9,7 @@ import { decodeHeader, Kind } from "../../src/mpi/wire.ts";
 export interface MemChannels {
   readonly channels: Channel[];
   /** Every frame sent, in order. */
-  readonly sent: { from: number; kind: number; tag: number; channelSeq: number }[];
+  readonly sent: { from: number; kind: number; tag: number; channelSeq: number; flags: number }[];
   /** Every app message delivered, in order, with its body's text. */
   readonly delivered: { at: number; source: number; tag: number; bytes: number; data: string }[];
   readonly warnings: string[];
@@ -43,7 +43,7 @@ export function memChannels(size: number, opts: { maxMessageBytes?: number; key?
       send: async (dest, frames) => {
         const copy = frames.map((f) => Buffer.from(f));
         const h = decodeHeader(copy[0]!.subarray(0, 40), { keysIn: "stored", size });
-        out.sent.push({ from: rank, kind: h.kind, tag: h.tag, channelSeq: h.channelSeq });
+        out.sent.push({ from: rank, kind: h.kind, tag: h.tag, channelSeq: h.channelSeq, flags: h.flags });
         setImmediate(() => {
           const waiting = held.get(dest);
           if (waiting !== undefined) waiting.push(copy);
