@@ -87,9 +87,9 @@ import { renderStartupTable, STARTUP_TARGET, startupRatio, startupRuns, type Sta
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
 
-/** Benchmarks of whole jobs, run after the timed-block ones (`--only` names them too). */
 /** Default of `--warmup-ms` (see warmUp). */
 const WARMUP_MS = 1500;
+/** Benchmarks of whole jobs, run after the timed-block ones (`--only` names them too). */
 const JOB_BENCHMARKS = ["recovery", "heat-recovery", "durable", "elastic", "startup", "partner"] as const;
 
 const HELP = `Usage: npm run bench -- [options]
@@ -473,10 +473,11 @@ async function measure(job: Job, c: Case, iters: number): Promise<Measured> {
 
 /**
  * Untimed blocks of case `c` for about `ms` (at least one); their seconds per operation, in
- * order. A process runs the message path several times slower for its first thousands of
- * operations, while V8 compiles it and grows its heap (about 1.5 s for a 4-rank allreduce of
- * 8 B: 730 down to 300 us per operation); timing inside that window measures the warm-up,
- * not the message path, and tilts each session's first cases against the larger program.
+ * order. A process runs the message path up to 3x slower for its first thousands of
+ * operations, while V8 compiles it and grows its heap (a 4-rank allreduce of 8 B: 400–810 us
+ * per operation in its first warm-up blocks, 256–276 in its last, in one run; bench/README.md,
+ * Method); timing inside that window measures the warm-up, not the message path, and tilts
+ * each session's first cases against the larger program.
  */
 async function warmUp(job: Job, c: Case, iters: number, ms: number): Promise<{ perOpS: number[]; lastWallS: number }> {
   const perOpS: number[] = [];
