@@ -104,12 +104,12 @@ const decodeCopy = (a: Arrival): unknown =>
   );
 
 /**
- * A chunk of `arr` as a message body: a view of `arr`, or a copy. ZeroMQ reads a sent buffer
+ * A chunk of `arr` as a message body: a view of `arr`, never a copy. ZeroMQ reads a sent buffer
  * later, on its I/O thread, while the algorithms go on writing into `arr` and hand it to the
- * program; so a view only where nothing writes that chunk before the receiver has it.
+ * program; so every caller sends a chunk that nothing writes before the receiver has it.
  */
-function rawBody(arr: TA, from: number, to: number, copy: boolean): EncodedBody {
-  return { encoding: Encoding.typedArray, arrayType: typedArrayCode(arr), frames: [bytesOf(arr.subarray(from, to), copy)] };
+function rawBody(arr: TA, from: number, to: number): EncodedBody {
+  return { encoding: Encoding.typedArray, arrayType: typedArrayCode(arr), frames: [bytesOf(arr.subarray(from, to), false)] };
 }
 
 function viewOf(a: Arrival, like: TA, expectLength: number): TA {
@@ -333,7 +333,7 @@ async function ringReduceScatter(io: CollectiveIo, acc: TA, op: ReduceOp): Promi
     // reduce's root), from the end of the chain that this message continues, so after the
     // successor received it (each rank sends step t + 1 only after it received step t). (A
     // retry-one execution that is abandoned stops writing: its receives fail.)
-    const sent = io.send(next, s, rawBody(acc, chunkStart(n, size, sendChunk), chunkStart(n, size, sendChunk + 1), false));
+    const sent = io.send(next, s, rawBody(acc, chunkStart(n, size, sendChunk), chunkStart(n, size, sendChunk + 1)));
     const from = chunkStart(n, size, recvChunk),
       to = chunkStart(n, size, recvChunk + 1);
     const theirs = viewOf(await io.recv(prev, s), acc, to - from);
@@ -358,7 +358,7 @@ async function ringAllreduce(io: CollectiveIo, data: TA, op: ReduceOp): Promise<
     prev = (rank - 1 + size) % size;
   // After the reduce-scatter this rank holds chunk `mine` finished.
   const mine = (rank + 1) % size;
-  let outgoing = rawBody(data, at(rank), at(rank + 1), false);
+  let outgoing = rawBody(data, at(rank), at(rank + 1));
   let cur: TA = data;
   for (let s = 0; s < size - 1; s++) {
     const sent = io.send(next, s, outgoing);
@@ -366,7 +366,7 @@ async function ringAllreduce(io: CollectiveIo, data: TA, op: ReduceOp): Promise<
     cur = viewOf(await io.recv(prev, s), data, at(chunk + 1) - at(chunk));
     // The partial sum from upstream first, as ringReduceScatter combines it.
     combineInto(cur, data.subarray(at(chunk), at(chunk + 1)), op, true);
-    outgoing = rawBody(cur, 0, cur.length, false);
+    outgoing = rawBody(cur, 0, cur.length);
     await sent;
   }
   const finished = cur;
@@ -423,7 +423,7 @@ async function halvingDoublingAllreduce(io: CollectiveIo, data: TA, op: ReduceOp
     const [keepLo, keepHi] = lower ? [lo, mid] : [mid, hi];
     const [sendLo, sendHi] = lower ? [mid, hi] : [lo, mid];
     const base = at(lo);
-    const sent = io.send(partner, step, rawBody(cur, at(sendLo) - base, at(sendHi) - base, false));
+    const sent = io.send(partner, step, rawBody(cur, at(sendLo) - base, at(sendHi) - base));
     const theirs = viewOf(await io.recv(partner, step), data, at(keepHi) - at(keepLo));
     const ours = cur.subarray(at(keepLo) - base, at(keepHi) - base);
     if (cur !== data) {
@@ -482,7 +482,7 @@ export async function reduce<T>(io: CollectiveIo, data: T, op: ReduceOp, root: n
     const step = size;
     if (rank !== root) {
       // A view: acc is this call's own and never written again (a non-root returns nothing).
-      await io.send(root, step, rawBody(acc, chunkStart(n, size, mine), chunkStart(n, size, mine + 1), false));
+      await io.send(root, step, rawBody(acc, chunkStart(n, size, mine), chunkStart(n, size, mine + 1)));
       return undefined;
     }
     for (let r = 0; r < size; r++) {

@@ -117,7 +117,7 @@ export interface GenerateOptions {
 
 /** Tags of round i live in [i*TAG_STRIDE, (i+1)*TAG_STRIDE): rounds never share a tag. */
 const TAG_STRIDE = 8;
-/** A large point-to-point body: 64 KiB + a ragged tail, sent from bounce buffers. */
+/** A large point-to-point body: 64 KiB + a ragged tail, sent from bounce buffers (a reply: from the program's memory). */
 const BIG_F64 = 8192 + 3;
 /** A large reduction operand: past RING_BYTES_MIN with a ragged tail, so it takes the halving-doubling or ring path. */
 const BIG_COLL_F64 = RING_BYTES_MIN / 8 + 3;
