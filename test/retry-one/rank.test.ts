@@ -76,6 +76,31 @@ describe("RetryOneRank: failure-free path", () => {
     expect(seen[2]).toContainEqual({ kind: "peer-safe", rank: 0, consumed: 0 });
   });
 
+  it("an ask says its sender has done the collectives: checkpoints at the same index send no done", () => {
+    // Crossing asks: every rank checkpoints before any frame is delivered.
+    const ms = machines(3, 1);
+    const seen: RankEffect[][] = [[], [], []];
+    collectiveAll(ms, seen, [0, 0]);
+    const inFlight: { from: number; to: number; frame: ProtoFrame }[] = [];
+    for (let r = 0; r < 3; r++) for (const e of ms[r]!.step(ckpt(`s${r}`, 3))) if (e.kind === "send") inFlight.push({ from: r, to: e.to, frame: e.frame });
+    const sent: ProtoFrame[] = inFlight.map((f) => f.frame);
+    for (const f of inFlight) route(ms, f.to, { kind: "frame", from: f.from, attempt: 0, frame: f.frame }, seen, sent);
+    const count = (t: string): number => sent.filter((f) => f.t === t).length;
+    expect(count("ask")).toBe(6);
+    expect(count("done")).toBe(0);
+    for (let r = 0; r < 3; r++) expect(seen[r]).toContainEqual({ kind: "checkpointed", version: 1 });
+
+    // One after another: the first rank's asks tell the others where it is, so they do not ask
+    // it back; each pair exchanges one ask and one done.
+    const ms2 = machines(3, 1);
+    const seen2: RankEffect[][] = [[], [], []];
+    const sent2: ProtoFrame[] = [];
+    collectiveAll(ms2, seen2, [0, 0]);
+    for (let r = 0; r < 3; r++) route(ms2, r, ckpt(`s${r}`, 3), seen2, sent2);
+    expect(sent2.filter((f) => f.t === "ask").length + sent2.filter((f) => f.t === "done").length).toBe(6);
+    for (let r = 0; r < 3; r++) expect(seen2[r]).toContainEqual({ kind: "checkpointed", version: 1 });
+  });
+
   it("results are dropped (and recycled) once every rank's safe checkpoint is past them", () => {
     const ms = machines(3, 1);
     const seen: RankEffect[][] = [[], [], []];

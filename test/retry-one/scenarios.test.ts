@@ -109,14 +109,19 @@ describe("Rabit's own integration test on 10 ranks (ranks 0, 4 and 9 die at once
 });
 
 describe("cost", () => {
-  it("failure-free: no agreement frames at all; per checkpoint k replicas and N-1 `stored` per rank", () => {
+  it("failure-free: no agreement frames at all; per checkpoint k replicas, N-1 `stored` and N-1 `ask` or `done` per rank", () => {
     const iterations = 5;
-    const o = new RetryOneSim({ seed: 9, size: SIZE, replicas: 2, program: rabitProgram(program("local")) }).run();
-    expect(o.status).toBe("ok");
-    expect(o.frames.summary).toBe(0);
-    expect(o.frames.xfer).toBe(0);
-    expect(o.frames.replica).toBe(SIZE * 2 * iterations);
-    expect(o.frames.stored).toBe(SIZE * (SIZE - 1) * iterations);
+    for (let seed = 1; seed <= SEEDS; seed++) {
+      const o = new RetryOneSim({ seed, size: SIZE, replicas: 2, program: rabitProgram(program("local")) }).run();
+      expect(o.status).toBe("ok");
+      expect(o.frames.summary ?? 0).toBe(0);
+      expect(o.frames.xfer ?? 0).toBe(0);
+      expect(o.frames.replica).toBe(SIZE * 2 * iterations);
+      expect(o.frames.stored).toBe(SIZE * (SIZE - 1) * iterations);
+      // Every rank checkpoints at the same index: one ask or done per ordered pair (an ask also
+      // says where its sender is, so crossing asks need no done back).
+      expect((o.frames.ask ?? 0) + (o.frames.done ?? 0)).toBeLessThanOrEqual(SIZE * (SIZE - 1) * iterations);
+    }
   });
 
   it("one failure costs a few agreement rounds (all-to-all summaries), not one per replayed collective", () => {
@@ -197,11 +202,20 @@ describe("failures retry-one must survive", () => {
   });
 
   it("a replay that diverges (the restarted program calls another op at the same point) → CPR_REPLAY, never a mixed result", () => {
-    runSeeds({ program: program("model", { divergeFromAttempt: 1 }), mocks: parseMocks("1,1,2,0") }, (o) => {
+    const outs = runSeeds({ program: program("model", { divergeFromAttempt: 1 }), mocks: parseMocks("1,1,2,0") }, (o) => {
       expect(o.status).toBe("failed");
-      expect(o.failures[0]!.code).toBe("CPR_REPLAY");
-      // Version 1, seqno 1: three collectives per iteration, so collective #4.
-      expect(o.failures[0]!.message).toMatch(/replay diverged at collective #4/);
+      // Version 1, seqno 1: three collectives per iteration, so collective #4. Served from a
+      // buffer, the replay's identity check stops it; when the survivors had not finished #4
+      // yet (the rank finished it first, then died), it runs on the wire, where the frames'
+      // identity hash stops it.
+      const f = o.failures[0]!;
+      if (f.code === "CPR_REPLAY") expect(f.message).toMatch(/replay diverged at collective #4/);
+      else {
+        expect(f.code).toBe("MPI_COLLECTIVE_MISMATCH");
+        expect(f.message).toMatch(/at collective #4 allreduce:sum.*called collective #4 allreduce:max/);
+      }
     });
+    // Most schedules take the replay path.
+    expect(outs.filter((o) => o.failures[0]!.code === "CPR_REPLAY").length).toBeGreaterThan(outs.length / 2);
   });
 });

@@ -114,12 +114,15 @@ describe("simulation, mode retry-one", () => {
     // holds, so the loss is CPR_LOST and a restart from the floor, rank.ts).
     // All were found while the simulator waited 100 · 2^min(n-1, 3) ms before restart n, not
     // the launcher's jittered back-off it uses now: given those delays, they replay their runs.
+    // 2005030 no longer does: since an `ask` also tells its receiver where the asker is (no
+    // `done` back when two ranks checkpoint at the same index), its run sends fewer frames and
+    // its failures land elsewhere; it stays as a run that must end well, now without a fallback.
     const recorded = (n: number): number => 100 * 2 ** Math.min(n - 1, 3);
     for (const seed of [1197, 50608, 2005030, 793067053743]) {
       const { ref, out } = await runRetryOneSeed(seed, { p2p: true, floor: true, backoffMs: recorded });
       expect(out.status, out.report).toBe("ok");
       expect(out.results, out.report).toEqual(ref.results);
-      expect(out.fallbacks, out.report).toBeGreaterThan(0);
+      if (seed !== 2005030) expect(out.fallbacks, out.report).toBeGreaterThan(0);
     }
     // Within the replica's coverage (no fallback):
     // 8003072, 8016172: a restarted rank's checkpoint had a global that no live rank had kept

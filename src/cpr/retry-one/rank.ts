@@ -269,6 +269,12 @@ export class RetryOneRank {
   private readonly knownIndex: number[];
   /** Peers waiting to hear that this rank has done some number of collectives (see `ask`). */
   private readonly wants = new Map<number, number>();
+  /**
+   * Per rank, the most collectives this rank told that rank's current incarnation it had done.
+   * An `ask` tells it as well as a `done` (a rank asks for the index it is at), so when two
+   * ranks checkpoint at the same index their asks cross and neither sends a `done`.
+   */
+  private readonly told: number[];
   /** Ranks known to log determinants; and, once this incarnation logged one, the peers that know it. */
   private readonly logsKnown = new Set<number>();
   private logsAcked: Set<number> | null = null;
@@ -322,6 +328,7 @@ export class RetryOneRank {
     for (const s of this.succ) this.detAcked.set(s, 0);
     this.knownSafe = Array.from({ length: opts.size }, () => [0, 0] as [number, number]);
     this.knownIndex = new Array<number>(opts.size).fill(0);
+    this.told = new Array<number>(opts.size).fill(0);
     this.allRestart = opts.allRestart;
     this.restoring = opts.attempt > 0 && opts.allRestart === undefined;
     this.recovery = this.restoring;
@@ -650,8 +657,7 @@ export class RetryOneRank {
     for (const to of this.succ) this.sendReplica(to, ckpt, false);
     // It is safe only once every rank has done the collectives before it (else a result only
     // this rank holds could be lost with it): ask those not known to have.
-    for (let r = 0; r < this.size; r++)
-      if (r !== this.rank && this.knownIndex[r]! < ckpt.index) this.send(r, { t: "ask", view: this.viewNow(), index: ckpt.index });
+    for (let r = 0; r < this.size; r++) if (r !== this.rank && this.knownIndex[r]! < ckpt.index) this.ask(r, ckpt.index);
     this.checkSafe();
   }
 
@@ -669,13 +675,21 @@ export class RetryOneRank {
     });
   }
 
+  /** Asks `r` to say once it has done `index` collectives; which says that this rank has. */
+  private ask(r: number, index: number): void {
+    this.send(r, { t: "ask", view: this.viewNow(), index });
+    if (index > this.told[r]!) this.told[r] = index;
+  }
+
   /** Answers the peers waiting for this rank to have done some number of collectives. */
   private answerWants(): void {
     if (this.restoring) return;
     for (const [r, want] of this.wants) {
       if (this.index >= want) {
         this.wants.delete(r);
+        if (this.told[r]! >= want) continue; // our own ask told it
         this.send(r, { t: "done", view: this.viewNow(), index: this.index });
+        this.told[r] = this.index;
       }
     }
   }
@@ -841,7 +855,8 @@ export class RetryOneRank {
     }
     // Its previous incarnation would have told us when it had done the collectives before
     // our pending checkpoint: ask the new one.
-    if (this.pending !== null && this.knownIndex[rank]! < this.pending.index) this.send(rank, { t: "ask", view: this.viewNow(), index: this.pending.index });
+    this.told[rank] = 0; // what we told its previous incarnation
+    if (this.pending !== null && this.knownIndex[rank]! < this.pending.index) this.ask(rank, this.pending.index);
     // The data it held for us is gone; the data we held for it stays (it restores from us).
     this.enterRecovery(true);
     const held = this.heldFrames;
@@ -928,6 +943,8 @@ export class RetryOneRank {
       case "stored":
         return this.onStored(from, frame);
       case "ask":
+        // It asks for the index it is at: it has done that many.
+        this.learnIndex(from, frame.index);
         this.wants.set(from, Math.max(this.wants.get(from) ?? 0, frame.index));
         return this.answerWants();
       case "done":

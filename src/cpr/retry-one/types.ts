@@ -248,7 +248,10 @@ export type ProtoFrame =
   | { readonly t: "dets"; readonly view: readonly number[]; readonly from: number; readonly entries: readonly unknown[] }
   /** The holder keeps the sender's determinants up to ordinal upTo-1. */
   | { readonly t: "dack"; readonly view: readonly number[]; readonly upTo: number }
-  /** Tell me once you have done `index` collectives (a checkpoint at that index waits for it). */
+  /**
+   * Tell me once you have done `index` collectives (a checkpoint at that index waits for it).
+   * The sender is at that index: the ask tells the receiver so, as a `done` would.
+   */
   | { readonly t: "ask"; readonly view: readonly number[]; readonly index: number }
   /** The sender has done `index` collectives. */
   | { readonly t: "done"; readonly view: readonly number[]; readonly index: number }
