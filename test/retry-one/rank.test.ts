@@ -101,6 +101,21 @@ describe("RetryOneRank: failure-free path", () => {
     for (let r = 0; r < 3; r++) expect(seen2[r]).toContainEqual({ kind: "checkpointed", version: 1 });
   });
 
+  it("globals: every rank keeps that of each rank's safe checkpoint, however far the others got since", () => {
+    // Point-to-point only (no collectives): ranks 0 and 2 run through six checkpoints while
+    // rank 1 has made one. Rank 1 restores its checkpoint 1 if it fails now, and needs its global.
+    const ms = machines(3, 1);
+    const seen: RankEffect[][] = [[], [], []];
+    route(ms, 1, ckpt("s1", 3, "g1"), seen);
+    for (let v = 1; v <= 6; v++) for (const r of [0, 2]) route(ms, r, ckpt(`s${r}`, 3, `g${v}`), seen);
+    const recycled = (r: number): unknown[] => seen[r]!.flatMap((e) => (e.kind === "recycle" ? e.results : []));
+    for (const r of [0, 2]) {
+      expect(seen[r]).toContainEqual({ kind: "checkpointed", version: 6 });
+      expect(recycled(r)).toContain("g2"); // neither a safe checkpoint nor among the four newest
+      expect(recycled(r)).not.toContain("g1");
+    }
+  });
+
   it("results are dropped (and recycled) once every rank's safe checkpoint is past them", () => {
     const ms = machines(3, 1);
     const seen: RankEffect[][] = [[], [], []];

@@ -761,9 +761,14 @@ export class RetryOneRank {
     }
     this.recycle(this.buffer.dropBelow(minIndex));
     // Own globals: a restarted rank restores a checkpoint at least as new as its safe one, so
-    // versions below every rank's safe one are never asked for; of the rest keep the newest few.
+    // versions below every rank's safe one are never asked for. Kept: each rank's safe
+    // checkpoint as this rank knows it (the one it restores if it fails now, unless a peer knows
+    // a newer one, whose global that peer keeps), however far the others have got since — a
+    // rank that lags behind the rest by more than the few newest must still find its own —
+    // and the newest few beyond.
     const keep = [...this.ownGlobals.keys()].filter((v) => v >= minVersion).sort((a, b) => b - a);
     const kept = new Set(keep.slice(0, OWN_GLOBALS_MAX));
+    for (const [v] of this.knownSafe) kept.add(v);
     if (this.pending !== null) kept.add(this.pending.version);
     if (this.safe !== null) kept.add(this.safe.version);
     for (const [v, g] of this.ownGlobals) {

@@ -418,5 +418,8 @@ export const CACHE_ENTRIES_MAX_DEFAULT = 4096;
 export const DET_ENTRIES_MAX_DEFAULT = 1 << 20;
 export const FAILURE_TIMEOUT_MS_DEFAULT = 60_000;
 export const HELD_FRAMES_MAX_DEFAULT = 65_536;
-/** Own globals kept for restarted peers (newest first) beyond what every rank's safe checkpoint needs. */
+/**
+ * Own globals kept for restarted peers (newest first), beyond those of every rank's safe
+ * checkpoint as this rank knows it (always kept).
+ */
 export const OWN_GLOBALS_MAX = 4;
