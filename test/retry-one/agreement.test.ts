@@ -34,6 +34,7 @@ function survivor(rank: number, pos: Position, version: number, more: Partial<Su
     restoring: false,
     version,
     knownSafe: [version, version, version, version],
+    safeIndex: [index, index, index, index],
     bufFrom: index,
     bufTo,
     cacheKeys: [],

@@ -13,6 +13,7 @@ export function emptySummary(rank: number, size: number, pos: Position, more: Pa
     restoring: false,
     version: 0,
     knownSafe: new Array<number>(size).fill(0),
+    safeIndex: new Array<number>(size).fill(0),
     bufFrom: 0,
     bufTo: 0,
     cacheKeys: [],

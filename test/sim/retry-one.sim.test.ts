@@ -117,8 +117,14 @@ describe("simulation, mode retry-one", () => {
     // 2005030 no longer does: since an `ask` also tells its receiver where the asker is (no
     // `done` back when two ranks checkpoint at the same index), its run sends fewer frames and
     // its failures land elsewhere; it stays as a run that must end well, now without a fallback.
+    // 2040470: rank 2 restored from the checkpoint its restarted holder (rank 0) kept of it,
+    // whose index was past every result a survivor still kept; so it started its buffer there,
+    // but learnt nothing of why the results before were gone (rank 0's safe checkpoint, known
+    // then only to rank 1). When ranks 0 and 1 died together, the survivor restarted rank 0
+    // from the start and found the results it needed dropped: CPR_PROTOCOL instead of CPR_LOST
+    // and a restart from the floor (a restored rank now learns what the round's summaries knew).
     const recorded = (n: number): number => 100 * 2 ** Math.min(n - 1, 3);
-    for (const seed of [1197, 50608, 2005030, 793067053743]) {
+    for (const seed of [1197, 50608, 2005030, 793067053743, 2040470]) {
       const { ref, out } = await runRetryOneSeed(seed, { p2p: true, floor: true, backoffMs: recorded });
       expect(out.status, out.report).toBe("ok");
       expect(out.results, out.report).toEqual(ref.results);
@@ -129,6 +135,8 @@ describe("simulation, mode retry-one", () => {
     // yet; it waited for a survivor to reach that checkpoint before restoring, but the
     // survivors needed the messages of its sender log (resent only once it restored) to get
     // there (a hang; it now restores at once and gets the global in a later round, agreement.ts).
+    // 8016172 falls back to the floor once since restored ranks learn what a round's summaries
+    // knew (2040470 above): the newest safe checkpoint of a rank that failed later was known.
     // 2012737: p2p only, so the others ran through all five checkpoints while rank 1 waited
     // to restart; each kept only its four newest globals, dropping the one of rank 1's safe
     // checkpoint, and rank 1's restore failed with CPR_RESTORE as if the program had passed

@@ -293,8 +293,13 @@ export class RetryOneRank {
   /** The last round decided `wait`: the next begins when some rank's position changes. */
   private waiting = false;
   private readonly summaries = new Map<number, Map<number, Summary>>();
-  /** Transfers this rank waits for after a round's decision, by key (see transferKey). */
-  private awaiting: { readonly round: number; readonly expected: Set<string>; readonly parts: Map<string, TransferPart> } | null = null;
+  /**
+   * Transfers this rank waits for after a round's decision, by key (see transferKey), and what
+   * the round's summaries knew: the data a rank is given (or not given: results no survivor
+   * kept) reflects that knowledge.
+   */
+  private awaiting: { readonly round: number; readonly expected: Set<string>; readonly parts: Map<string, TransferPart>; readonly known: Knowledge } | null =
+    null;
   private readonly earlyXfers = new Map<number, Map<string, TransferPart>>();
   private heldFrames: { from: number; attempt: number; frame: ProtoFrame }[] = [];
 
@@ -1051,6 +1056,7 @@ export class RetryOneRank {
       restoring: this.restoring,
       version: this.restoring ? 0 : this.version,
       knownSafe: this.knownSafe.map(([v]) => v),
+      safeIndex: this.knownSafe.map(([, i]) => i),
       bufFrom: this.buffer.from,
       bufTo: this.buffer.to,
       cacheKeys: this.cache.keys,
@@ -1100,10 +1106,10 @@ export class RetryOneRank {
     const all = [...m.values()].sort((a, b) => a.rank - b.rank);
     this.summaries.delete(round);
     this.round++;
-    this.apply(decide(all, this.opts()), round);
+    this.apply(decide(all, this.opts()), round, roundKnowledge(all));
   }
 
-  private apply(d: Decision, round: number): void {
+  private apply(d: Decision, round: number, known: Knowledge): void {
     switch (d.kind) {
       case "fail":
         throw new ProtocolError(d.code, d.message);
@@ -1131,7 +1137,7 @@ export class RetryOneRank {
         if (expected.size > 0) {
           const early = this.earlyXfers.get(round) ?? new Map<string, TransferPart>();
           this.earlyXfers.delete(round);
-          this.awaiting = { round, expected, parts: new Map() };
+          this.awaiting = { round, expected, parts: new Map(), known };
           for (const [key, part] of early) this.acceptPart(key, part);
           return;
         }
@@ -1229,14 +1235,19 @@ export class RetryOneRank {
 
   private finishTransfers(): void {
     const parts = [...this.awaiting!.parts.values()];
+    const roundKnown = this.awaiting!.known;
     this.awaiting = null;
     // The checkpoint first: it sets where the results begin.
     const order = { restore: 0, global: 1, results: 2, cache: 3, held: 4 } as const;
     parts.sort((a, b) => order[a.kind] - order[b.kind]);
     const globals = parts.find((p) => p.kind === "global")?.globals ?? [];
     const results = parts.find((p) => p.kind === "results")?.entries ?? [];
-    // What the givers knew comes with their data (results trimmed, logs dropped on its account).
-    const known = parts.reduce<Knowledge | undefined>((k, p) => (k === undefined ? p.known : mergeKnowledge(k, p.known)), undefined);
+    // What the givers knew comes with their data (results trimmed, logs dropped on its account),
+    // and what the round's summaries knew with the data nobody gave: a restarted rank whose
+    // checkpoint is newer than the results any survivor kept starts its buffer at that
+    // checkpoint, an absence that only the survivors' knowledge justifies (they may all be gone
+    // by the next failure).
+    const known = parts.reduce((k, p) => mergeKnowledge(k, p.known), roundKnown);
     // The global this rank was restored without (an earlier round), now that a peer keeps it.
     const wait = this.globalWait;
     if (wait !== null && parts.some((p) => p.kind === "global")) {
@@ -1266,7 +1277,7 @@ export class RetryOneRank {
           break;
       }
     }
-    if (known !== undefined) this.learn(known);
+    this.learn(known);
     this.afterRound();
   }
 
@@ -1383,6 +1394,14 @@ function isProgramCall(input: RankInput): boolean {
     default:
       return false;
   }
+}
+
+/** What the summaries of a round know together (see Knowledge). */
+function roundKnowledge(all: readonly Summary[]): Knowledge {
+  return all.reduce<Knowledge>((k, s) => mergeKnowledge(k, { safe: s.knownSafe.map((v, r) => [v, s.safeIndex[r] ?? 0] as const), logs: s.logsKnown }), {
+    safe: [],
+    logs: [],
+  });
 }
 
 /** Both pieces of knowledge: per rank the newer safe checkpoint, and every rank known to have logged. */

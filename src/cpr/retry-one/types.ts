@@ -98,9 +98,11 @@ export function describePosition(p: Position): string {
  * What a rank knows of the others that its data may reflect: every rank's newest safe
  * checkpoint, `[version, collective index]` (results, logged messages and held checkpoints
  * older than it may have been dropped), and the ranks known to have logged non-deterministic
- * outcomes. It travels with every piece of data a restarted rank gets (and with each
- * checkpoint, as the owner knew it then): a rank whose memory reflects a fact must know it,
- * or a later failure could be decided on knowledge that died with the ranks that had it.
+ * outcomes. It travels with every piece of data a restarted rank gets, and with the round that
+ * planned those transfers (what its summaries knew together: the data nobody gave, results no
+ * survivor kept, reflects it too), and with each checkpoint, as the owner knew it then: a rank
+ * whose memory reflects a fact must know it, or a later failure could be decided on knowledge
+ * that died with the ranks that had it.
  */
 export interface Knowledge {
   readonly safe: readonly (readonly [number, number])[];
@@ -150,6 +152,8 @@ export interface Summary {
   readonly version: number;
   /** Per rank, the newest checkpoint version this rank knows to be safe (0: none). */
   readonly knownSafe: readonly number[];
+  /** Per rank, the collective index of that checkpoint. */
+  readonly safeIndex: readonly number[];
   /** Collective results held: indices bufFrom..bufTo-1. */
   readonly bufFrom: number;
   readonly bufTo: number;
