@@ -171,6 +171,9 @@ describe("decide", () => {
     if (d.kind !== "plan") throw new Error(d.kind);
     expect(d.transfers[0]).toEqual({ kind: "restore", from: 2, to: 1, version: 3 });
     expect(d.transfers.some((t) => t.kind === "global")).toBe(false);
+    // After the transfers, the ranks wait for positions to change (as after a `wait`): the first
+    // to reach checkpoint 3 starts a round, even where nobody calls a collective.
+    expect(d.waitAfter).toBe(true);
     // Then it runs (in restore()) awaiting the global: wait while nobody keeps it ...
     const awaiting: Summary = { ...survivor(1, run(9), 3), awaitsGlobal: { version: 3, key: "g3" } };
     expect(decide([behind(0), awaiting, behind(2), behind(3)], opts)).toEqual({ kind: "wait" });

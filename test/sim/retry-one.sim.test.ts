@@ -141,7 +141,11 @@ describe("simulation, mode retry-one", () => {
     // to restart; each kept only its four newest globals, dropping the one of rank 1's safe
     // checkpoint, and rank 1's restore failed with CPR_RESTORE as if the program had passed
     // different globals (every rank now keeps the global of each rank's safe checkpoint).
-    for (const seed of [8003072, 8016172, 2012737]) {
+    // 2040680: the same in a program of point-to-point calls only: the plan that restored the
+    // rank without its global was followed by no round, since no rank reached a sync point; the
+    // survivors reached the checkpoint and went on to wait for the restored rank's messages (a
+    // hang; after such a plan a rank whose position or version changes starts the next round).
+    for (const seed of [8003072, 8016172, 2012737, 2040680]) {
       const { ref, out } = await runRetryOneSeed(seed, { p2p: true, floor: true, backoffMs: recorded });
       expect(out.status, out.report).toBe("ok");
       expect(out.results, out.report).toEqual(ref.results);

@@ -84,8 +84,14 @@ export type Transfer =
 
 export type Decision =
   | { readonly kind: "fail"; readonly code: LifelineErrorCode; readonly message: string }
-  /** The transfers run; then every rank at a sync point agrees again. */
-  | { readonly kind: "plan"; readonly transfers: readonly Transfer[] }
+  /**
+   * The transfers run; then every rank at a sync point agrees again. `waitAfter`: a rank is
+   * (or will be, once restored) without its checkpoint's global, which no live rank keeps yet;
+   * as after a `wait`, a rank whose position or version changes starts the next round, so that
+   * the first to reach that checkpoint hands the global on even if nobody reaches a sync point
+   * (a program of point-to-point calls only).
+   */
+  | { readonly kind: "plan"; readonly transfers: readonly Transfer[]; readonly waitAfter?: true }
   /** Everyone is at `pos`: run it normally, as wire collective `wireSeq`. */
   | { readonly kind: "proceed"; readonly pos: Position; readonly wireSeq: number }
   /** Nothing to move and some rank is running: wait for a rank's position to change. */
@@ -177,7 +183,7 @@ export function decide(all: readonly Summary[], opts: DecideOptions): Decision {
   }
 
   const transfers: Transfer[] = [];
-  /** Some restored rank waits for a survivor to reach the checkpoint whose global it needs. */
+  /** Some rank restored (or restoring) without its global waits for a survivor to reach that checkpoint. */
   let waiting = false;
   /** The survivor holding the most results from `index` on (lowest rank on ties), if any holds more. */
   const resultServer = (index: number, exclude: number): number | undefined | "dropped" => {
@@ -239,6 +245,7 @@ export function decide(all: readonly Summary[], opts: DecideOptions): Decision {
     // to reach that checkpoint and keep the global.
     transfers.push({ kind: "restore", from: chosen.from, to: f.rank, version: chosen.held.version });
     if (chosen.global !== undefined) transfers.push({ kind: "global", from: chosen.global, to: f.rank, version: chosen.held.version });
+    else if (chosen.held.key !== null) waiting = true;
     // Every result a survivor keeps, not only those after f's checkpoint: f keeps them as the
     // others do, since another rank restarting from an older checkpoint may need them.
     const server = bufferServer(chosen.held.index, survivors);
@@ -274,7 +281,7 @@ export function decide(all: readonly Summary[], opts: DecideOptions): Decision {
       if (cacheHolder(s.pos.key, s.rank)) pushCache(s);
     }
   }
-  if (transfers.length > 0) return { kind: "plan", transfers };
+  if (transfers.length > 0) return waiting ? { kind: "plan", transfers, waitAfter: true } : { kind: "plan", transfers };
 
   // Nothing to move. A running rank cannot be waited for here: wait for positions to change.
   if (waiting || all.some((s) => s.pos.kind === "run")) return { kind: "wait" };

@@ -1128,7 +1128,7 @@ export class RetryOneRank {
         this.tryDecide();
         return;
       case "plan": {
-        this.waiting = false;
+        this.waiting = d.waitAfter === true;
         const expected = new Set<string>();
         for (const t of d.transfers) {
           if (t.from === this.rank) this.send(t.to, { t: "xfer", view: this.viewNow(), round, part: this.part(t) });
