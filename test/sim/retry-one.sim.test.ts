@@ -123,8 +123,15 @@ describe("simulation, mode retry-one", () => {
     // then only to rank 1). When ranks 0 and 1 died together, the survivor restarted rank 0
     // from the start and found the results it needed dropped: CPR_PROTOCOL instead of CPR_LOST
     // and a restart from the floor (a restored rank now learns what the round's summaries knew).
+    // 364374850201 (found by the fixed back-off swarm below): rank 2 restarted from its start
+    // with its predecessor incarnation's determinant, replayed it, and its barrier frames went
+    // out, but it never told its peers that it logs (only a new outcome did). When it and the
+    // holder of that determinant died, the survivors restarted it from its start anew; its
+    // wildcard receive took a message its peer had sent only after that barrier (resent from
+    // the sender log), and it waited for good (a hang; a restored rank with determinants to
+    // replay tells every peer before anything leaves it, so the loss is CPR_LOST and the floor).
     const recorded = (n: number): number => 100 * 2 ** Math.min(n - 1, 3);
-    for (const seed of [1197, 50608, 2005030, 793067053743, 2040470]) {
+    for (const seed of [1197, 50608, 2005030, 793067053743, 2040470, 364374850201]) {
       const { ref, out } = await runRetryOneSeed(seed, { p2p: true, floor: true, backoffMs: recorded });
       expect(out.status, out.report).toBe("ok");
       expect(out.results, out.report).toEqual(ref.results);

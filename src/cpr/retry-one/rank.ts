@@ -800,14 +800,20 @@ export class RetryOneRank {
       );
     }
     this.dets.push(...entries);
-    if (this.logsAcked === null && entries.length > 0) {
-      // Every peer learns that this rank's history has outcomes only its successors hold:
-      // without them it can never restart from its start.
-      this.logsAcked = new Set();
-      for (let r = 0; r < this.size; r++) if (r !== this.rank) this.send(r, { t: "logs", view: this.viewNow() });
-    }
+    if (entries.length > 0) this.announceLogs();
     for (const s of this.succ) this.send(s, { t: "dets", view: this.viewNow(), from, entries });
     this.updateGate();
+  }
+
+  /**
+   * Every peer learns (once per incarnation) that this rank's history has outcomes only its
+   * successors hold: without them it can never restart from its start. The gate stays closed
+   * until each has acknowledged (updateGate).
+   */
+  private announceLogs(): void {
+    if (this.logsAcked !== null) return;
+    this.logsAcked = new Set();
+    for (let r = 0; r < this.size; r++) if (r !== this.rank) this.send(r, { t: "logs", view: this.viewNow() });
   }
 
   private updateGate(): void {
@@ -1329,6 +1335,14 @@ export class RetryOneRank {
     // The determinants replayed after the checkpoint are this rank's log again.
     this.detBase = part.detCount;
     this.dets = [...part.dets];
+    // Only its successors hold them: as when it logs an outcome, every peer must know that this
+    // rank logs before anything that depends on them leaves it (the gate), or a failure of this
+    // rank and its holders could restart it from its start anew, with others having seen the
+    // effects of the outcomes it would replay differently.
+    if (this.dets.length > 0) {
+      this.announceLogs();
+      this.updateGate();
+    }
     if (part.version > 0) {
       this.safe = {
         version: part.version,
