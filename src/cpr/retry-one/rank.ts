@@ -290,7 +290,7 @@ export class RetryOneRank {
   private sentRound = -1;
   /** The position the summary of `sentRound` reported. */
   private sentPos = "";
-  /** The last round decided `wait`: the next begins when some rank's position changes. */
+  /** The last round decided `wait` (or a plan `waitAfter`): the next begins when some rank's position changes. */
   private waiting = false;
   private readonly summaries = new Map<number, Map<number, Summary>>();
   /**
