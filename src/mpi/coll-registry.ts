@@ -22,11 +22,12 @@
 import { LifelineError } from "../errors.ts";
 import { byteLengthOf } from "./codec.ts";
 import type { Arrival } from "./collectives.ts";
+import { StableMap } from "./stable-map.ts";
 
 /** After this long blocked in one collective, a rank asks its peers for their signatures. */
 export const QUERY_AFTER_MS = 1000;
 /** Signatures of finished collectives kept for peers' queries. */
-const HISTORY_MAX = 4096;
+export const HISTORY_MAX = 4096;
 
 export interface ActiveCollective {
   readonly seq: number;
@@ -35,19 +36,24 @@ export interface ActiveCollective {
   readonly call: string;
   readonly startedMs: number;
   nextQueryMs: number;
-  /** Fails the collective's pending receive(s). */
+  /** Fails the collective: its pending receives reject with `err`, and so do later ones. */
   fail: (err: LifelineError) => void;
-  readonly failed: Promise<never>;
+  /** Why the collective failed (the first error given to {@link fail}). */
+  error: LifelineError | undefined;
 }
 
 export class CollectiveRegistry {
   private nextSeq = 0;
-  private readonly inbox = new Map<string, Arrival>();
+  // Every collective adds and deletes entries here: StableMaps, not Maps (see stable-map.ts).
+  private readonly inbox = new StableMap<string, Arrival>();
   private inboxBytes = 0;
-  private readonly unreadBySeq = new Map<number, number>();
-  private readonly waiters = new Map<string, { resolve: (a: Arrival) => void; reject: (e: unknown) => void }>();
-  private readonly active = new Map<number, ActiveCollective>();
-  private readonly history = new Map<number, { signature: number; call: string }>();
+  private readonly unreadBySeq = new StableMap<number, number>();
+  private readonly waiters = new StableMap<string, { resolve: (a: Arrival) => void; reject: (e: unknown) => void }>();
+  private readonly active = new StableMap<number, ActiveCollective>();
+  /** The last HISTORY_MAX finished collectives, by seq % HISTORY_MAX (a ring: nothing allocated per call). */
+  private readonly historySeq = new Float64Array(HISTORY_MAX).fill(-1);
+  private readonly historySignature = new Uint32Array(HISTORY_MAX);
+  private readonly historyCall = new Array<string>(HISTORY_MAX).fill("");
 
   /**
    * retry-one: a filed message may be superseded by one with the same (sequence, source,
@@ -84,21 +90,43 @@ export class CollectiveRegistry {
 
   begin(signature: number, call: string, nowMs: number): ActiveCollective {
     const seq = this.nextSeq++;
-    let fail!: (err: LifelineError) => void;
-    const failed = new Promise<never>((_, reject) => {
-      fail = reject;
-    });
-    failed.catch(() => undefined); // observed through recv(); never an unhandled rejection
-    const c: ActiveCollective = { seq, signature, call, startedMs: nowMs, nextQueryMs: nowMs + QUERY_AFTER_MS, fail, failed };
+    // No promise per call for the failure (a race per receive cost more than the small
+    // collective's own steps): fail() rejects the waiting receives itself.
+    const c: ActiveCollective = {
+      seq,
+      signature,
+      call,
+      startedMs: nowMs,
+      nextQueryMs: nowMs + QUERY_AFTER_MS,
+      error: undefined,
+      fail: (err) => {
+        c.error ??= err;
+        this.rejectWaiters(seq, c.error);
+      },
+    };
     this.active.set(seq, c);
     return c;
+  }
+
+  /** Rejects every receive of collective `seq` waiting for a message. */
+  private rejectWaiters(seq: number, err: unknown): void {
+    if (this.waiters.size === 0) return;
+    const prefix = `${seq}.`;
+    for (const [key, w] of this.waiters) {
+      if (key.startsWith(prefix)) {
+        this.waiters.delete(key);
+        w.reject(err);
+      }
+    }
   }
 
   /** The collective finished on this rank. Throws if a peer's message for it is still unread. */
   end(c: ActiveCollective): void {
     this.active.delete(c.seq);
-    this.history.set(c.seq, { signature: c.signature, call: c.call });
-    if (this.history.size > HISTORY_MAX) this.history.delete(c.seq - HISTORY_MAX);
+    const slot = c.seq % HISTORY_MAX;
+    this.historySeq[slot] = c.seq;
+    this.historySignature[slot] = c.signature;
+    this.historyCall[slot] = c.call;
     const unread = this.unreadBySeq.get(c.seq);
     if (unread !== undefined && unread > 0) {
       const source = this.firstUnreadSource(c.seq);
@@ -125,7 +153,7 @@ export class CollectiveRegistry {
   arrive(a: Arrival, step: number): LifelineError | undefined {
     const seq = a.header.collSeq;
     if (seq < this.nextSeq && !this.active.has(seq)) {
-      return this.stray(seq, a.header.source, this.history.get(seq)?.call ?? "the collective");
+      return this.stray(seq, a.header.source, this.history(seq)?.call ?? "the collective");
     }
     const key = `${seq}.${a.header.source}.${step}`;
     const w = this.waiters.get(key);
@@ -152,6 +180,7 @@ export class CollectiveRegistry {
 
   /** The message of collective `c` from `source` at `step`, signature-checked. */
   recv(c: ActiveCollective, source: number, step: number): Promise<Arrival> {
+    if (c.error !== undefined) return Promise.reject(c.error);
     const key = `${c.seq}.${source}.${step}`;
     const check = (a: Arrival): Arrival => {
       if (a.header.signature !== c.signature) {
@@ -174,7 +203,7 @@ export class CollectiveRegistry {
         return Promise.reject(err);
       }
     }
-    const got = new Promise<Arrival>((resolve, reject) => {
+    return new Promise<Arrival>((resolve, reject) => {
       this.waiters.set(key, {
         resolve: (a) => {
           try {
@@ -186,7 +215,6 @@ export class CollectiveRegistry {
         reject,
       });
     });
-    return Promise.race([got, c.failed]);
   }
 
   /** Collectives blocked long enough to query peers about; advances their next query time. */
@@ -206,7 +234,14 @@ export class CollectiveRegistry {
   signatureOf(seq: number): { signature: number; call: string } | undefined {
     const a = this.active.get(seq);
     if (a !== undefined) return { signature: a.signature, call: a.call };
-    return this.history.get(seq);
+    return this.history(seq);
+  }
+
+  /** A finished collective's signature, if it is among the last HISTORY_MAX. */
+  private history(seq: number): { signature: number; call: string } | undefined {
+    const slot = seq % HISTORY_MAX;
+    if (seq < 0 || !Number.isInteger(seq) || this.historySeq[slot] !== seq) return undefined;
+    return { signature: this.historySignature[slot]!, call: this.historyCall[slot]! };
   }
 
   activeCollective(seq: number): ActiveCollective | undefined {
@@ -220,12 +255,7 @@ export class CollectiveRegistry {
   abandon(seq: number, err: Error): void {
     const c = this.active.get(seq);
     this.active.delete(seq);
-    for (const [key, w] of this.waiters) {
-      if (key.startsWith(`${seq}.`)) {
-        this.waiters.delete(key);
-        w.reject(err);
-      }
-    }
+    this.rejectWaiters(seq, err);
     c?.fail(err as LifelineError);
     this.purge((a) => a.header.collSeq !== seq);
   }
@@ -252,7 +282,7 @@ export class CollectiveRegistry {
     this.active.clear();
     this.inbox.clear();
     this.unreadBySeq.clear();
-    this.history.clear();
+    this.historySeq.fill(-1);
     this.nextSeq = 0;
   }
 

@@ -30,12 +30,13 @@ const STEP_MASK = (1 << STEP_BITS) - 1;
 /** Protocol-frame tags of the layer's own collective-signature query. */
 export const PROTO_COLL_QUERY = 0x100;
 export const PROTO_COLL_ANSWER = 0x101;
+/** Distinct calls whose signature is kept (beyond it the cache starts afresh). */
+const SIGNATURES_MAX = 1024;
 /** How often blocked collectives are looked at (see coll-registry.ts). */
 const QUERY_TICK_MS = 250;
 
-function fnv1a(parts: readonly (string | number)[]): number {
+function fnv1a(s: string): number {
   let h = 0x811c9dc5;
-  const s = parts.join("\u0001");
   for (let i = 0; i < s.length; i++) {
     h ^= s.charCodeAt(i);
     h = Math.imul(h, 0x01000193);
@@ -73,6 +74,7 @@ export class CollectiveRunner {
   private readonly failure: () => LifelineError | undefined;
   private readonly fatal: RunnerOptions["fatal"];
   private readonly scope: QueryScope;
+  private readonly signatures = new Map<string, { readonly signature: number; readonly call: string }>();
 
   constructor(opts: RunnerOptions) {
     this.rank = opts.rank;
@@ -108,7 +110,8 @@ export class CollectiveRunner {
     retainResult?: (arrayType: number, parts: readonly Buffer[]) => void,
   ): Promise<R> {
     const kindIndex = COLL_KINDS.indexOf(kind);
-    const c = this.colls.begin(fnv1a([kind, ...identity]), `${kind}(${identity.join(", ")})`, this.host.now());
+    const { signature, call } = this.signatureOf(kind, identity);
+    const c = this.colls.begin(signature, call, this.host.now());
     const channel = this.channel;
     const io: coll.CollectiveIo = {
       rank: this.rank,
@@ -144,6 +147,21 @@ export class CollectiveRunner {
         throw err;
       },
     );
+  }
+
+  /**
+   * A call's signature and description, computed once per distinct call: a program makes
+   * the same few calls over and over.
+   */
+  private signatureOf(kind: CollKind, identity: readonly (string | number)[]): { signature: number; call: string } {
+    const key = identity.length === 0 ? kind : `${kind}\u0001${identity.join("\u0001")}`;
+    let sig = this.signatures.get(key);
+    if (sig === undefined) {
+      if (this.signatures.size >= SIGNATURES_MAX) this.signatures.clear();
+      sig = { signature: fnv1a(key), call: `${kind}(${identity.join(", ")})` };
+      this.signatures.set(key, sig);
+    }
+    return sig;
   }
 
   /** A collective frame from a peer (or re-injected). */

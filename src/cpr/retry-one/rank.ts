@@ -66,6 +66,7 @@
  * m.step({ kind: "collective", ident });           // → [{ kind: "execute", wireSeq: 0, ... }]
  * m.step({ kind: "executed", result: 42 });        // → [{ kind: "complete", result: 42, ... }]
  */
+import { StableMap } from "../../mpi/stable-map.ts";
 import { decide, type Decision, type DecideOptions, predecessors, successors, type Transfer } from "./agreement.ts";
 import { BootstrapCache, ProtocolError, ResultBuffer } from "./result-buffer.ts";
 import {
@@ -155,7 +156,7 @@ interface OwnCheckpoint {
 /** What this rank holds for one predecessor. */
 interface HeldData {
   /** Checkpoints by version: the newest safe one and newer ones. */
-  readonly versions: Map<number, HeldVersion & { readonly state: unknown; readonly known: Knowledge }>;
+  readonly versions: StableMap<number, HeldVersion & { readonly state: unknown; readonly known: Knowledge }>;
   /** Determinants, ordinals detFrom..detFrom+dets.length-1. */
   detFrom: number;
   dets: unknown[];
@@ -267,8 +268,11 @@ export class RetryOneRank {
   private readonly knownSafe: [number, number][];
   /** Per rank, collectives it is known to have done (a lower bound). */
   private readonly knownIndex: number[];
-  /** Peers waiting to hear that this rank has done some number of collectives (see `ask`). */
-  private readonly wants = new Map<number, number>();
+  /**
+   * Peers waiting to hear that this rank has done some number of collectives (see `ask`).
+   * Entries come and go at every checkpoint: a StableMap (see stable-map.ts), as `versions`.
+   */
+  private readonly wants = new StableMap<number, number>();
   /**
    * Per rank, the most collectives this rank told that rank's current incarnation it had done.
    * An `ask` tells it as well as a `done` (a rank asks for the index it is at), so when two
@@ -340,7 +344,8 @@ export class RetryOneRank {
     // A first incarnation holds (empty) records for its predecessors from the start: a
     // predecessor that dies before its first checkpoint restarts from the program's start,
     // with the determinants these records collect. A restarted holder gets them pushed.
-    if (!this.restoring) for (const p of predecessors(this.rank, this.opts())) this.held.set(p, { versions: new Map(), detFrom: 0, dets: [], complete: true });
+    if (!this.restoring)
+      for (const p of predecessors(this.rank, this.opts())) this.held.set(p, { versions: new StableMap(), detFrom: 0, dets: [], complete: true });
     if (opts.allRestart !== undefined) this.startFrom(opts.allRestart);
   }
 
@@ -982,7 +987,7 @@ export class RetryOneRank {
     let h = this.held.get(owner);
     if (h === undefined) {
       // Created by a pushed checkpoint: complete once the push's determinants arrive.
-      h = { versions: new Map(), detFrom: 0, dets: [], complete: false };
+      h = { versions: new StableMap(), detFrom: 0, dets: [], complete: false };
       this.held.set(owner, h);
     }
     return h;
@@ -1177,7 +1182,7 @@ export class RetryOneRank {
       case "cache":
         return { kind: "cache", entries: this.cache.pick(t.keys), known: this.knowledge() };
       case "restore": {
-        const h = this.held.get(t.to) ?? (t.version === 0 ? { versions: new Map(), detFrom: 0, dets: [], complete: true } : undefined);
+        const h = this.held.get(t.to) ?? (t.version === 0 ? { versions: new StableMap(), detFrom: 0, dets: [], complete: true } : undefined);
         if (h === undefined) throw new ProtocolError("CPR_PROTOCOL", `rank ${this.rank} was asked to restore rank ${t.to}, whose data it does not hold`);
         if (t.version === 0) {
           if (h.detFrom !== 0)
@@ -1308,7 +1313,7 @@ export class RetryOneRank {
       }
       if (a > b) return;
     }
-    const versions = new Map<number, HeldVersion & { readonly state: unknown; readonly known: Knowledge }>();
+    const versions = new StableMap<number, HeldVersion & { readonly state: unknown; readonly known: Knowledge }>();
     for (const v of part.versions) versions.set(v.version, v);
     // Its giver reported it in a summary, which only names complete records.
     this.held.set(part.owner, { versions, detFrom: part.detFrom, dets: [...part.dets], complete: true });
