@@ -262,6 +262,7 @@ export class CollectiveRegistry {
 
   /** retry-one: drops every filed message that `keep` rejects (frames of abandoned executions). */
   purge(keep: (a: Arrival) => boolean): void {
+    if (this.inbox.size === 0) return; // the common case: retry-one purges before every collective
     for (const [key, a] of this.inbox) {
       if (keep(a)) continue;
       this.inbox.delete(key);

@@ -10,9 +10,10 @@
  * limit, against which V8 also counts the external memory allocated since the last
  * mark-compact (received messages, result arrays). At 1 MiB per collective those checks
  * started mark-compact after mark-compact in retry-one's ranks (about 50 in 300 iterations of
- * bench/programs/allreduce-loop.ts, against 1 in mode none). With tombstones a Map gets a new
- * table once per hundreds of operations, and a new Map object, allocated young, when it
- * compacts.
+ * bench/programs/allreduce-loop.ts, against 1 in mode none). With tombstones, a StableMap
+ * replaces its Map by a new one, allocated young with young tables, once the tombstones make
+ * up half of at least {@link STABLE_MAP_COMPACT_MIN} keys: few enough that iterating over them
+ * stays cheap.
  *
  * Iterating skips tombstones; entries deleted during an iteration are not visited again.
  *
@@ -22,7 +23,7 @@
  */
 
 /** Keys at which tombstones may be dropped (when they are at least half of them). */
-export const STABLE_MAP_COMPACT_MIN = 512;
+export const STABLE_MAP_COMPACT_MIN = 64;
 
 export class StableMap<K, V> {
   /** Live entries and tombstones (undefined). */
