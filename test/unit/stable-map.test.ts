@@ -2,26 +2,15 @@
 // size, iteration), keeps its tombstones bounded, and visits keys never deleted in insertion
 // order. Method: random operation sequences from a seeded PRNG against a real Map as the model.
 import { describe, expect, it } from "vitest";
+import { seededRandom } from "../../src/launch/backoff.ts";
 import { STABLE_MAP_COMPACT_MIN, StableMap } from "../../src/mpi/stable-map.ts";
-
-/** mulberry32: a small seeded PRNG. */
-function prng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 const sorted = (entries: Iterable<[number, string]>): [number, string][] => [...entries].sort((a, b) => a[0] - b[0]);
 
 describe("StableMap", () => {
   it("agrees with a Map over random operations, 200 seeds", () => {
     for (let seed = 1; seed <= 200; seed++) {
-      const rnd = prng(seed);
+      const rnd = seededRandom(seed);
       const model = new Map<number, string>();
       const m = new StableMap<number, string>();
       // Small key ranges make keys come back after a delete; large ones make many tombstones.
