@@ -9,10 +9,13 @@
  * (summarize with bench/tools/cpuprofile-top.ts). `--settle-ms` (default 1500): the ranks wait
  * this long after joining before they start, so that what starts with the job (cpr's and
  * retry-one's warm spare processes booting, the launcher's own start-up) is done and does not
- * take the cores from the first iterations of one mode but not another.
+ * take the cores from the first iterations of one mode but not another. `--v8-flags <flags>`:
+ * V8 flags set in each rank before it joins (diagnostics, e.g. `--v8-flags=--trace-gc`: each
+ * garbage collection on the rank's output; Node refuses most such flags in NODE_OPTIONS).
  */
 import path from "node:path";
 import { parseArgs } from "node:util";
+import v8 from "node:v8";
 import { init } from "lifeline";
 import { startProfile } from "../lib/profile.ts";
 
@@ -25,8 +28,10 @@ const { values } = parseArgs({
     "checkpoint-every": { type: "string", default: "1" },
     "settle-ms": { type: "string", default: "1500" },
     "cpu-prof": { type: "string" },
+    "v8-flags": { type: "string" },
   },
 });
+if (values["v8-flags"] !== undefined) v8.setFlagsFromString(values["v8-flags"]);
 const n = Math.max(1, Math.floor(Number(values.bytes) / 8));
 const iters = Number(values.iters);
 const warmup = Number(values.warmup);

@@ -3,10 +3,15 @@
  * (a Float64Array, each `send` awaited) to rank 1, which receives them and answers with a
  * 1-value ack; `--blocks` such blocks after ~`--warmup-ms` (default 1500) of warm-up blocks. Finalizes, per block, the
  * bandwidth (MB/s, rank 0's time including the ack) and this rank's CPU per message (us,
- * every thread).
+ * every thread). `--cpu-prof <dir>`: a V8 CPU profile per rank of its timed blocks (summarize
+ * with bench/tools/cpuprofile-top.ts); `--v8-flags <flags>`: V8 flags set before the rank joins
+ * (diagnostics, e.g. `--v8-flags=--trace-gc`).
  */
+import path from "node:path";
 import { parseArgs } from "node:util";
+import v8 from "node:v8";
 import { init } from "lifeline";
+import { startProfile } from "../lib/profile.ts";
 
 const { values } = parseArgs({
   options: {
@@ -14,8 +19,11 @@ const { values } = parseArgs({
     iters: { type: "string", default: "400" },
     blocks: { type: "string", default: "3" },
     "warmup-ms": { type: "string", default: "1500" },
+    "cpu-prof": { type: "string" },
+    "v8-flags": { type: "string" },
   },
 });
+if (values["v8-flags"] !== undefined) v8.setFlagsFromString(values["v8-flags"]);
 const bytes = Number(values.bytes);
 const iters = Number(values.iters);
 const world = await init();
@@ -40,6 +48,7 @@ do await block(Math.max(10, iters >> 3));
 while ((await world.bcast(performance.now() - w0 < Number(values["warmup-ms"]), 0)) === true);
 const mbps: number[] = [];
 const cpuUs: number[] = [];
+const stopProfile = values["cpu-prof"] === undefined ? undefined : await startProfile();
 for (let b = 0; b < Number(values.blocks); b++) {
   await world.barrier();
   const r0 = process.resourceUsage();
@@ -50,4 +59,5 @@ for (let b = 0; b < Number(values.blocks); b++) {
   mbps.push((bytes * iters) / ms / 1000);
   cpuUs.push((r1.userCPUTime + r1.systemCPUTime - r0.userCPUTime - r0.systemCPUTime) / iters);
 }
+await stopProfile?.(path.join(values["cpu-prof"]!, `stream-${world.rank}.cpuprofile`));
 await world.finalize({ mbps, cpuUs });
