@@ -90,8 +90,8 @@ export class CollectiveRegistry {
 
   begin(signature: number, call: string, nowMs: number): ActiveCollective {
     const seq = this.nextSeq++;
-    // No promise per call for the failure (a race per receive cost more than the small
-    // collective's own steps): fail() rejects the waiting receives itself.
+    // No promise per call for the failure and no race per receive: fail() rejects the
+    // waiting receives itself, and later ones see `error`.
     const c: ActiveCollective = {
       seq,
       signature,

@@ -50,6 +50,7 @@ export class StableMap<K, V> {
 
   /** `value` must not be undefined (undefined marks a deleted entry). */
   set(key: K, value: V): this {
+    if (value === undefined) throw new TypeError("StableMap.set: undefined marks a deleted entry and cannot be a value");
     const map = this.map;
     const before = map.get(key);
     if (before === undefined) {

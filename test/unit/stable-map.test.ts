@@ -92,5 +92,7 @@ describe("StableMap", () => {
     m.set("a", 3);
     expect(m.size).toBe(1);
     expect(m.get("a")).toBe(3);
+    expect(() => m.set("b", undefined as unknown as number)).toThrow(TypeError);
+    expect(m.size).toBe(1);
   });
 });
