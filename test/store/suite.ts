@@ -84,8 +84,11 @@ export function recoveryStoreSuite(name: string, factory: StoreFactory): void {
       faults = fx.faults;
     });
     afterEach(async () => {
+      // This test's fixture, taken now: if closing hangs past the hook's timeout, the next
+      // test's beforeEach replaces `fx`, and a late cleanup must not remove the next store.
+      const mine = fx;
       await Promise.all(open.splice(0).map((h) => h.close()));
-      await fx.cleanup();
+      await mine.cleanup();
     });
 
     async function rank(r: number): Promise<RankPartStore> {
