@@ -13,6 +13,9 @@ import { swarmSeeds } from "../../src/testing/prng.ts";
 import { SimCluster } from "../../src/testing/sim-cluster.ts";
 import { runRetryOneSeed } from "../../src/testing/swarm.ts";
 
+/** The fixed back-off the regression seeds were recorded under: restart n after 100 · 2^min(n-1, 3) ms. */
+const recorded = (n: number): number => 100 * 2 ** Math.min(n - 1, 3);
+
 describe("simulation, mode retry-one", () => {
   // At least 2,000 seeded schedules in every CI run.
   const seeds = swarmSeeds(2000);
@@ -130,7 +133,6 @@ describe("simulation, mode retry-one", () => {
     // wildcard receive took a message its peer had sent only after that barrier (resent from
     // the sender log), and it waited for good (a hang; a restored rank with determinants to
     // replay tells every peer before anything leaves it, so the loss is CPR_LOST and the floor).
-    const recorded = (n: number): number => 100 * 2 ** Math.min(n - 1, 3);
     for (const seed of [1197, 50608, 2005030, 793067053743, 2040470, 364374850201]) {
       const { ref, out } = await runRetryOneSeed(seed, { p2p: true, floor: true, backoffMs: recorded });
       expect(out.status, out.report).toBe("ok");
@@ -257,7 +259,6 @@ describe("simulation, mode retry-one", () => {
   it("the durable floor under a fixed back-off (restart n after 100 · 2^min(n-1, 3) ms, the regression seeds' delays): failure-free results (1000 seeds)", async () => {
     // Long, regular delays before restarts let the survivors run far ahead of a dead rank, and
     // lag behind one another: the schedules that found the regression seeds above.
-    const recorded = (n: number): number => 100 * 2 ** Math.min(n - 1, 3);
     for (const seed of swarmSeeds(1000)) {
       const { spec, ref, out } = await runRetryOneSeed(seed, { p2p: true, floor: true, backoffMs: recorded });
       const where = `program: ${describeProgram(spec)}\nreproduce with SEED=${seed} (p2p, floor, fixed back-off)\n${out.report}`;
