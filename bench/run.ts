@@ -45,6 +45,7 @@ import {
   peerPerOpSeconds,
   perOpSeconds,
   ratioOf,
+  STREAM_WINDOW,
   targetFor,
   unitOf,
   type Benchmark,
@@ -99,6 +100,8 @@ const HELP = `Usage: npm run bench -- [options]
   --only <names>        comma list of: ${[...BENCHMARKS, ...JOB_BENCHMARKS].join(", ")}
                         (default: all but partner; with --hosts: all but heat-recovery,
                         durable, elastic and startup)
+                        stream-isend: streaming with the sender's isends in windows of
+                        ${STREAM_WINDOW}, each window waited for (MPI's way), vs raw's stream;
                         retry-one: allreduce under --mode retry-one vs --mode none, np 4;
                         retry-one-pingpong, retry-one-stream: ping-pong (8 B, 64 KiB, 1 MiB)
                         and streaming (1 MiB, 16 MiB) on 2 ranks, --mode retry-one vs --mode
@@ -797,7 +800,7 @@ async function main(): Promise<void> {
         "each case compares a subject job with a baseline job (results[].kinds; each figure names its job and kind): " +
         (opts.curve
           ? `every benchmark but the retry-one family: lifeline --mode ${opts.mode} over tcp with CURVE (the default) vs the same job with --insecure; `
-          : `pingpong, stream, allreduce: lifeline --mode ${opts.mode} vs the raw zeromq.js program; barrier: lifeline --mode ${opts.mode} vs the raw ring's 8 B allreduce; bcast: lifeline --mode ${opts.mode} alone; `) +
+          : `pingpong, stream, stream-isend, allreduce: lifeline --mode ${opts.mode} vs the raw zeromq.js program (stream-isend: the sender's isends in windows of ${STREAM_WINDOW}, each window waited for, against raw's stream); barrier: lifeline --mode ${opts.mode} vs the raw ring's 8 B allreduce; bcast: lifeline --mode ${opts.mode} alone; `) +
         "retry-one, retry-one-pingpong, retry-one-stream: allreduce, pingpong, stream blocks in lifeline --mode retry-one --durable-every 0 (checkpoint(null), untimed, after each block) vs lifeline --mode none",
       timing: `calibrated to ~${opts.targetMs} ms per timed block, untimed warm-up blocks for ~${opts.warmupMs} ms (at least 1), ${opts.reps} timed blocks per variant, subject and baseline alternating (S B, B S, ...), barrier before each block`,
       figure: "median over the timed blocks of seconds per operation",

@@ -2,7 +2,7 @@
  * Result records and the tables printed at the end of a run (Markdown, so they can be pasted
  * into an issue as they are).
  */
-import { BENCHMARKS, describeKind, insecureKind, isRetryOne, type BenchName, type Benchmark, type JobKind, type Unit } from "./plan.ts";
+import { BENCHMARKS, describeKind, STREAM_WINDOW, insecureKind, isRetryOne, type BenchName, type Benchmark, type JobKind, type Unit } from "./plan.ts";
 import { fmt, fmtRatio } from "./stats.ts";
 
 export interface VariantResult {
@@ -94,6 +94,7 @@ export function columnsOf(bench: Benchmark, baseline?: JobKind | null): Columns 
 const TITLES: Record<Benchmark, string> = {
   pingpong: "Ping-pong latency, one way = round trip / 2, 2 processes (us)",
   stream: "Unidirectional streaming bandwidth, 2 processes (MB/s, 1 MB = 1e6 B)",
+  "stream-isend": `Unidirectional streaming bandwidth, 2 processes, Lifeline in windows of ${STREAM_WINDOW} isends then waitAll (MB/s, 1 MB = 1e6 B); raw as in stream`,
   allreduce: "Allreduce, Float64Array sum, per op, slowest rank (us); raw = hand-written ring",
   bcast: "Bcast from rank 0, per op, slowest rank (us); no raw baseline",
   barrier: "Barrier, per op, slowest rank (us); raw = the hand-written ring's allreduce of 8 B",

@@ -18,7 +18,7 @@
 import path from "node:path";
 import { init } from "lifeline";
 import { CtrlClient, exitWithHarness, programArgs } from "../lib/ctrl.ts";
-import { BENCH_NAMES, FULL_SIZES, perOpSeconds, display, sizeLabel, unitOf, type BenchName, type Case } from "../lib/plan.ts";
+import { BENCH_NAMES, FULL_SIZES, STREAM_WINDOW, perOpSeconds, display, sizeLabel, unitOf, type BenchName, type Case } from "../lib/plan.ts";
 import { makePayload, startClock, type BlockTime, type PayloadKind } from "../lib/raw-proc.ts";
 import { startProfile } from "../lib/profile.ts";
 import { calibrate, median, spread } from "../lib/stats.ts";
@@ -77,9 +77,18 @@ async function runBlock(bench: BenchName, bytes: number, iters: number): Promise
       }
       break;
     }
-    case "stream": {
+    case "stream":
+    case "stream-isend": {
       if (rank === 0) {
-        for (let i = 0; i < iters; i++) await world.send(buf, 1, TAG_DATA);
+        if (bench === "stream") {
+          for (let i = 0; i < iters; i++) await world.send(buf, 1, TAG_DATA);
+        } else {
+          for (let i = 0; i < iters; i += STREAM_WINDOW) {
+            const window = [];
+            for (let j = i; j < Math.min(iters, i + STREAM_WINDOW); j++) window.push(world.isend(buf, 1, TAG_DATA));
+            await world.waitAll(window);
+          }
+        }
         await world.recv(1, TAG_ACK);
       } else if (rank === 1) {
         let received = 0;
@@ -176,8 +185,8 @@ async function sweep(): Promise<void> {
   const targetS = Number(args.get("target-ms") ?? 50) / 1000;
   const rows: Row[] = [];
   for (const bench of benches) {
-    if ((bench === "pingpong" || bench === "stream") && size < 2) continue;
-    const sizes = bench === "barrier" ? [0] : (sizesArg ?? (bench === "bcast" ? FULL_SIZES.bcast : FULL_SIZES[bench]));
+    if ((bench === "pingpong" || bench === "stream" || bench === "stream-isend") && size < 2) continue;
+    const sizes = bench === "barrier" ? [0] : (sizesArg ?? (bench === "bcast" ? FULL_SIZES.bcast : FULL_SIZES[bench === "stream-isend" ? "stream" : bench]));
     for (const bytes of sizes) {
       const c: Case = { bench, np: size, bytes, label: sizeLabel(bytes) };
       // Every rank takes every decision from the same allgathered times, so they agree.

@@ -86,7 +86,9 @@ async function runBlock(bench: BenchName, bytes: number, iters: number): Promise
   await sync();
   const stop = startClock();
   switch (bench) {
-    case "stream": {
+    case "stream":
+    case "stream-isend": {
+      // The raw side of both: a zeromq.js send hands the buffer to the socket as it is.
       if (p !== 2) throw new Error("stream runs with exactly 2 ranks");
       if (r === 0) {
         for (let i = 0; i < iters; i++) await push.send(buf);

@@ -5,7 +5,9 @@
  * bandwidth (MB/s, rank 0's time including the ack) and this rank's CPU per message (us,
  * every thread). `--cpu-prof <dir>`: a V8 CPU profile per rank of its timed blocks (summarize
  * with bench/tools/cpuprofile-top.ts); `--v8-flags <flags>`: V8 flags set before the rank joins
- * (diagnostics, e.g. `--v8-flags=--trace-gc`).
+ * (diagnostics, e.g. `--v8-flags=--trace-gc`); `--window <n>`: rank 0 `isend`s in windows of n
+ * and `waitAll`s each window instead of awaiting each `send` (MPI's way to stream: an isend's
+ * payload goes without a copy).
  */
 import path from "node:path";
 import { parseArgs } from "node:util";
@@ -21,6 +23,7 @@ const { values } = parseArgs({
     "warmup-ms": { type: "string", default: "1500" },
     "cpu-prof": { type: "string" },
     "v8-flags": { type: "string" },
+    window: { type: "string", default: "0" },
   },
 });
 if (values["v8-flags"] !== undefined) v8.setFlagsFromString(values["v8-flags"]);
@@ -29,10 +32,19 @@ const iters = Number(values.iters);
 const world = await init();
 await world.restore();
 const buf = new Float64Array(Math.max(1, bytes / 8)).fill(1);
+const window = Number(values.window);
 
 async function block(n: number): Promise<void> {
   if (world.rank === 0) {
-    for (let i = 0; i < n; i++) await world.send(buf, 1, 7);
+    if (window > 0) {
+      for (let i = 0; i < n; i += window) {
+        const reqs = [];
+        for (let j = i; j < Math.min(n, i + window); j++) reqs.push(world.isend(buf, 1, 7));
+        await world.waitAll(reqs);
+      }
+    } else {
+      for (let i = 0; i < n; i++) await world.send(buf, 1, 7);
+    }
     await world.recv(1, 8);
   } else if (world.rank === 1) {
     for (let i = 0; i < n; i++) await world.recv(0, 7);

@@ -7,7 +7,9 @@
  * each and their ratio, and each side's CPU per message (sender / receiver, every thread).
  * Each side warms up for 1.5 s before it is timed (V8 compiles the message path meanwhile).
  *
- *   npm run build && node --import tsx bench/tools/stream-ab.ts [--sizes 65536,1048576] [--iters 400] [--rounds 3]
+ * `--window <n>`: the Lifeline sender isends in windows of n, each waited for (stream-loop.ts).
+ *
+ *   npm run build && node --import tsx bench/tools/stream-ab.ts [--sizes 65536,1048576] [--iters 400] [--rounds 3] [--window 64]
  */
 import { execFileSync, fork } from "node:child_process";
 import { mkdtempSync, readFileSync, rmSync } from "node:fs";
@@ -28,6 +30,7 @@ const { values } = parseArgs({
     role: { type: "string" },
     dir: { type: "string" },
     bytes: { type: "string" },
+    window: { type: "string", default: "0" },
   },
 });
 const iters = Number(values.iters);
@@ -127,6 +130,8 @@ function runLifeline(bytes: number, dir: string): Side[] {
       String(bytes),
       "--iters",
       String(iters),
+      "--window",
+      values.window,
     ],
     { cwd: ROOT, stdio: ["ignore", "ignore", "inherit"], timeout: 600_000 },
   );

@@ -29,6 +29,8 @@ import { decodeHeader, Encoding, encodeHeader, encodeHeaderInto, Flag, type Head
 
 /** Protocol-frame tag of a receipt for messages sent from bounce buffers (see sendApp). */
 export const PROTO_RECEIPT = 0x102;
+/** Protocol-frame tag of a sender's request for its receipt now: its program waits (see urgeReceipt). */
+export const PROTO_RECEIPT_WANTED = 0x103;
 /**
  * Application payloads with at least this many bytes of typed arrays are copied into pooled
  * bounce buffers (see bounce-pool.ts) that come back when the receiver sends a receipt.
@@ -178,6 +180,7 @@ export class Channel {
     this.lentBytes = new Float64Array(opts.size);
     this.creditWaits = Array.from({ length: opts.size }, () => []);
     this.heardFrom = new Uint8Array(opts.size);
+    this.urged = new Uint8Array(opts.size);
     this.receiptDue = new Float64Array(opts.size).fill(-1);
     this.receiptBytes = new Float64Array(opts.size);
   }
@@ -349,8 +352,16 @@ export class Channel {
    * receipt says every byte arrived. So is a large reply — a message to a rank that sent us
    * one since our last to it, with nothing of ours still unacknowledged there (ping-pong,
    * request and answer): that rank waits for it, and its receipt rides on what it sends next.
+   *
+   * `nonBlocking` (an `isend`): the program promised not to change its arrays until the send
+   * resolves, as with MPI_Isend, so a large payload is never copied: it goes from the
+   * program's memory and the send resolves on the receipt. The receiver acknowledges such
+   * messages as it does copies (per receipt window, or when the traffic pauses), and at once
+   * when the sender asks because its program waits for one ({@link urgeReceipt}). A program
+   * that keeps many such sends in flight (a window of isends, then waitAll) streams without a
+   * copy, with one receipt per window instead of one per message or a round trip each.
    */
-  sendApp(data: unknown, dest: number, tag: number): Promise<void> {
+  sendApp(data: unknown, dest: number, tag: number, nonBlocking = false): Promise<void> {
     if (this.appLog !== undefined) return this.sendLogged(data, dest, tag, this.appLog);
     const reply = this.heardFrom[dest] === 1;
     this.heardFrom[dest] = 0;
@@ -373,8 +384,9 @@ export class Channel {
     }
     // A reply (the destination sent us an application message since our last one to it) to a
     // quiet channel goes from the program's memory too: the destination is waiting for it,
-    // its receipt rides on what the destination sends next, and the copy is saved.
-    const rendezvous = userBytes >= RENDEZVOUS_BYTES_MIN || (reply && this.lent[dest]!.size === 0);
+    // its receipt rides on what the destination sends next, and the copy is saved. So does an
+    // isend's (see above).
+    const rendezvous = nonBlocking || userBytes >= RENDEZVOUS_BYTES_MIN || (reply && this.lent[dest]!.size === 0);
     const bufs: Buffer[] = [];
     if (!rendezvous) {
       for (let i = first; i < frames.length; i++) {
@@ -386,7 +398,8 @@ export class Channel {
       }
     }
     const header = this.header(Kind.app, dest, tag, body);
-    header.flags |= rendezvous ? Flag.receipt | Flag.rendezvous : Flag.receipt;
+    // An isend's receipt is not urgent until its program waits for it (urgeReceipt).
+    header.flags |= rendezvous && !nonBlocking ? Flag.receipt | Flag.rendezvous : Flag.receipt;
     const seq = header.channelSeq;
     const byDest = this.lent[dest]!;
     const entry: Lent = { bufs, bytes: rendezvous ? 0 : userBytes };
@@ -453,6 +466,17 @@ export class Channel {
     entry.done?.();
   }
 
+  /**
+   * The program waits for a send to `dest` that resolves on its receipt (an isend's): unless
+   * it asked already and no receipt came since, ask `dest` for its receipt now. Nothing when
+   * nothing is lent to `dest` (the send waits for the transport only).
+   */
+  urgeReceipt(dest: number): void {
+    if (dest === this.rank || this.urged[dest] === 1 || this.lent[dest]!.size === 0) return;
+    this.urged[dest] = 1;
+    this.sendProtocol(dest, PROTO_RECEIPT_WANTED, null);
+  }
+
   /** Sends waiting for credit to `dest` go on once its lent bytes are under the window again. */
   private credit(dest: number): void {
     const waits = this.creditWaits[dest]!;
@@ -468,6 +492,7 @@ export class Channel {
   private onReceipt(source: number, seq: number): void {
     const byDest = this.lent[source];
     if (byDest === undefined) return;
+    this.urged[source] = 0;
     // Insertion order is channel order.
     for (const [s, entry] of byDest) {
       if (s > seq) break;
@@ -529,6 +554,15 @@ export class Channel {
       this.receiptFrame(header, body);
       return;
     }
+    if (header.kind === Kind.protocol && header.tag === PROTO_RECEIPT_WANTED) {
+      // Every message of the source's before this request has arrived (its channel is FIFO):
+      // acknowledge them at the end of this turn.
+      if (this.receiptDue[header.source]! >= 0 && !this.receiptsScheduled) {
+        this.receiptsScheduled = true;
+        this.host.defer(this.sendReceipts);
+      }
+      return;
+    }
     if (header.kind === Kind.app) {
       this.heardFrom[header.source] = 1;
       if ((header.flags & Flag.ack) !== 0) this.onReceipt(header.source, header.signature);
@@ -558,6 +592,8 @@ export class Channel {
 
   /** Per peer, 1 when an application message from it arrived since our last one to it (see sendApp). */
   private readonly heardFrom: Uint8Array;
+  /** Per destination, 1 when this rank asked it for a receipt and none came since (see urgeReceipt). */
+  private readonly urged: Uint8Array;
   /** Per source, the channel sequence of the newest message still to acknowledge (-1: none). */
   private readonly receiptDue: Float64Array;
   /** Per source, the body bytes of the messages owed a receipt. */

@@ -24,8 +24,15 @@ export class RequestImpl<T> implements Request<T> {
   private error: unknown;
   private waiters: { resolve: (v: T) => void; reject: (e: unknown) => void }[] = [];
 
-  /** `poller`: set by World in mode cpr for the requests it creates (see {@link Poller}). */
-  constructor(private readonly poller?: Poller<T>) {}
+  /**
+   * `poller`: set by World in mode cpr for the requests it creates (see {@link Poller}).
+   * `urge`: called when the program waits for or polls the request while it is pending (an
+   * isend asks its destination for the receipt it completes on).
+   */
+  constructor(
+    private readonly poller?: Poller<T>,
+    private readonly urge?: () => void,
+  ) {}
 
   /** Called once by the layer when the operation completes. */
   complete(value: T): void {
@@ -47,6 +54,7 @@ export class RequestImpl<T> implements Request<T> {
 
   /** The program's view (logged/replayed in mode cpr); the layer itself uses {@link settled}. */
   get done(): boolean {
+    if (this.state === "pending") this.urge?.();
     const polled = this.poll();
     return polled === undefined ? this.state !== "pending" : polled.done;
   }
@@ -75,10 +83,12 @@ export class RequestImpl<T> implements Request<T> {
   wait(): Promise<T> {
     if (this.state === "done") return Promise.resolve(this.value as T);
     if (this.state === "failed") return Promise.reject(this.error);
+    this.urge?.();
     return new Promise<T>((resolve, reject) => this.waiters.push({ resolve, reject }));
   }
 
   test(): T | undefined {
+    if (this.state === "pending") this.urge?.();
     const polled = this.poll();
     if (polled !== undefined) return polled.done ? polled.value : undefined;
     return this.peek();
@@ -86,8 +96,9 @@ export class RequestImpl<T> implements Request<T> {
 
   /** Registers a completion callback without creating a promise (used by waitAny). */
   onSettle(cb: () => void): void {
-    if (this.state !== "pending") cb();
-    else this.waiters.push({ resolve: () => cb(), reject: () => cb() });
+    if (this.state !== "pending") return cb();
+    this.urge?.();
+    this.waiters.push({ resolve: () => cb(), reject: () => cb() });
   }
 }
 

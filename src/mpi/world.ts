@@ -502,7 +502,7 @@ export class World implements WorldApi {
   }
 
   isend(data: unknown, dest: number, tag = 0): Request<void> {
-    const req = new RequestImpl<void>(this.modeImpl.sendPoller());
+    const req = new RequestImpl<void>(this.modeImpl.sendPoller(), () => this.channel.urgeReceipt(dest));
     // Validation errors throw synchronously, like send's would reject: the call is wrong.
     this.live("isend");
     this.modeImpl.pointToPoint("isend");
@@ -511,7 +511,10 @@ export class World implements WorldApi {
     let sent: Promise<void>;
     try {
       this.faults.onSend();
-      sent = this.channel.sendApp(data, dest, tag);
+      // As MPI_Isend: `data` stays unchanged until the request completes, so large payloads
+      // go without a copy and the request completes on the destination's receipt (asked for
+      // when the program waits: the request's urge).
+      sent = this.channel.sendApp(data, dest, tag, true);
     } catch (err) {
       sent = Promise.reject(err);
     }

@@ -121,10 +121,20 @@ describe("bench plan: retry-one", () => {
     expect(targetFor(c("pingpong", KiB))).toBeUndefined();
     expect(targetFor(c("pingpong", 16 * MiB))).toBeUndefined();
     for (const bytes of [64 * KiB, MiB, 16 * MiB]) {
-      const t = targetFor(c("stream", bytes))!;
-      expect(t.text).toBe(">= 0.9x raw MB/s");
-      expect([t.met(0.9), t.met(0.89)]).toEqual([true, false]);
+      for (const bench of ["stream", "stream-isend"] as const) {
+        const t = targetFor(c(bench, bytes))!;
+        expect(t.text).toBe(">= 0.9x raw MB/s");
+        expect([t.met(0.9), t.met(0.89)]).toEqual([true, false]);
+      }
     }
+    // stream-isend: the stream's sizes, the raw stream as its baseline, in MB/s.
+    expect(buildCases(FULL_SIZES, new Set<Benchmark>(["stream-isend"])).map(caseKey)).toEqual([
+      "stream-isend np2 64 KiB",
+      "stream-isend np2 1 MiB",
+      "stream-isend np2 16 MiB",
+    ]);
+    expect(jobsOf("stream-isend", "none").baseline).toBe("raw-pushpull");
+    expect(unitOf("stream-isend")).toBe("MB/s");
     const small = targetFor(c("allreduce", 8, 4))!;
     expect(small.text).toBe("<= 0.5x raw ring");
     expect([small.met(0.5), small.met(0.51)]).toEqual([true, false]);

@@ -133,7 +133,7 @@ async function quickReport(name: string, args: string[], timeoutMs: number): Pro
 }
 
 /** The timed-block benchmarks, recovery and startup: all the default run has but the heat-recovery and durable jobs. */
-const BLOCKS_ONLY = "pingpong,stream,allreduce,bcast,barrier,retry-one,retry-one-pingpong,retry-one-stream,recovery,elastic,startup";
+const BLOCKS_ONLY = "pingpong,stream,stream-isend,allreduce,bcast,barrier,retry-one,retry-one-pingpong,retry-one-stream,recovery,elastic,startup";
 
 describe("bench --quick", () => {
   it("raw zeromq.js baselines: every case measured, report well formed", async () => {
@@ -142,7 +142,7 @@ describe("bench --quick", () => {
     expect(report.schema).toBe("lifeline-bench/2");
     expect(report.options.quick).toBe(true);
     const benches = new Set(report.results.map((r) => r.bench));
-    expect([...benches].sort()).toEqual(["allreduce", "barrier", "pingpong", "stream"]);
+    expect([...benches].sort()).toEqual(["allreduce", "barrier", "pingpong", "stream", "stream-isend"]);
     expect(report.results.some((r) => r.bench === "allreduce" && r.np === 4)).toBe(true);
     for (const r of report.results) {
       expect(r.errors, r.key).toEqual([]);
@@ -150,7 +150,7 @@ describe("bench --quick", () => {
       expect(r.kinds).toEqual({ subject: null, baseline: r.bench === "pingpong" ? "raw-pingpong" : "raw-pushpull" });
       expectVariant(r.baseline, report.options.reps, r.key);
       expect(r.baseline!.kind).toBe(r.kinds.baseline);
-      expect(r.unit).toBe(r.bench === "stream" ? "MB/s" : "us");
+      expect(r.unit).toBe(r.bench === "stream" || r.bench === "stream-isend" ? "MB/s" : "us");
       expect(r.mpiTcp === null || r.mpiTcp > 0).toBe(true);
     }
   }, 60_000);
@@ -162,7 +162,17 @@ describe("bench --quick", () => {
       const report = await quickReport("both", ["--variant", "both", "--only", BLOCKS_ONLY], 90_000);
       expect(report.tables).toContain("### Ping-pong latency");
       const benches = new Set(report.results.map((r) => r.bench));
-      expect([...benches].sort()).toEqual(["allreduce", "barrier", "bcast", "pingpong", "retry-one", "retry-one-pingpong", "retry-one-stream", "stream"]);
+      expect([...benches].sort()).toEqual([
+        "allreduce",
+        "barrier",
+        "bcast",
+        "pingpong",
+        "retry-one",
+        "retry-one-pingpong",
+        "retry-one-stream",
+        "stream",
+        "stream-isend",
+      ]);
       for (const r of report.results) {
         expect(r.errors, r.key).toEqual([]);
         expectVariant(r.subject, report.options.reps, `${r.key} subject`);

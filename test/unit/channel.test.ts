@@ -5,7 +5,7 @@
  * delivered again: from a recovery line as copies, held ones as they are.
  */
 import { describe, expect, it } from "vitest";
-import { Channel } from "../../src/mpi/channel.ts";
+import { Channel, PROTO_RECEIPT, PROTO_RECEIPT_WANTED } from "../../src/mpi/channel.ts";
 import type { Host } from "../../src/mpi/host.ts";
 import { Flag, Kind } from "../../src/mpi/wire.ts";
 import { forgedHeader } from "../../src/testing/compromised.ts";
@@ -130,6 +130,65 @@ describe("channel receipts", () => {
     await p;
     expect(sent.filter((s) => s.from === 1 && s.kind === Kind.protocol)).toHaveLength(1);
     expect(a!.lentCount).toBe(0);
+  });
+
+  it("a large isend goes from the program's memory and resolves on the receipt, asked for once when its program waits", async () => {
+    // Without the pause timer: only the request for the receipt brings it.
+    const {
+      channels: [a, b],
+      sent,
+      delivered,
+      pause,
+      release,
+    } = memChannels(2, { timers: false });
+    const big = new Float64Array(8 * 1024); // 64 KiB
+    pause(1); // a receiver busy computing: nothing arrives, so nothing is acknowledged
+    const done: boolean[] = [];
+    // 40 in flight (2.5 MiB, under the receipt window): nothing would acknowledge them soon.
+    const window = Array.from({ length: 40 }, (_, i) => a!.sendApp(big, 1, 5, true).then(() => void (done[i] = true)));
+    for (let i = 0; i < 5; i++) await new Promise((r) => setImmediate(r));
+    expect(done.filter(Boolean)).toHaveLength(0);
+    expect(a!.lentCount).toBe(40);
+    const flags = sent.filter((s) => s.from === 0 && s.kind === Kind.app).map((s) => s.flags & (Flag.rendezvous | Flag.receipt));
+    expect(flags).toEqual(Array.from({ length: 40 }, () => Flag.receipt));
+    // The program waits: one request for the receipt, however often it waits meanwhile.
+    a!.urgeReceipt(1);
+    a!.urgeReceipt(1);
+    await new Promise((r) => setImmediate(r));
+    expect(sent.filter((s) => s.from === 0 && s.kind === Kind.protocol).map((s) => s.tag)).toEqual([PROTO_RECEIPT_WANTED]);
+    release(1);
+    await Promise.all(window);
+    expect(delivered).toHaveLength(40);
+    expect(a!.lentCount).toBe(0);
+    expect(sent.filter((s) => s.from === 1 && s.kind === Kind.protocol).map((s) => s.tag)).toEqual([PROTO_RECEIPT]);
+    expect(b!.lentCount).toBe(0);
+    // Acknowledged: the next wait asks again.
+    const more = a!.sendApp(big, 1, 5, true);
+    a!.urgeReceipt(1);
+    await more;
+    expect(sent.filter((s) => s.from === 0 && s.kind === Kind.protocol)).toHaveLength(2);
+  });
+
+  it("an isend nobody waits for is acknowledged when its sender's traffic pauses, as a copy is", async () => {
+    const {
+      channels: [a],
+      sent,
+    } = pair();
+    await a!.sendApp(new Float64Array(8 * 1024), 1, 5, true);
+    expect(sent.filter((s) => s.from === 1)).toHaveLength(1);
+    expect(a!.lentCount).toBe(0);
+  });
+
+  it("a small isend is copied at the call and resolves once the transport has it, as send does", async () => {
+    const {
+      channels: [a],
+      sent,
+      pause,
+    } = pair();
+    pause(1);
+    await a!.sendApp(new Float64Array(16), 1, 5, true);
+    expect(a!.lentCount).toBe(0);
+    expect(sent[0]!.flags & Flag.receipt).toBe(0);
   });
 
   it("a sender that runs ahead of a busy receiver waits once 16 MiB of its buffers are out, and goes on with their receipts", async () => {

@@ -20,7 +20,8 @@ export interface MemChannels {
 }
 
 /** `key(s, d)`: the key of channel s → d, as the coordinator's table gives it (default 0). */
-export function memChannels(size: number, opts: { maxMessageBytes?: number; key?: (s: number, d: number) => number } = {}): MemChannels {
+/** `timers: false`: the channels' timers never fire (what a channel does without its pause timer). */
+export function memChannels(size: number, opts: { maxMessageBytes?: number; key?: (s: number, d: number) => number; timers?: boolean } = {}): MemChannels {
   const key = opts.key ?? (() => 0);
   const held = new Map<number, Buffer[][]>();
   const out: MemChannels = {
@@ -57,6 +58,7 @@ export function memChannels(size: number, opts: { maxMessageBytes?: number; key?
       defer: (fn: () => void) => void setImmediate(fn),
       now: () => performance.now(),
       after: (ms: number, fn: () => void) => {
+        if (opts.timers === false) return { stop: () => undefined };
         const t = setTimeout(fn, ms);
         return { stop: () => clearTimeout(t) };
       },

@@ -43,4 +43,24 @@ describe("RequestImpl polls", () => {
     expect(req.done).toBe(true);
     expect(polls).toBe(0);
   });
+
+  it("a pending request urges on wait(), test(), done, waitAny and waitAll; a settled one never", async () => {
+    let urged = 0;
+    const req = new RequestImpl<number>(undefined, () => void urged++);
+    expect(req.test()).toBeUndefined();
+    expect(req.done).toBe(false);
+    const waited = req.wait();
+    const any = waitAny([req]);
+    const all = waitAll([req]);
+    expect(urged).toBe(5);
+    req.complete(7);
+    expect(await waited).toBe(7);
+    expect(await any).toEqual({ index: 0, value: 7 });
+    expect(await all).toEqual([7]);
+    req.test();
+    void req.done;
+    await req.wait();
+    await waitAny([req]);
+    expect(urged).toBe(5);
+  });
 });
