@@ -180,7 +180,7 @@ export class Channel {
     this.lentBytes = new Float64Array(opts.size);
     this.creditWaits = Array.from({ length: opts.size }, () => []);
     this.heardFrom = new Uint8Array(opts.size);
-    this.urged = new Uint8Array(opts.size);
+    this.urgedAt = new Float64Array(opts.size).fill(-1);
     this.receiptDue = new Float64Array(opts.size).fill(-1);
     this.receiptBytes = new Float64Array(opts.size);
   }
@@ -467,13 +467,14 @@ export class Channel {
   }
 
   /**
-   * The program waits for a send to `dest` that resolves on its receipt (an isend's): unless
-   * it asked already and no receipt came since, ask `dest` for its receipt now. Nothing when
-   * nothing is lent to `dest` (the send waits for the transport only).
+   * The program waits for a send to `dest` that resolves on its receipt (an isend's): ask
+   * `dest` for its receipt now, unless nothing is lent to it (the send waits for the transport
+   * only) or this rank asked already and sent it nothing since (that request's receipt covers
+   * every message lent to it).
    */
   urgeReceipt(dest: number): void {
-    if (dest === this.rank || this.urged[dest] === 1 || this.lent[dest]!.size === 0) return;
-    this.urged[dest] = 1;
+    if (dest === this.rank || this.lent[dest]!.size === 0 || this.urgedAt[dest] === this.channelSeqOut[dest]) return;
+    this.urgedAt[dest] = this.channelSeqOut[dest]!;
     this.sendProtocol(dest, PROTO_RECEIPT_WANTED, null);
   }
 
@@ -492,7 +493,6 @@ export class Channel {
   private onReceipt(source: number, seq: number): void {
     const byDest = this.lent[source];
     if (byDest === undefined) return;
-    this.urged[source] = 0;
     // Insertion order is channel order.
     for (const [s, entry] of byDest) {
       if (s > seq) break;
@@ -592,8 +592,8 @@ export class Channel {
 
   /** Per peer, 1 when an application message from it arrived since our last one to it (see sendApp). */
   private readonly heardFrom: Uint8Array;
-  /** Per destination, 1 when this rank asked it for a receipt and none came since (see urgeReceipt). */
-  private readonly urged: Uint8Array;
+  /** Per destination, its channel's next sequence number when this rank last asked it for a receipt (see urgeReceipt). */
+  private readonly urgedAt: Float64Array;
   /** Per source, the channel sequence of the newest message still to acknowledge (-1: none). */
   private readonly receiptDue: Float64Array;
   /** Per source, the body bytes of the messages owed a receipt. */

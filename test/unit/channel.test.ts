@@ -169,6 +169,27 @@ describe("channel receipts", () => {
     expect(sent.filter((s) => s.from === 0 && s.kind === Kind.protocol)).toHaveLength(2);
   });
 
+  it("a wait for an isend sent after the last request for a receipt asks again, before that receipt is back", async () => {
+    const {
+      channels: [a],
+      sent,
+      pause,
+      release,
+    } = memChannels(2, { timers: false });
+    const big = new Float64Array(8 * 1024);
+    pause(1);
+    const first = a!.sendApp(big, 1, 5, true);
+    a!.urgeReceipt(1);
+    const second = a!.sendApp(big, 1, 5, true); // not covered by the first request
+    a!.urgeReceipt(1);
+    a!.urgeReceipt(1);
+    await new Promise((r) => setImmediate(r));
+    expect(sent.filter((s) => s.from === 0 && s.kind === Kind.protocol)).toHaveLength(2);
+    release(1);
+    await Promise.all([first, second]);
+    expect(a!.lentCount).toBe(0);
+  });
+
   it("an isend nobody waits for is acknowledged when its sender's traffic pauses, as a copy is", async () => {
     const {
       channels: [a],
