@@ -405,8 +405,10 @@ export class Channel {
     const entry: Lent = { bufs, bytes: rendezvous ? 0 : userBytes };
     byDest.set(seq, entry);
     this.lentBytes[dest] = this.lentBytes[dest]! + entry.bytes;
+    let suppressed = false;
     const sent = this.transmit(dest, header, body, () => {
       // Not sent after all (a suppressed re-send): no receipt will come.
+      suppressed = true;
       byDest.delete(seq);
       this.returnLent(dest, entry);
     });
@@ -429,6 +431,8 @@ export class Channel {
             }),
       );
     }
+    // Suppressed in transmit, before a waiter could be attached: done already.
+    if (suppressed) return sent;
     return new Promise<void>((resolve, reject) => {
       entry.done = resolve;
       entry.fail = reject;

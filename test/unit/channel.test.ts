@@ -212,6 +212,19 @@ describe("channel receipts", () => {
     expect(sent[0]!.flags & Flag.receipt).toBe(0);
   });
 
+  it("a send from the program's memory that the mode suppresses (the receiver holds it) resolves at once", async () => {
+    const {
+      channels: [a],
+      sent,
+    } = memChannels(2, { timers: false });
+    // cpr after a rollback: the receiver already holds these messages, so they are not sent again.
+    a!.stamper = { stamp: () => undefined, suppress: () => true };
+    await a!.sendApp(new Float64Array(512 * 1024), 1, 1); // 4 MiB: a rendezvous send
+    await a!.sendApp(new Float64Array(8 * 1024), 1, 2, true); // 64 KiB: an isend's
+    expect(sent).toHaveLength(0);
+    expect(a!.lentCount).toBe(0);
+  });
+
   it("a sender that runs ahead of a busy receiver waits once 16 MiB of its buffers are out, and goes on with their receipts", async () => {
     const m = pair();
     const [a] = m.channels;
