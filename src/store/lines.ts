@@ -91,8 +91,39 @@ export async function listLines(storeDir: string, opts?: { verify?: boolean }): 
   } catch {
     // No such directory: listLinesIn says so (STORE_NOT_FOUND).
   }
-  const copies = held.map((n) => new LevelRecoveryStore(join(storeDir, n), { readOnly: true, snapshot: true }));
-  return listLinesIn(new LevelRecoveryStore(storeDir, { readOnly: true, snapshot: true }), { ...opts, copies });
+  // Fresh snapshots for every attempt (see listLinesRetrying).
+  return listLinesRetrying(
+    () => ({
+      store: new LevelRecoveryStore(storeDir, { readOnly: true, snapshot: true }),
+      copies: held.map((n) => new LevelRecoveryStore(join(storeDir, n), { readOnly: true, snapshot: true })),
+    }),
+    opts,
+  );
+}
+
+/** Listings taken at most, while a running job outpaces them (see listLinesRetrying). */
+export const LIST_ATTEMPTS = 5;
+
+/**
+ * {@link listLinesIn} over stores from `open`, taken again (with stores opened again: new
+ * snapshots) while the listing is stale: the job committed a line while it was listed whose
+ * parts, as read, do not all verify (a rank's parts were read before it wrote its part of that
+ * line), or the listing shows no committed line while the store has some. A job that commits
+ * often and keeps few lines may otherwise be listed with no committed line at all: the lines
+ * the manifest named pruned by the time their parts were read, the newer ones' parts read too
+ * early. After {@link LIST_ATTEMPTS} attempts the last listing is returned as it is (such a
+ * line then shows as partial, "committed while it was listed").
+ */
+export async function listLinesRetrying(
+  open: () => { store: RecoveryStore; copies?: readonly RecoveryStore[] },
+  opts?: { verify?: boolean },
+): Promise<LinesReport> {
+  for (let attempt = 1; ; attempt++) {
+    const { store, copies } = open();
+    const { report, stale } = await listOnce(store, { ...opts, ...(copies === undefined ? {} : { copies }) });
+    if (!stale || attempt >= LIST_ATTEMPTS) return report;
+    await new Promise((r) => setTimeout(r, 10 * attempt));
+  }
 }
 
 /**
@@ -104,6 +135,17 @@ export async function listLines(storeDir: string, opts?: { verify?: boolean }): 
  * report.rows.map((r) => r.state); // ["committed", "committed", "partial"]
  */
 export async function listLinesIn(store: RecoveryStore, opts?: { verify?: boolean; copies?: readonly RecoveryStore[] }): Promise<LinesReport> {
+  return (await listOnce(store, opts)).report;
+}
+
+/**
+ * One listing; `stale`: a line committed while it was listed could not be verified from the
+ * parts as read, or the store has committed lines now and the listing shows none.
+ */
+async function listOnce(
+  store: RecoveryStore,
+  opts?: { verify?: boolean; copies?: readonly RecoveryStore[] },
+): Promise<{ report: LinesReport; stale: boolean }> {
   const verify = opts?.verify ?? true;
   const perHost = (opts?.copies?.length ?? 0) > 0;
   const warnings: string[] = [];
@@ -217,6 +259,7 @@ export async function listLinesIn(store: RecoveryStore, opts?: { verify?: boolea
       for (let i = rows.length - 1; i >= 0; i--) if (rows[i]!.state === "corrupt" && !now.has(rows[i]!.epoch)) rows.splice(i, 1);
     }
     const abortedSet = new Set(aborted);
+    let stale = false;
     for (const [epoch, parts] of partial) {
       const since = now?.get(epoch);
       if (since !== undefined) {
@@ -226,6 +269,7 @@ export async function listLinesIn(store: RecoveryStore, opts?: { verify?: boolea
           rows.push(row);
           continue;
         }
+        stale = true;
       }
       rows.push({
         epoch,
@@ -238,7 +282,10 @@ export async function listLinesIn(store: RecoveryStore, opts?: { verify?: boolea
       });
     }
     rows.sort((a, b) => a.epoch - b.epoch);
-    return { location: store.location, job, launcherAlive: job?.state === "running" ? launcherAlive(job) : undefined, rows, warnings };
+    // Every line the manifest named was pruned before its parts were read, and none committed
+    // since could be verified: the store has committed lines, and this listing shows none.
+    if (now !== undefined && now.size > 0 && !rows.some((r) => r.state === "committed" || r.state === "spread")) stale = true;
+    return { report: { location: store.location, job, launcherAlive: job?.state === "running" ? launcherAlive(job) : undefined, rows, warnings }, stale };
   } finally {
     await Promise.all(opened.map((p) => p.close()));
   }
