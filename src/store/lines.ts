@@ -283,8 +283,9 @@ async function listOnce(
     }
     rows.sort((a, b) => a.epoch - b.epoch);
     // Every line the manifest named was pruned before its parts were read, and none committed
-    // since could be verified: the store has committed lines, and this listing shows none.
-    if (now !== undefined && now.size > 0 && !rows.some((r) => r.state === "committed" || r.state === "spread")) stale = true;
+    // since could be verified: the store has committed lines, and this listing shows none (a
+    // damaged line, listed as corrupt, is no reason to list again).
+    if (now !== undefined && now.size > 0 && !rows.some((r) => r.state !== "partial")) stale = true;
     return { report: { location: store.location, job, launcherAlive: job?.state === "running" ? launcherAlive(job) : undefined, rows, warnings }, stale };
   } finally {
     await Promise.all(opened.map((p) => p.close()));

@@ -168,6 +168,24 @@ describe("lifeline lines retries a listing that a running job outpaced", () => {
     ]);
   });
 
+  it("a store whose committed lines are damaged is listed once, as corrupt", async () => {
+    const { store } = await lineThreeReady();
+    const damaged: RecoveryStore = Object.create(store) as RecoveryStore;
+    damaged.openRank = async (rank: number): Promise<RankPartStore> => {
+      const p = await store.openRank(rank);
+      const bad: RankPartStore = Object.create(p) as RankPartStore;
+      bad.checkPart = async (ref) => ({ kind: "corrupt" as const, ref, message: `rank ${rank}'s part of line ${ref.epoch}: checksum mismatch` });
+      return bad;
+    };
+    let opened = 0;
+    const report = await listLinesRetrying(() => {
+      opened++;
+      return { store: damaged };
+    });
+    expect(opened).toBe(1);
+    expect(report.rows.map((r) => r.state)).toEqual(["corrupt", "corrupt", "partial"]);
+  });
+
   it("a listing that is not stale is taken once", async () => {
     const { store } = await lineThreeReady();
     let opened = 0;
