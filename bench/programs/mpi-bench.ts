@@ -19,6 +19,7 @@ import path from "node:path";
 import { init } from "lifeline";
 import { CtrlClient, exitWithHarness, programArgs } from "../lib/ctrl.ts";
 import { BENCH_NAMES, FULL_SIZES, STREAM_WINDOW, perOpSeconds, display, sizeLabel, unitOf, type BenchName, type Case } from "../lib/plan.ts";
+import { isendInWindows } from "../lib/isend-window.ts";
 import { makePayload, startClock, type BlockTime, type PayloadKind } from "../lib/raw-proc.ts";
 import { startProfile } from "../lib/profile.ts";
 import { calibrate, median, spread } from "../lib/stats.ts";
@@ -83,11 +84,7 @@ async function runBlock(bench: BenchName, bytes: number, iters: number): Promise
         if (bench === "stream") {
           for (let i = 0; i < iters; i++) await world.send(buf, 1, TAG_DATA);
         } else {
-          for (let i = 0; i < iters; i += STREAM_WINDOW) {
-            const window = [];
-            for (let j = i; j < Math.min(iters, i + STREAM_WINDOW); j++) window.push(world.isend(buf, 1, TAG_DATA));
-            await world.waitAll(window);
-          }
+          await isendInWindows(world, buf, 1, TAG_DATA, iters, STREAM_WINDOW);
         }
         await world.recv(1, TAG_ACK);
       } else if (rank === 1) {

@@ -13,6 +13,7 @@ import path from "node:path";
 import { parseArgs } from "node:util";
 import v8 from "node:v8";
 import { init } from "lifeline";
+import { isendInWindows } from "../lib/isend-window.ts";
 import { startProfile } from "../lib/profile.ts";
 
 const { values } = parseArgs({
@@ -36,15 +37,8 @@ const window = Number(values.window);
 
 async function block(n: number): Promise<void> {
   if (world.rank === 0) {
-    if (window > 0) {
-      for (let i = 0; i < n; i += window) {
-        const reqs = [];
-        for (let j = i; j < Math.min(n, i + window); j++) reqs.push(world.isend(buf, 1, 7));
-        await world.waitAll(reqs);
-      }
-    } else {
-      for (let i = 0; i < n; i++) await world.send(buf, 1, 7);
-    }
+    if (window > 0) await isendInWindows(world, buf, 1, 7, n, window);
+    else for (let i = 0; i < n; i++) await world.send(buf, 1, 7);
     await world.recv(1, 8);
   } else if (world.rank === 1) {
     for (let i = 0; i < n; i++) await world.recv(0, 7);

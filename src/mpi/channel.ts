@@ -554,18 +554,17 @@ export class Channel {
       this.warnGarbage(new Error(`a message longer than the job's limit of ${this.maxMessageBytes} bytes (--max-message)`), header.source);
       return;
     }
-    if (header.kind === Kind.protocol && header.tag === PROTO_RECEIPT) {
-      this.receiptFrame(header, body);
-      return;
-    }
-    if (header.kind === Kind.protocol && header.tag === PROTO_RECEIPT_WANTED) {
-      // Every message of the source's before this request has arrived (its channel is FIFO):
-      // acknowledge them at the end of this turn.
-      if (this.receiptDue[header.source]! >= 0 && !this.receiptsScheduled) {
-        this.receiptsScheduled = true;
-        this.host.defer(this.sendReceipts);
+    if (header.kind === Kind.protocol) {
+      if (header.tag === PROTO_RECEIPT) {
+        this.receiptFrame(header, body);
+        return;
       }
-      return;
+      if (header.tag === PROTO_RECEIPT_WANTED) {
+        // Every message of the source's before this request has arrived (its channel is FIFO):
+        // acknowledge them at the end of this turn.
+        if (this.receiptDue[header.source]! >= 0) this.scheduleReceipts();
+        return;
+      }
     }
     if (header.kind === Kind.app) {
       this.heardFrom[header.source] = 1;
@@ -581,10 +580,7 @@ export class Channel {
       this.receiptDue[src] = header.channelSeq;
       this.receiptBytes[src] = this.receiptBytes[src]! + bodyBytes(body);
       if ((header.flags & Flag.rendezvous) !== 0 || this.receiptBytes[src] >= RECEIPT_WINDOW_BYTES) {
-        if (!this.receiptsScheduled) {
-          this.receiptsScheduled = true;
-          this.host.defer(this.sendReceipts);
-        }
+        this.scheduleReceipts();
       } else {
         // One timer for the pause, moved on lazily: not a timer of its own per message.
         this.receiptIdleAt = this.host.now() + RECEIPT_IDLE_MS;
@@ -612,6 +608,12 @@ export class Channel {
     if (left > 0) this.receiptIdle = this.host.after(left, this.receiptPause);
     else this.sendReceipts();
   };
+  /** The receipts owed go out at the end of this turn (once, however often asked). */
+  private scheduleReceipts(): void {
+    if (this.receiptsScheduled) return;
+    this.receiptsScheduled = true;
+    this.host.defer(this.sendReceipts);
+  }
   private readonly sendReceipts = (): void => {
     this.receiptsScheduled = false;
     this.receiptIdle?.stop();
