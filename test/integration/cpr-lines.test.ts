@@ -36,7 +36,9 @@ describe("lifeline lines", () => {
       const o = await runLauncher({
         np: 2,
         program: "test/fixtures/cpr/crossing.ts",
-        args: ["allreduce-ring", "120"],
+        // 5 ms at every point: at least 0.6 s of run, so that lines commit even when the
+        // machine is idle (a clean-clone CI run finished in 0.3 s with none committed).
+        args: ["allreduce-ring", "120", "5"],
         flags: ["--mode", "cpr", "--checkpoint-every", "1steps", "--keep-lines", "2"],
         dir,
         name: "job",
@@ -50,7 +52,7 @@ describe("lifeline lines", () => {
       const ls = spawnSync(process.execPath, [CLI, "lines", "--store", join(dir, "job.store")], { cwd: ROOT, encoding: "utf8", timeout: TIMEOUT_MS });
       expect(ls.status, ls.stderr).toBe(0);
       const [job, title, header, ...rows] = ls.stdout.trimEnd().split("\n");
-      expect(job).toMatch(/^job crossing-[0-9a-f]{8}: \S+crossing\.ts allreduce-ring 120 on 2 ranks \(mode cpr\); run 1 finished at \d{4}-/);
+      expect(job).toMatch(/^job crossing-[0-9a-f]{8}: \S+crossing\.ts allreduce-ring 120 5 on 2 ranks \(mode cpr\); run 1 finished at \d{4}-/);
       expect(title).toBe(`recovery lines in ${join(dir, "job.store")}:`);
       expect(header!.trim().split(/\s+/)).toEqual(["EPOCH", "TIME", "RANKS", "BYTES", "RUN", "STATE"]);
       const parsed = rows.map((r) => {
