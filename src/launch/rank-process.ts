@@ -117,16 +117,39 @@ export function resolveTsxLoader(): string {
   return tsxLoaderUrl;
 }
 
+/**
+ * The old generation's size (MiB) up to which V8 starts no mark-compact of a rank's heap on its
+ * own growth (`--initial-old-space-size`; Node refuses the flag in NODE_OPTIONS, so the
+ * launcher passes it).
+ *
+ * Why: V8 counts the external memory allocated since the last mark-compact against the old
+ * generation's limit, and received messages are external memory (zeromq.js counts each twice,
+ * its own count and the ArrayBuffer's). Its default first limit is about 19 MiB for a heap of
+ * 8 MiB. A rank exchanging MiB-sized messages has tens of MiB of them live at times, so any
+ * allocation in the old generation then (a table of a long-lived Map growing, retry-one's
+ * checkpoint bookkeeping, the program's own long-lived objects) started a mark-compact. In
+ * `lifeline run -n 4 --mode retry-one bench/programs/allreduce-loop.ts --bytes 1048576 --iters
+ * 350 --checkpoint-every 7 --v8-flags=--trace-gc`: 60–79 mark-compacts per rank without this
+ * limit, 4–6 with it, and a median allreduce of 4.7–4.9 against 3.5–3.6 ms (mode none: 1 and
+ * 0 mark-compacts, 3.1–3.3 ms either way). The cost: up to this much garbage in the old
+ * generation before the first mark-compact.
+ */
+export const RANK_INITIAL_OLD_SPACE_MIB = 64;
+const RANK_V8_FLAGS: readonly string[] = [`--initial-old-space-size=${RANK_INITIAL_OLD_SPACE_MIB}`];
+
 /** The `node` command line for an app. */
 export function rankCommand(app: string, appArgs: readonly string[]): { command: string; args: string[] } {
   const ts = (TS_EXTENSIONS as readonly string[]).includes(extname(app));
-  const args = ts ? ["--import", resolveTsxLoader(), app, ...appArgs] : [...nodeFlagsFor(app), app, ...appArgs];
+  const args = ts ? [...RANK_V8_FLAGS, "--import", resolveTsxLoader(), app, ...appArgs] : [...nodeFlagsFor(app), app, ...appArgs];
   return { command: process.execPath, args };
 }
 
-/** A program compiled for the job (compile-cache.ts) maps its stack traces back to its sources. */
+/**
+ * A rank's V8 flags, and for a program compiled for the job (compile-cache.ts) source maps, so
+ * that its stack traces point at its sources.
+ */
 function nodeFlagsFor(app: string): string[] {
-  return app.includes(`${sep}${CACHE_DIR}${sep}`) ? ["--enable-source-maps"] : [];
+  return app.includes(`${sep}${CACHE_DIR}${sep}`) ? [...RANK_V8_FLAGS, "--enable-source-maps"] : [...RANK_V8_FLAGS];
 }
 
 /** Exit status as a shell reports it. */
@@ -437,7 +460,7 @@ export function spawnSpare(app: string, env: NodeJS.ProcessEnv, cwd: string): Pr
   const fromSource = import.meta.url.endsWith(".ts");
   const entry = fileURLToPath(new URL(fromSource ? "./spare-entry.ts" : "./spare-entry.js", import.meta.url));
   const ts = fromSource || (TS_EXTENSIONS as readonly string[]).includes(extname(app));
-  const args = ts ? ["--import", resolveTsxLoader(), entry] : [...nodeFlagsFor(app), entry];
+  const args = ts ? [...RANK_V8_FLAGS, "--import", resolveTsxLoader(), entry] : [...nodeFlagsFor(app), entry];
   return new Promise((resolve, reject) => {
     let child: ChildProcess;
     try {

@@ -8,11 +8,12 @@
  * reference bit for bit, and no process is left after the job. --no-spare: no spare, a cold
  * restart.
  */
-import { existsSync } from "node:fs";
+import { existsSync, readFileSync } from "node:fs";
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { RANK_INITIAL_OLD_SPACE_MIB } from "../../src/launch/rank-process.ts";
 import { waitGone } from "../launch/helpers.ts";
 import { CLI, context, runLauncher } from "./cpr-run.ts";
 
@@ -40,6 +41,7 @@ describe("cpr: warm spares take the restarted ranks' places", () => {
       const ref = await runLauncher({ np: NP, program: PROGRAM, flags: ["--mode", "none"], args: ARGS, dir, name: `run${runs++}`, timeoutMs: TIMEOUT_MS });
       expect(ref.code, context(ref)).toBe(0);
       const spares: number[] = [];
+      const cmdlines: string[][] = [];
       const spawned: { rank: number; attempt: number; pid: number; warm: boolean }[] = [];
       const o = await runLauncher({
         np: NP,
@@ -54,6 +56,7 @@ describe("cpr: warm spares take the restarted ranks' places", () => {
             spawned.push({ rank: ev.rank as number, attempt: ev.attempt as number, pid: ev.pid as number, warm: ev.warm === true });
           if (ev.event === "spare-ready") {
             spares.push(ev.pid as number);
+            cmdlines.push(readFileSync(`/proc/${ev.pid as number}/cmdline`, "utf8").split("\0"));
             if (spares.length === NP) process.kill(spawned.find((s) => s.rank === 1 && s.attempt === 0)!.pid, "SIGKILL");
           }
         },
@@ -64,6 +67,8 @@ describe("cpr: warm spares take the restarted ranks' places", () => {
       expect(again.map((s) => s.rank).sort(), JSON.stringify(spawned)).toEqual([0, 1, 2, 3]);
       expect(again.every((s) => s.warm)).toBe(true);
       expect(again.map((s) => s.pid).sort()).toEqual(spares.slice(0, NP).sort());
+      // A spare's node runs with the ranks' V8 flags (rank-process.ts).
+      for (const argv of cmdlines) expect(argv).toContain(`--initial-old-space-size=${RANK_INITIAL_OLD_SPACE_MIB}`);
       expect(await waitGone([...spares, ...spawned.map((s) => s.pid)], 10_000)).toEqual([]);
     },
     3 * TIMEOUT_MS,

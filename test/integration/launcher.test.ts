@@ -14,6 +14,7 @@
 import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
+import { RANK_INITIAL_OLD_SPACE_MIB } from "../../src/launch/rank-process.ts";
 import { CliProcess, FIXTURES, killAll, ROOT, tempDir, waitGone } from "../launch/helpers.ts";
 
 const { dir, cleanup } = tempDir("lifeline-launcher-");
@@ -67,6 +68,9 @@ describe("a clean job", () => {
       })),
     );
     for (let rank = 0; rank < 4; rank++) expect(r.stdout).toContain(`[${rank}] rank ${rank} of 4: sum 30\n`);
+    // Every rank's V8 starts with the larger first old-generation limit (rank-process.ts).
+    for (let rank = 0; rank < 4; rank++)
+      expect(r.stdout).toMatch(new RegExp(`^\\[${rank}\\] rank ${rank} node flags: .*--initial-old-space-size=${RANK_INITIAL_OLD_SPACE_MIB}\\b`, "m"));
     const events = cli.events.all;
     expect(ofKind(events, "rank-spawned")).toHaveLength(4);
     expect(ofKind(events, "rank-up")).toHaveLength(4);
@@ -90,6 +94,7 @@ describe("a clean job", () => {
     expect(r.code, r.stderr).toBe(0);
     expect(r.stdout).toContain("[0] js rank 0: total 3\n");
     expect(r.stdout).toContain("[1] js rank 1: total 3\n");
+    expect(r.stdout).toMatch(new RegExp(`^\\[1\\] js rank 1 node flags: .*--initial-old-space-size=${RANK_INITIAL_OLD_SPACE_MIB}\\b`, "m"));
 
     expect(r.stderr).not.toMatch(/[\x00-\x09\x0b-\x1f]/);
     expect(r.stderr).toMatch(/^lifeline: job ok-[0-9a-f]{8}: starting 2 ranks of .*ok\.js \(mode none\)$/m);
