@@ -368,7 +368,8 @@ class RecordingReporter implements Reporter {
     this.out.jobEvent(this.run, t, ev);
     switch (ev.kind) {
       case "rank-failed":
-        this.out.live(`  ${secs(t)} rank ${ev.rank} failed: ${ev.reason}`);
+        // With the line of its stderr that says why: a drill's report shows no rank output.
+        this.out.live(`  ${secs(t)} rank ${ev.rank} failed: ${ev.reason}${ev.error === undefined || ev.reason.includes(ev.error) ? "" : `: ${ev.error}`}`);
         break;
       case "rank-spawned":
         if (ev.attempt > 0) this.out.live(`  ${secs(t)} rank ${ev.rank} restarted (attempt ${ev.attempt})`);

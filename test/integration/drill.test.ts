@@ -72,6 +72,17 @@ describe("lifeline drill, mode none", () => {
   );
 
   it(
+    "a rank that throws: its error line is in the drill's output",
+    async () => {
+      const o = await drill({ mode: "none" }, ["test/fixtures/launch/crash.ts", "1", "throw"]);
+      expect(o.exitCode, context(o)).not.toBe(0);
+      // The drill shows no rank output: the line that says why must be on the failure's line.
+      expect(o.stderr).toMatch(/rank 1 failed: exited with code 1 before finalizing: Error: deliberate failure in rank code$/m);
+    },
+    DRILL_TEST_MS,
+  );
+
+  it(
     "fails on a non-deterministic program without any fault, naming the ranks that differ",
     async () => {
       const o = await drill({ mode: "none" }, ["examples/montecarlo.ts", "--batches", "4", "--batch-size", "20000"]);
