@@ -693,7 +693,8 @@ export class RetryOneRank {
 
   /** Answers the peers waiting for this rank to have done some number of collectives. */
   private answerWants(): void {
-    if (this.restoring) return;
+    // Called after every collective; mostly nobody waits (no iterator then).
+    if (this.restoring || this.wants.size === 0) return;
     for (const [r, want] of this.wants) {
       if (this.index >= want) {
         this.wants.delete(r);

@@ -101,6 +101,14 @@ const frameBytes = (f: RawFrame): number => f.header.byteLength + byteLengthOf(f
 /** The internal signal that ends a collective the protocol abandoned (never user-visible). */
 class Abandoned extends Error {}
 
+/** The collective running on the wire: abandoned by the protocol, and how its wait ends then. */
+interface RetryRun {
+  readonly seq: number;
+  abandoned: boolean;
+  /** Ends the program's wait for the run (set once the run started). */
+  abandon: (() => void) | undefined;
+}
+
 /** A collective call as the protocol checks it on replay: op, root, type, length. */
 function identOf(op: string, root: number, data: unknown): RetryCollIdentity {
   if (isTypedArray(data)) return { op, root, type: (data as object).constructor.name, length: (data as ArrayLike<unknown>).length };
@@ -154,7 +162,7 @@ export class RetryOneMode extends LoggedMode implements AppLog {
   /** The epoch field of collective frames (the protocol's view id). */
   private collEpoch = 0;
   /** The collective running on the wire, and whether the protocol abandoned it. */
-  private retryRun: { seq: number; abandoned: boolean; abandon: () => void } | undefined;
+  private retryRun: RetryRun | undefined;
   /** Memory of kept collective results, and the buffers it lent out (see recycle). */
   private readonly resultPool = new BouncePool(RESULT_POOL_BYTES_MAX, 8);
   private readonly pooledResults = new WeakSet<Buffer>();
@@ -217,7 +225,7 @@ export class RetryOneMode extends LoggedMode implements AppLog {
       abandonCollective: (seq) => {
         if (this.retryRun !== undefined && this.retryRun.seq === seq) {
           this.retryRun.abandoned = true;
-          this.retryRun.abandon();
+          this.retryRun.abandon?.();
         }
         core.runner.colls.abandon(seq, new Abandoned(`collective #${seq} abandoned`));
       },
@@ -478,16 +486,12 @@ export class RetryOneMode extends LoggedMode implements AppLog {
     data?: unknown,
     bootstrapKey?: string,
   ): Promise<R> {
-    // Nothing in flight (the common case): at once, without a hop through the queue.
+    // Nothing in flight (the common case): at once, without a hop through the queue. runOne
+    // counts the call out when it ends.
     this.inFlight++;
-    const run =
-      this.inFlight === 1
-        ? this.runOne(kind, identity, algorithm, op, root, data, bootstrapKey)
-        : this.queue.then(() => this.runOne(kind, identity, algorithm, op, root, data, bootstrapKey));
-    const left = (): void => {
-      this.inFlight--;
-    };
-    this.queue = run.then(left, left);
+    const go = (): Promise<R> => this.runOne(kind, identity, algorithm, op, root, data, bootstrapKey);
+    const run = this.inFlight === 1 ? go() : this.queue.then(go, go);
+    this.queue = run;
     return run;
   }
 
@@ -505,53 +509,61 @@ export class RetryOneMode extends LoggedMode implements AppLog {
     data?: unknown,
     bootstrapKey?: string,
   ): Promise<R> {
-    const hook = this.hook;
-    const { runner } = this.core;
-    const ident = identOf(op ?? kind, root, data);
-    let d: RetryDecision = await hook.beforeCollective(bootstrapKey === undefined ? { ident } : { ident, bootstrapKey });
-    for (;;) {
-      const failure = this.core.failure();
-      if (failure !== undefined) throw failure;
-      // A copy: the buffer's result may be served again (to another restarted peer), so the
-      // program must not get a view of it that it could change.
-      if ("result" in d) return decodeValue(Buffer.from(d.result)) as R;
-      const { wireSeq, viewId, purgeBelow } = d.run;
-      runner.colls.restoreNextSeq(wireSeq);
-      runner.colls.purge((a) => a.header.epoch === viewId && a.header.collSeq >= purgeBelow);
-      this.collEpoch = viewId;
-      // A run blocked in a send to a dead peer never ends by itself: the abandon ends the wait.
-      let abandon!: () => void;
-      const abandoned = new Promise<never>((_, reject) => {
-        abandon = () => reject(new Abandoned(`collective #${wireSeq} abandoned`));
-      });
-      abandoned.catch(() => undefined);
-      const mine = { seq: wireSeq, abandoned: hook.isAbandoned(wireSeq), abandon };
-      this.retryRun = mine;
-      let result: { value: R } | undefined;
-      const retained: { arrayType: number; parts: readonly Buffer[] } = { arrayType: 0, parts: [] };
-      // Abandoned before it started (the abandon overtook the decision): not run at all.
-      if (!mine.abandoned) {
-        try {
-          const running = runner.run(kind, identity, algorithm, (arrayType, parts) => Object.assign(retained, { arrayType, parts }));
-          running.catch(() => undefined); // an abandoned run may end later; nobody waits for it
-          result = { value: await Promise.race([running, abandoned]) };
-        } catch (err) {
-          if (!(err instanceof Abandoned) && !mine.abandoned) throw err;
+    // Counted out when it ends, however it ends (see collective()).
+    try {
+      const hook = this.hook;
+      const { runner } = this.core;
+      const ident = identOf(op ?? kind, root, data);
+      let d: RetryDecision = await hook.beforeCollective(bootstrapKey === undefined ? { ident } : { ident, bootstrapKey });
+      for (;;) {
+        const failure = this.core.failure();
+        if (failure !== undefined) throw failure;
+        // A copy: the buffer's result may be served again (to another restarted peer), so the
+        // program must not get a view of it that it could change.
+        if ("result" in d) return decodeValue(Buffer.from(d.result)) as R;
+        const { wireSeq, viewId, purgeBelow } = d.run;
+        runner.colls.restoreNextSeq(wireSeq);
+        runner.colls.purge((a) => a.header.epoch === viewId && a.header.collSeq >= purgeBelow);
+        this.collEpoch = viewId;
+        const mine: RetryRun = { seq: wireSeq, abandoned: hook.isAbandoned(wireSeq), abandon: undefined };
+        this.retryRun = mine;
+        let result: { value: R } | undefined;
+        let retained: { arrayType: number; parts: readonly Buffer[] } | undefined;
+        // Abandoned before it started (the abandon overtook the decision): not run at all.
+        if (!mine.abandoned) {
+          try {
+            const running = runner.run(kind, identity, algorithm, (arrayType, parts) => {
+              retained = { arrayType, parts };
+            });
+            // A run blocked in a send to a dead peer never ends by itself: the abandon ends the
+            // wait (and the run, which may end later, is left to itself; nobody waits for it).
+            result = {
+              value: await new Promise<R>((resolve, reject) => {
+                mine.abandon = () => reject(new Abandoned(`collective #${wireSeq} abandoned`));
+                if (mine.abandoned) mine.abandon(); // while it started
+                running.then(resolve, reject);
+              }),
+            };
+          } catch (err) {
+            if (!(err instanceof Abandoned) && !mine.abandoned) throw err;
+          }
         }
+        if (this.retryRun === mine) this.retryRun = undefined;
+        if (result !== undefined && !mine.abandoned) {
+          // The algorithm's own immutable chunks when it offered them and they are not large (no
+          // copy), else a copy (see RESULT_CHUNKS_BYTES_MAX).
+          const bytes = retained === undefined ? 0 : byteLengthOf(retained.parts);
+          hook.afterCollective(
+            retained !== undefined && retained.parts.length > 0 && bytes < RESULT_CHUNKS_BYTES_MAX
+              ? [encodedValueHead(Encoding.typedArray, retained.arrayType, [bytes]), ...retained.parts]
+              : encodeValue(result.value, (n) => this.resultBuffer(n)),
+          );
+          return result.value;
+        }
+        d = await hook.resumeCollective();
       }
-      if (this.retryRun === mine) this.retryRun = undefined;
-      if (result !== undefined && !mine.abandoned) {
-        // The algorithm's own immutable chunks when it offered them and they are not large (no
-        // copy), else a copy (see RESULT_CHUNKS_BYTES_MAX).
-        const bytes = byteLengthOf(retained.parts);
-        hook.afterCollective(
-          retained.parts.length > 0 && bytes < RESULT_CHUNKS_BYTES_MAX
-            ? [encodedValueHead(Encoding.typedArray, retained.arrayType, [bytes]), ...retained.parts]
-            : encodeValue(result.value, (n) => this.resultBuffer(n)),
-        );
-        return result.value;
-      }
-      d = await hook.resumeCollective();
+    } finally {
+      this.inFlight--;
     }
   }
 
