@@ -120,8 +120,10 @@ describe("lifeline drill, mode cpr", () => {
     async () => {
       // line:1 kills at the first checkpoint() after the first line committed, however slow
       // the machine (a fixed step could come before the first line under load). A 512x512 grid
-      // leaves steps to do after it.
-      const o = await drill({ ...cpr, kill: ["1@line:1"], seed: "2" }, ["examples/heat.ts", "--rows", "512", "--cols", "512"]);
+      // of 1,000 iterations leaves steps to do after it: with the default 400 the job once
+      // ended under load (1.8 s) before its first line committed, and the kill never fired;
+      // alone it takes about 0.8 s and commits its first line 0.15 s after the ranks are up.
+      const o = await drill({ ...cpr, kill: ["1@line:1"], seed: "2" }, ["examples/heat.ts", "--rows", "512", "--cols", "512", "--iters", "1000"]);
       expect(o.exitCode, context(o)).toBe(0);
       const [fault] = o.report.runs[1]!.faultReports;
       // -1 for a missing figure, so that a failure prints the drill's context.
