@@ -40,7 +40,7 @@ import {
   type RunResult,
 } from "./drill-report.ts";
 import { parseCount, resolveRunConfig, type RunConfig, type RunFlags } from "./options.ts";
-import type { JobEvent, OutStream, Reporter } from "./progress.ts";
+import { errorLineSuffix, type JobEvent, type OutStream, type Reporter } from "./progress.ts";
 import { toJsonSafe } from "./results.ts";
 import { runJob, type RunIo } from "./run.ts";
 import { runElasticDrill } from "./drill-elastic.ts";
@@ -369,7 +369,7 @@ class RecordingReporter implements Reporter {
     switch (ev.kind) {
       case "rank-failed":
         // With the line of its stderr that says why: a drill's report shows no rank output.
-        this.out.live(`  ${secs(t)} rank ${ev.rank} failed: ${ev.reason}${ev.error === undefined || ev.reason.includes(ev.error) ? "" : `: ${ev.error}`}`);
+        this.out.live(`  ${secs(t)} rank ${ev.rank} failed: ${ev.reason}${errorLineSuffix(ev.reason, ev.error)}`);
         break;
       case "rank-spawned":
         if (ev.attempt > 0) this.out.live(`  ${secs(t)} rank ${ev.rank} restarted (attempt ${ev.attempt})`);

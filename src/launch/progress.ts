@@ -544,8 +544,13 @@ function failureText(ev: Extract<JobEvent, { kind: "rank-failed" }>): string {
 }
 
 function errorSuffix(reason: string, error: string | undefined, tail: readonly string[]): string {
-  if (error !== undefined) return reason.includes(error) ? "" : `: ${error}`;
+  if (error !== undefined) return errorLineSuffix(reason, error);
   return tail.length === 0 ? " (it wrote nothing to stderr)" : "";
+}
+
+/** `: <error line>` after a failure's reason, unless the reason says it already (or there is none). */
+export function errorLineSuffix(reason: string, error: string | undefined): string {
+  return error === undefined || reason.includes(error) ? "" : `: ${error}`;
 }
 
 function resultPreview(results: readonly unknown[]): string[] {

@@ -140,15 +140,16 @@ const RANK_V8_FLAGS: readonly string[] = [`--initial-old-space-size=${RANK_INITI
 /** The `node` command line for an app. */
 export function rankCommand(app: string, appArgs: readonly string[]): { command: string; args: string[] } {
   const ts = (TS_EXTENSIONS as readonly string[]).includes(extname(app));
-  const args = ts ? [...RANK_V8_FLAGS, "--import", resolveTsxLoader(), app, ...appArgs] : [...nodeFlagsFor(app), app, ...appArgs];
-  return { command: process.execPath, args };
+  return { command: process.execPath, args: [...nodeFlags(app, ts), app, ...appArgs] };
 }
 
 /**
- * A rank's V8 flags, and for a program compiled for the job (compile-cache.ts) source maps, so
- * that its stack traces point at its sources.
+ * The `node` flags of a rank or spare process for `app`: the ranks' V8 flags, then the tsx
+ * loader when it runs TypeScript (`ts`), or, for a program compiled for the job
+ * (compile-cache.ts), source maps, so that its stack traces point at its sources.
  */
-function nodeFlagsFor(app: string): string[] {
+function nodeFlags(app: string, ts: boolean): string[] {
+  if (ts) return [...RANK_V8_FLAGS, "--import", resolveTsxLoader()];
   return app.includes(`${sep}${CACHE_DIR}${sep}`) ? [...RANK_V8_FLAGS, "--enable-source-maps"] : [...RANK_V8_FLAGS];
 }
 
@@ -460,7 +461,7 @@ export function spawnSpare(app: string, env: NodeJS.ProcessEnv, cwd: string): Pr
   const fromSource = import.meta.url.endsWith(".ts");
   const entry = fileURLToPath(new URL(fromSource ? "./spare-entry.ts" : "./spare-entry.js", import.meta.url));
   const ts = fromSource || (TS_EXTENSIONS as readonly string[]).includes(extname(app));
-  const args = ts ? [...RANK_V8_FLAGS, "--import", resolveTsxLoader(), entry] : [...nodeFlagsFor(app), entry];
+  const args = [...nodeFlags(app, ts), entry];
   return new Promise((resolve, reject) => {
     let child: ChildProcess;
     try {
