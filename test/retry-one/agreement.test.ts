@@ -191,6 +191,34 @@ describe("decide", () => {
     });
   });
 
+  it("the global lost with every rank that had it, but a restarted rank goes through that checkpoint again: wait for it, no error", () => {
+    // Rank 1 restored checkpoint 3 without its global and awaits it. Rank 0, which had its
+    // own, was restarted; rank 2 is past checkpoint 3 and did not keep that global. Rank 3,
+    // restarted too, restores checkpoint 2 (the newest of its known to be safe): it calls
+    // checkpoint 3 again and keeps that global then.
+    const held = (owner: number, version: number): Holding => ({ owner, versions: [{ version, index: 3 * version, key: `g${version}`, detCount: 0 }], detFrom: 0, detTo: 0 });
+    const all = (safe3: number): Summary[] => {
+      const knownSafe = [3, 3, 4, safe3];
+      // Results are kept from the oldest safe checkpoint's collective on.
+      const bufFrom = 3 * safe3;
+      return [
+        restarted(0),
+        { ...survivor(1, run(12), 3), knownSafe, bufFrom, awaitsGlobal: { version: 3, key: "g3" }, globals: [], holds: [held(0, 3), held(3, safe3)] },
+        // Its global of checkpoint 2 is kept while rank 3's newest safe checkpoint is 2.
+        { ...survivor(2, run(12), 4), knownSafe, bufFrom, globals: [2, 4].map((v) => ({ version: v, index: 3 * v, key: `g${v}` })), holds: [held(1, 3), held(0, 3)] },
+        restarted(3),
+      ];
+    };
+    const d = decide(all(2), opts);
+    if (d.kind !== "plan") throw new Error(`${d.kind}: ${JSON.stringify(d)}`);
+    expect(d.transfers).toContainEqual({ kind: "restore", from: 1, to: 0, version: 3 });
+    expect(d.transfers).toContainEqual({ kind: "restore", from: 1, to: 3, version: 2 });
+    expect(d.transfers.filter((t) => t.kind === "global")).toEqual([{ kind: "global", from: 2, to: 3, version: 2 }]);
+    expect(d.waitAfter).toBe(true);
+    // Had rank 3's checkpoint 3 been safe, nobody would go through checkpoint 3 again: a clear error.
+    expect(decide(all(3), opts)).toMatchObject({ kind: "fail", code: "CPR_RESTORE" });
+  });
+
   it("a running rank cannot be waited for in a round: nothing to move and someone runs → wait", () => {
     expect(decide([survivor(0, coll(5), 1), survivor(1, run(5), 1), survivor(2, coll(5), 1), survivor(3, coll(5), 1)], opts)).toEqual({ kind: "wait" });
   });

@@ -268,7 +268,7 @@ export function decide(all: readonly Summary[], opts: DecideOptions): Decision {
     if (need === undefined) continue;
     const g = globalOwner(need, all, s.rank);
     if (g !== undefined) transfers.push({ kind: "global", from: g, to: s.rank, version: need.version });
-    else if (all.some((o) => o.rank !== s.rank && !o.restoring && o.version < need.version)) waiting = true;
+    else if (someoneReaches(need.version, all, s.rank)) waiting = true;
     else return noGlobal(s.rank, need.version);
   }
 
@@ -318,7 +318,7 @@ export function decide(all: readonly Summary[], opts: DecideOptions): Decision {
  * the start.
  */
 function restartPoint(f: number, all: readonly Summary[], opts: DecideOptions): (Candidate & { readonly global: number | undefined }) | Fail {
-  const target = Math.max(0, ...all.filter((s) => s.rank !== f).map((s) => s.knownSafe[f] ?? 0));
+  const target = restartTarget(f, all);
   const candidates: Candidate[] = [];
   for (const s of all) {
     if (s.rank === f) continue;
@@ -345,9 +345,9 @@ function restartPoint(f: number, all: readonly Summary[], opts: DecideOptions): 
     if (c.held.key === null) return { ...c, global: undefined };
     const g = globalOwner(c.held, all, f);
     if (g !== undefined) return { ...c, global: g };
-    // A survivor that has not called that checkpoint yet will keep its global when it does:
+    // A rank that has not called that checkpoint yet will keep its global when it does:
     // restore without it (the rank then awaits it, see decide).
-    if (all.some((s) => s.rank !== f && !s.restoring && s.version < c.held.version)) return { ...c, global: undefined };
+    if (someoneReaches(c.held.version, all, f)) return { ...c, global: undefined };
     return noGlobal(f, c.held.version);
   }
   const holders = successors(f, opts).join(", ");
@@ -391,7 +391,23 @@ function bestHolder(owner: number, all: readonly Summary[], exclude: number): nu
   return best?.rank;
 }
 
-/** Nobody keeps `f`'s global of checkpoint `version`, and every survivor is past that checkpoint. */
+/** The checkpoint version restarted rank `f` restores: its newest that a live rank knows to be safe (0: the program's start). */
+function restartTarget(f: number, all: readonly Summary[]): number {
+  return Math.max(0, ...all.filter((s) => s.rank !== f).map((s) => s.knownSafe[f] ?? 0));
+}
+
+/**
+ * Some rank other than `f` will still call checkpoint `version`, and keep its own global of it
+ * then: a survivor not there yet, or a restarted rank that restores an older checkpoint and
+ * runs through that one again (the global is the same on every rank at the same checkpoint).
+ * Without the second, ranks that all lost that global would give up although a rank going
+ * through that checkpoint again is about to make it anew (the simulator found that case).
+ */
+function someoneReaches(version: number, all: readonly Summary[], f: number): boolean {
+  return all.some((s) => s.rank !== f && (s.restoring ? restartTarget(s.rank, all) < version : s.version < version));
+}
+
+/** Nobody keeps `f`'s global of checkpoint `version`, and every rank is past that checkpoint or restores it. */
 function noGlobal(f: number, version: number): Fail {
   return fail(
     "CPR_RESTORE",
