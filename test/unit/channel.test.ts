@@ -119,7 +119,7 @@ describe("channel receipts", () => {
       channels: [a],
       sent,
     } = pair();
-    const huge = new Float64Array(512 * 1024); // 4 MiB
+    const huge = new Float64Array(4 * 1024 * 1024); // 32 MiB
     let resolved = false;
     const p = a!.sendApp(huge, 1, 1).then(() => {
       resolved = true;
@@ -219,7 +219,7 @@ describe("channel receipts", () => {
     } = memChannels(2, { timers: false });
     // cpr after a rollback: the receiver already holds these messages, so they are not sent again.
     a!.stamper = { stamp: () => undefined, suppress: () => true };
-    await a!.sendApp(new Float64Array(512 * 1024), 1, 1); // 4 MiB: a rendezvous send
+    await a!.sendApp(new Float64Array(4 * 1024 * 1024), 1, 1); // 32 MiB: a rendezvous send
     await a!.sendApp(new Float64Array(8 * 1024), 1, 2, true); // 64 KiB: an isend's
     expect(sent).toHaveLength(0);
     expect(a!.lentCount).toBe(0);
@@ -245,6 +245,43 @@ describe("channel receipts", () => {
     for (const end = Date.now() + 5_000; a!.lentCount > 0 && Date.now() < end;) await settle();
     expect(a!.lentCount).toBe(0);
     expect(m.delivered).toHaveLength(17);
+  });
+
+  it("16 MiB messages are copies too, and three of them may be out before a send waits", async () => {
+    const m = pair();
+    const [a] = m.channels;
+    m.pause(1);
+    const big = new Float64Array(2 * 1024 * 1024); // 16 MiB
+    // Each of the three resolves once the transport has it: the window holds three messages
+    // of this size (48 MiB), not only 16 MiB, so a stream of them keeps the link busy.
+    const done = [false, false, false];
+    const first = done.map((_, i) =>
+      a!.sendApp(big, 1, 1).then(() => {
+        done[i] = true;
+      }),
+    );
+    await settle();
+    expect(done).toEqual([true, true, true]);
+    expect(m.sent.filter((s) => s.kind === Kind.app).map((s) => s.flags & Flag.rendezvous)).toEqual([0, 0, 0]);
+    let resolved = false;
+    const p = a!.sendApp(big, 1, 1).then(() => {
+      resolved = true;
+    });
+    await settle();
+    expect(resolved).toBe(false);
+    expect(a!.lentCount).toBe(4);
+    // A small message behind it waits in order, though it alone would fit the 16 MiB window.
+    let smallResolved = false;
+    const q = a!.sendApp(new Float64Array(128 * 1024), 1, 2).then(() => {
+      smallResolved = true;
+    });
+    await settle();
+    expect(smallResolved).toBe(false);
+    m.release(1);
+    await Promise.all([...first, p, q]);
+    for (const end = Date.now() + 5_000; a!.lentCount > 0 && Date.now() < end;) await settle();
+    expect(a!.lentCount).toBe(0);
+    expect(m.delivered).toHaveLength(5);
   });
 
   it("a message the transport refused holds no credit: later sends to that rank do not wait for it", async () => {
@@ -278,7 +315,7 @@ describe("channel receipts", () => {
     const {
       channels: [a],
     } = pair();
-    const p = a!.sendApp(new Float64Array(512 * 1024), 1, 1);
+    const p = a!.sendApp(new Float64Array(4 * 1024 * 1024), 1, 1); // 32 MiB
     a!.forgetLent(new Error("aborted"));
     await expect(p).rejects.toThrow("aborted");
   });
