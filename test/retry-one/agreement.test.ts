@@ -196,7 +196,12 @@ describe("decide", () => {
     // own, was restarted; rank 2 is past checkpoint 3 and did not keep that global. Rank 3,
     // restarted too, restores checkpoint 2 (the newest of its known to be safe): it calls
     // checkpoint 3 again and keeps that global then.
-    const held = (owner: number, version: number): Holding => ({ owner, versions: [{ version, index: 3 * version, key: `g${version}`, detCount: 0 }], detFrom: 0, detTo: 0 });
+    const held = (owner: number, version: number): Holding => ({
+      owner,
+      versions: [{ version, index: 3 * version, key: `g${version}`, detCount: 0 }],
+      detFrom: 0,
+      detTo: 0,
+    });
     const all = (safe3: number): Summary[] => {
       const knownSafe = [3, 3, 4, safe3];
       // Results are kept from the oldest safe checkpoint's collective on.
@@ -205,7 +210,13 @@ describe("decide", () => {
         restarted(0),
         { ...survivor(1, run(12), 3), knownSafe, bufFrom, awaitsGlobal: { version: 3, key: "g3" }, globals: [], holds: [held(0, 3), held(3, safe3)] },
         // Its global of checkpoint 2 is kept while rank 3's newest safe checkpoint is 2.
-        { ...survivor(2, run(12), 4), knownSafe, bufFrom, globals: [2, 4].map((v) => ({ version: v, index: 3 * v, key: `g${v}` })), holds: [held(1, 3), held(0, 3)] },
+        {
+          ...survivor(2, run(12), 4),
+          knownSafe,
+          bufFrom,
+          globals: [2, 4].map((v) => ({ version: v, index: 3 * v, key: `g${v}` })),
+          holds: [held(1, 3), held(0, 3)],
+        },
         restarted(3),
       ];
     };
