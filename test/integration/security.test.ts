@@ -1,5 +1,5 @@
 /**
- * Goal (issue 12): on tcp, where anyone who reaches a port can try it, nothing from outside the
+ * Goal: on tcp, where anyone who reaches a port can try it, nothing from outside the
  * job and nothing a compromised rank sends changes a job's results or takes down a rank:
  * - a stranger without the job's keys — plain, and with a CURVE key of its own (knowing the
  *   coordinator's public key, or not) — tries every socket of a running `lifeline run
@@ -19,7 +19,8 @@
  *   refused (results bit-identical);
  * - a flood: a sender as fast as it can, a receiver that computes between receives: both
  *   stay under 200 MB resident (the queues hold 1,000 messages each way), and every message
- *   arrives in order.
+ *   arrives in order; with messages of 16 MiB (copied, three of them on the way at most)
+ *   both stay under 300 MB.
  *
  * Method: the built launcher with --json; the stranger is this test process (zeromq.js
  * sockets), finding the ranks' ports in /proc and the coordinator's public key in a rank's
@@ -312,6 +313,30 @@ describe("a flood", () => {
       expect(receiver!.inOrder).toBe(true);
       expect(sender!.maxRssMb).toBeLessThan(200);
       expect(receiver!.maxRssMb).toBeLessThan(200);
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
+    "messages of 16 MiB to a receiver that computes 20 ms after each: both stay under 300 MB, every message arrives in order",
+    async () => {
+      // 640 MB in all. A send copies them into pooled buffers, and a destination holds at most
+      // three un-acknowledged (48 MiB): the sender's copies, the receiver's queue and ZeroMQ's
+      // buffers stay a few messages deep.
+      const run = await runLauncher({
+        np: 2,
+        program: "test/fixtures/security/flood.ts",
+        args: ["40", String(16 * 1024 * 1024), "20000"],
+        flags: ["--mode", "none", "--transport", "tcp"],
+        dir: runs.path,
+        name: "flood-large",
+        timeoutMs: TIMEOUT_MS,
+      });
+      expect(run.code, run.stderr).toBe(0);
+      const [sender, receiver] = run.doc!.ranks as { maxRssMb: number; inOrder: boolean }[];
+      expect(receiver!.inOrder).toBe(true);
+      expect(sender!.maxRssMb).toBeLessThan(300);
+      expect(receiver!.maxRssMb).toBeLessThan(300);
     },
     TIMEOUT_MS,
   );
