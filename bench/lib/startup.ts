@@ -10,7 +10,7 @@
  * console.log(renderStartupTable(r));
  */
 import { spawn } from "node:child_process";
-import { mkdirSync, rmSync } from "node:fs";
+import { copyFileSync, mkdtempSync, rmSync } from "node:fs";
 import path from "node:path";
 
 export const STARTUP_TARGET = 1.3;
@@ -40,18 +40,22 @@ function jobSeconds(root: string, np: number, app: string): Promise<number> {
 }
 
 export async function startupRuns(opts: { root: string; runs: number; np: number; progress: (line: string) => void }): Promise<StartupResult> {
-  const program = path.join(opts.root, "examples", "heat.ts");
-  const jsDir = path.join(opts.root, "examples", ".bench-startup");
-  const js = path.join(jsDir, "heat.mjs");
-  const cache = path.join(opts.root, "examples", ".lifeline-cache");
+  const source = path.join(opts.root, "examples", "heat.ts");
+  // A private copy of the program (it imports only packages), inside the package so that
+  // `lifeline` resolves as from the source: its compiled form goes to a cache directory of its
+  // own, which starts empty (the cold run). Emptying examples/.lifeline-cache instead would
+  // pull the compiled program from under any job running an example meanwhile (a test, or the
+  // user's own run).
+  const dir = mkdtempSync(path.join(opts.root, "examples", ".bench-startup-"));
+  const program = path.join(dir, "heat.ts");
+  const js = path.join(dir, "heat.mjs");
   const result: StartupResult = { np: opts.np, program: "examples/heat.ts", runs: { ts: [], tsCold: [], js: [] }, errors: [] };
   try {
-    mkdirSync(jsDir, { recursive: true });
+    copyFileSync(source, program);
     const esbuild = await import("esbuild");
     // The same program as plain JavaScript, compiled once here (its own modules bundled, its
-    // packages imported), inside the package so that `lifeline` resolves as from the source.
+    // packages imported).
     await esbuild.build({ entryPoints: [program], bundle: true, packages: "external", format: "esm", platform: "node", outfile: js, logLevel: "silent" });
-    rmSync(cache, { recursive: true, force: true });
     for (let k = 0; k < opts.runs; k++) {
       for (const variant of k % 2 === 0 ? (["ts", "js"] as const) : (["js", "ts"] as const)) {
         try {
@@ -72,7 +76,7 @@ export async function startupRuns(opts: { root: string; runs: number; np: number
       result.errors.push(`ts run: ${(err as Error).message}`);
     }
   } finally {
-    rmSync(jsDir, { recursive: true, force: true });
+    rmSync(dir, { recursive: true, force: true });
   }
   return result;
 }

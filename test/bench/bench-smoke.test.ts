@@ -12,7 +12,7 @@
  * building and table rendering: bench-plan.test.ts.
  */
 import { execFile } from "node:child_process";
-import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
@@ -159,7 +159,18 @@ describe("bench --quick", () => {
   it.skipIf(!built)(
     "Lifeline next to raw, retry-one next to none, recovery in both modes, elastic: ratios, jobs, peers, parts and targets filled in",
     async () => {
-      const report = await quickReport("both", ["--variant", "both", "--only", BLOCKS_ONLY], 90_000);
+      // The start-up benchmark's cold run must leave the examples' compile cache alone: jobs
+      // running an example meanwhile (other test files) load their compiled program from it.
+      const sentinel = path.join(ROOT, "examples", ".lifeline-cache", `bench-smoke-${process.pid}.mjs`);
+      mkdirSync(path.dirname(sentinel), { recursive: true });
+      writeFileSync(sentinel, "");
+      let report: Report;
+      try {
+        report = await quickReport("both", ["--variant", "both", "--only", BLOCKS_ONLY], 90_000);
+        expect(existsSync(sentinel)).toBe(true);
+      } finally {
+        rmSync(sentinel, { force: true });
+      }
       expect(report.tables).toContain("### Ping-pong latency");
       const benches = new Set(report.results.map((r) => r.bench));
       expect([...benches].sort()).toEqual([
