@@ -296,20 +296,26 @@ describe("a compromised rank", () => {
 });
 
 describe("a flood", () => {
+  /** flood.ts on 2 ranks over tcp with these arguments (count, bytes, µs of work); its ranks' reports once it exited 0. */
+  const flood = async (name: string, args: string[]): Promise<{ maxRssMb: number; inOrder: boolean }[]> => {
+    const run = await runLauncher({
+      np: 2,
+      program: "test/fixtures/security/flood.ts",
+      args,
+      flags: ["--mode", "none", "--transport", "tcp"],
+      dir: runs.path,
+      name,
+      timeoutMs: TIMEOUT_MS,
+    });
+    expect(run.code, run.stderr).toBe(0);
+    return run.doc!.ranks as { maxRssMb: number; inOrder: boolean }[];
+  };
+
   it(
     "a sender as fast as it can, a receiver that computes between receives: both stay under 200 MB, every message arrives in order",
     async () => {
-      const run = await runLauncher({
-        np: 2,
-        program: "test/fixtures/security/flood.ts",
-        args: ["20000", "16384", "100"], // 320 MB in all, 100 µs of work per message
-        flags: ["--mode", "none", "--transport", "tcp"],
-        dir: runs.path,
-        name: "flood",
-        timeoutMs: TIMEOUT_MS,
-      });
-      expect(run.code, run.stderr).toBe(0);
-      const [sender, receiver] = run.doc!.ranks as { maxRssMb: number; inOrder: boolean }[];
+      // 320 MB in all, 100 µs of work per message
+      const [sender, receiver] = await flood("flood", ["20000", "16384", "100"]);
       expect(receiver!.inOrder).toBe(true);
       expect(sender!.maxRssMb).toBeLessThan(200);
       expect(receiver!.maxRssMb).toBeLessThan(200);
@@ -323,17 +329,7 @@ describe("a flood", () => {
       // 640 MB in all. A send copies them into pooled buffers, and a destination holds at most
       // three un-acknowledged (48 MiB): the sender's copies, the receiver's queue and ZeroMQ's
       // buffers stay a few messages deep.
-      const run = await runLauncher({
-        np: 2,
-        program: "test/fixtures/security/flood.ts",
-        args: ["40", String(16 * 1024 * 1024), "20000"],
-        flags: ["--mode", "none", "--transport", "tcp"],
-        dir: runs.path,
-        name: "flood-large",
-        timeoutMs: TIMEOUT_MS,
-      });
-      expect(run.code, run.stderr).toBe(0);
-      const [sender, receiver] = run.doc!.ranks as { maxRssMb: number; inOrder: boolean }[];
+      const [sender, receiver] = await flood("flood-large", ["40", String(16 * 1024 * 1024), "20000"]);
       expect(receiver!.inOrder).toBe(true);
       expect(sender!.maxRssMb).toBeLessThan(300);
       expect(receiver!.maxRssMb).toBeLessThan(300);

@@ -16,6 +16,15 @@ const pair = () => memChannels(2);
 
 const settle = (): Promise<void> => new Promise((r) => setTimeout(r, 20));
 
+/** A send's promise and whether it has resolved yet. */
+function watch(p: Promise<void>): { readonly promise: Promise<void>; done: boolean } {
+  const w = { promise: p, done: false };
+  w.promise = p.then(() => {
+    w.done = true;
+  });
+  return w;
+}
+
 describe("channel receipts", () => {
   it("three large messages get one receipt (once their sender pauses), which returns every buffer", async () => {
     const {
@@ -120,14 +129,11 @@ describe("channel receipts", () => {
       sent,
     } = pair();
     const huge = new Float64Array(4 * 1024 * 1024); // 32 MiB
-    let resolved = false;
-    const p = a!.sendApp(huge, 1, 1).then(() => {
-      resolved = true;
-    });
+    const send = watch(a!.sendApp(huge, 1, 1));
     await new Promise((r) => setImmediate(r));
-    expect(resolved).toBe(false);
+    expect(send.done).toBe(false);
     expect(a!.lentCount).toBe(1);
-    await p;
+    await send.promise;
     expect(sent.filter((s) => s.from === 1 && s.kind === Kind.protocol)).toHaveLength(1);
     expect(a!.lentCount).toBe(0);
   });
@@ -232,16 +238,13 @@ describe("channel receipts", () => {
     const big = new Float64Array(128 * 1024); // 1 MiB
     // 16 MiB out: each send resolves once the transport has it.
     for (let i = 0; i < 16; i++) await a!.sendApp(big, 1, 1);
-    let resolved = false;
-    const p = a!.sendApp(big, 1, 1).then(() => {
-      resolved = true;
-    });
+    const next = watch(a!.sendApp(big, 1, 1));
     await settle();
-    expect(resolved).toBe(false);
+    expect(next.done).toBe(false);
     expect(a!.lentCount).toBe(17);
     // The receiver's loop runs again: every message arrives (in order), receipts come back.
     m.release(1);
-    await p;
+    await next.promise;
     for (const end = Date.now() + 5_000; a!.lentCount > 0 && Date.now() < end;) await settle();
     expect(a!.lentCount).toBe(0);
     expect(m.delivered).toHaveLength(17);
@@ -254,31 +257,20 @@ describe("channel receipts", () => {
     const big = new Float64Array(2 * 1024 * 1024); // 16 MiB
     // Each of the three resolves once the transport has it: the window holds three messages
     // of this size (48 MiB), not only 16 MiB, so a stream of them keeps the link busy.
-    const done = [false, false, false];
-    const first = done.map((_, i) =>
-      a!.sendApp(big, 1, 1).then(() => {
-        done[i] = true;
-      }),
-    );
+    const first = [0, 1, 2].map(() => watch(a!.sendApp(big, 1, 1)));
     await settle();
-    expect(done).toEqual([true, true, true]);
+    expect(first.map((w) => w.done)).toEqual([true, true, true]);
     expect(m.sent.filter((s) => s.kind === Kind.app).map((s) => s.flags & Flag.rendezvous)).toEqual([0, 0, 0]);
-    let resolved = false;
-    const p = a!.sendApp(big, 1, 1).then(() => {
-      resolved = true;
-    });
+    const fourth = watch(a!.sendApp(big, 1, 1));
     await settle();
-    expect(resolved).toBe(false);
+    expect(fourth.done).toBe(false);
     expect(a!.lentCount).toBe(4);
     // A small message behind it waits in order, though it alone would fit the 16 MiB window.
-    let smallResolved = false;
-    const q = a!.sendApp(new Float64Array(128 * 1024), 1, 2).then(() => {
-      smallResolved = true;
-    });
+    const small = watch(a!.sendApp(new Float64Array(128 * 1024), 1, 2));
     await settle();
-    expect(smallResolved).toBe(false);
+    expect(small.done).toBe(false);
     m.release(1);
-    await Promise.all([...first, p, q]);
+    await Promise.all([...first, fourth, small].map((w) => w.promise));
     for (const end = Date.now() + 5_000; a!.lentCount > 0 && Date.now() < end;) await settle();
     expect(a!.lentCount).toBe(0);
     expect(m.delivered).toHaveLength(5);
