@@ -118,9 +118,15 @@ export class CollectiveRunner {
       size: this.size,
       send: (dest, step, body) => {
         const failure = this.failure();
-        if (failure !== undefined) return Promise.reject(failure);
         const tag = (kindIndex << STEP_BITS) | step;
-        return channel.transmit(dest, channel.header(Kind.collective, dest, tag, body, c.seq, c.signature), body);
+        const sent =
+          failure !== undefined ? Promise.reject(failure) : channel.transmit(dest, channel.header(Kind.collective, dest, tag, body, c.seq, c.signature), body);
+        // An algorithm that stops at a failed receive never awaits the sends it started; one of
+        // them may fail later (its peer died, and the transport gave it up once the peer's
+        // successor was known). Handled here, so that is not an unhandled rejection, which
+        // would end the rank's process; an algorithm that awaits it still sees the failure.
+        sent.catch(() => undefined);
+        return sent;
       },
       recv: (source, step) => {
         const failure = this.failure();

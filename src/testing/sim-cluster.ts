@@ -118,6 +118,8 @@ export interface SimClusterOptions {
    * on in isolation, until its lease lapses.
    */
   readonly partitions?: SimPartitionOptions;
+  /** Data sends to a dead incarnation wait until the sender connects its successor (see SimHostOptions). */
+  readonly blockSendsToDead?: boolean;
 }
 
 export interface SimLeaseOptions {
@@ -204,6 +206,8 @@ export interface SimOutcome {
   readonly fallbackLines: readonly number[];
   /** Hosts crashed (`hostCrashes`), each taking every rank on it. */
   readonly hostsCrashed: number;
+  /** Data sends that waited on a dead incarnation (`blockSendsToDead`). */
+  readonly sendsStuck: number;
   /** Ranks the simulator killed (crashes, host crashes), each once. */
   readonly crashedRanks: readonly number[];
   /** Partitions: cuts made, ranks declared dead by the detector, and incarnations that ended when their lease lapsed. */
@@ -627,6 +631,7 @@ export class SimCluster {
   restarts = 0;
   private linesAfterRestart = 0;
   private hostsCrashed = 0;
+  private sendsStuck = 0;
   private readonly crashedRanks = new Set<number>();
   /** cpr: the store every rank and the coordinator use (kill -9 modelled by its crash()). */
   readonly store: MemoryRecoveryStore | undefined;
@@ -799,6 +804,10 @@ export class SimCluster {
             watchdog: lease === undefined ? undefined : { ...lease, onLost: (silentMs) => this.leaseEnds.push({ rank, attempt, silentMs }) },
             onDeadFrame: () => {
               this.deadFrames++;
+            },
+            blockSendsToDead: this.opts.blockSendsToDead === true,
+            onSendStuck: () => {
+              this.sendsStuck++;
             },
           }),
         {
@@ -1227,6 +1236,7 @@ export class SimCluster {
       fallbacks: this.fallbacks,
       fallbackLines: [...this.fallbackLines],
       hostsCrashed: this.hostsCrashed,
+      sendsStuck: this.sendsStuck,
       crashedRanks: [...this.crashedRanks].sort((a, b) => a - b),
       partitions: this.partitionsMade,
       declaredDead: this.declaredDead,

@@ -41,6 +41,15 @@ export interface SimHostOptions {
    * counts them.
    */
   readonly onDeadFrame?: () => void;
+  /**
+   * A data send to a peer incarnation that died does not finish until the rank connects that
+   * peer's successor (or closes its transport), and then fails: a ZeroMQ socket's send once
+   * its queue to the dead peer is at the high-water mark. Without it such sends are dropped
+   * at once, as while the queue has room.
+   */
+  readonly blockSendsToDead?: boolean;
+  /** A send began to wait so (the cluster counts them). */
+  readonly onSendStuck?: () => void;
   /** The rank's watchdog: heartbeats every `heartbeatMs`, the lease lapses after `failureTimeoutMs`. */
   readonly watchdog?: { readonly heartbeatMs: number; readonly failureTimeoutMs: number; readonly onLost: (silentMs: number) => void } | undefined;
 }
@@ -67,6 +76,13 @@ export function simHost(opts: SimHostOptions): Host {
     opts.onControl(msg as CoordinatorToRank);
   };
   const dog = opts.watchdog === undefined ? undefined : startWatchdog(opts, opts.watchdog);
+  /** Sends stuck on a dead peer incarnation (blockSendsToDead), by peer. */
+  const stuck = new Map<number, ((err: Error) => void)[]>();
+  const unstick = (peer: number, err: Error): void => {
+    const waits = stuck.get(peer);
+    stuck.delete(peer);
+    for (const fail of waits ?? []) fail(err);
+  };
   return {
     transport: {
       endpoint: id,
@@ -75,18 +91,28 @@ export function simHost(opts: SimHostOptions): Host {
         node.onError = onError;
       },
       connect(peer, endpoint) {
+        if (peers.get(peer) !== endpoint) unstick(peer, new Error(`${id}: rank ${peer} restarted while a send to it was queued`));
         peers.set(peer, endpoint);
       },
       send(peer, frames) {
         if (node.dataClosed) return Promise.reject(closed());
         const ep = peers.get(peer);
         if (ep === undefined) return Promise.reject(new Error(`${id}: send to rank ${peer}, which was never connected`));
+        if (opts.blockSendsToDead === true && !net.isAlive(ep)) {
+          opts.onSendStuck?.();
+          return new Promise<void>((_, reject) => {
+            const waits = stuck.get(peer) ?? [];
+            waits.push(reject);
+            stuck.set(peer, waits);
+          });
+        }
         net.sendData(id, ep, frames);
         return Promise.resolve();
       },
       close() {
         node.dataClosed = true;
         node.onFrames = undefined;
+        for (const peer of [...stuck.keys()]) unstick(peer, closed());
         return Promise.resolve();
       },
     },

@@ -198,6 +198,11 @@ export class SimNetwork {
     return node;
   }
 
+  /** True while node `id` exists and was not killed (a send to it is dropped otherwise). */
+  isAlive(id: string): boolean {
+    return this.nodes.get(id)?.alive === true;
+  }
+
   node(id: string): SimNode {
     const n = this.nodes.get(id);
     assert(n !== undefined, `unknown node ${id}`);

@@ -77,7 +77,16 @@ const GLOBAL_POOLED_ELEMS = 8448;
  */
 export async function runRetryOneSeed(
   seed: number,
-  opts: { bigChance?: number; hostCrash?: boolean; p2p?: boolean; floor?: boolean; bigMessages?: boolean; backoffMs?: (n: number) => number } = {},
+  opts: {
+    bigChance?: number;
+    hostCrash?: boolean;
+    p2p?: boolean;
+    floor?: boolean;
+    bigMessages?: boolean;
+    backoffMs?: (n: number) => number;
+    /** Sends to a dead rank wait until its successor is known (SimClusterOptions.blockSendsToDead). */
+    blockSendsToDead?: boolean;
+  } = {},
 ): Promise<{ spec: ProgramSpec; ref: SimOutcome; out: SimOutcome }> {
   const prng = new Prng(seed);
   const size = prng.rangeInclusive(opts.p2p === true ? 3 : 2, 4);
@@ -111,6 +120,7 @@ export async function runRetryOneSeed(
     program,
     stepsMax: 80_000,
     ...(opts.backoffMs === undefined ? {} : { backoffMs: opts.backoffMs }),
+    ...(opts.blockSendsToDead === true ? { blockSendsToDead: true } : {}),
     retryOne: {
       replicas: knobs.pick([1, 2, 3]),
       maxRestarts: 10,

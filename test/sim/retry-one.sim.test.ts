@@ -72,6 +72,22 @@ describe("simulation, mode retry-one", () => {
     expect(hostCrashes, "the seeds should crash hosts").toBeGreaterThan(100);
   }, 600_000);
 
+  it("sends to a dead rank wait, as at a full ZeroMQ queue: every run still recovers (500 seeds, point-to-point mixed in)", async () => {
+    // A collective whose run waits in such a send never ends by itself: the protocol's abandon
+    // must end the program's wait for it (a run stuck here was a 1-in-8 hang of boosting).
+    let stuck = 0;
+    for (const seed of swarmSeeds(500)) {
+      const { spec, ref, out } = await runRetryOneSeed(seed, { p2p: true, blockSendsToDead: true });
+      const where = `program: ${describeProgram(spec)}\nreproduce with SEED=${seed} (sends to the dead wait)\n${out.report}`;
+      expect(ref.status, where).toBe("ok");
+      if (out.status === "failed" && out.aborts.length > 0 && out.aborts.every((a) => a.code === "CPR_LOST")) continue;
+      expect(out.status, where).toBe("ok");
+      expect(out.results, where).toEqual(ref.results);
+      stuck += out.sendsStuck;
+    }
+    expect(stuck, "the seeds should make sends wait on a dead rank").toBeGreaterThan(50);
+  }, 600_000);
+
   it("large results (ring allreduce kept as its received chunks, others in pooled copies) replay exactly (200 seeds, half the collectives large)", async () => {
     let replayed = 0;
     for (const seed of swarmSeeds(200)) {
