@@ -113,6 +113,17 @@ describe("retry-one with real processes", () => {
   );
 
   it(
+    "allreduces of 16 MiB (results kept as the chunks they arrived in), rank 1 killed at its second collective after checkpoint 1: same results as mode none, the first served from the survivors' buffers",
+    async () => {
+      const r1 = await expectSameAsNone("test/fixtures/retry-one/large.ts", [], ["1@mock:1,1"]);
+      expectOnlyRestarted(r1, { 1: 1 });
+      expect(r1.caughtUp).toHaveLength(1);
+      expect(r1.caughtUp[0]).toMatchObject({ rank: 1, attempt: 1, restored: 1, replayed: 1 });
+    },
+    2 * RUN_TIMEOUT_MS,
+  );
+
+  it(
     "a dead rank never restarted (--max-restarts 0): a clear LAUNCH_RESTARTS error, no hang",
     async () => {
       const started = performance.now();

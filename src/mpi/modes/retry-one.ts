@@ -79,14 +79,22 @@ const RETRY_STEP_SHIFT = 1 << 20;
  */
 const RESULT_POOL_BYTES_MIN = 64 * 1024;
 /**
- * Results of at least this size are kept as a pooled copy even when the algorithm offers its
- * own immutable chunks: those chunks (ZeroMQ's receive buffers, mostly) are fresh memory for
- * every call while they are kept, and faulting in their pages costs more than the copy into
- * reused memory. Measured with `node --import tsx bench/tools/mode-ab.ts --modes
- * none,retry-one --checkpoint-every 10`: the copy wins at 1 MiB, the two are even at 256 KiB
- * and at 16 MiB; below the bound the chunks spare the copy.
+ * Results from this size up to {@link RESULT_CHUNKS_BYTES_FROM} are kept as a pooled copy even
+ * when the algorithm offers its own immutable chunks: those chunks (ZeroMQ's receive buffers,
+ * mostly) are fresh memory for every call while they are kept, and faulting in their pages
+ * costs more than the copy into reused memory. Measured with `node --import tsx
+ * bench/tools/mode-ab.ts --modes none,retry-one --checkpoint-every 10`: the copy wins at 1 MiB,
+ * the two are even at 256 KiB; below the bound the chunks spare the copy.
  */
 const RESULT_CHUNKS_BYTES_MAX = 512 * 1024;
+/**
+ * Results of at least this size are kept as the algorithm's chunks again: copying them costs
+ * more than their pages. One job at a time (`node --import tsx bench/tools/mode-ab.ts --sizes
+ * 16777216,67108864 --iters 24 --rounds 3 --checkpoint-every 10`), retry-one took 1.04x mode
+ * none's time at 16 MiB and 1.05-1.16x at 64 MiB with the chunks, against 1.25x and 1.32x with
+ * the copy; at 4 and 8 MiB the copy was as fast or faster.
+ */
+const RESULT_CHUNKS_BYTES_FROM = 16 * 1024 * 1024;
 /** Idle memory of results and checkpoint copies kept for reuse. */
 const RESULT_POOL_BYTES_MAX = 512 * 1024 * 1024;
 /** Messages kept in the sender log, all destinations together (see logBytesMax). */
@@ -557,11 +565,11 @@ export class RetryOneMode extends LoggedMode implements AppLog {
         }
         if (this.retryRun === mine) this.retryRun = undefined;
         if (result !== undefined && !mine.abandoned) {
-          // The algorithm's own immutable chunks when it offered them and they are not large (no
-          // copy), else a copy (see RESULT_CHUNKS_BYTES_MAX).
+          // The algorithm's own immutable chunks when it offered them, below one bound or from
+          // the other (no copy), else a copy (see RESULT_CHUNKS_BYTES_MAX).
           const bytes = retained === undefined ? 0 : byteLengthOf(retained.parts);
           hook.afterCollective(
-            retained !== undefined && retained.parts.length > 0 && bytes < RESULT_CHUNKS_BYTES_MAX
+            retained !== undefined && retained.parts.length > 0 && (bytes < RESULT_CHUNKS_BYTES_MAX || bytes >= RESULT_CHUNKS_BYTES_FROM)
               ? [encodedValueHead(Encoding.typedArray, retained.arrayType, [bytes]), ...retained.parts]
               : encodeValue(result.value, (n) => this.resultBuffer(n)),
           );
