@@ -10,15 +10,14 @@
  * process.exitCode = outcome.exitCode;
  */
 import { randomBytes } from "node:crypto";
-import { mkdtempSync, rmSync } from "node:fs";
-import { tmpdir } from "node:os";
-import { basename, extname, join, resolve } from "node:path";
+import { basename, extname, resolve } from "node:path";
 import { errorMessage, isLifelineError, LifelineError } from "../errors.ts";
 import { makeJobKeys } from "../mpi/keys.ts";
 import type { RunConfig } from "./options.ts";
 import { createReporter, pickStyle, type OutStream, type Reporter } from "./progress.ts";
 import { claimStore, type StoreClaim } from "./job-store.ts";
 import { compileApp } from "./compile-cache.ts";
+import { openRunDir, runDirBase, sweepStaleRunDirs } from "./run-dir.ts";
 import { writeResultsFile } from "./results.ts";
 import { Supervisor, type JobOutcome } from "./supervisor.ts";
 
@@ -65,7 +64,10 @@ export async function runJob(config: RunConfig, io: RunIo): Promise<JobOutcome> 
   const keepsLines = config.mode === "cpr" || (config.mode === "retry-one" && (config.durableEvery ?? 0) > 0);
   const claim: StoreClaim | undefined = keepsLines ? await claimStore(config, { jobIdBase: name }) : undefined;
   const jobId = claim?.job.id ?? `${name}-${randomBytes(4).toString("hex")}`;
-  const runDir = makeRunDir();
+  const runDirHandle = await openRunDir();
+  const runDir = runDirHandle.path;
+  // Run directories of launchers that were SIGKILLed; the job does not wait for this.
+  const swept = sweepStaleRunDirs(runDirBase(), { except: runDir });
   const reporter =
     io.reporter ??
     createReporter({
@@ -100,7 +102,10 @@ export async function runJob(config: RunConfig, io: RunIo): Promise<JobOutcome> 
   const handleSignals = io.handleSignals ?? true;
   const onSignal = (signal: NodeJS.Signals): void => supervisor.interrupt(signal);
   // Runs even when the launcher crashes: Node emits `exit` on an uncaught exception.
-  const onExit = (): void => supervisor.killAllNow();
+  const onExit = (): void => {
+    supervisor.killAllNow();
+    runDirHandle.remove();
+  };
   if (handleSignals) {
     for (const s of STOP_SIGNALS) process.on(s, onSignal);
     process.on("exit", onExit);
@@ -114,7 +119,8 @@ export async function runJob(config: RunConfig, io: RunIo): Promise<JobOutcome> 
       for (const s of STOP_SIGNALS) process.off(s, onSignal);
       process.off("exit", onExit);
     }
-    rmSync(runDir, { recursive: true, force: true });
+    runDirHandle.remove();
+    await swept;
   }
 
   if (config.resultsPath !== undefined) {
@@ -159,14 +165,4 @@ export async function runJob(config: RunConfig, io: RunIo): Promise<JobOutcome> 
   });
   reporter.close();
   return outcome;
-}
-
-/**
- * A fresh private directory (mode 0700) for the job's ipc endpoints. Unix socket paths are
- * short (107 bytes), so a long TMPDIR falls back to /tmp.
- */
-function makeRunDir(): string {
-  const base = tmpdir();
-  const dir = base.length <= 60 ? base : "/tmp";
-  return mkdtempSync(join(dir, "lifeline-"));
 }

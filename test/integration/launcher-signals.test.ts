@@ -6,17 +6,23 @@
  * Method: start the source CLI on test/fixtures/launch/forever.ts (ranks that never finish),
  * wait for the `job-started` event and a step, signal the launcher, then check by pid (from
  * `rank-spawned` events) that every rank is gone within a bound. Every test kills what it
- * started, by pid.
+ * started, by pid. Each test's launchers get a private TMPDIR, where their run directories go:
+ * after a SIGKILL, the next launcher must delete the one the killed launcher left.
  */
-import { existsSync } from "node:fs";
+import { existsSync, mkdtempSync, readdirSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { afterEach, beforeAll, describe, expect, it } from "vitest";
+import { afterEach, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { CliProcess, FIXTURES, killAll, processExists, ROOT, waitGone } from "../launch/helpers.ts";
 
 let started: CliProcess[] = [];
+let tmp = "";
 
 beforeAll(() => {
   if (!existsSync(join(ROOT, "dist", "index.js"))) throw new Error("dist/index.js is missing: run `npm run build` first");
+});
+beforeEach(() => {
+  tmp = mkdtempSync(join(tmpdir(), "signals-"));
 });
 afterEach(() => {
   for (const cli of started) {
@@ -24,11 +30,20 @@ afterEach(() => {
     if (cli.child.exitCode === null && cli.child.signalCode === null) cli.child.kill("SIGKILL");
   }
   started = [];
+  rmSync(tmp, { recursive: true, force: true });
 });
+
+/** The run directories under this test's TMPDIR. */
+function runDirs(): string[] {
+  return readdirSync(tmp).filter((n) => n.startsWith("lifeline-"));
+}
 
 /** Starts a never-ending job and resolves once every rank has taken a step. */
 async function runningJob(how: "steps" | "busy", np: number): Promise<CliProcess> {
-  const cli = new CliProcess(["run", "-n", String(np), "--mode", "none", "--json", join(FIXTURES, "forever.ts"), how], { timeoutMs: 40_000 });
+  const cli = new CliProcess(["run", "-n", String(np), "--mode", "none", "--json", join(FIXTURES, "forever.ts"), how], {
+    timeoutMs: 40_000,
+    env: { ...process.env, TMPDIR: tmp },
+  });
   started.push(cli);
   await cli.events.waitFor((e) => e.event === "job-started", 30_000, "job-started");
   if (how === "steps") {
@@ -51,6 +66,7 @@ describe("stopping the launcher", () => {
     cli.child.kill(signal);
     const r = await cli.done;
     expect(r.code, r.stderr).toBe(code);
+    expect(runDirs()).toEqual([]);
     // The launcher returns only after its ranks are gone.
     expect(pids.filter(processExists)).toEqual([]);
     const finished = cli.events.all.find((e) => e.event === "job-finished")!;
@@ -74,6 +90,13 @@ describe("stopping the launcher", () => {
     const r = await cli.done;
     expect(r.signal).toBe("SIGKILL");
     expect(await waitGone(pids, 3_000)).toEqual([]);
+    // The killed launcher could not delete its run directory; the next launcher does.
+    expect(runDirs()).toHaveLength(1);
+    const next = new CliProcess(["run", "-n", "1", "--mode", "none", "--json", join(FIXTURES, "ok.js")], { env: { ...process.env, TMPDIR: tmp } });
+    started.push(next);
+    const done = await next.done;
+    expect(done.code, done.stderr).toBe(0);
+    expect(runDirs()).toEqual([]);
   });
 
   it("SIGKILL of the launcher also ends ranks busy in a synchronous loop", async () => {

@@ -154,7 +154,7 @@ export function killAll(pids: readonly number[]): void {
 export const ROOT = fileURLToPath(new URL("../..", import.meta.url));
 export const CLI_SRC = join(ROOT, "src", "cli.ts");
 export const FIXTURES = join(ROOT, "test", "fixtures", "launch");
-const TSX_LOADER = pathToFileURL(createRequire(import.meta.url).resolve("tsx")).href;
+export const TSX_LOADER = pathToFileURL(createRequire(import.meta.url).resolve("tsx")).href;
 
 export interface CliResult {
   code: number | null;
