@@ -9,7 +9,9 @@
  * that is gone (the kernel drops a dead process's listening sockets), so any later launcher
  * with the same tmp directory deletes it. A directory without that socket (a launcher that
  * has not yet bound it, or one of an older version) is left alone; so is one owned by another
- * user, or whose socket answers or does not answer within a bound.
+ * user, one made on another host (the file `host` names it: a tmp directory on a shared file
+ * system sees other hosts' directories, whose sockets refuse connections from here), and one
+ * whose socket answers or does not answer within a bound.
  *
  * @example
  * const dir = await openRunDir();
@@ -17,15 +19,17 @@
  * ...
  * dir.remove();
  */
-import { lstatSync, mkdtempSync, readdirSync, rmSync } from "node:fs";
+import { lstatSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { connect, createServer, type Server } from "node:net";
-import { tmpdir } from "node:os";
+import { hostname, tmpdir } from "node:os";
 import { join } from "node:path";
 
 /** Name prefix of run directories (under the tmp directory). */
 export const RUN_DIR_PREFIX = "lifeline-";
 /** The liveness socket's file name inside a run directory. */
 export const LIVENESS_SOCKET = "launcher";
+/** The file inside a run directory that names the host of its launcher. */
+export const HOST_FILE = "host";
 /** How long a liveness probe waits for an answer before taking the launcher for alive. */
 const PROBE_TIMEOUT_MS = 1_000;
 
@@ -43,6 +47,7 @@ export async function openRunDir(base: string = runDirBase()): Promise<RunDir> {
   const path = mkdtempSync(join(base, RUN_DIR_PREFIX));
   const server: Server = createServer((socket) => socket.destroy());
   try {
+    writeFileSync(join(path, HOST_FILE), hostname(), { mode: 0o600 });
     await new Promise<void>((resolve, reject) => {
       server.once("error", reject);
       server.listen(join(path, LIVENESS_SOCKET), () => {
@@ -86,6 +91,7 @@ export async function sweepStaleRunDirs(base: string, opts: { except?: string } 
     return [];
   }
   const uid = process.getuid?.();
+  const host = hostname();
   const candidates: string[] = [];
   for (const name of names) {
     const dir = join(base, name);
@@ -94,6 +100,7 @@ export async function sweepStaleRunDirs(base: string, opts: { except?: string } 
       const st = lstatSync(dir);
       if (!st.isDirectory() || (uid !== undefined && st.uid !== uid)) continue;
       if (!lstatSync(join(dir, LIVENESS_SOCKET)).isSocket()) continue;
+      if (readFileSync(join(dir, HOST_FILE), "utf8") !== host) continue;
     } catch {
       continue;
     }

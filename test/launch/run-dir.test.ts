@@ -9,10 +9,10 @@
  */
 import { spawn } from "node:child_process";
 import { existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from "node:fs";
-import { tmpdir } from "node:os";
+import { hostname, tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { LIVENESS_SOCKET, openRunDir, RUN_DIR_PREFIX, sweepStaleRunDirs } from "../../src/launch/run-dir.ts";
+import { HOST_FILE, LIVENESS_SOCKET, openRunDir, RUN_DIR_PREFIX, sweepStaleRunDirs } from "../../src/launch/run-dir.ts";
 import { ROOT, TSX_LOADER } from "./helpers.ts";
 
 let base: string;
@@ -75,6 +75,17 @@ describe("run directories", () => {
       [`${RUN_DIR_PREFIX}fake`, `${RUN_DIR_PREFIX}file`, `${RUN_DIR_PREFIX}unbound`, live.path.slice(base.length + 1), "other"].sort(),
     );
     live.remove();
+  });
+
+  it("a dead launcher's directory made on another host (a shared tmp directory) is kept", async () => {
+    const stale = await killedLauncherDir();
+    writeFileSync(join(stale, HOST_FILE), "another-host");
+    expect(await sweepStaleRunDirs(base)).toEqual([]);
+    expect(existsSync(stale)).toBe(true);
+    rmSync(join(stale, HOST_FILE));
+    expect(await sweepStaleRunDirs(base)).toEqual([]);
+    writeFileSync(join(stale, HOST_FILE), hostname());
+    expect(await sweepStaleRunDirs(base)).toEqual([stale]);
   });
 
   it("a sweep never deletes the directory it is told to keep, and survives a missing base", async () => {
