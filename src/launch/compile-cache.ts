@@ -15,18 +15,29 @@
  * edit makes a new one. Anything the compiler refuses falls back to the tsx loader (the
  * caller warns); so do ranks on other hosts, which may not see this file.
  *
+ * Old versions do not pile up: a compiled file's modification time says when a launcher last
+ * used it. Each compile sets its own file's, a running launcher sets it again every hour
+ * ({@link keepInUse}: its restarts start ranks from that file), and each compile deletes the
+ * compiled files in the same directory that no launcher has used for a day.
+ *
  * @example
  * const c = await compileApp("examples/heat.ts");
  * // → { app: "/…/examples/.lifeline-cache/heat-3f9c….mjs", cached: false }
  */
 import { createHash, randomBytes } from "node:crypto";
-import { mkdir, readFile, rename, stat, writeFile } from "node:fs/promises";
+import { mkdir, readdir, readFile, rename, stat, unlink, utimes, writeFile } from "node:fs/promises";
 import { basename, dirname, extname, join, resolve } from "node:path";
 import { pathToFileURL } from "node:url";
 import { LifelineError, errorMessage } from "../errors.ts";
 
 /** The directory, next to the program, that holds its compiled forms. */
 export const CACHE_DIR = ".lifeline-cache";
+/** A compiled file that no launcher has used for this long is deleted by the next compile in its directory. */
+export const STALE_COMPILED_MS = 24 * 60 * 60 * 1000;
+/** How often a running launcher marks its compiled file as in use ({@link keepInUse}). */
+export const IN_USE_REFRESH_MS = 60 * 60 * 1000;
+/** A compiled file's name (`<name>-<16 hex digits>.mjs`), or a writer's temporary one beside it. */
+const COMPILED_NAME_RE = /-[0-9a-f]{16}\.mjs(\.tmp-[0-9a-f]{8})?$/;
 
 export interface CompiledApp {
   /** The module the ranks run. */
@@ -96,11 +107,11 @@ export async function compileApp(app: string): Promise<CompiledApp> {
   }
   const hash = createHash("sha256").update(code).digest("hex").slice(0, 16);
   const target = join(outDir, `${basename(entry, extname(entry))}-${hash}.mjs`);
-  try {
-    await stat(target);
+  // Reused if it is there: marking it in use first (which fails if it is not) keeps another
+  // launcher's compile in this directory from deleting it as stale from now on.
+  if (await markInUse(target)) {
+    await pruneStale(outDir, target);
     return { app: target, cached: true };
-  } catch {
-    // not there yet
   }
   try {
     await mkdir(outDir, { recursive: true });
@@ -114,7 +125,58 @@ export async function compileApp(app: string): Promise<CompiledApp> {
   } catch (err) {
     throw new LifelineError("LAUNCH_SPAWN", `cannot write the compiled program to ${outDir}: ${errorMessage(err)}`, { cause: err });
   }
+  await pruneStale(outDir, target);
   return { app: target, cached: false };
+}
+
+/**
+ * Marks a compiled file as in use every {@link IN_USE_REFRESH_MS} until the returned function
+ * is called, so that no compile in the same directory deletes it while the job may still start
+ * ranks from it. Keeps no process alive.
+ */
+export function keepInUse(app: string, everyMs: number = IN_USE_REFRESH_MS): () => void {
+  const timer = setInterval(() => void markInUse(app), everyMs);
+  timer.unref();
+  return () => clearInterval(timer);
+}
+
+/** Sets the file's times to now; false if it is not there (or cannot be changed). */
+async function markInUse(path: string): Promise<boolean> {
+  const now = new Date();
+  try {
+    await utimes(path, now, now);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * Deletes the compiled files (and writers' leftover temporary files) in `dir`, other than
+ * `keep`, that no launcher has used for {@link STALE_COMPILED_MS}. Never fails: a file another
+ * launcher deletes first, or one this user may not delete, is left alone.
+ */
+async function pruneStale(dir: string, keep: string): Promise<void> {
+  let names: string[];
+  try {
+    names = await readdir(dir);
+  } catch {
+    return;
+  }
+  const before = Date.now() - STALE_COMPILED_MS;
+  await Promise.all(
+    names
+      .filter((n) => COMPILED_NAME_RE.test(n))
+      .map(async (n) => {
+        const path = join(dir, n);
+        if (path === keep) return;
+        try {
+          if ((await stat(path)).mtimeMs < before) await unlink(path);
+        } catch {
+          // gone already, or not ours to delete
+        }
+      }),
+  );
 }
 
 /** esbuild's first error as `file:line:column: text`, else the error's first line. */

@@ -16,7 +16,7 @@ import { makeJobKeys } from "../mpi/keys.ts";
 import type { RunConfig } from "./options.ts";
 import { createReporter, pickStyle, type OutStream, type Reporter } from "./progress.ts";
 import { claimStore, type StoreClaim } from "./job-store.ts";
-import { compileApp } from "./compile-cache.ts";
+import { compileApp, keepInUse } from "./compile-cache.ts";
 import { openRunDir, runDirBase, sweepStaleRunDirs } from "./run-dir.ts";
 import { writeResultsFile } from "./results.ts";
 import { Supervisor, type JobOutcome } from "./supervisor.ts";
@@ -80,10 +80,13 @@ export async function runJob(config: RunConfig, io: RunIo): Promise<JobOutcome> 
   // A .ts program whose ranks run here is compiled once for the job (compile-cache.ts); ranks
   // on other hosts keep the tsx loader (they may not see the compiled file).
   let runApp: string | undefined;
+  let stopKeeping: (() => void) | undefined;
   const ext = extname(config.app);
   if ((ext === ".ts" || ext === ".mts") && config.hosts === undefined && (config.launcher ?? "local") === "local") {
     try {
       runApp = (await compileApp(resolve(config.cwd, config.app))).app;
+      // Restarts start ranks from it for as long as the job runs (see keepInUse).
+      stopKeeping = keepInUse(runApp);
     } catch (err) {
       reporter.event({ kind: "warning", message: `${errorMessage(err)}; its ranks run it through the tsx loader` });
     }
@@ -119,6 +122,7 @@ export async function runJob(config: RunConfig, io: RunIo): Promise<JobOutcome> 
       for (const s of STOP_SIGNALS) process.off(s, onSignal);
       process.off("exit", onExit);
     }
+    stopKeeping?.();
     runDirHandle.remove();
     await swept;
   }

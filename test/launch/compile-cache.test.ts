@@ -3,14 +3,16 @@
  * ran from its sources: local imports (`./x.ts` and the `./x.js` spelling), files read
  * relative to `import.meta.url`, stack traces naming the .ts file and line; unchanged
  * sources reuse the compiled file, an edit makes a new one; a syntax error is a clear error.
+ * Old compiled files do not pile up: a compile deletes those no launcher used for a day, and a
+ * running launcher keeps its own marked as in use.
  */
 import { execFile } from "node:child_process";
-import { mkdtemp, readdir, readFile, rm, writeFile } from "node:fs/promises";
+import { mkdtemp, readdir, readFile, rm, stat, utimes, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { promisify } from "node:util";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { CACHE_DIR, compileApp } from "../../src/launch/compile-cache.ts";
+import { CACHE_DIR, compileApp, keepInUse, STALE_COMPILED_MS } from "../../src/launch/compile-cache.ts";
 import { isLifelineError } from "../../src/errors.ts";
 
 const run = promisify(execFile);
@@ -86,6 +88,49 @@ describe("compileApp", () => {
     expect((await readdir(join(dir, CACHE_DIR))).filter((n) => n.includes(".tmp-"))).toEqual([]);
     // Out of the user's git status without touching their own .gitignore.
     expect(await readFile(join(dir, CACHE_DIR, ".gitignore"), "utf8")).toBe("*\n");
+  });
+
+  it("a compile deletes the compiled files no launcher used for a day, and keeps the rest", async () => {
+    const first = await compileApp(join(dir, "main.ts"));
+    const cache = join(dir, CACHE_DIR);
+    const longAgo = new Date(Date.now() - STALE_COMPILED_MS - 60 * 60 * 1000);
+    const anHourAgo = new Date(Date.now() - 60 * 60 * 1000);
+    const files: [string, Date][] = [
+      ["old-0123456789abcdef.mjs", longAgo],
+      ["old-0123456789abcdef.mjs.tmp-0a1b2c3d", longAgo],
+      ["recent-fedcba9876543210.mjs", anHourAgo],
+      ["notes.txt", longAgo],
+    ];
+    for (const [name, when] of files) {
+      await writeFile(join(cache, name), "x");
+      await utimes(join(cache, name), when, when);
+    }
+    // The program's own compiled file, unused for as long: reusing it marks it in use again.
+    await utimes(first.app, longAgo, longAgo);
+    const started = Date.now();
+    const again = await compileApp(join(dir, "main.ts"));
+    expect(again).toEqual({ app: first.app, cached: true });
+    expect((await stat(first.app)).mtimeMs).toBeGreaterThanOrEqual(started - 1000);
+    const left = await readdir(cache);
+    expect(left).not.toContain("old-0123456789abcdef.mjs");
+    expect(left).not.toContain("old-0123456789abcdef.mjs.tmp-0a1b2c3d");
+    expect(left).toContain("recent-fedcba9876543210.mjs");
+    expect(left).toContain("notes.txt");
+    expect(left).toContain(".gitignore");
+  });
+
+  it("keepInUse marks a compiled file as in use until it is stopped", async () => {
+    const path = join(dir, CACHE_DIR, "kept-00000000000000aa.mjs");
+    await writeFile(path, "x");
+    const longAgo = new Date(Date.now() - STALE_COMPILED_MS - 60 * 60 * 1000);
+    await utimes(path, longAgo, longAgo);
+    const stop = keepInUse(path, 10);
+    await new Promise((r) => setTimeout(r, 100));
+    expect((await stat(path)).mtimeMs).toBeGreaterThan(Date.now() - 60_000);
+    stop();
+    await utimes(path, longAgo, longAgo);
+    await new Promise((r) => setTimeout(r, 60));
+    expect((await stat(path)).mtimeMs).toBe(longAgo.getTime());
   });
 
   it('a .ts file outside a "type": "module" package is refused (the caller falls back to tsx)', async () => {
