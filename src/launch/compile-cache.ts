@@ -108,8 +108,9 @@ export async function compileApp(app: string): Promise<CompiledApp> {
   const hash = createHash("sha256").update(code).digest("hex").slice(0, 16);
   const target = join(outDir, `${basename(entry, extname(entry))}-${hash}.mjs`);
   // Reused if it is there: marking it in use first (which fails if it is not) keeps another
-  // launcher's compile in this directory from deleting it as stale from now on.
-  if (await markInUse(target)) {
+  // launcher's compile in this directory from deleting it as stale from now on. One this user
+  // may not mark (another's, read-only) is reused all the same.
+  if ((await markInUse(target)) || (await exists(target))) {
     await pruneStale(outDir, target);
     return { app: target, cached: true };
   }
@@ -138,6 +139,15 @@ export function keepInUse(app: string, everyMs: number = IN_USE_REFRESH_MS): () 
   const timer = setInterval(() => void markInUse(app), everyMs);
   timer.unref();
   return () => clearInterval(timer);
+}
+
+async function exists(path: string): Promise<boolean> {
+  try {
+    await stat(path);
+    return true;
+  } catch {
+    return false;
+  }
 }
 
 /** Sets the file's times to now; false if it is not there (or cannot be changed). */
