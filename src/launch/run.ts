@@ -12,12 +12,12 @@
 import { randomBytes } from "node:crypto";
 import { basename, extname, resolve } from "node:path";
 import { errorMessage, isLifelineError, LifelineError } from "../errors.ts";
+import { openOwnedDir, ownedDirBase, RUN_DIR_PREFIX, sweepStaleOwnedDirs } from "../owned-dir.ts";
 import { makeJobKeys } from "../mpi/keys.ts";
 import type { RunConfig } from "./options.ts";
 import { createReporter, pickStyle, type OutStream, type Reporter } from "./progress.ts";
 import { claimStore, type StoreClaim } from "./job-store.ts";
 import { compileApp, keepInUse } from "./compile-cache.ts";
-import { openRunDir, runDirBase, sweepStaleRunDirs } from "./run-dir.ts";
 import { writeResultsFile } from "./results.ts";
 import { Supervisor, type JobOutcome } from "./supervisor.ts";
 
@@ -64,10 +64,11 @@ export async function runJob(config: RunConfig, io: RunIo): Promise<JobOutcome> 
   const keepsLines = config.mode === "cpr" || (config.mode === "retry-one" && (config.durableEvery ?? 0) > 0);
   const claim: StoreClaim | undefined = keepsLines ? await claimStore(config, { jobIdBase: name }) : undefined;
   const jobId = claim?.job.id ?? `${name}-${randomBytes(4).toString("hex")}`;
-  const runDirHandle = await openRunDir();
+  const runDirHandle = await openOwnedDir(RUN_DIR_PREFIX);
   const runDir = runDirHandle.path;
-  // Run directories of launchers that were SIGKILLed; the job does not wait for this.
-  const swept = sweepStaleRunDirs(runDirBase(), { except: runDir });
+  // Run directories of launchers, and store readers' snapshots, that were SIGKILLed
+  // (src/owned-dir.ts); the job does not wait for this.
+  const swept = sweepStaleOwnedDirs(ownedDirBase(), { except: runDir });
   const reporter =
     io.reporter ??
     createReporter({

@@ -4,7 +4,8 @@
  * locks. LevelDB locks a database per process, and even a read-only open takes that lock for a
  * moment, so a reader that opened the live directory could make the job fail to open it.
  * Instead, the database's live files are copied into a private temporary directory
- * (`os.tmpdir()/lifeline-snapshot-*`, mode 0700) and the copy is opened; nothing in the live
+ * (`os.tmpdir()/lifeline-snapshot-*`, mode 0700; if this process is SIGKILLed before it removes
+ * it, the next launcher does: src/owned-dir.ts) and the copy is opened; nothing in the live
  * directory is opened for writing, locked, created or deleted.
  *
  * Which files, and why the copy is consistent (a hot copy; the writer runs all the while):
@@ -48,10 +49,10 @@
  * await snap.remove();
  */
 import { constants as fsConstants } from "node:fs";
-import { copyFile, mkdir, mkdtemp, readdir, readFile, rm, stat, writeFile } from "node:fs/promises";
-import { tmpdir } from "node:os";
+import { copyFile, mkdir, readdir, readFile, rm, stat, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { LifelineError } from "../errors.ts";
+import { type OwnedDir, openOwnedDir, ownedDirBase, SNAPSHOT_DIR_PREFIX } from "../owned-dir.ts";
 import { corrupt, storeError } from "./records.ts";
 
 /** How many times a snapshot is taken again after the database changed during the copy. */
@@ -113,17 +114,26 @@ const MANIFEST_RE = /^MANIFEST-\d+$/;
  */
 export async function snapshotLevelDb(path: string, what: string): Promise<LevelSnapshot> {
   const doing = `taking a snapshot of ${what}`;
-  let dir: string;
+  let owned: OwnedDir;
   try {
-    dir = await mkdtemp(join(tmpdir(), "lifeline-snapshot-")); // mode 0700
+    // Mode 0700. Its liveness socket lets a later launcher remove it if this process is killed.
+    owned = await openOwnedDir(SNAPSHOT_DIR_PREFIX, { required: false });
   } catch (err) {
-    throw storeError(err, `${doing}: creating a temporary directory`, tmpdir());
+    throw storeError(err, `${doing}: creating a temporary directory`, ownedDirBase());
   }
+  const dir = owned.path;
   let removed: Promise<void> | undefined;
   const snap: LevelSnapshot = {
     dir,
     dbPath: join(dir, "db"),
-    remove: () => (removed ??= rm(dir, { recursive: true, force: true }).catch(() => undefined)),
+    remove: () =>
+      (removed ??= Promise.resolve().then(() => {
+        try {
+          owned.remove();
+        } catch {
+          // never rejects (see LevelSnapshot.remove)
+        }
+      })),
   };
   try {
     const reasons: string[] = [];
