@@ -33,11 +33,11 @@ export const OWNED_DIR_PREFIX = "lifeline-";
 export const RUN_DIR_PREFIX = OWNED_DIR_PREFIX;
 /** A store reader's snapshot of a LevelDB database (src/store/snapshot.ts). */
 export const SNAPSHOT_DIR_PREFIX = `${OWNED_DIR_PREFIX}snapshot-`;
-/** The liveness socket's file name inside a run directory. */
+/** The liveness socket's file name inside such a directory. */
 export const LIVENESS_SOCKET = "launcher";
-/** The file inside a run directory that names the host of its launcher. */
+/** The file inside such a directory that names the host of the process that made it. */
 export const HOST_FILE = "host";
-/** How long a liveness probe waits for an answer before taking the launcher for alive. */
+/** How long a liveness probe waits for an answer before taking the process for alive. */
 const PROBE_TIMEOUT_MS = 1_000;
 
 export interface OwnedDir {

@@ -89,7 +89,7 @@ export const snapshotHooks: { afterCopy?: ((path: string) => Promise<void>) | un
  * await snap.remove(); // after the LevelDB handle on snap.dbPath is closed
  */
 export interface LevelSnapshot {
-  /** The temporary directory (`os.tmpdir()/lifeline-snapshot-*`), removed by {@link remove}. */
+  /** The temporary directory (`<tmp>/lifeline-snapshot-*`, see ownedDirBase), removed by {@link remove}. */
   readonly dir: string;
   /** The copied database inside {@link dir}: open it with LevelDB, `createIfMissing: false`. */
   readonly dbPath: string;
@@ -127,13 +127,9 @@ export async function snapshotLevelDb(path: string, what: string): Promise<Level
     dir,
     dbPath: join(dir, "db"),
     remove: () =>
-      (removed ??= Promise.resolve().then(() => {
-        try {
-          owned.remove();
-        } catch {
-          // never rejects (see LevelSnapshot.remove)
-        }
-      })),
+      (removed ??= Promise.resolve()
+        .then(() => owned.remove())
+        .catch(() => undefined)),
   };
   try {
     const reasons: string[] = [];

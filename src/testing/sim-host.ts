@@ -91,7 +91,7 @@ export function simHost(opts: SimHostOptions): Host {
         node.onError = onError;
       },
       connect(peer, endpoint) {
-        if (peers.get(peer) !== endpoint) unstick(peer, new Error(`${id}: rank ${peer} restarted while a send to it was queued`));
+        if (peers.get(peer) !== endpoint && stuck.has(peer)) unstick(peer, new Error(`${id}: rank ${peer} restarted while a send to it was queued`));
         peers.set(peer, endpoint);
       },
       send(peer, frames) {

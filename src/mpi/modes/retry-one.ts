@@ -234,11 +234,12 @@ export class RetryOneMode extends LoggedMode implements AppLog {
       },
       ownReleased: (version, clean) => this.ownReleased(version, clean),
       abandonCollective: (seq) => {
+        const err = new Abandoned(`collective #${seq} abandoned`);
         if (this.retryRun !== undefined && this.retryRun.seq === seq) {
           this.retryRun.abandoned = true;
-          this.retryRun.abandon?.(new Abandoned(`collective #${seq} abandoned`));
+          this.retryRun.abandon?.(err);
         }
-        core.runner.colls.abandon(seq, new Abandoned(`collective #${seq} abandoned`));
+        core.runner.colls.abandon(seq, err);
       },
       inject: (frame) => core.channel.inject(frame),
       fatal: (code, message) => {
