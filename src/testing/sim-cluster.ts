@@ -118,8 +118,8 @@ export interface SimClusterOptions {
    * on in isolation, until its lease lapses.
    */
   readonly partitions?: SimPartitionOptions;
-  /** Data sends to a dead incarnation wait until the sender connects its successor (see SimHostOptions). */
-  readonly blockSendsToDead?: boolean;
+  /** Data sends to a dead incarnation wait until the sender connects its successor, or (`"until-close"`) until its transport closes (see SimHostOptions). */
+  readonly blockSendsToDead?: boolean | "until-close";
 }
 
 export interface SimLeaseOptions {
@@ -805,7 +805,7 @@ export class SimCluster {
             onDeadFrame: () => {
               this.deadFrames++;
             },
-            blockSendsToDead: this.opts.blockSendsToDead === true,
+            blockSendsToDead: this.opts.blockSendsToDead ?? false,
             onSendStuck: () => {
               this.sendsStuck++;
             },

@@ -45,9 +45,11 @@ export interface SimHostOptions {
    * A data send to a peer incarnation that died does not finish until the rank connects that
    * peer's successor (or closes its transport), and then fails: a ZeroMQ socket's send once
    * its queue to the dead peer is at the high-water mark. Without it such sends are dropped
-   * at once, as while the queue has room.
+   * at once, as while the queue has room. `"until-close"`: it does not fail when the successor
+   * is connected either, only when the transport closes (a transport that never gives up on a
+   * queued message: then only the protocol's abandon ends a collective waiting in such a send).
    */
-  readonly blockSendsToDead?: boolean;
+  readonly blockSendsToDead?: boolean | "until-close";
   /** A send began to wait so (the cluster counts them). */
   readonly onSendStuck?: () => void;
   /** The rank's watchdog: heartbeats every `heartbeatMs`, the lease lapses after `failureTimeoutMs`. */
@@ -91,14 +93,15 @@ export function simHost(opts: SimHostOptions): Host {
         node.onError = onError;
       },
       connect(peer, endpoint) {
-        if (peers.get(peer) !== endpoint && stuck.has(peer)) unstick(peer, new Error(`${id}: rank ${peer} restarted while a send to it was queued`));
+        if (opts.blockSendsToDead !== "until-close" && peers.get(peer) !== endpoint && stuck.has(peer))
+          unstick(peer, new Error(`${id}: rank ${peer} restarted while a send to it was queued`));
         peers.set(peer, endpoint);
       },
       send(peer, frames) {
         if (node.dataClosed) return Promise.reject(closed());
         const ep = peers.get(peer);
         if (ep === undefined) return Promise.reject(new Error(`${id}: send to rank ${peer}, which was never connected`));
-        if (opts.blockSendsToDead === true && !net.isAlive(ep)) {
+        if (opts.blockSendsToDead !== undefined && opts.blockSendsToDead !== false && !net.isAlive(ep)) {
           opts.onSendStuck?.();
           return new Promise<void>((_, reject) => {
             const waits = stuck.get(peer) ?? [];

@@ -84,8 +84,8 @@ export async function runRetryOneSeed(
     floor?: boolean;
     bigMessages?: boolean;
     backoffMs?: (n: number) => number;
-    /** Sends to a dead rank wait until its successor is known (SimClusterOptions.blockSendsToDead). */
-    blockSendsToDead?: boolean;
+    /** Sends to a dead rank wait until its successor is known, or until the transport closes (SimClusterOptions.blockSendsToDead). */
+    blockSendsToDead?: boolean | "until-close";
   } = {},
 ): Promise<{ spec: ProgramSpec; ref: SimOutcome; out: SimOutcome }> {
   const prng = new Prng(seed);
@@ -120,7 +120,7 @@ export async function runRetryOneSeed(
     program,
     stepsMax: 80_000,
     ...(opts.backoffMs === undefined ? {} : { backoffMs: opts.backoffMs }),
-    ...(opts.blockSendsToDead === true ? { blockSendsToDead: true } : {}),
+    ...(opts.blockSendsToDead === undefined || opts.blockSendsToDead === false ? {} : { blockSendsToDead: opts.blockSendsToDead }),
     retryOne: {
       replicas: knobs.pick([1, 2, 3]),
       maxRestarts: 10,
