@@ -5,12 +5,14 @@
  * `50steps` had no line by step 150 and restarted from the beginning). With N in its table, a
  * rank reports as soon as it has made N calls since its last checkpoint.
  *
- * Method: the built launcher runs test/fixtures/cpr/table-steps.ts (a 5 ms spin per step, about
- * 7 ms a step here) on 4 ranks with `--checkpoint-every 5steps` and `--keep-lines 1000`; then
- * the step each rank's state holds in the first committed line is read from the store. The
- * request follows the 5th step's report, and each rank takes it at one of its next calls (the
- * count alignment): a few steps later. Measured here: steps 7-8, and 10 beside two CPU
- * burners; before the change, 18-21 (the report 200 ms after the first one).
+ * Method: the built launcher runs test/fixtures/cpr/table-steps.ts (a 2 ms spin per step, 4 to
+ * 6 ms a step with 4 ranks on 2 cores) on 4 ranks with `--checkpoint-every 5steps` and
+ * `--keep-lines 1000`; then the step each rank's state holds in the first committed line is
+ * read from the store. The request follows the 5th step's report, and each rank takes it at one
+ * of its next calls (the count alignment): a few steps later. Measured here: step 8, and 11-13
+ * beside two CPU burners; with the report at the 5th step disabled (as before the change),
+ * 33-35 (the report 200 ms after the first one). The bound leaves room for a loaded machine:
+ * with 7 ms steps and a bound of 13, one full `npm test` took its line at step 16.
  */
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
@@ -26,7 +28,7 @@ describe("cpr: --checkpoint-every Nsteps", () => {
     const r = await runLauncher({
       np: 4,
       program: join("test", "fixtures", "cpr", "table-steps.ts"),
-      args: ["--steps", "120", "--n", "1024", "--spin-ms", "5"],
+      args: ["--steps", "120", "--n", "1024", "--spin-ms", "2"],
       flags: ["--mode", "cpr", "--checkpoint-every", `${EVERY}steps`, "--keep-lines", "1000"],
       dir: runs.path,
       name: "every",
@@ -48,7 +50,7 @@ describe("cpr: --checkpoint-every Nsteps", () => {
     expect(steps.length).toBe(4);
     for (const s of steps) {
       expect(s, JSON.stringify(steps)).toBeGreaterThanOrEqual(EVERY);
-      expect(s, JSON.stringify(steps)).toBeLessThanOrEqual(EVERY + 8);
+      expect(s, JSON.stringify(steps)).toBeLessThanOrEqual(EVERY + 20);
     }
   }, 90_000);
 });
