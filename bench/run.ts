@@ -106,6 +106,8 @@ const HELP = `Usage: npm run bench -- [options]
                         retry-one-pingpong, retry-one-stream: ping-pong (8 B, 64 KiB, 1 MiB)
                         and streaming (1 MiB, 16 MiB) on 2 ranks, --mode retry-one vs --mode
                         none (the retry-one jobs run with --durable-every 0);
+                        cpr, cpr-pingpong, cpr-stream: the same under --mode cpr with nothing
+                        due (--checkpoint-every 1000000s) vs --mode none;
                         recovery: rank 1 killed, retry-one next to cpr, 4 ranks, 64 MiB global
                         + 1 MiB local state: kill → caught up;
                         heat-recovery: examples/heat.ts 512x512 x 400 on 4 ranks, rank 1
@@ -132,7 +134,7 @@ const HELP = `Usage: npm run bench -- [options]
                         job over tcp (CURVE on, the default) against the same job under --insecure,
                         in the same run, instead of against raw zeromq.js (implies --transport tcp)
   --mode <m>            the Lifeline job's recovery mode: none (default), cpr or retry-one;
-                        not used by the retry-one family, which always runs both modes
+                        not used by the retry-one and cpr families, which set their own
   --reps <n>            timed repetitions per case and variant (default 15; quick 3)
   --target-ms <ms>      calibrate each timed block to about this long (default 50; quick 5)
   --warmup-ms <ms>      run each case's blocks untimed for about this long per variant before
@@ -140,13 +142,13 @@ const HELP = `Usage: npm run bench -- [options]
                         while V8 still compiles and sizes its heap (default 1500; quick 0:
                         one warm-up block)
   --variant <v>         both (default); lifeline: the subject only (the Lifeline job; for
-                        the retry-one family the retry-one job); raw: the raw zeromq.js
-                        baselines only (no build needed; skips bcast, the retry-one
-                        family and the whole-job benchmarks)
+                        the retry-one and cpr families that mode's job); raw: the raw
+                        zeromq.js baselines only (no build needed; skips bcast, the two
+                        families and the whole-job benchmarks)
   --payload <p>         f64 (default; Float64Array) or u8 (Uint8Array) for ping-pong/stream
   --sizes <list>        override the payload sizes in bytes of the selected benchmarks (e.g. 8,1048576)
   --np <list>           override the rank counts of the collectives (default 2,4) and of
-                        retry-one (default 4); retry-one-pingpong/-stream always run on 2
+                        retry-one and cpr (default 4); their -pingpong/-stream always run on 2
   --cpu-prof <dir>      write a V8 CPU profile of every measuring process to <dir>
                         (summarize with: node --import tsx bench/tools/cpuprofile-top.ts <dir>/*.cpuprofile)
   --out <file>          JSON output (default bench/results/<timestamp>.json)
@@ -357,7 +359,7 @@ const ROLES: readonly Role[] = ["subject", "baseline"];
 /**
  * The jobs a case uses under `--variant`: both; `lifeline`, the subject only; `raw`, the
  * baseline only, and only where it is a raw zeromq.js program (so that `--variant raw` needs
- * no build: bcast, which has no baseline, and the retry-one family, whose baseline
+ * no build: bcast, which has no baseline, and the retry-one and cpr families, whose baseline
  * is a Lifeline job, measure nothing).
  */
 function jobsFor(c: Case, opts: Options): Partial<Record<Role, JobKind>> {
@@ -799,9 +801,10 @@ async function main(): Promise<void> {
       variants:
         "each case compares a subject job with a baseline job (results[].kinds; each figure names its job and kind): " +
         (opts.curve
-          ? `every benchmark but the retry-one family: lifeline --mode ${opts.mode} over tcp with CURVE (the default) vs the same job with --insecure; `
+          ? `every benchmark but the retry-one and cpr families: lifeline --mode ${opts.mode} over tcp with CURVE (the default) vs the same job with --insecure; `
           : `pingpong, stream, stream-isend, allreduce: lifeline --mode ${opts.mode} vs the raw zeromq.js program (stream-isend: the sender's isends in windows of ${STREAM_WINDOW}, each window waited for, against raw's stream); barrier: lifeline --mode ${opts.mode} vs the raw ring's 8 B allreduce; bcast: lifeline --mode ${opts.mode} alone; `) +
-        "retry-one, retry-one-pingpong, retry-one-stream: allreduce, pingpong, stream blocks in lifeline --mode retry-one --durable-every 0 (checkpoint(null), untimed, after each block) vs lifeline --mode none",
+        "retry-one, retry-one-pingpong, retry-one-stream: allreduce, pingpong, stream blocks in lifeline --mode retry-one --durable-every 0 (checkpoint(null), untimed, after each block) vs lifeline --mode none; " +
+        "cpr, cpr-pingpong, cpr-stream: the same blocks in lifeline --mode cpr --checkpoint-every 1000000s (nothing due) vs lifeline --mode none",
       timing: `calibrated to ~${opts.targetMs} ms per timed block, untimed warm-up blocks for ~${opts.warmupMs} ms (at least 1), ${opts.reps} timed blocks per variant, subject and baseline alternating (S B, B S, ...), barrier before each block`,
       figure: "median over the timed blocks of seconds per operation",
       ratio: "us rows: subject time / baseline time; MB/s rows: subject MB/s / baseline MB/s",

@@ -15,6 +15,9 @@ import type { CtrlServer, ProcMessage } from "./ctrl.ts";
 import type { BenchName, LifelineMode } from "./plan.ts";
 import { spawnChild, type Child } from "./procs.ts";
 
+/** cpr jobs' `--checkpoint-every`: longer than any run, so that no checkpoint is ever due. */
+const CPR_NOTHING_DUE = "1000000s";
+
 export interface JobEnv {
   ctrl: CtrlServer;
   /** Repository root (cwd of every child). */
@@ -159,6 +162,9 @@ export class LifelineJob extends Job {
       // store): these jobs measure what logging and checkpoints in memory cost; what the
       // floor adds is the `durable` benchmark's question (bench/lib/durable.ts).
       ...(this.mode === "retry-one" ? ["--durable-every", "0"] : []),
+      // cpr with nothing due: no checkpoint is asked for while the job measures (the program
+      // never calls checkpoint() anyway); what a checkpoint costs is cpr-bench's question.
+      ...(this.mode === "cpr" ? ["--checkpoint-every", CPR_NOTHING_DUE] : []),
       "bench/programs/mpi-bench.ts",
       "--ctrl",
       this.env.ctrl.endpoint,
@@ -212,6 +218,7 @@ export class LifelineJob extends Job {
       mode: this.mode,
       ...(this.insecure ? { insecure: true } : {}),
       ...(this.mode === "retry-one" ? { durableEvery: 0 } : {}),
+      ...(this.mode === "cpr" ? { checkpointEvery: CPR_NOTHING_DUE } : {}),
       exitCode: status.code,
       signal: status.signal,
       killed: status.killed,

@@ -24,30 +24,51 @@ export const STREAM_WINDOW = 64;
 
 /**
  * The benchmarks of `npm run bench` (one table each; `--only`): every kind of block above,
- * Lifeline next to raw zeromq.js, plus the retry-one family, each a Lifeline job under
- * `--mode retry-one` next to one under `--mode none`: `retry-one` (allreduce blocks),
- * `retry-one-pingpong` and `retry-one-stream` (point-to-point blocks on 2 ranks). They are
- * kept out of {@link BENCH_NAMES} because no program runs a "retry-one" block: they run the
- * blocks of {@link opOf} in two differently started jobs.
+ * Lifeline next to raw zeromq.js, plus two families that set a recovery mode against mode none,
+ * each a Lifeline job under that mode next to one under `--mode none`:
+ * - retry-one: `retry-one` (allreduce blocks), `retry-one-pingpong` and `retry-one-stream`
+ *   (point-to-point blocks on 2 ranks);
+ * - cpr with nothing due (no checkpoint is asked for while it runs): `cpr`, `cpr-pingpong`,
+ *   `cpr-stream`, the same blocks.
+ * They are kept out of {@link BENCH_NAMES} because no program runs a "retry-one" block: they
+ * run the blocks of {@link opOf} in two differently started jobs.
  */
 export type RetryOneBenchmark = "retry-one" | "retry-one-pingpong" | "retry-one-stream";
 export const RETRY_ONE_BENCHMARKS: readonly RetryOneBenchmark[] = ["retry-one", "retry-one-pingpong", "retry-one-stream"];
-export type Benchmark = BenchName | RetryOneBenchmark;
-export const BENCHMARKS: readonly Benchmark[] = [...BENCH_NAMES, ...RETRY_ONE_BENCHMARKS];
+export type CprBenchmark = "cpr" | "cpr-pingpong" | "cpr-stream";
+export const CPR_BENCHMARKS: readonly CprBenchmark[] = ["cpr", "cpr-pingpong", "cpr-stream"];
+/** A benchmark of a mode's family: that mode's Lifeline job against a mode-none one. */
+export type ModeBenchmark = RetryOneBenchmark | CprBenchmark;
+export type Benchmark = BenchName | ModeBenchmark;
+export const BENCHMARKS: readonly Benchmark[] = [...BENCH_NAMES, ...RETRY_ONE_BENCHMARKS, ...CPR_BENCHMARKS];
 
 /** A benchmark of the retry-one family: a retry-one Lifeline job against a mode-none one. */
 export function isRetryOne(bench: Benchmark): bench is RetryOneBenchmark {
   return (RETRY_ONE_BENCHMARKS as readonly string[]).includes(bench);
 }
 
+/** A benchmark of the retry-one or the cpr family. */
+export function isModeBenchmark(bench: Benchmark): bench is ModeBenchmark {
+  return isRetryOne(bench) || (CPR_BENCHMARKS as readonly string[]).includes(bench);
+}
+
+/** The recovery mode a family's benchmark sets against mode none; undefined for the others. */
+export function familyModeOf(bench: Benchmark): "retry-one" | "cpr" | undefined {
+  if (!isModeBenchmark(bench)) return undefined;
+  return isRetryOne(bench) ? "retry-one" : "cpr";
+}
+
 /** The block a benchmark's programs run. */
 export function opOf(bench: Benchmark): BenchName {
   switch (bench) {
     case "retry-one":
+    case "cpr":
       return "allreduce";
     case "retry-one-pingpong":
+    case "cpr-pingpong":
       return "pingpong";
     case "retry-one-stream":
+    case "cpr-stream":
       return "stream";
     default:
       return bench;
@@ -87,13 +108,13 @@ export function describeKind(kind: JobKind): string {
  * - barrier: Lifeline's barrier vs the raw ring's allreduce of 8 B (the raw programs have no
  *   barrier of their own; that allreduce is the one they synchronize with);
  * - bcast: Lifeline under `--mode <mode>`, no baseline;
- * - retry-one, retry-one-pingpong, retry-one-stream: Lifeline under `--mode retry-one` vs
+ * - the retry-one and cpr families: Lifeline under `--mode retry-one` (`--mode cpr`) vs
  *   Lifeline under `--mode none`, whatever `mode` is;
- * - with `curve` (tcp): every benchmark but the retry-one family compares Lifeline (CURVE on,
+ * - with `curve` (tcp): every benchmark but the two families compares Lifeline (CURVE on,
  *   the default) with the same Lifeline job under `--insecure`.
  */
 export function jobsOf(bench: Benchmark, mode: LifelineMode, curve = false): { subject: JobKind; baseline: JobKind | undefined } {
-  if (isRetryOne(bench)) return { subject: "lifeline:retry-one", baseline: "lifeline:none" };
+  if (isModeBenchmark(bench)) return { subject: `lifeline:${isRetryOne(bench) ? "retry-one" : "cpr"}`, baseline: "lifeline:none" };
   if (curve) return { subject: `lifeline:${mode}`, baseline: `lifeline-insecure:${mode}` };
   return { subject: `lifeline:${mode}`, baseline: rawProgramFor(bench) };
 }
@@ -116,10 +137,10 @@ export interface Sizes {
   bcast: number[];
   /** Rank counts of the collectives. */
   collectiveNps: number[];
-  /** retry-one (allreduce, retry-one vs none): payload sizes and rank counts. */
+  /** retry-one and cpr (allreduce, the mode vs none): payload sizes and rank counts. */
   retryOne: number[];
   retryOneNps: number[];
-  /** retry-one-pingpong and retry-one-stream (2 ranks, retry-one vs none): payload sizes. */
+  /** retry-one-pingpong, retry-one-stream, cpr-pingpong and cpr-stream (2 ranks, the mode vs none): payload sizes. */
   retryOnePingpong: number[];
   retryOneStream: number[];
 }
@@ -174,13 +195,15 @@ export function buildCases(sizes: Sizes, only: ReadonlySet<Benchmark>): Case[] {
     if (only.has("bcast")) for (const bytes of sizes.bcast) out.push({ bench: "bcast", np, bytes, label: `np ${np}, ${sizeLabel(bytes)}` });
     if (only.has("barrier")) out.push({ bench: "barrier", np, bytes: 0, label: `np ${np}` });
   }
-  if (only.has("retry-one")) {
-    for (const np of sizes.retryOneNps) {
-      for (const bytes of sizes.retryOne) out.push({ bench: "retry-one", np, bytes, label: `np ${np}, ${sizeLabel(bytes)}` });
+  for (const family of ["retry-one", "cpr"] as const) {
+    if (only.has(family)) {
+      for (const np of sizes.retryOneNps) {
+        for (const bytes of sizes.retryOne) out.push({ bench: family, np, bytes, label: `np ${np}, ${sizeLabel(bytes)}` });
+      }
     }
+    p2p(`${family}-pingpong`, sizes.retryOnePingpong);
+    p2p(`${family}-stream`, sizes.retryOneStream);
   }
-  p2p("retry-one-pingpong", sizes.retryOnePingpong);
-  p2p("retry-one-stream", sizes.retryOneStream);
   return out;
 }
 
@@ -268,14 +291,17 @@ export function targetFor(c: Case, curve = false): Target | undefined {
     // Issue 12's targets for CURVE against the same job without it.
     if (c.bench === "pingpong" && c.bytes === 8) return { text: "<= 1.15x insecure", met: (r) => r <= 1.15 };
     if (c.bench === "allreduce" && c.bytes === MiB && c.np === 4) return { text: "<= 1.5x insecure", met: (r) => r <= 1.5 };
-    if (c.bench !== "retry-one") return undefined;
+    if (familyModeOf(c.bench) === undefined) return undefined;
   }
   const atMost = (x: number, of: string): Target => ({ text: `<= ${Number.isInteger(x) ? x.toFixed(1) : x}x ${of}`, met: (r) => r <= x });
   switch (c.bench) {
     case "retry-one":
     case "retry-one-pingpong":
+    case "cpr":
+    case "cpr-pingpong":
       return atMost(1.1, "none");
     case "retry-one-stream":
+    case "cpr-stream":
       return { text: ">= 0.9x none MB/s", met: (r) => r >= 1 / 1.1 };
     case "pingpong":
       if (c.bytes === 8) return atMost(1.15, "raw");

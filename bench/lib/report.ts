@@ -2,7 +2,7 @@
  * Result records and the tables printed at the end of a run (Markdown, so they can be pasted
  * into an issue as they are).
  */
-import { BENCHMARKS, describeKind, STREAM_WINDOW, insecureKind, isRetryOne, type BenchName, type Benchmark, type JobKind, type Unit } from "./plan.ts";
+import { BENCHMARKS, describeKind, familyModeOf, STREAM_WINDOW, insecureKind, type BenchName, type Benchmark, type JobKind, type Unit } from "./plan.ts";
 import { fmt, fmtRatio } from "./stats.ts";
 
 export interface VariantResult {
@@ -82,12 +82,14 @@ export interface Columns {
 
 const LIFELINE_VS_RAW: Columns = { subject: "Lifeline", baseline: "raw", subjectShort: "L", baselineShort: "raw", peers: true };
 const RETRY_ONE_VS_NONE: Columns = { subject: "retry-one", baseline: "none", subjectShort: "r1", baselineShort: "none", peers: false };
+const CPR_VS_NONE: Columns = { subject: "cpr", baseline: "none", subjectShort: "cpr", baselineShort: "none", peers: false };
 
 const CURVE_VS_INSECURE: Columns = { subject: "CURVE", baseline: "insecure", subjectShort: "C", baselineShort: "ins", peers: false };
 
 /** The columns of a benchmark's table; `baseline`: the kind of job its cases compare with (`--curve`: an insecure Lifeline job). */
 export function columnsOf(bench: Benchmark, baseline?: JobKind | null): Columns {
-  if (isRetryOne(bench)) return RETRY_ONE_VS_NONE;
+  const family = familyModeOf(bench);
+  if (family !== undefined) return family === "cpr" ? CPR_VS_NONE : RETRY_ONE_VS_NONE;
   return baseline !== undefined && baseline !== null && insecureKind(baseline) ? CURVE_VS_INSECURE : LIFELINE_VS_RAW;
 }
 
@@ -104,6 +106,11 @@ const TITLES: Record<Benchmark, string> = {
     "Ping-pong latency, one way = round trip / 2, 2 processes (us): Lifeline job under --mode retry-one vs Lifeline job under --mode none, both in this run",
   "retry-one-stream":
     "Unidirectional streaming bandwidth, 2 processes (MB/s, 1 MB = 1e6 B): Lifeline job under --mode retry-one vs Lifeline job under --mode none, both in this run",
+  cpr: "Allreduce, Float64Array sum, per op, slowest rank (us): Lifeline job under --mode cpr with nothing due vs Lifeline job under --mode none, both in this run",
+  "cpr-pingpong":
+    "Ping-pong latency, one way = round trip / 2, 2 processes (us): Lifeline job under --mode cpr with nothing due vs Lifeline job under --mode none, both in this run",
+  "cpr-stream":
+    "Unidirectional streaming bandwidth, 2 processes (MB/s, 1 MB = 1e6 B): Lifeline job under --mode cpr with nothing due vs Lifeline job under --mode none, both in this run",
 };
 
 function row(cells: string[]): string {
@@ -125,7 +132,7 @@ export function renderTables(results: readonly CaseResult[], transport: string):
     const ratioHead = `${col.subjectShort}/${col.baselineShort} (${u === "MB/s" ? "MB/s" : "time"}) [IQR]`;
     // A Lifeline job under another mode than none (--mode) says so in the title.
     const modes = [...new Set(rows.map((r) => r.kinds.subject).filter((k): k is JobKind => k !== null && k !== "lifeline:none"))];
-    const modeNote = isRetryOne(bench) || modes.length === 0 ? "" : `, Lifeline = ${modes.map(describeKind).join(", ")}`;
+    const modeNote = familyModeOf(bench) !== undefined || modes.length === 0 ? "" : `, Lifeline = ${modes.map(describeKind).join(", ")}`;
     const curveNote = col === CURVE_VS_INSECURE ? " — CURVE (the default on tcp) vs the same job under --insecure" : "";
     out.push(`### ${TITLES[bench]} — transport ${transport}${modeNote}${curveNote}`, "");
     const head = ["case", `${col.subject} ${u}`, `${col.baseline} ${u}`, ratioHead];

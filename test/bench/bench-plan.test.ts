@@ -152,7 +152,7 @@ describe("bench plan: retry-one", () => {
 
 describe("bench plan: retry-one-pingpong and retry-one-stream", () => {
   it("are benchmarks of the suite running ping-pong and stream blocks, retry-one vs none", () => {
-    expect(BENCHMARKS).toEqual([...BENCH_NAMES, "retry-one", "retry-one-pingpong", "retry-one-stream"]);
+    expect(BENCHMARKS).toEqual([...BENCH_NAMES, "retry-one", "retry-one-pingpong", "retry-one-stream", "cpr", "cpr-pingpong", "cpr-stream"]);
     expect(opOf("retry-one-pingpong")).toBe("pingpong");
     expect(opOf("retry-one-stream")).toBe("stream");
     for (const b of ["retry-one-pingpong", "retry-one-stream"] as const) {
@@ -324,6 +324,67 @@ describe("bench tables: retry-one", () => {
   it("lists errors and counts the retry-one targets with the others", () => {
     expect(tables).toContain("- retry-one np4 64 KiB: subject (lifeline --mode retry-one): boom");
     expect(tables).toContain("Targets met: 1 of 4.");
+  });
+});
+
+describe("bench plan and tables: the cpr family (cpr with nothing due vs none)", () => {
+  it("runs retry-one's blocks and sizes in a cpr job against a mode-none one, whatever --mode says", () => {
+    for (const b of ["cpr", "cpr-pingpong", "cpr-stream"] as const) expect(BENCHMARKS).toContain(b);
+    expect([opOf("cpr"), opOf("cpr-pingpong"), opOf("cpr-stream")]).toEqual(["allreduce", "pingpong", "stream"]);
+    for (const mode of ["none", "cpr", "retry-one"] as const) {
+      for (const curve of [false, true]) expect(jobsOf("cpr-stream", mode, curve)).toEqual({ subject: "lifeline:cpr", baseline: "lifeline:none" });
+    }
+    const only = new Set<Benchmark>(["cpr", "cpr-pingpong", "cpr-stream"]);
+    expect(buildCases(FULL_SIZES, only).map(caseKey)).toEqual([
+      "cpr np4 8 B",
+      "cpr np4 64 KiB",
+      "cpr np4 1 MiB",
+      "cpr np4 16 MiB",
+      "cpr-pingpong np2 8 B",
+      "cpr-pingpong np2 64 KiB",
+      "cpr-pingpong np2 1 MiB",
+      "cpr-stream np2 1 MiB",
+      "cpr-stream np2 16 MiB",
+    ]);
+    // In a full default run, as the retry-one family is.
+    expect(buildCases(FULL_SIZES, new Set(BENCHMARKS)).filter((c) => c.bench === "cpr")).toHaveLength(4);
+    expect(buildCases(FULL_SIZES, new Set<Benchmark>(["retry-one"])).some((c) => c.bench.startsWith("cpr"))).toBe(false);
+  });
+
+  it("targets: within 1.1x of none's time, streaming at least 1/1.1 of its bandwidth", () => {
+    const c = (bench: Benchmark, bytes: number): Case => ({ bench, np: 2, bytes, label: "" });
+    for (const bench of ["cpr", "cpr-pingpong"] as const) {
+      const t = targetFor(c(bench, 64 * KiB))!;
+      expect(t.text).toBe("<= 1.1x none");
+      expect([t.met(1.1), t.met(1.11)]).toEqual([true, false]);
+    }
+    const s = targetFor(c("cpr-stream", 16 * MiB))!;
+    expect(s.text).toBe(">= 0.9x none MB/s");
+    expect([s.met(0.91), s.met(0.9)]).toEqual([true, false]);
+    expect(unitOf("cpr-stream")).toBe("MB/s");
+  });
+
+  it("labels its tables cpr / none, with no raw or Open MPI column", () => {
+    const t = renderTables(
+      [
+        result("cpr", 8, variant("lifeline4-cpr", "lifeline:cpr", 1050, 2100), variant("lifeline4", "lifeline:none", 1000, 2000)),
+        result("cpr-stream", 16 * MiB, variant("lifeline2-cpr", "lifeline:cpr", 16_000, 100), variant("lifeline2", "lifeline:none", 16_000, 90), {
+          np: 2,
+          label: "16 MiB",
+        }),
+      ],
+      "ipc",
+    );
+    expect(t).toContain(
+      "### Allreduce, Float64Array sum, per op, slowest rank (us): Lifeline job under --mode cpr with nothing due vs Lifeline job under --mode none, both in this run — transport ipc\n",
+    );
+    expect(t).toContain("| case | cpr us | none us | cpr/none (time) [IQR] | spread cpr / none | CPU us/op cpr / none | target | met |");
+    expect(t).toContain("| np 4, 8 B | 1050 | 1000 | 1.05x [1.05x–1.05x] | 10% / 10% | 2100 / 2000 | <= 1.1x none | met |");
+    expect(t).toContain("| case | cpr MB/s | none MB/s | cpr/none (MB/s) [IQR] | spread cpr / none | CPU us/op cpr / none | target | met |");
+    // (The hand-made figures are in the table's unit already: `value` is what it prints.)
+    expect(t).toContain("| 16 MiB | 16000 | 16000 | 1.00x [1.00x–1.00x] | 10% / 10% | 100.0 / 90.00 | >= 0.9x none MB/s | met |");
+    expect(t).not.toMatch(/Open MPI|MPI-TCP|Lifeline = /);
+    expect(columnsOf("cpr-pingpong")).toMatchObject({ subject: "cpr", baseline: "none", peers: false });
   });
 });
 

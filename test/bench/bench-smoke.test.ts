@@ -133,7 +133,8 @@ async function quickReport(name: string, args: string[], timeoutMs: number): Pro
 }
 
 /** The timed-block benchmarks, recovery and startup: all the default run has but the heat-recovery and durable jobs. */
-const BLOCKS_ONLY = "pingpong,stream,stream-isend,allreduce,bcast,barrier,retry-one,retry-one-pingpong,retry-one-stream,recovery,elastic,startup";
+const BLOCKS_ONLY =
+  "pingpong,stream,stream-isend,allreduce,bcast,barrier,retry-one,retry-one-pingpong,retry-one-stream,cpr,cpr-pingpong,cpr-stream,recovery,elastic,startup";
 
 describe("bench --quick", () => {
   it("raw zeromq.js baselines: every case measured, report well formed", async () => {
@@ -157,7 +158,7 @@ describe("bench --quick", () => {
 
   const built = existsSync(path.join(ROOT, "dist/cli.js")) && existsSync(path.join(ROOT, "dist/index.js"));
   it.skipIf(!built)(
-    "Lifeline next to raw, retry-one next to none, recovery in both modes, elastic: ratios, jobs, peers, parts and targets filled in",
+    "Lifeline next to raw, retry-one and cpr next to none, recovery in both modes, elastic: ratios, jobs, peers, parts and targets filled in",
     async () => {
       // The start-up benchmark's cold run must leave the examples' compile cache alone: jobs
       // running an example meanwhile (other test files) load their compiled program from it.
@@ -177,6 +178,9 @@ describe("bench --quick", () => {
         "allreduce",
         "barrier",
         "bcast",
+        "cpr",
+        "cpr-pingpong",
+        "cpr-stream",
         "pingpong",
         "retry-one",
         "retry-one-pingpong",
@@ -204,6 +208,13 @@ describe("bench --quick", () => {
           expect(r.subject!.job).toBe(`lifeline${r.np}-retry-one`);
           expect(r.baseline!.job).toBe(`lifeline${r.np}`);
           expect(r.mpiTcp).toBeNull();
+        } else if (r.bench.startsWith("cpr")) {
+          // The cpr family: the same blocks, in a cpr job with nothing due against the mode-none one.
+          expect(r.op).toBe({ cpr: "allreduce", "cpr-pingpong": "pingpong", "cpr-stream": "stream" }[r.bench]);
+          expect(r.kinds).toEqual({ subject: "lifeline:cpr", baseline: "lifeline:none" });
+          expect(r.subject!.job).toBe(`lifeline${r.np}-cpr`);
+          expect(r.baseline!.job).toBe(`lifeline${r.np}`);
+          expect(r.mpiTcp).toBeNull();
         } else {
           expect(r.subject!.kind).toBe("lifeline:none");
         }
@@ -223,8 +234,18 @@ describe("bench --quick", () => {
       const jobModes = lifelineJobs.map((j) => `${String(j.job)} ${String(j.mode)}`);
       expect(jobModes).toContain("lifeline4-retry-one retry-one");
       expect(jobModes).toContain("lifeline2-retry-one retry-one");
-      // The message-path jobs run without retry-one's durable floor.
+      // The message-path jobs run without retry-one's durable floor, and cpr's with nothing due.
       for (const j of lifelineJobs) if (j.mode === "retry-one") expect(j.durableEvery).toBe(0);
+      expect(jobModes).toContain("lifeline4-cpr cpr");
+      expect(jobModes).toContain("lifeline2-cpr cpr");
+      for (const j of lifelineJobs) if (j.mode === "cpr") expect(j.checkpointEvery).toBe("1000000s");
+      expect(report.results.filter((r) => r.bench === "cpr").map((r) => r.key)).toEqual(["cpr np4 8 B", "cpr np4 64 KiB"]);
+      expect(report.results.filter((r) => r.bench.startsWith("cpr-")).map((r) => r.key)).toEqual([
+        "cpr-pingpong np2 8 B",
+        "cpr-pingpong np2 64 KiB",
+        "cpr-stream np2 64 KiB",
+      ]);
+      expect(report.tables).toContain("| case | cpr us | none us | cpr/none (time) [IQR] |");
       for (const j of lifelineJobs) {
         expect(j.exitCode, JSON.stringify(j)).toBe(0);
         expect(j.restarts ?? 0).toBe(0);
