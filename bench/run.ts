@@ -1,8 +1,9 @@
 /**
  * `npm run bench`: Lifeline's message layer next to raw zeromq.js, measured in the same run,
  * with the same sizes and process layout, timed in alternation; and (benchmarks `retry-one`,
- * `retry-one-pingpong`, `retry-one-stream`) allreduce, ping-pong and streaming in a Lifeline job
- * under `--mode retry-one` next to one under `--mode none`, the same way. Whole-job benchmarks
+ * `retry-one-pingpong`, `retry-one-stream`, and `cpr`, `cpr-pingpong`, `cpr-stream`) allreduce,
+ * ping-pong and streaming in a Lifeline job under `--mode retry-one` (or `--mode cpr` with
+ * nothing due) next to one under `--mode none`, the same way. Whole-job benchmarks
  * follow: `recovery` (bench/lib/recovery.ts), `heat-recovery` (bench/lib/heat-recovery.ts: a
  * killed rank of examples/heat.ts, retry-one vs cpr, through `lifeline drill`), `durable`
  * (bench/lib/durable.ts: what retry-one's durable floor costs), `startup`, and with `--hosts`
