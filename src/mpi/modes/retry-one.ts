@@ -95,6 +95,14 @@ const RESULT_CHUNKS_BYTES_MAX = 512 * 1024;
  * the copy; at 4 and 8 MiB the copy was as fast or faster.
  */
 const RESULT_CHUNKS_BYTES_FROM = 16 * 1024 * 1024;
+
+/**
+ * Whether a result of `bytes` whose algorithm offered its own chunks is kept as those chunks
+ * (true) or as a pooled copy (see RESULT_CHUNKS_BYTES_MAX and RESULT_CHUNKS_BYTES_FROM).
+ */
+export function keepsResultChunks(bytes: number): boolean {
+  return bytes < RESULT_CHUNKS_BYTES_MAX || bytes >= RESULT_CHUNKS_BYTES_FROM;
+}
 /** Idle memory of results and checkpoint copies kept for reuse. */
 const RESULT_POOL_BYTES_MAX = 512 * 1024 * 1024;
 /** Messages kept in the sender log, all destinations together (see logBytesMax). */
@@ -567,10 +575,10 @@ export class RetryOneMode extends LoggedMode implements AppLog {
         if (this.retryRun === mine) this.retryRun = undefined;
         if (result !== undefined && !mine.abandoned) {
           // The algorithm's own immutable chunks when it offered them, below one bound or from
-          // the other (no copy), else a copy (see RESULT_CHUNKS_BYTES_MAX).
+          // the other (no copy), else a copy (see keepsResultChunks).
           const bytes = retained === undefined ? 0 : byteLengthOf(retained.parts);
           hook.afterCollective(
-            retained !== undefined && retained.parts.length > 0 && (bytes < RESULT_CHUNKS_BYTES_MAX || bytes >= RESULT_CHUNKS_BYTES_FROM)
+            retained !== undefined && retained.parts.length > 0 && keepsResultChunks(bytes)
               ? [encodedValueHead(Encoding.typedArray, retained.arrayType, [bytes]), ...retained.parts]
               : encodeValue(result.value, (n) => this.resultBuffer(n)),
           );
