@@ -100,6 +100,8 @@ describe("simulation, mode retry-one", () => {
     // The transport fails a send queued for a dead incarnation once its successor is
     // connected, which ends a run stuck in it. Here nothing does: a run that waits in such a
     // send ends only because the protocol abandoned it (runOne's wait is rejected).
+    // Collectives only: a program's own send stuck so would wait for ever, as its MPI_Send
+    // would; nothing in the protocol abandons a point-to-point send.
     expect(await recoveredWithStuckSends(300, { blockSendsToDead: "until-close" }), "the seeds should make sends wait on a dead rank").toBeGreaterThan(30);
   }, 600_000);
 

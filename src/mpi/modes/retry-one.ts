@@ -103,6 +103,7 @@ const RESULT_CHUNKS_BYTES_FROM = 16 * 1024 * 1024;
 export function keepsResultChunks(bytes: number): boolean {
   return bytes < RESULT_CHUNKS_BYTES_MAX || bytes >= RESULT_CHUNKS_BYTES_FROM;
 }
+
 /** Idle memory of results and checkpoint copies kept for reuse. */
 const RESULT_POOL_BYTES_MAX = 512 * 1024 * 1024;
 /** Messages kept in the sender log, all destinations together (see logBytesMax). */
