@@ -206,7 +206,10 @@ function addRunOptions(cmd: Command): void {
   cmd
     .option("-n, --np <ranks>", `number of ranks, 1..${NP_MAX} (required)`)
     .addOption(new Option("--mode <mode>", `recovery mode: ${MODES.join(" | ")} (default cpr)`))
-    .option("--checkpoint-every <when>", "cpr: how often to take a global checkpoint, a duration (10s) or steps (50steps); default 10s")
+    .option(
+      "--checkpoint-every <when>",
+      "cpr: how often to take a global checkpoint, a duration (10s) or steps (50steps); default 10s. retry-one: steps only, every Nth checkpoint() call (default: every call)",
+    )
     .option("--store <dir>", `directory of the recovery-line store (default ${DEFAULTS.store})`)
     .option("--keep-lines <n>", `recovery lines to keep (default ${DEFAULTS.keepLines})`)
     .option("--max-restarts <n>", `restarts allowed before the job fails (default ${DEFAULTS.maxRestarts})`)

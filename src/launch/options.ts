@@ -356,6 +356,13 @@ export function resolveRunConfig(flags: RunFlags, ctx: { cwd: string; env?: Node
   const slots = elastic === undefined ? size : elasticSlots(elastic);
 
   const checkpointEvery = flags.checkpointEvery === undefined ? DEFAULTS.checkpointEvery : check(() => parseCheckpointEvery(flags.checkpointEvery!));
+  // retry-one: only a step count, the same on every rank (ranks that pass a `global` must take
+  // their checkpoints at the same counts, which a clock read on each rank would not give).
+  if (mode === "retry-one" && flags.checkpointEvery !== undefined && checkpointEvery?.kind === "time") {
+    problems.push(
+      `--checkpoint-every ${flags.checkpointEvery}: in --mode retry-one it takes a step count (e.g. 50steps: a checkpoint at every 50th checkpoint() call); without it every call is a checkpoint`,
+    );
+  }
   const keepLines = flags.keepLines === undefined ? DEFAULTS.keepLines : check(() => parseCount(flags.keepLines!, "--keep-lines", 1, 1000));
   const maxRestarts = flags.maxRestarts === undefined ? DEFAULTS.maxRestarts : check(() => parseCount(flags.maxRestarts!, "--max-restarts", 0, 1_000_000));
   const replicas = flags.replicas === undefined ? DEFAULTS.replicas : check(() => parseCount(flags.replicas!, "--replicas", 0, 1_000));

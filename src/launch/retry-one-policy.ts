@@ -207,7 +207,10 @@ export class RetryOnePolicy implements RestartPolicy {
   }
 
   tableFor(rank: number): Partial<Extract<CoordinatorToRank, { t: "table" }>> {
-    return this.allStart === undefined ? {} : allStartTable(this.allStart, rank);
+    // `--checkpoint-every Nsteps`: every Nth checkpoint() call of a rank is a checkpoint.
+    const every = this.config?.checkpointEvery;
+    const steps = every?.kind === "steps" ? { checkpointSteps: every.steps } : {};
+    return this.allStart === undefined ? steps : { ...allStartTable(this.allStart, rank), ...steps };
   }
 
   onReady(): void {

@@ -155,6 +155,8 @@ export interface SimRetryOneOptions {
    * time) while the program runs on, checkpointing again meanwhile. 0 or absent: none.
    */
   readonly slowDurable?: number;
+  /** `--checkpoint-every Nsteps`: only every Nth `checkpoint()` call of a rank is a checkpoint. Absent: every call. */
+  readonly checkpointSteps?: number;
 }
 
 export interface SimCprOptions {
@@ -291,6 +293,8 @@ export class SimCoordinator {
     hosts?: readonly number[],
     /** retry-one's durable floor on: the lines it keeps. */
     private readonly durableKeep?: number,
+    /** Fields every table carries (retry-one's `checkpointSteps`). */
+    private readonly tableExtra: Partial<TableMessage> = {},
   ) {
     this.durable = durableKeep === undefined ? undefined : new DurableCandidates(size);
     this.membership = new Membership({
@@ -465,12 +469,12 @@ export class SimCoordinator {
 
   /** cpr: rank `rank`'s part of the line the ranks restore from, for its table; retry-one: the start from the floor. */
   private restoreOf(rank: number): Partial<TableMessage> {
-    if (this.allStart !== undefined) return allStartTable(this.allStart, rank);
+    if (this.allStart !== undefined) return { ...allStartTable(this.allStart, rank), ...this.tableExtra };
     const line = this.restoreLine;
     const ref = line?.parts[rank];
     return line !== undefined && ref !== undefined
-      ? { restore: { epoch: line.epoch, ref: { rank: ref.rank, epoch: ref.epoch, checksum: ref.checksum, bytes: ref.bytes } } }
-      : {};
+      ? { restore: { epoch: line.epoch, ref: { rank: ref.rank, epoch: ref.epoch, checksum: ref.checksum, bytes: ref.bytes } }, ...this.tableExtra }
+      : { ...this.tableExtra };
   }
 
   /** retry-one: incarnation `attempt` of `rank` died; the others are told at once if `tell`. */
@@ -688,6 +692,7 @@ export class SimCluster {
       cpr,
       opts.hosts,
       floor ? (opts.retryOne?.keepLines ?? KEEP_LINES_DEFAULT) : undefined,
+      opts.mode === "retry-one" && opts.retryOne?.checkpointSteps !== undefined ? { checkpointSteps: opts.retryOne.checkpointSteps } : {},
     );
     if (cpr !== undefined || floor) this.store = new MemoryRecoveryStore({ name: `sim-${opts.seed}`, nowMs: () => this.net.now });
     this.coordinator.onLost = (rank, message) => this.onLost(rank, message);

@@ -86,6 +86,8 @@ export async function runRetryOneSeed(
     backoffMs?: (n: number) => number;
     /** Sends to a dead rank wait until its successor is known, or until the transport closes (SimClusterOptions.blockSendsToDead). */
     blockSendsToDead?: boolean | "until-close";
+    /** `--checkpoint-every Nsteps`, N drawn from 2..3 (SimRetryOneOptions.checkpointSteps). */
+    checkpointSteps?: boolean;
   } = {},
 ): Promise<{ spec: ProgramSpec; ref: SimOutcome; out: SimOutcome }> {
   const prng = new Prng(seed);
@@ -127,6 +129,8 @@ export async function runRetryOneSeed(
       failureTimeoutMs: 60_000,
       peerDown: !knobs.chance(0.25),
       ...(floor === undefined ? {} : { replicas: 1, durableEvery: floor.pick([1, 1, 2]), keepLines: floor.rangeInclusive(1, 2), slowDurable: even ? 40 : 1 }),
+      // Its own fork: the other knobs of a seed stay as they were.
+      ...(opts.checkpointSteps === true ? { checkpointSteps: prng.fork(6).rangeInclusive(2, 3) } : {}),
     },
     // One crash at a time is always covered (replicas ≥ 1); crashes may still overlap a recovery.
     ...recoveryKnobs(knobs),

@@ -64,6 +64,22 @@ describe("retry-one: point-to-point programs with real processes", () => {
   }
 
   it(
+    "--checkpoint-every 10steps: heat checkpoints at every 10th call only; killed at its 45th → bit-identical, restored from its 3rd or 4th checkpoint",
+    async () => {
+      const heat = CASES[0];
+      const r1 = await expectSameAsNone(heat.program, heat.args, ["1@step:45"], ["--checkpoint-every", "10steps"]);
+      expectOnlyRestarted(r1, { 1: 1 });
+      expect(r1.caughtUp).toHaveLength(1);
+      // Calls 10, 20, 30 and 40 were checkpoints: the newest the others knew complete (without
+      // the flag, every call is one: the restarted rank would restore checkpoint 43 or 44).
+      const restored = r1.caughtUp[0]!.restored;
+      expect(restored, JSON.stringify(r1.caughtUp)).toBeGreaterThanOrEqual(3);
+      expect(restored, JSON.stringify(r1.caughtUp)).toBeLessThanOrEqual(4);
+    },
+    3 * RUN_TIMEOUT_MS,
+  );
+
+  it(
     "a program that never checkpoints stops at --log-limit with CPR_CHECKPOINT; checkpointing now and then it finishes under the same bound",
     async () => {
       const FLOOD = "test/fixtures/retry-one/flood.ts";

@@ -171,6 +171,7 @@ describe("resolveRunConfig", () => {
     [{ checkpointEvery: "10x" }, /--checkpoint-every "10x" is neither a duration .* nor a step count/],
     [{ checkpointEvery: "10" }, /--checkpoint-every "10" is ambiguous; write a duration \(10s\) or a step count \(10steps\)/],
     [{ checkpointEvery: "0steps" }, /step count must be at least 1/],
+    [{ mode: "retry-one", checkpointEvery: "10s" }, /--checkpoint-every 10s: in --mode retry-one it takes a step count \(e\.g\. 50steps/],
     [{ keepLines: "0" }, /--keep-lines must be a whole number from 1/],
     [{ maxRestarts: "-1" }, /--max-restarts must be a whole number from 0/],
     [{ heartbeat: "fast" }, /--heartbeat "fast" is not a duration/],
@@ -212,6 +213,12 @@ describe("parsers", () => {
     expect(parseDuration("1h", "--x")).toBe(3_600_000);
     expect(() => parseDuration("1.5 fortnights", "--x")).toThrow(/--x "1.5 fortnights" is not a duration/);
     expect(() => parseDuration("-5s", "--x")).toThrow(/not a duration/);
+  });
+
+  it("retry-one: --checkpoint-every as a step count; without it, no count (every call a checkpoint)", () => {
+    expect(resolveWith({ mode: "retry-one", checkpointEvery: "10steps" }).checkpointEvery).toEqual({ kind: "steps", steps: 10 });
+    // The time default is cpr's: retry-one passes no step count on then.
+    expect(resolveWith({ mode: "retry-one" }).checkpointEvery.kind).toBe("time");
   });
 
   it("parses --checkpoint-every as time or steps", () => {

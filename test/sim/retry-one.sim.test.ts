@@ -105,6 +105,27 @@ describe("simulation, mode retry-one", () => {
     expect(await recoveredWithStuckSends(300, { blockSendsToDead: "until-close" }), "the seeds should make sends wait on a dead rank").toBeGreaterThan(30);
   }, 600_000);
 
+  it("--checkpoint-every Nsteps (every 2nd or 3rd checkpoint() call is one): crashes anywhere, failure-free results (400 seeds of collectives, 400 of point-to-point)", async () => {
+    // A restarted rank gets its count of checkpoint() calls back with its checkpoint, so it
+    // takes its checkpoints at the same calls as before; the others never roll back.
+    let restarts = 0;
+    for (const [p2p, base] of [
+      [false, 0],
+      [true, 400],
+    ] as const) {
+      for (const seed of swarmSeeds(400).map((s) => s + base)) {
+        const { spec, ref, out } = await runRetryOneSeed(seed, { p2p, checkpointSteps: true });
+        const where = `program: ${describeProgram(spec)}\nreproduce with SEED=${seed} (checkpoint steps${p2p ? ", point-to-point" : ""})\n${out.report}`;
+        expect(ref.status, where).toBe("ok");
+        if (out.status === "failed" && out.aborts.length > 0 && out.aborts.every((a) => a.code === "CPR_LOST")) continue;
+        expect(out.status, where).toBe("ok");
+        expect(out.results, where).toEqual(ref.results);
+        restarts += out.attempts.reduce((n, a) => n + a, 0);
+      }
+    }
+    expect(restarts, "the seeds should restart ranks").toBeGreaterThan(100);
+  }, 600_000);
+
   it("large results (ring allreduce kept as its received chunks, others in pooled copies) replay exactly (200 seeds, half the collectives large)", async () => {
     let replayed = 0;
     for (const seed of swarmSeeds(200)) {

@@ -144,6 +144,8 @@ interface PackedLib {
   readonly consumed: number[];
   /** Non-deterministic calls before the checkpoint (the next ticket's ordinal). */
   readonly ordinal: number;
+  /** `checkpoint()` calls up to this one (absent in checkpoints of older versions: 0). */
+  readonly calls?: number;
 }
 
 /** A checkpoint as it travels to the successors: program state, library counters, sender log. */
@@ -206,6 +208,11 @@ export class RetryOneMode extends LoggedMode implements AppLog {
   private restoreCalled = false;
   /** A restarted rank until its restore() got the checkpoint (its counters are unknown). */
   private awaitingRestore: boolean;
+  /** `--checkpoint-every Nsteps`: only every Nth `checkpoint()` call is a checkpoint (undefined: every call). */
+  private checkpointSteps: number | undefined;
+  /** `checkpoint()` calls so far, and up to the last one that was a checkpoint (both restored with it). */
+  private checkpointCalls = 0;
+  private checkpointCallsAtLast = 0;
   /** Non-deterministic calls so far (the next ticket's ordinal). */
   private ordinal = 0;
   /** Determinants logged so far (the machine's count). */
@@ -309,6 +316,7 @@ export class RetryOneMode extends LoggedMode implements AppLog {
   }
 
   override beforeStart(table: Extract<CoordinatorToRank, { t: "table" }>): Promise<void> {
+    this.checkpointSteps = typeof table.checkpointSteps === "number" && table.checkpointSteps > 0 ? table.checkpointSteps : undefined;
     return this.hook.beforeStart(table);
   }
 
@@ -669,6 +677,7 @@ export class RetryOneMode extends LoggedMode implements AppLog {
         }
       });
       this.ordinal = lib.ordinal;
+      this.checkpointCalls = this.checkpointCallsAtLast = lib.calls ?? 0;
       this.logBytes = 0;
       this.log = Array.from({ length: this.core.size }, () => []);
       for (const [dest, appSeq, header, ...body] of packed.log) {
@@ -696,6 +705,14 @@ export class RetryOneMode extends LoggedMode implements AppLog {
   }
 
   override async checkpoint(state: unknown, global: unknown): Promise<void> {
+    // With a step count, a call is a checkpoint once that many calls went by since the last
+    // one; the counts come back with a restore, so a restarted rank chooses the same calls.
+    this.checkpointCalls++;
+    const every = this.checkpointSteps;
+    if (every !== undefined && this.checkpointCalls - this.checkpointCallsAtLast < every) {
+      this.core.reportStep(false);
+      return;
+    }
     if (this.ghosts > 0) {
       // A replayed poll completed a receive from the log and its re-sent copy is still on its
       // way: a checkpoint now would count it as not consumed. Not a checkpoint location this
@@ -710,7 +727,14 @@ export class RetryOneMode extends LoggedMode implements AppLog {
     const queued = new Array<number>(size).fill(0);
     for (const env of matcher.queuedInOrder()) queued[env.source]!++;
     const consumed = this.expected.map((n, r) => (r === rank ? counters.appSeqOut[r]! : n) - queued[r]!);
-    const lib: PackedLib = { channelSeqOut: counters.channelSeqOut, appSeqOut: counters.appSeqOut, consumed, ordinal: this.ordinal };
+    const lib: PackedLib = {
+      channelSeqOut: counters.channelSeqOut,
+      appSeqOut: counters.appSeqOut,
+      consumed,
+      ordinal: this.ordinal,
+      calls: this.checkpointCalls,
+    };
+    this.checkpointCallsAtLast = this.checkpointCalls;
     const log: [number, number, Buffer, ...Buffer[]][] = [];
     const taken: KeptFrame[] = [];
     this.log.forEach((l, dest) => {
