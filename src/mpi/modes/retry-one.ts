@@ -589,7 +589,7 @@ export class RetryOneMode extends LoggedMode implements AppLog {
           hook.afterCollective(
             retained !== undefined && retained.parts.length > 0 && keepsResultChunks(bytes)
               ? [encodedValueHead(Encoding.typedArray, retained.arrayType, [bytes]), ...retained.parts]
-              : encodeValue(result.value, (n) => this.resultBuffer(n)),
+              : encodeValue(result.value, this.allocResult),
           );
           return result.value;
         }
@@ -599,6 +599,9 @@ export class RetryOneMode extends LoggedMode implements AppLog {
       this.inFlight--;
     }
   }
+
+  /** resultBuffer as a function to hand out: one for every call, not a closure per collective. */
+  private readonly allocResult = (bytes: number): Buffer => this.resultBuffer(bytes);
 
   /** Memory for a kept result or checkpoint copy (pooled when large; see recycle in access()). */
   private resultBuffer(bytes: number): Buffer {
@@ -749,7 +752,7 @@ export class RetryOneMode extends LoggedMode implements AppLog {
     if (taken.length > 0) this.captured.set(this.hook.progress.version + 1, taken);
     // The program state now (a copy: later changes must not reach the checkpoint), or, for the
     // function form, when a copy is first needed; the library's part is taken now either way.
-    const alloc = (n: number): Buffer => this.resultBuffer(n);
+    const alloc = this.allocResult;
     const packed =
       typeof state === "function"
         ? (): Packed => ({ s: encodeValue((state as () => unknown)(), alloc), lib, log })
