@@ -109,6 +109,10 @@ describe("simulation, mode retry-one", () => {
     // A restarted rank gets its count of checkpoint() calls back with its checkpoint, so it
     // takes its checkpoints at the same calls as before; the others never roll back.
     let restarts = 0;
+    // The checkpoint versions restarted ranks restored, with the step count and (the
+    // collectives' seeds) without it: with it, fewer calls are checkpoints, so they are lower.
+    const restored = { steps: 0, every: 0 };
+    const sumRestored = (out: { caughtUp: readonly { restored: number }[] }): number => out.caughtUp.reduce((n, c) => n + c.restored, 0);
     for (const [p2p, base] of [
       [false, 0],
       [true, 400],
@@ -121,9 +125,13 @@ describe("simulation, mode retry-one", () => {
         expect(out.status, where).toBe("ok");
         expect(out.results, where).toEqual(ref.results);
         restarts += out.attempts.reduce((n, a) => n + a, 0);
+        if (p2p) continue;
+        restored.steps += sumRestored(out);
+        restored.every += sumRestored((await runRetryOneSeed(seed, { p2p })).out);
       }
     }
     expect(restarts, "the seeds should restart ranks").toBeGreaterThan(100);
+    expect(restored.steps, JSON.stringify(restored)).toBeLessThan(restored.every * 0.8);
   }, 600_000);
 
   it("large results (ring allreduce kept as its received chunks, others in pooled copies) replay exactly (200 seeds, half the collectives large)", async () => {
