@@ -36,6 +36,7 @@ import { ElasticPolicy } from "./elastic-policy.ts";
 import { FailureDetector, type Suspicion } from "./detector.ts";
 import { detectorTickMs, rankAbortCode, suspicionCode, suspicionText } from "./watch.ts";
 import type { StoreClaim } from "./job-store.ts";
+import { ERROR_FILE_NAME } from "../store/level-store.ts";
 import { RetryOnePolicy } from "./retry-one-policy.ts";
 import type { RunConfig } from "./options.ts";
 import type { Reporter } from "./progress.ts";
@@ -1090,9 +1091,6 @@ export class Supervisor {
     return performance.now() - this.startMs;
   }
 }
-
-/** The error file's name in the store directory, unless `--error-file` says otherwise. */
-export const ERROR_FILE_NAME = "errors.json";
 
 /** Resolves after `ms` milliseconds (at once for 0). */
 function sleepMs(ms: number): Promise<void> {

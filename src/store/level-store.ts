@@ -51,8 +51,15 @@ import type { LineManifest, RankPartStore, RecoveryStore } from "./types.ts";
  */
 export const STORE_MARKER = "LIFELINE-STORE";
 const MARKER_BODY = JSON.stringify({ format: "lifeline-store", version: 1 }) + "\n";
+/**
+ * The launcher's record of a job's failures in the store directory (unless `--error-file` puts
+ * it elsewhere). It is written there in every mode, also by a job that never made the directory a
+ * store (mode none, or a job that failed before its first checkpoint), so it counts as the
+ * store's own: a later job with a store in the same directory must not refuse it.
+ */
+export const ERROR_FILE_NAME = "errors.json";
 /** Entries a store directory may hold; anything else means it is someone else's directory. */
-const OWN_ENTRY_RE = /^(LIFELINE-STORE(\.tmp-[0-9a-f]+)?|manifest(\.tmp-[0-9a-f]+)?|rank-\d+|held-by-\d+|replica-\d+)$/;
+const OWN_ENTRY_RE = /^(LIFELINE-STORE(\.tmp-[0-9a-f]+)?|manifest(\.tmp-[0-9a-f]+)?|rank-\d+|held-by-\d+|replica-\d+|errors\.json(\.\d+\.tmp)?)$/;
 const RANK_DIR_RE = /^rank-(\d+)$/;
 
 /**

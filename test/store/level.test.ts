@@ -16,7 +16,7 @@ import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { isLifelineError } from "../../src/errors.ts";
 import { crc32, crc32Portable, crc32Yielding, sliced } from "../../src/store/checksum.ts";
-import { LevelRecoveryStore, STORE_MARKER } from "../../src/store/level-store.ts";
+import { ERROR_FILE_NAME, LevelRecoveryStore, STORE_MARKER } from "../../src/store/level-store.ts";
 import { BLOCK_BYTES, BLOCKED_BYTES_MIN, type KnownSha256 } from "../../src/store/types.ts";
 import { formatLines, listLines } from "../../src/store/lines.ts";
 import { latestLine, localVerifier, pruneLines } from "../../src/store/recovery.ts";
@@ -134,6 +134,20 @@ describe("LevelRecoveryStore on disk", () => {
     expect(e3.message).toMatch(/does not exist/);
     const e4 = await expectCode(new LevelRecoveryStore(join(foreign, "thesis.tex")).openRank(0), "STORE_NOT_FOUND");
     expect(e4.message).toMatch(/not a directory/);
+    // The launcher's failure record is the store's own: a job in mode none (or one that failed
+    // before its first checkpoint) leaves it in a directory that never became a store, and the
+    // next job with a store there must not refuse the directory.
+    const failedBefore = freshDir();
+    await mkdir(failedBefore);
+    await writeFile(join(failedBefore, ERROR_FILE_NAME), "{}\n");
+    await writeFile(join(failedBefore, `${ERROR_FILE_NAME}.4242.tmp`), "{");
+    await (await new LevelRecoveryStore(failedBefore).openManifest()).close();
+    expect(existsSync(join(failedBefore, STORE_MARKER))).toBe(true);
+    // Only that name: a look-alike is someone else's file.
+    const lookAlike = freshDir();
+    await mkdir(lookAlike);
+    await writeFile(join(lookAlike, `${ERROR_FILE_NAME}.old`), "x");
+    await expectCode(new LevelRecoveryStore(lookAlike).openManifest(), "STORE_NOT_FOUND");
     // An empty directory is fine: it becomes a store.
     const empty = freshDir();
     await mkdir(empty);
