@@ -91,6 +91,37 @@ describe("collective algorithms over 1..9 virtual ranks", () => {
     expect(seen.size).toBe(1);
   });
 
+  it("the retry-one fixture's allreduces (16 MiB of Float64, sum and max, 4 ranks) offer their chunks on every rank", async () => {
+    // test/integration/retry-one.test.ts serves a restarted rank these results from the chunks
+    // (test/fixtures/retry-one/large.ts); retry-one keeps them so only when the algorithm
+    // offers them, at this size (keepsResultChunks, test/unit/retry-one-result-chunks.test.ts).
+    const p = 4;
+    const n = 2 * 1024 * 1024;
+    for (const op of ["sum", "max"] as const) {
+      const retained: (Buffer[] | undefined)[] = [];
+      const ios = cluster(p, 17).map((io) => ({
+        ...io,
+        retainResult: (_t: number, parts: readonly Buffer[]) => {
+          retained[io.rank] = [...parts];
+        },
+      }));
+      const outs = await Promise.all(
+        ios.map((io) =>
+          coll.allreduce(
+            io,
+            Float64Array.from({ length: n }, (_, i) => (i * (io.rank + 3)) % 111),
+            op,
+          ),
+        ),
+      );
+      for (let r = 0; r < p; r++) {
+        expect(retained[r], `rank ${r}, ${op}`).toBeDefined();
+        expect(retained[r]!.reduce((b, x) => b + x.byteLength, 0)).toBe(16 * 1024 * 1024);
+        expect(Buffer.concat(retained[r]!).equals(Buffer.from(outs[r]!.buffer, outs[r]!.byteOffset, outs[r]!.byteLength)), `rank ${r}, ${op}`).toBe(true);
+      }
+    }
+  });
+
   it.each([1, 2, 3, 4, 5, 8])("no buffer is written once sent, not even by the program after the call returns (p=%i)", async (p) => {
     // Above RING_BYTES_MIN (the large algorithms), below it (recursive doubling), tiny.
     const n = coll.RING_BYTES_MIN / 8 + 1000 + p;

@@ -6,7 +6,8 @@
  * Method: the decision at and around each bound. The integration test of 16 MiB allreduces
  * (test/integration/retry-one.test.ts, fixture test/fixtures/retry-one/large.ts: 2 Mi Float64
  * elements, exactly 16 MiB) relies on results of exactly 16 MiB being kept as chunks: that is
- * the path it serves a restarted rank from.
+ * the path it serves a restarted rank from. That the allreduce offers its chunks for those
+ * results at all is checked in test/unit/collectives.test.ts.
  */
 import { describe, expect, it } from "vitest";
 import { keepsResultChunks } from "../../src/mpi/modes/retry-one.ts";
