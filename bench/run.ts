@@ -647,10 +647,10 @@ async function main(): Promise<void> {
     allreduce: s ?? base.allreduce,
     bcast: s ?? base.bcast,
     collectiveNps: opts.nps ?? base.collectiveNps,
-    retryOne: s ?? base.retryOne,
-    retryOneNps: opts.nps ?? base.retryOneNps,
-    retryOnePingpong: s ?? base.retryOnePingpong,
-    retryOneStream: s ?? base.retryOneStream,
+    modeAllreduce: s ?? base.modeAllreduce,
+    modeNps: opts.nps ?? base.modeNps,
+    modePingpong: s ?? base.modePingpong,
+    modeStream: s ?? base.modeStream,
   };
   // Cases left without a job by --variant (e.g. bcast under --variant raw) have nothing to measure.
   const selected = buildCases(sizes, opts.only);

@@ -53,6 +53,8 @@ export function isModeBenchmark(bench: Benchmark): bench is ModeBenchmark {
 }
 
 /** The recovery mode a family's benchmark sets against mode none; undefined for the others. */
+export function familyModeOf(bench: ModeBenchmark): "retry-one" | "cpr";
+export function familyModeOf(bench: Benchmark): "retry-one" | "cpr" | undefined;
 export function familyModeOf(bench: Benchmark): "retry-one" | "cpr" | undefined {
   if (!isModeBenchmark(bench)) return undefined;
   return isRetryOne(bench) ? "retry-one" : "cpr";
@@ -114,7 +116,7 @@ export function describeKind(kind: JobKind): string {
  *   the default) with the same Lifeline job under `--insecure`.
  */
 export function jobsOf(bench: Benchmark, mode: LifelineMode, curve = false): { subject: JobKind; baseline: JobKind | undefined } {
-  if (isModeBenchmark(bench)) return { subject: `lifeline:${isRetryOne(bench) ? "retry-one" : "cpr"}`, baseline: "lifeline:none" };
+  if (isModeBenchmark(bench)) return { subject: `lifeline:${familyModeOf(bench)}`, baseline: "lifeline:none" };
   if (curve) return { subject: `lifeline:${mode}`, baseline: `lifeline-insecure:${mode}` };
   return { subject: `lifeline:${mode}`, baseline: rawProgramFor(bench) };
 }
@@ -138,11 +140,11 @@ export interface Sizes {
   /** Rank counts of the collectives. */
   collectiveNps: number[];
   /** retry-one and cpr (allreduce, the mode vs none): payload sizes and rank counts. */
-  retryOne: number[];
-  retryOneNps: number[];
+  modeAllreduce: number[];
+  modeNps: number[];
   /** retry-one-pingpong, retry-one-stream, cpr-pingpong and cpr-stream (2 ranks, the mode vs none): payload sizes. */
-  retryOnePingpong: number[];
-  retryOneStream: number[];
+  modePingpong: number[];
+  modeStream: number[];
 }
 
 export const FULL_SIZES: Sizes = {
@@ -151,10 +153,10 @@ export const FULL_SIZES: Sizes = {
   allreduce: [8, 64 * KiB, MiB, 16 * MiB, 64 * MiB],
   bcast: [MiB, 16 * MiB],
   collectiveNps: [2, 4],
-  retryOne: [8, 64 * KiB, MiB, 16 * MiB],
-  retryOneNps: [4],
-  retryOnePingpong: [8, 64 * KiB, MiB],
-  retryOneStream: [MiB, 16 * MiB],
+  modeAllreduce: [8, 64 * KiB, MiB, 16 * MiB],
+  modeNps: [4],
+  modePingpong: [8, 64 * KiB, MiB],
+  modeStream: [MiB, 16 * MiB],
 };
 
 /** `--quick`: small payloads only, for the smoke test. */
@@ -164,10 +166,10 @@ export const QUICK_SIZES: Sizes = {
   allreduce: [8, 64 * KiB],
   bcast: [64 * KiB],
   collectiveNps: [2, 4],
-  retryOne: [8, 64 * KiB],
-  retryOneNps: [4],
-  retryOnePingpong: [8, 64 * KiB],
-  retryOneStream: [64 * KiB],
+  modeAllreduce: [8, 64 * KiB],
+  modeNps: [4],
+  modePingpong: [8, 64 * KiB],
+  modeStream: [64 * KiB],
 };
 
 export function sizeLabel(bytes: number): string {
@@ -197,12 +199,12 @@ export function buildCases(sizes: Sizes, only: ReadonlySet<Benchmark>): Case[] {
   }
   for (const family of ["retry-one", "cpr"] as const) {
     if (only.has(family)) {
-      for (const np of sizes.retryOneNps) {
-        for (const bytes of sizes.retryOne) out.push({ bench: family, np, bytes, label: `np ${np}, ${sizeLabel(bytes)}` });
+      for (const np of sizes.modeNps) {
+        for (const bytes of sizes.modeAllreduce) out.push({ bench: family, np, bytes, label: `np ${np}, ${sizeLabel(bytes)}` });
       }
     }
-    p2p(`${family}-pingpong`, sizes.retryOnePingpong);
-    p2p(`${family}-stream`, sizes.retryOneStream);
+    p2p(`${family}-pingpong`, sizes.modePingpong);
+    p2p(`${family}-stream`, sizes.modeStream);
   }
   return out;
 }

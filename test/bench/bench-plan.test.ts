@@ -58,7 +58,7 @@ describe("bench plan: retry-one", () => {
     expect(full.map(caseKey)).toEqual(["retry-one np4 8 B", "retry-one np4 64 KiB", "retry-one np4 1 MiB", "retry-one np4 16 MiB"]);
     expect(full.map((c) => c.label)).toEqual(["np 4, 8 B", "np 4, 64 KiB", "np 4, 1 MiB", "np 4, 16 MiB"]);
     expect(buildCases(QUICK_SIZES, only).map((c) => c.bytes)).toEqual([8, 64 * KiB]);
-    const over = buildCases({ ...FULL_SIZES, retryOne: [8, MiB], retryOneNps: [2, 4] }, only);
+    const over = buildCases({ ...FULL_SIZES, modeAllreduce: [8, MiB], modeNps: [2, 4] }, only);
     expect(over.map(caseKey)).toEqual(["retry-one np2 8 B", "retry-one np2 1 MiB", "retry-one np4 8 B", "retry-one np4 1 MiB"]);
   });
 
