@@ -15,6 +15,7 @@ import type { CprHookFactory } from "./mpi/cpr-hook.ts";
 import type { RetryOneHookFactory } from "./mpi/retry-hook.ts";
 import { startWatchdog } from "./launch/watchdog.ts";
 import { BACKOFF_MAX_MS } from "./launch/backoff.ts";
+import { startIdleWatch } from "./mpi/idle-watch.ts";
 
 export { ANY_SOURCE, ANY_TAG, TAG_MAX } from "./mpi/types.ts";
 export type { CollectiveOptions, Message, ReduceOp, ReduceOpName, Request, Restored, Status, WorldApi } from "./mpi/types.ts";
@@ -77,6 +78,9 @@ export async function init(options: InitOptions = {}): Promise<World> {
     const world = await World.join(place, { cpr, retryOne, keys, elastic });
     watchdog.joined();
     world.onClose(() => watchdog.stop());
+    // A program that ends without finalize() would leave its process (and the job) waiting
+    // without a word: the watch says so on stderr.
+    world.onClose(startIdleWatch(world, place.rank));
     return world;
   } catch (err) {
     watchdog.stop();

@@ -529,6 +529,18 @@ export class Channel {
   }
 
   /**
+   * Whether a send of the program's may still wait here: behind the gate, for credit, for its
+   * destination's receipt (a rendezvous), or in the transport. Walks every channel: for an
+   * occasional look (the idle watch, src/mpi/idle-watch.ts), not for the message path.
+   */
+  sendsWaiting(): boolean {
+    if (this.gated !== undefined && this.gated.length > 0) return true;
+    for (const waits of this.creditWaits) if (waits.length > 0) return true;
+    for (const byDest of this.lent) for (const entry of byDest.values()) if (entry.done !== undefined) return true;
+    return this.transport.sending?.() ?? false;
+  }
+
+  /**
    * After an abort: lent buffers are left to the collector (ZeroMQ may still read them), and
    * rendezvous sends waiting for a receipt, and sends waiting for credit, fail with `err`.
    */

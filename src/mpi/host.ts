@@ -31,6 +31,8 @@ export interface Transport {
   connect(rank: number, endpoint: string, serverKey?: string): void;
   /** Queues a message; resolves once the transport holds it (FIFO per destination). */
   send(rank: number, frames: readonly (Buffer | Uint8Array)[]): Promise<void>;
+  /** Whether a send has not been taken by the transport yet (waits at a full queue, say). */
+  sending?(): boolean;
   close(): Promise<void>;
 }
 

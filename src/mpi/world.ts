@@ -112,6 +112,13 @@ export class World implements WorldApi {
   private restoreCalled = false;
   private readonly bootstrapKeys = new Set<string>();
   private outstandingRecvs = 0;
+  /** Calls of the program's so far (every entry point counts one), for the idle watch. */
+  private calls = 0;
+  /** Collectives, restores, checkpoints and finalizes of the program's not returned yet. */
+  private inFlight = 0;
+  private readonly settled = (): void => {
+    this.inFlight--;
+  };
   private released: { resolve: () => void; reject: (e: unknown) => void } | undefined;
   private host!: Host;
   private control!: ControlChannel;
@@ -465,6 +472,7 @@ export class World implements WorldApi {
   // ---- checks ------------------------------------------------------------------------------
 
   private live(what: string): void {
+    this.calls++;
     if (this.failure !== undefined) throw this.failure;
     if (this.finalized) throw new LifelineError("MPI_FINALIZED", `${what}() called after finalize()`);
   }
@@ -680,7 +688,11 @@ export class World implements WorldApi {
       return Promise.reject(err);
     }
     this.faults.onCollective(this.versions, this.collSinceCheckpoint++);
-    return this.modeImpl.collective(kind, identity, algorithm, op, root, data, bootstrapKey);
+    const running = this.modeImpl.collective(kind, identity, algorithm, op, root, data, bootstrapKey);
+    this.inFlight++;
+    // Not `then(settled, settled)`: the program's promise must still reject unhandled if the
+    // program drops it (a few microtasks per collective).
+    return running.finally(this.settled);
   }
 
   /** The entry the mode's rewrites of reduce, gather, scatter and alltoall call. */
@@ -832,7 +844,13 @@ export class World implements WorldApi {
     if (this.restoreCalled && !again) throw new LifelineError("CPR_RESTORE", "restore() called twice; call it once, before the main loop");
     if (this.steps > 0 && !again) throw new LifelineError("CPR_RESTORE", "restore() called after checkpoint(); call it once, before the first checkpoint()");
     this.restoreCalled = true;
-    const r = await this.modeImpl.restore();
+    this.inFlight++;
+    let r;
+    try {
+      r = await this.modeImpl.restore();
+    } finally {
+      this.inFlight--;
+    }
     return r === undefined ? undefined : { state: r.state as S, global: r.global as G, version: r.version };
   }
 
@@ -853,7 +871,12 @@ export class World implements WorldApi {
     }
     this.steps++;
     this.collSinceCheckpoint = 0;
-    await this.modeImpl.checkpoint(state, global);
+    this.inFlight++;
+    try {
+      await this.modeImpl.checkpoint(state, global);
+    } finally {
+      this.inFlight--;
+    }
   }
 
   nondet<T>(fn: () => T): T {
@@ -870,6 +893,15 @@ export class World implements WorldApi {
 
   async finalize(result?: unknown): Promise<void> {
     this.live("finalize");
+    this.inFlight++;
+    try {
+      await this.finalizeNow(result);
+    } finally {
+      this.inFlight--;
+    }
+  }
+
+  private async finalizeNow(result: unknown): Promise<void> {
     const encoded = encodeValue(result);
     // Finalize is collective, as in MPI. The barrier also flushes every channel (they are FIFO):
     // a stray message of a mismatched collective that some peer sent earlier arrives before
@@ -925,6 +957,16 @@ export class World implements WorldApi {
     // Peers are being stopped too; leave promptly even if the program swallows the error.
     this.host.after(200, () => this.host.exit(1));
     void this.closeSockets();
+  }
+
+  /**
+   * What the idle watch (src/mpi/idle-watch.ts) looks at: the program's calls so far, and
+   * whether one of them may still be waiting (a receive or probe posted, a collective, restore,
+   * checkpoint or finalize not returned, a send not let go). Not for programs.
+   */
+  activity(): { calls: number; waiting: boolean } {
+    const waiting = this.inFlight > 0 || this.pending.size > 0 || this.outstandingRecvs > 0 || this.channel.sendsWaiting();
+    return { calls: this.calls, waiting };
   }
 
   /** Runs `fn` once this rank has finished (after finalize's release). */

@@ -214,6 +214,36 @@ describe("ranks that are alive but not working", () => {
     await expectNoSurvivors(cli);
   });
 
+  it("a program that ends without finalize() (its process cannot end: Lifeline's sockets hold it): each rank says so on stderr after 5 s", async () => {
+    const cli = launch(["-n", "2", join(FIXTURES, "idle.ts"), "forget"]);
+    const isWarning = (e: Ev): boolean => e.event === "output" && e.stream === "stderr" && /has not called world\.finalize\(\)/.test(String(e.line));
+    const first = await cli.events.waitFor(isWarning, 15_000, "the idle warning");
+    await cli.events.waitFor((e) => isWarning(e) && e.rank !== first.rank, 5_000, "the other rank's idle warning");
+    expect(String(first.line)).toMatch(
+      /^lifeline: rank [01]: the program has made no Lifeline call for 5 s and waits for nothing .* end every rank's program with `await world\.finalize\(\)`\.$/,
+    );
+    // Not before the 5 s are up (the idle stretch starts after the allreduce, after the job started).
+    const started = ofKind(cli.events.all, "job-started")[0]!;
+    expect((first.t as number) - (started.t as number)).toBeGreaterThanOrEqual(5_000);
+    expect(ofKind(cli.events.all, "rank-finalized")).toEqual([]);
+    cli.child.kill("SIGTERM");
+    const r = await cli.done;
+    expect(r.code, r.stderr).toBe(143);
+    // Once per idle stretch.
+    expect(cli.events.all.filter(isWarning)).toHaveLength(2);
+    await expectNoSurvivors(cli);
+  });
+
+  it("waits longer than 5 s that are not the end (a timer of the program's, a receive, a barrier, a send waiting for its receipt): no idle warning", async () => {
+    const cli = launch(["-n", "2", join(FIXTURES, "idle.ts"), "waits"]);
+    const r = await cli.done;
+    expect(r.code, r.stderr).toBe(0);
+    expect(ofKind(cli.events.all, "job-finished")[0]).toMatchObject({ exitCode: 0 });
+    // The three waits of 7.5 s each did happen.
+    expect(r.ms).toBeGreaterThan(22_000);
+    expect(r.stderr).not.toContain("world.finalize()");
+  });
+
   it("a frozen rank that stops heartbeating is killed after --failure-timeout", async () => {
     const cli = launch(["-n", "2", "--heartbeat", "100", "--failure-timeout", "1000", join(FIXTURES, "proto-rank.ts"), "1", "100"]);
     const r = await cli.done;

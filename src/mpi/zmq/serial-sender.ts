@@ -23,6 +23,11 @@ export class SerialSender {
 
   constructor(private readonly socket: { send(frames: (Buffer | Uint8Array)[]): Promise<void> }) {}
 
+  /** Whether a send is in flight or queued. */
+  get sending(): boolean {
+    return this.busy;
+  }
+
   send(frames: Frames): Promise<void> {
     if (this.busy) return new Promise((resolve, reject) => this.queue.push({ frames, resolve, reject }));
     this.busy = true;

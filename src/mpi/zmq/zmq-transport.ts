@@ -147,6 +147,11 @@ export class ZmqTransport implements Transport {
     return peer.sender.send(frames);
   }
 
+  sending(): boolean {
+    for (const peer of this.peers.values()) if (peer.sender.sending) return true;
+    return false;
+  }
+
   /** Closes every socket. Queued sends are dropped (the job is over or aborted). */
   async close(): Promise<void> {
     if (this.closed) return;
