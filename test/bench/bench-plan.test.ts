@@ -82,7 +82,7 @@ describe("bench plan: retry-one", () => {
     expect(describeKind("raw-pushpull")).toBe("raw-pushpull");
   });
 
-  it("--curve compares a Lifeline job with CURVE against the same under --insecure, with issue 12's targets", () => {
+  it("--curve compares a Lifeline job with CURVE against the same under --insecure, with the security work's targets (8 B ping-pong, 1 MiB allreduce)", () => {
     expect(jobsOf("pingpong", "none", true)).toEqual({ subject: "lifeline:none", baseline: "lifeline-insecure:none" });
     expect(jobsOf("allreduce", "cpr", true)).toEqual({ subject: "lifeline:cpr", baseline: "lifeline-insecure:cpr" });
     expect(jobsOf("retry-one", "none", true)).toEqual({ subject: "lifeline:retry-one", baseline: "lifeline:none" });
