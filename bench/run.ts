@@ -48,6 +48,9 @@ import {
   ratioOf,
   STREAM_WINDOW,
   targetFor,
+  warmupOf,
+  MODE_WARMUP_OPS,
+  MODE_WARMUP_MS_MAX,
   unitOf,
   type Benchmark,
   type Case,
@@ -141,7 +144,8 @@ const HELP = `Usage: npm run bench -- [options]
   --warmup-ms <ms>      run each case's blocks untimed for about this long per variant before
                         timing it, so that processes are measured in their steady state, not
                         while V8 still compiles and sizes its heap (default 1500; quick 0:
-                        one warm-up block)
+                        one warm-up block); the retry-one and cpr families also run at least
+                        12,000 operations, within 12 s (retry-one's path settles later)
   --variant <v>         both (default); lifeline: the subject only (the Lifeline job; for
                         the retry-one and cpr families that mode's job); raw: the raw
                         zeromq.js baselines only (no build needed; skips bcast, the two
@@ -485,15 +489,19 @@ async function measure(job: Job, c: Case, iters: number): Promise<Measured> {
  * Method); timing inside that window measures the warm-up, not the message path, and tilts
  * each session's first cases against the larger program.
  */
-async function warmUp(job: Job, c: Case, iters: number, ms: number): Promise<{ perOpS: number[]; lastWallS: number }> {
+async function warmUp(job: Job, c: Case, iters: number, w: { ms: number; minOps: number; maxMs: number }): Promise<{ perOpS: number[]; lastWallS: number }> {
   const perOpS: number[] = [];
   const t0 = performance.now();
   let lastWallS: number;
+  let ops = 0;
+  let elapsed: number;
   do {
     const m = await measure(job, c, iters);
     perOpS.push(m.perOpS);
     lastWallS = m.wallS;
-  } while (performance.now() - t0 < ms);
+    ops += iters;
+    elapsed = performance.now() - t0;
+  } while (elapsed < w.ms || (ops < w.minOps && elapsed < w.maxMs));
   return { perOpS, lastWallS };
 }
 
@@ -535,7 +543,7 @@ async function runCase(c: Case, pool: JobPool, opts: Options, peers: PeersFile):
   for (const [role, job] of jobs) {
     try {
       const cal = await calibrate(async (iters) => (await measure(job, c, iters)).wallS, { targetS, itersMax: 100_000 });
-      const warm = await warmUp(job, c, cal.iters, opts.warmupMs);
+      const warm = await warmUp(job, c, cal.iters, warmupOf(c, opts.warmupMs));
       // Calibrated while still warming up: scaled to the target by the last warm-up block.
       const iters = opts.warmupMs === 0 ? cal.iters : Math.min(100_000, Math.max(1, Math.round((cal.iters * targetS) / Math.max(warm.lastWallS, 1e-9))));
       state.set(role, { iters, calibration: cal.probes, warmupPerOpS: warm.perOpS, perOpS: [], cpuPerOpS: [], loopPerOpS: [], faultsPerOp: [] });
@@ -806,7 +814,7 @@ async function main(): Promise<void> {
           : `pingpong, stream, stream-isend, allreduce: lifeline --mode ${opts.mode} vs the raw zeromq.js program (stream-isend: the sender's isends in windows of ${STREAM_WINDOW}, each window waited for, against raw's stream); barrier: lifeline --mode ${opts.mode} vs the raw ring's 8 B allreduce; bcast: lifeline --mode ${opts.mode} alone; `) +
         "retry-one, retry-one-pingpong, retry-one-stream: allreduce, pingpong, stream blocks in lifeline --mode retry-one --durable-every 0 (checkpoint(null), untimed, after each block) vs lifeline --mode none; " +
         "cpr, cpr-pingpong, cpr-stream: the same blocks in lifeline --mode cpr --checkpoint-every 1000000s (nothing due) vs lifeline --mode none",
-      timing: `calibrated to ~${opts.targetMs} ms per timed block, untimed warm-up blocks for ~${opts.warmupMs} ms (at least 1), ${opts.reps} timed blocks per variant, subject and baseline alternating (S B, B S, ...), barrier before each block`,
+      timing: `calibrated to ~${opts.targetMs} ms per timed block, untimed warm-up blocks for ~${opts.warmupMs} ms (at least 1; the retry-one and cpr families also at least ${MODE_WARMUP_OPS} operations, within ${MODE_WARMUP_MS_MAX} ms), ${opts.reps} timed blocks per variant, subject and baseline alternating (S B, B S, ...), barrier before each block`,
       figure: "median over the timed blocks of seconds per operation",
       ratio: "us rows: subject time / baseline time; MB/s rows: subject MB/s / baseline MB/s",
     },

@@ -32,6 +32,9 @@ import {
   ratioOf,
   targetFor,
   unitOf,
+  warmupOf,
+  MODE_WARMUP_OPS,
+  MODE_WARMUP_MS_MAX,
   type Benchmark,
   type Case,
   type JobKind,
@@ -80,6 +83,19 @@ describe("bench plan: retry-one", () => {
     expect(jobsOf("bcast", "retry-one")).toEqual({ subject: "lifeline:retry-one", baseline: undefined });
     expect(describeKind("lifeline:retry-one")).toBe("lifeline --mode retry-one");
     expect(describeKind("raw-pushpull")).toBe("raw-pushpull");
+  });
+
+  it("warm-up: the mode families run at least 12,000 operations within 12 s; the others, and --warmup-ms 0, the time alone", () => {
+    const c = (bench: Benchmark, bytes = 8, np = 4): Case => ({ bench, np, bytes, label: "" });
+    for (const b of ["retry-one", "retry-one-pingpong", "retry-one-stream", "cpr", "cpr-pingpong", "cpr-stream"] as const) {
+      expect(warmupOf(c(b), 1500), b).toEqual({ ms: 1500, minOps: MODE_WARMUP_OPS, maxMs: MODE_WARMUP_MS_MAX });
+      expect(warmupOf(c(b), 0), b).toEqual({ ms: 0, minOps: 0, maxMs: 0 });
+    }
+    expect([MODE_WARMUP_OPS, MODE_WARMUP_MS_MAX]).toEqual([12_000, 12_000]);
+    // A --warmup-ms longer than the cap stays the floor.
+    expect(warmupOf(c("retry-one"), 30_000)).toEqual({ ms: 30_000, minOps: MODE_WARMUP_OPS, maxMs: 30_000 });
+    for (const b of ["pingpong", "stream", "allreduce", "barrier", "bcast"] as const)
+      expect(warmupOf(c(b), 1500), b).toEqual({ ms: 1500, minOps: 0, maxMs: 1500 });
   });
 
   it("--curve compares a Lifeline job with CURVE against the same under --insecure, with the security work's targets (8 B ping-pong, 1 MiB allreduce)", () => {
