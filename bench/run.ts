@@ -333,11 +333,24 @@ function progress(line: string): void {
   process.stderr.write(`${line}\n`);
 }
 
+/**
+ * The commit the run measured: `abc1234`, or `abc1234-dirty` when what the jobs run (src/,
+ * bench/, the package files) differs from it, so that a figure is never pinned on a commit
+ * that did not have the code measured; null outside a git checkout.
+ */
 function gitCommit(): string | null {
+  const git = (args: string[]): string => execFileSync("git", args, { cwd: ROOT, encoding: "utf8", stdio: ["ignore", "pipe", "ignore"] }).trim();
+  let commit: string;
   try {
-    return execFileSync("git", ["rev-parse", "--short", "HEAD"], { cwd: ROOT, encoding: "utf8", stdio: ["ignore", "pipe", "ignore"] }).trim();
+    commit = git(["rev-parse", "--short", "HEAD"]);
   } catch {
     return null; // not a git checkout
+  }
+  try {
+    git(["diff", "--quiet", "HEAD", "--", "src", "bench", "package.json", "package-lock.json"]);
+    return commit;
+  } catch {
+    return `${commit}-dirty`;
   }
 }
 
