@@ -309,15 +309,15 @@ export function warmupOf(c: Case, warmupMs: number): { ms: number; minOps: numbe
 /**
  * The targets, all relative to the case's baseline measured in the same run: the message path's
  * against the raw zeromq.js programs (the message-path issue's list, and from an earlier one
- * allreduce ≥ 1 MiB on 2 ranks); the retry-one family's against the Lifeline job under
- * `--mode none` (within 1.1x of it).
+ * allreduce ≥ 1 MiB on 2 ranks); the retry-one and cpr families' against the Lifeline job
+ * under `--mode none` (within 1.1x of it).
  */
 export function targetFor(c: Case, curve = false): Target | undefined {
   if (curve) {
-    // Issue 12's targets for CURVE against the same job without it.
+    // The security work's targets for CURVE against the same job without it.
     if (c.bench === "pingpong" && c.bytes === 8) return { text: "<= 1.15x insecure", met: (r) => r <= 1.15 };
     if (c.bench === "allreduce" && c.bytes === MiB && c.np === 4) return { text: "<= 1.5x insecure", met: (r) => r <= 1.5 };
-    if (familyModeOf(c.bench) === undefined) return undefined;
+    if (!isModeBenchmark(c.bench)) return undefined;
   }
   const atMost = (x: number, of: string): Target => ({ text: `<= ${Number.isInteger(x) ? x.toFixed(1) : x}x ${of}`, met: (r) => r <= x });
   switch (c.bench) {

@@ -2,7 +2,18 @@
  * Result records and the tables printed at the end of a run (Markdown, so they can be pasted
  * into an issue as they are).
  */
-import { BENCHMARKS, describeKind, familyModeOf, STREAM_WINDOW, insecureKind, type BenchName, type Benchmark, type JobKind, type Unit } from "./plan.ts";
+import {
+  BENCHMARKS,
+  describeKind,
+  familyModeOf,
+  isModeBenchmark,
+  STREAM_WINDOW,
+  insecureKind,
+  type BenchName,
+  type Benchmark,
+  type JobKind,
+  type Unit,
+} from "./plan.ts";
 import { fmt, fmtRatio } from "./stats.ts";
 
 export interface VariantResult {
@@ -93,24 +104,25 @@ export function columnsOf(bench: Benchmark, baseline?: JobKind | null): Columns 
   return baseline !== undefined && baseline !== null && insecureKind(baseline) ? CURVE_VS_INSECURE : LIFELINE_VS_RAW;
 }
 
+const PINGPONG_TITLE = "Ping-pong latency, one way = round trip / 2, 2 processes (us)";
+const STREAM_TITLE = "Unidirectional streaming bandwidth, 2 processes (MB/s, 1 MB = 1e6 B)";
+const ALLREDUCE_TITLE = "Allreduce, Float64Array sum, per op, slowest rank (us)";
+/** The title of a mode family's table: its block's, then the two jobs. */
+const versusNone = (block: string, mode: string): string => `${block}: Lifeline job under --mode ${mode} vs Lifeline job under --mode none, both in this run`;
+
 const TITLES: Record<Benchmark, string> = {
-  pingpong: "Ping-pong latency, one way = round trip / 2, 2 processes (us)",
-  stream: "Unidirectional streaming bandwidth, 2 processes (MB/s, 1 MB = 1e6 B)",
+  pingpong: PINGPONG_TITLE,
+  stream: STREAM_TITLE,
   "stream-isend": `Unidirectional streaming bandwidth, 2 processes, Lifeline in windows of ${STREAM_WINDOW} isends then waitAll (MB/s, 1 MB = 1e6 B); raw as in stream`,
-  allreduce: "Allreduce, Float64Array sum, per op, slowest rank (us); raw = hand-written ring",
+  allreduce: `${ALLREDUCE_TITLE}; raw = hand-written ring`,
   bcast: "Bcast from rank 0, per op, slowest rank (us); no raw baseline",
   barrier: "Barrier, per op, slowest rank (us); raw = the hand-written ring's allreduce of 8 B",
-  "retry-one":
-    "Allreduce, Float64Array sum, per op, slowest rank (us): Lifeline job under --mode retry-one vs Lifeline job under --mode none, both in this run",
-  "retry-one-pingpong":
-    "Ping-pong latency, one way = round trip / 2, 2 processes (us): Lifeline job under --mode retry-one vs Lifeline job under --mode none, both in this run",
-  "retry-one-stream":
-    "Unidirectional streaming bandwidth, 2 processes (MB/s, 1 MB = 1e6 B): Lifeline job under --mode retry-one vs Lifeline job under --mode none, both in this run",
-  cpr: "Allreduce, Float64Array sum, per op, slowest rank (us): Lifeline job under --mode cpr with nothing due vs Lifeline job under --mode none, both in this run",
-  "cpr-pingpong":
-    "Ping-pong latency, one way = round trip / 2, 2 processes (us): Lifeline job under --mode cpr with nothing due vs Lifeline job under --mode none, both in this run",
-  "cpr-stream":
-    "Unidirectional streaming bandwidth, 2 processes (MB/s, 1 MB = 1e6 B): Lifeline job under --mode cpr with nothing due vs Lifeline job under --mode none, both in this run",
+  "retry-one": versusNone(ALLREDUCE_TITLE, "retry-one"),
+  "retry-one-pingpong": versusNone(PINGPONG_TITLE, "retry-one"),
+  "retry-one-stream": versusNone(STREAM_TITLE, "retry-one"),
+  cpr: versusNone(ALLREDUCE_TITLE, "cpr with nothing due"),
+  "cpr-pingpong": versusNone(PINGPONG_TITLE, "cpr with nothing due"),
+  "cpr-stream": versusNone(STREAM_TITLE, "cpr with nothing due"),
 };
 
 function row(cells: string[]): string {
@@ -132,7 +144,7 @@ export function renderTables(results: readonly CaseResult[], transport: string):
     const ratioHead = `${col.subjectShort}/${col.baselineShort} (${u === "MB/s" ? "MB/s" : "time"}) [IQR]`;
     // A Lifeline job under another mode than none (--mode) says so in the title.
     const modes = [...new Set(rows.map((r) => r.kinds.subject).filter((k): k is JobKind => k !== null && k !== "lifeline:none"))];
-    const modeNote = familyModeOf(bench) !== undefined || modes.length === 0 ? "" : `, Lifeline = ${modes.map(describeKind).join(", ")}`;
+    const modeNote = isModeBenchmark(bench) || modes.length === 0 ? "" : `, Lifeline = ${modes.map(describeKind).join(", ")}`;
     const curveNote = col === CURVE_VS_INSECURE ? " — CURVE (the default on tcp) vs the same job under --insecure" : "";
     out.push(`### ${TITLES[bench]} — transport ${transport}${modeNote}${curveNote}`, "");
     const head = ["case", `${col.subject} ${u}`, `${col.baseline} ${u}`, ratioHead];

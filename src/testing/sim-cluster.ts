@@ -303,7 +303,7 @@ export class SimCoordinator {
       hosts,
       identity: rankNode,
       heartbeatIdentity: heartbeatNode,
-      tableFor: (rank) => this.restoreOf(rank),
+      tableFor: (rank) => ({ ...this.restoreOf(rank), ...this.tableExtra }),
     });
     const node = net.addNode(COORDINATOR);
     node.onControl = (from, msg) => this.onMessage(from, msg as RankToCoordinator);
@@ -469,12 +469,12 @@ export class SimCoordinator {
 
   /** cpr: rank `rank`'s part of the line the ranks restore from, for its table; retry-one: the start from the floor. */
   private restoreOf(rank: number): Partial<TableMessage> {
-    if (this.allStart !== undefined) return { ...allStartTable(this.allStart, rank), ...this.tableExtra };
+    if (this.allStart !== undefined) return allStartTable(this.allStart, rank);
     const line = this.restoreLine;
     const ref = line?.parts[rank];
     return line !== undefined && ref !== undefined
-      ? { restore: { epoch: line.epoch, ref: { rank: ref.rank, epoch: ref.epoch, checksum: ref.checksum, bytes: ref.bytes } }, ...this.tableExtra }
-      : { ...this.tableExtra };
+      ? { restore: { epoch: line.epoch, ref: { rank: ref.rank, epoch: ref.epoch, checksum: ref.checksum, bytes: ref.bytes } } }
+      : {};
   }
 
   /** retry-one: incarnation `attempt` of `rank` died; the others are told at once if `tell`. */
