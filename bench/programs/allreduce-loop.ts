@@ -3,8 +3,11 @@
  * `--bytes` Float64Array (sum, checked) and, every `--checkpoint-every` iterations (default 1),
  * checkpoint(null) — the shape of a data-parallel training step that checkpoints every
  * iteration, or every few (retry-one keeps every collective result since the last
- * checkpoint). Finalizes with this rank's median time of the allreduce (ms) and its CPU time
- * per iteration (ms, process.cpuUsage: every thread), both over the `--iters` iterations after the
+ * checkpoint). Finalizes with this rank's median time of the allreduce (ms), the allreduce's CPU
+ * time per iteration (ms, process.cpuUsage: every thread of the process, ZeroMQ's I/O thread
+ * included) and its main thread's share of that (ms; JavaScript, garbage collection and the
+ * native calls made from it, as bench/lib/thread-cpu.ts reads it; 0 where the system does not
+ * say), all over the `--iters` iterations after the
  * warm-up (`--warmup` iterations, and more until `--warmup-ms`, default 1500). `--cpu-prof <dir>`: a V8 CPU profile per rank
  * (summarize with bench/tools/cpuprofile-top.ts). `--settle-ms` (default 1500): the ranks wait
  * this long after joining before they start, so that what starts with the job (cpr's and
@@ -18,6 +21,7 @@ import { parseArgs } from "node:util";
 import v8 from "node:v8";
 import { init } from "lifeline";
 import { startProfile } from "../lib/profile.ts";
+import { threadCpuClock } from "../lib/thread-cpu.ts";
 
 const { values } = parseArgs({
   options: {
@@ -44,17 +48,21 @@ const data = new Float64Array(n).fill(world.rank + 1);
 const expect = (world.size * (world.size + 1)) / 2;
 let done = 0;
 
-/** One iteration; its allreduce's time and CPU (ms). */
-async function iteration(): Promise<{ ms: number; cpuMs: number }> {
+const mainCpu = threadCpuClock();
+
+/** One iteration; its allreduce's time, CPU and main-thread CPU (ms). */
+async function iteration(): Promise<{ ms: number; cpuMs: number; mainMs: number }> {
   await world.barrier();
   const c0 = process.cpuUsage();
+  const m0 = mainCpu?.() ?? 0;
   const t0 = performance.now();
   const r = (await world.allreduce(data, "sum")) as Float64Array;
   const ms = performance.now() - t0;
+  const m = (mainCpu?.() ?? 0) - m0;
   const c = process.cpuUsage(c0);
   if (r[0] !== expect || r[n - 1] !== expect) throw new Error(`allreduce gave ${r[0]}, expected ${expect}`);
   if (++done % checkpointEvery === 0) await world.checkpoint(null);
-  return { ms, cpuMs: (c.user + c.system) / 1000 };
+  return { ms, cpuMs: (c.user + c.system) / 1000, mainMs: m / 1e6 };
 }
 
 // Warm-up: `--warmup` iterations, then 20 more at a time while rank 0 has spent less than
@@ -67,12 +75,14 @@ while ((await world.bcast(performance.now() - w0 < Number(values["warmup-ms"]), 
 
 const times: number[] = [];
 let cpuMs = 0;
+let mainMs = 0;
 const stopProfile = values["cpu-prof"] === undefined ? undefined : await startProfile();
 for (let i = 0; i < iters; i++) {
   const it = await iteration();
   times.push(it.ms);
   cpuMs += it.cpuMs;
+  mainMs += it.mainMs;
 }
 await stopProfile?.(path.join(values["cpu-prof"]!, `${world.mode}-${world.rank}.cpuprofile`));
 times.sort((a, b) => a - b);
-await world.finalize({ medianMs: times[Math.floor(times.length / 2)]!, cpuMsPerIter: cpuMs / iters });
+await world.finalize({ medianMs: times[Math.floor(times.length / 2)]!, cpuMsPerIter: cpuMs / iters, mainMsPerIter: mainMs / iters });

@@ -4,15 +4,23 @@
  * each `--modes` entry in turn, the order alternating between rounds, so no other job shares
  * the machine while one is measured (the harness of `npm run bench` keeps both jobs alive and
  * alternates blocks, which for large payloads lets one job's background work — GC, freeing
- * received buffers — fall into the other's timing). Per run: the slowest rank's median allreduce time and the CPU time of all
- * ranks per iteration; per mode: the median over rounds, and the ratio to the first mode.
+ * received buffers — fall into the other's timing). Per run: the slowest rank's median allreduce
+ * time, and per iteration the allreduce's CPU time in all ranks (every thread) and in their main
+ * threads alone (bench/lib/thread-cpu.ts), so that what a mode adds on the main thread
+ * (JavaScript, garbage collection) can be told from what it adds elsewhere (ZeroMQ's I/O
+ * threads, the kernel); per mode: the median over rounds, and the ratio to the first mode.
  * Every job's store is under a temp dir; retry-one runs with `--durable-every 0` (the durable
  * floor's cost is `npm run bench -- --only durable`). Each job's ranks wait 1.5 s before their
  * first iteration (allreduce-loop's `--settle-ms`): cpr and retry-one start a warm spare
  * process with the job, whose start-up would otherwise fall into their first iterations only.
  *
- *   npm run build && node --import tsx bench/tools/mode-ab.ts [--np 4] [--sizes 4194304,16777216,41943040]
- *        [--iters 40] [--rounds 3] [--modes none,retry-one] [--checkpoint-every 1]
+ * `--bench pingpong`: bench/programs/pingpong-loop.ts instead, on 2 ranks (`--np` does not apply):
+ * `--iters` round trips (default 3000) of `--sizes` bytes, a checkpoint every `--checkpoint-every`
+ * round trips (default 250), the same figures per round trip (the checkpoints included).
+ *
+ *   npm run build && node --import tsx bench/tools/mode-ab.ts [--bench allreduce|pingpong] [--np 4]
+ *        [--sizes 4194304,16777216,41943040] [--iters 40] [--rounds 3] [--modes none,retry-one]
+ *        [--checkpoint-every 1]
  */
 import { execFileSync } from "node:child_process";
 import { mkdtempSync, readFileSync, rmSync } from "node:fs";
@@ -26,15 +34,20 @@ import { median } from "../lib/stats.ts";
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
 const { values } = parseArgs({
   options: {
+    bench: { type: "string", default: "allreduce" },
     np: { type: "string", default: "4" },
     sizes: { type: "string", default: "4194304,16777216,41943040" },
-    iters: { type: "string", default: "40" },
+    iters: { type: "string" },
     rounds: { type: "string", default: "3" },
     modes: { type: "string", default: "none,retry-one" },
-    "checkpoint-every": { type: "string", default: "1" },
+    "checkpoint-every": { type: "string" },
   },
 });
-const np = Number(values.np);
+const bench = values.bench;
+if (bench !== "allreduce" && bench !== "pingpong") throw new RangeError(`--bench ${bench}: expected allreduce or pingpong`);
+const np = bench === "pingpong" ? 2 : Number(values.np);
+const checkpointEvery = values["checkpoint-every"] ?? (bench === "pingpong" ? "250" : "1");
+const iters = values.iters ?? (bench === "pingpong" ? "3000" : "40");
 const sizes = values.sizes.split(",").map(Number);
 const modes = values.modes.split(",");
 const rounds = Number(values.rounds);
@@ -46,6 +59,7 @@ const fmt = (ms: number): string => (ms >= 100 ? ms.toFixed(0) : ms.toPrecision(
 interface Run {
   ms: number;
   cpuMs: number;
+  mainMs: number;
 }
 
 function runOnce(mode: string, bytes: number): Run {
@@ -68,31 +82,42 @@ function runOnce(mode: string, bytes: number): Run {
       "--quiet",
       "--results",
       results,
-      "bench/programs/allreduce-loop.ts",
+      bench === "pingpong" ? "bench/programs/pingpong-loop.ts" : "bench/programs/allreduce-loop.ts",
       "--bytes",
       String(bytes),
       "--iters",
-      values.iters,
+      iters,
       "--checkpoint-every",
-      values["checkpoint-every"],
+      checkpointEvery,
     ],
     { cwd: ROOT, stdio: ["ignore", "ignore", "inherit"], timeout: 600_000 },
   );
-  const doc = JSON.parse(readFileSync(results, "utf8")) as { ranks: { medianMs: number; cpuMsPerIter: number }[] };
-  return { ms: Math.max(...doc.ranks.map((r) => r.medianMs)), cpuMs: doc.ranks.reduce((s, r) => s + r.cpuMsPerIter, 0) };
+  const doc = JSON.parse(readFileSync(results, "utf8")) as { ranks: { medianMs: number; cpuMsPerIter: number; mainMsPerIter: number }[] };
+  return {
+    ms: Math.max(...doc.ranks.map((r) => r.medianMs)),
+    cpuMs: doc.ranks.reduce((s, r) => s + r.cpuMsPerIter, 0),
+    mainMs: doc.ranks.reduce((s, r) => s + r.mainMsPerIter, 0),
+  };
 }
 
 try {
+  const what =
+    bench === "pingpong"
+      ? `ping-pong round trip, checkpoint every ${checkpointEvery} round trips, 2 ranks`
+      : `allreduce per iteration, checkpoint every ${checkpointEvery}, ${np} ranks`;
+  const per = bench === "pingpong" ? "round trip" : "iteration";
   const lines = [
-    `### allreduce per iteration, checkpoint every ${values["checkpoint-every"]}, ${np} ranks, one job at a time (median of ${rounds} rounds; load ${os.loadavg()[0]!.toFixed(2)})`,
+    `### ${what}, one job at a time (median of ${rounds} rounds; load ${os.loadavg()[0]!.toFixed(2)})`,
     "",
-    `| size | ${modes.map((m) => `${m} ms | ${m} CPU ms`).join(" | ")} | ${modes
+    "CPU: every thread of every rank; main: the CPU time of the ranks' main threads alone.",
+    "",
+    `| size | ${modes.map((m) => `${m} ms | ${m} CPU ms | ${m} main ms`).join(" | ")} | ${modes
       .slice(1)
-      .map((m) => `${m}/${modes[0]} time | CPU`)
+      .map((m) => `${m}/${modes[0]} time | CPU | main`)
       .join(" | ")} |`,
-    `| --- | ${modes.map(() => "---: | ---:").join(" | ")} | ${modes
+    `| --- | ${modes.map(() => "---: | ---: | ---:").join(" | ")} | ${modes
       .slice(1)
-      .map(() => "---: | ---:")
+      .map(() => "---: | ---: | ---:")
       .join(" | ")} |`,
   ];
   for (const bytes of sizes) {
@@ -101,18 +126,20 @@ try {
       for (const m of k % 2 === 0 ? modes : [...modes].reverse()) {
         const r = runOnce(m, bytes);
         by.get(m)!.push(r);
-        process.stderr.write(`${sizeLabel(bytes)} round ${k + 1} ${m}: ${fmt(r.ms)} ms, CPU ${fmt(r.cpuMs)} ms per iteration\n`);
+        process.stderr.write(`${sizeLabel(bytes)} round ${k + 1} ${m}: ${fmt(r.ms)} ms, CPU ${fmt(r.cpuMs)} ms, main ${fmt(r.mainMs)} ms per ${per}\n`);
       }
     }
     const med = (m: string, f: (r: Run) => number): number => median(by.get(m)!.map(f));
+    const fields: ((r: Run) => number)[] = [(r) => r.ms, (r) => r.cpuMs, (r) => r.mainMs];
+    // A main-thread time of 0: the system does not say (bench/lib/thread-cpu.ts).
+    const cell = (m: string, f: (r: Run) => number): string => (med(m, f) > 0 ? fmt(med(m, f)) : "–");
+    const ratio = (m: string, f: (r: Run) => number): string =>
+      med(m, f) > 0 && med(modes[0]!, f) > 0 ? `${(med(m, f) / med(modes[0]!, f)).toFixed(2)}x` : "–";
     lines.push(
-      `| ${sizeLabel(bytes)} | ${modes.map((m) => `${fmt(med(m, (r) => r.ms))} | ${fmt(med(m, (r) => r.cpuMs))}`).join(" | ")} | ` +
+      `| ${sizeLabel(bytes)} | ${modes.map((m) => fields.map((f) => cell(m, f)).join(" | ")).join(" | ")} | ` +
         `${modes
           .slice(1)
-          .map(
-            (m) =>
-              `${(med(m, (r) => r.ms) / med(modes[0]!, (r) => r.ms)).toFixed(2)}x | ${(med(m, (r) => r.cpuMs) / med(modes[0]!, (r) => r.cpuMs)).toFixed(2)}x`,
-          )
+          .map((m) => fields.map((f) => ratio(m, f)).join(" | "))
           .join(" | ")} |`,
     );
   }
