@@ -7,9 +7,11 @@
  * round trip (ms), its CPU time per round trip (ms, process.cpuUsage: every thread of the
  * process — ZeroMQ's I/O thread included) and its main thread's share of that (ms; JavaScript,
  * garbage collection and the native calls made from it, as bench/lib/thread-cpu.ts reads it; 0
- * where the system does not say), all over the `--iters` round trips after the warm-up (blocks of `--checkpoint-every` round
- * trips until rank 0 has spent `--warmup-ms`, default 3000, agreed by a bcast). The checkpoints
- * fall inside the measured round trips, as in a program that checkpoints every so often.
+ * where the system does not say), all over the `--iters` round trips after the warm-up (blocks
+ * of `--checkpoint-every` round trips until rank 0 has spent `--warmup-ms`, default 3000, agreed
+ * by a bcast), and the median time of the checkpoint() calls among them (ms). The checkpoints'
+ * CPU falls in the measured figures, as in a program that checkpoints every so often; their
+ * time does not fall in the round trips'.
  * `--settle-ms`, `--cpu-prof <dir>` and `--v8-flags` as in allreduce-loop.ts.
  */
 import path from "node:path";
@@ -42,7 +44,10 @@ await world.restore();
 await new Promise((resolve) => setTimeout(resolve, Number(values["settle-ms"])));
 const buf = new Uint8Array(bytes).fill(world.rank + 1);
 
-/** `n` round trips, then a checkpoint; each round trip's time (ms) goes to `times` if given. */
+/** The timed checkpoint() calls' times (ms). */
+const checkpointTimes: number[] = [];
+
+/** `n` round trips, then a checkpoint; each round trip's time (ms) goes to `times` if given, the checkpoint's to checkpointTimes. */
 async function block(n: number, times?: number[]): Promise<void> {
   for (let i = 0; i < n; i++) {
     const t0 = performance.now();
@@ -56,7 +61,9 @@ async function block(n: number, times?: number[]): Promise<void> {
     }
     times?.push(performance.now() - t0);
   }
+  const t0 = performance.now();
   await world.checkpoint(null);
+  if (times !== undefined) checkpointTimes.push(performance.now() - t0);
 }
 
 const w0 = performance.now();
@@ -72,8 +79,10 @@ const m = (mainCpu?.() ?? 0) - m0;
 const c = process.cpuUsage(c0);
 await stopProfile?.(path.join(values["cpu-prof"]!, `${world.mode}-${world.rank}.cpuprofile`));
 times.sort((a, b) => a - b);
+checkpointTimes.sort((a, b) => a - b);
 await world.finalize({
   medianMs: times[Math.floor(times.length / 2)]!,
+  checkpointMs: checkpointTimes[Math.floor(checkpointTimes.length / 2)] ?? 0,
   cpuMsPerIter: (c.user + c.system) / 1000 / iters,
   mainMsPerIter: m / 1e6 / iters,
 });
