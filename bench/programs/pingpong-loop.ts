@@ -2,8 +2,10 @@
  * The ping-pong program of bench/tools/mode-ab.ts (`--bench pingpong`), for 2 ranks: `--iters`
  * round trips of a `--bytes` Uint8Array (rank 0 sends and awaits the echo, rank 1 echoes what it
  * received) and, every `--checkpoint-every` round trips (default 250), checkpoint(null) on both
- * ranks (retry-one keeps every message in its sender's log until the receiver's next
- * checkpoint, and the log is part of the sender's checkpoint). Finalizes with this rank's median
+ * ranks (rank 1 every `--checkpoint-every-1` round trips instead, if given: a multiple of rank
+ * 0's, as a master and its workers checkpoint at different rates). retry-one keeps every
+ * message in its sender's log until the receiver's next checkpoint, and the log is part of the
+ * sender's checkpoint. Finalizes with this rank's median
  * round trip (ms), its CPU time per round trip (ms, process.cpuUsage: every thread of the
  * process — ZeroMQ's I/O thread included) and its main thread's share of that (ms; JavaScript,
  * garbage collection and the native calls made from it, as bench/lib/thread-cpu.ts reads it; 0
@@ -27,6 +29,7 @@ const { values } = parseArgs({
     iters: { type: "string", default: "2000" },
     "warmup-ms": { type: "string", default: "3000" },
     "checkpoint-every": { type: "string", default: "250" },
+    "checkpoint-every-1": { type: "string" },
     "settle-ms": { type: "string", default: "1500" },
     "cpu-prof": { type: "string" },
     "v8-flags": { type: "string" },
@@ -36,6 +39,12 @@ if (values["v8-flags"] !== undefined) v8.setFlagsFromString(values["v8-flags"]);
 const bytes = Number(values.bytes);
 const iters = Number(values.iters);
 const every = Math.max(1, Number(values["checkpoint-every"]));
+// Rank 1's own interval (a multiple of rank 0's): ranks that checkpoint at different rates.
+const every1 = values["checkpoint-every-1"] === undefined ? every : Number(values["checkpoint-every-1"]);
+if (!Number.isInteger(every1) || every1 < every || every1 % every !== 0) {
+  throw new Error(`pingpong-loop: --checkpoint-every-1 ${values["checkpoint-every-1"]}: expected a multiple of --checkpoint-every (${every})`);
+}
+let roundTrips = 0;
 const TAG = 1;
 
 const world = await init();
@@ -61,6 +70,8 @@ async function block(n: number, times?: number[]): Promise<void> {
     }
     times?.push(performance.now() - t0);
   }
+  roundTrips += n;
+  if (world.rank === 1 && roundTrips % every1 !== 0) return;
   const t0 = performance.now();
   await world.checkpoint(null);
   if (times !== undefined) checkpointTimes.push(performance.now() - t0);
