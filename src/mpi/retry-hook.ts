@@ -73,6 +73,24 @@ export interface RetryWorldAccess {
   peerSafe(rank: number, consumed: number): void;
   /** Sends a control message to the coordinator (the durable floor's reports). */
   sendControl(msg: RankToCoordinator): void;
+  /**
+   * How a checkpoint's state travels to a successor that holds the rank's safe checkpoint
+   * already: as what changed since it (see {@link ReplicaCodec}). Without it every replica
+   * carries the whole state.
+   */
+  readonly replicaCodec?: ReplicaCodec | undefined;
+}
+
+/**
+ * Ships a checkpoint's state to a holder as a difference from an older checkpoint of the same
+ * rank that the holder keeps (retry-one's sender log: what the older one had and the receivers
+ * still need is not sent again). Pure functions of the states; neither may change its inputs.
+ */
+export interface ReplicaCodec {
+  /** What `next` adds to `base`, or undefined when it cannot be said more briefly than `next` itself. */
+  diff(base: unknown, next: unknown): unknown;
+  /** `next` again, from `base` and diff(base, next); throws on a difference it cannot apply. */
+  patch(base: unknown, delta: unknown): unknown;
 }
 
 /** The library's counters at a checkpoint, per peer rank (the durable floor records them). */

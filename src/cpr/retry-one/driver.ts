@@ -48,8 +48,9 @@ export const TAG: Record<ProtoFrame["t"], number> = {
   done: PROTO_RETRY_BASE + 8,
   logs: PROTO_RETRY_BASE + 9,
   lack: PROTO_RETRY_BASE + 10,
+  rnak: PROTO_RETRY_BASE + 11,
 };
-const TAG_LAST = PROTO_RETRY_BASE + 10;
+const TAG_LAST = PROTO_RETRY_BASE + 11;
 
 export interface RetryOneDriverOptions {
   /** Ring successors holding each rank's state (`--replicas`, default 2). */
@@ -168,6 +169,7 @@ export class RetryOneDriver implements RetryOneHook {
       failureTimeoutMs: this.failureTimeoutMs,
       nowMs,
       allRestart,
+      replicaCodec: this.access.replicaCodec,
     });
     for (const r of table.down ?? []) this.input({ kind: "peer-down", rank: r, attempt: table.attempts[r] ?? 0, nowMs });
     this.timer = this.host.every(Math.max(50, this.failureTimeoutMs / 4), () => this.input({ kind: "tick", nowMs: this.host.now() }));

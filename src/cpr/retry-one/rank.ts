@@ -66,6 +66,7 @@
  * m.step({ kind: "collective", ident });           // → [{ kind: "execute", wireSeq: 0, ... }]
  * m.step({ kind: "executed", result: 42 });        // → [{ kind: "complete", result: 42, ... }]
  */
+import type { ReplicaCodec } from "../../mpi/retry-hook.ts";
 import { StableMap } from "../../mpi/stable-map.ts";
 import { decide, type Decision, type DecideOptions, predecessors, successors, type Transfer } from "./agreement.ts";
 import { BootstrapCache, ProtocolError, ResultBuffer } from "./result-buffer.ts";
@@ -253,6 +254,13 @@ export class RetryOneRank {
 
   /** Own checkpoints: the newest safe one, and the one whose replicas are being acknowledged. */
   private safe: OwnCheckpoint | null = null;
+  /**
+   * Successors known to hold `safe`, with their incarnation then: a replica to one of them may
+   * be a difference from it (see sendReplica). Another incarnation holds nothing of ours.
+   */
+  private safeHeldBy = new Map<number, number>();
+  /** How replicas may travel as differences (RetryOneOptions.replicaCodec). */
+  private readonly codec: ReplicaCodec | undefined;
   private pending: OwnCheckpoint | null = null;
   /** Globals of own checkpoints kept for restarted peers, by version. */
   private ownGlobals = new Map<number, OwnGlobal & { readonly global: LazyCell }>();
@@ -323,6 +331,7 @@ export class RetryOneRank {
     this.groups = opts.groups === undefined ? undefined : [...opts.groups];
     this.failureTimeoutMs = opts.failureTimeoutMs ?? FAILURE_TIMEOUT_MS_DEFAULT;
     this.heldFramesMax = opts.heldFramesMax ?? HELD_FRAMES_MAX_DEFAULT;
+    this.codec = opts.replicaCodec;
     this.detEntriesMax = opts.detEntriesMax ?? DET_ENTRIES_MAX_DEFAULT;
     const attempts = [...opts.attempts];
     attempts[this.rank] = opts.attempt;
@@ -671,7 +680,18 @@ export class RetryOneRank {
     this.checkSafe();
   }
 
-  private sendReplica(to: number, c: OwnCheckpoint, safe: boolean): void {
+  /**
+   * Sends checkpoint `c` to successor `to`. A new checkpoint (not a push) to a successor that
+   * holds our safe one goes as what it adds to that (the codec's difference), unless `whole`
+   * (the successor said it cannot take the difference) or the codec finds nothing to leave out.
+   */
+  private sendReplica(to: number, c: OwnCheckpoint, safe: boolean, whole = false): void {
+    const state = c.state.lend();
+    const base = this.safe;
+    const delta =
+      !safe && !whole && this.codec !== undefined && base !== null && base !== c && this.safeHeldBy.get(to) === this.attempts[to]
+        ? this.codec.diff(base.state.get(), state)
+        : undefined;
     this.send(to, {
       t: "replica",
       view: this.viewNow(),
@@ -680,7 +700,7 @@ export class RetryOneRank {
       key: c.key,
       detCount: c.detCount,
       safe,
-      state: c.state.lend(),
+      ...(delta === undefined ? { state } : { state: delta, base: base!.version }),
       known: c.known,
     });
   }
@@ -720,6 +740,8 @@ export class RetryOneRank {
     const old = this.safe;
     this.safe = p;
     this.pending = null;
+    // Every successor acknowledged it (each incarnation that did still holds it).
+    this.safeHeldBy = new Map(this.succ.map((s) => [s, this.attempts[s]!]));
     if (old !== null) {
       this.recycle(old.state.unlent);
       // Clean: checkpoint() took it, and it went out only in its pushes to the successors, each
@@ -949,9 +971,17 @@ export class RetryOneRank {
       case "replica":
         return this.onReplica(from, frame);
       case "rack":
+        // A push of our safe checkpoint (after a restart) acknowledged: this incarnation holds it.
+        if (this.safe !== null && this.safe.version === frame.version) this.safeHeldBy.set(from, this.attempts[from]!);
         if (this.pending !== null && this.pending.version === frame.version) {
           this.pending.acks.add(from);
           this.checkSafe();
+        }
+        return;
+      case "rnak":
+        if (this.pending !== null && this.pending.version === frame.version && this.succ.includes(from)) {
+          this.safeHeldBy.delete(from);
+          this.sendReplica(from, this.pending, false, true);
         }
         return;
       case "dets":
@@ -996,8 +1026,21 @@ export class RetryOneRank {
 
   private onReplica(from: number, f: Extract<ProtoFrame, { t: "replica" }>): void {
     const h = this.heldFor(from);
+    let state = f.state;
+    if (f.base !== undefined) {
+      // A difference from a checkpoint we hold of it (sendReplica): the whole one again. If we
+      // cannot (we do not hold that one), its sender sends it whole.
+      const b = h.versions.get(f.base);
+      try {
+        if (b === undefined || this.codec === undefined) throw new Error("no base");
+        state = this.codec.patch(b.state, f.state);
+      } catch {
+        this.send(from, { t: "rnak", view: this.viewNow(), version: f.version });
+        return;
+      }
+    }
     if (f.version >= (this.knownSafe[from]?.[0] ?? 0)) {
-      h.versions.set(f.version, { version: f.version, index: f.index, key: f.key, detCount: f.detCount, state: f.state, known: f.known });
+      h.versions.set(f.version, { version: f.version, index: f.index, key: f.key, detCount: f.detCount, state, known: f.known });
     }
     if (f.safe) this.learnSafe(from, f.version, f.index);
     // What the owner knew at this checkpoint is in its state (its sender log was trimmed on

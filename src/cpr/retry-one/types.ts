@@ -12,6 +12,7 @@
  * const ident: CollIdentity = { op: "allreduce:sum", root: -1, type: "Float64Array", length: 8 };
  */
 import type { LifelineErrorCode } from "../../errors.ts";
+import type { ReplicaCodec } from "../../mpi/retry-hook.ts";
 
 /**
  * What a collective call is, as far as replay must check it (op, root, type, length).
@@ -242,12 +243,17 @@ export type ProtoFrame =
       readonly key: string | null;
       readonly detCount: number;
       readonly safe: boolean;
+      /** The state, or with `base` what it adds to the sender's checkpoint `base` (ReplicaCodec.diff). */
       readonly state: unknown;
+      /** The sender's checkpoint that `state` is a difference from, which the receiver holds. */
+      readonly base?: number;
       /** What the sender knew when it took the checkpoint (its state reflects it). */
       readonly known: Knowledge;
     }
   /** The holder keeps the sender's checkpoint `version`. */
   | { readonly t: "rack"; readonly view: readonly number[]; readonly version: number }
+  /** The holder cannot take checkpoint `version` as a difference (it lacks the base): send it whole. */
+  | { readonly t: "rnak"; readonly view: readonly number[]; readonly version: number }
   /** The sender's determinants with ordinals from..from+entries.length-1 (later ones are void). */
   | { readonly t: "dets"; readonly view: readonly number[]; readonly from: number; readonly entries: readonly unknown[] }
   /** The holder keeps the sender's determinants up to ordinal upTo-1. */
@@ -389,6 +395,11 @@ export interface RetryOneOptions {
   readonly failureTimeoutMs?: number;
   /** Frames held for a newer view than ours. */
   readonly heldFramesMax?: number;
+  /**
+   * Replicas to a successor that holds this rank's safe checkpoint carry only what changed
+   * since it (see ReplicaCodec); without one they carry the whole state.
+   */
+  readonly replicaCodec?: ReplicaCodec | undefined;
   /** The time at construction (for the failure timeout of ranks already down). */
   readonly nowMs?: number;
   /**

@@ -59,6 +59,7 @@ import type { CoordinatorToRank } from "../control.ts";
 import type { NondetEntry, NondetTicket, RawFrame } from "../cpr-hook.ts";
 import {
   PROTO_RETRY_BASE,
+  type ReplicaCodec,
   type RetryCollIdentity,
   type RetryDecision,
   type RetryOneHook,
@@ -153,8 +154,83 @@ interface Packed {
   readonly s: Buffer;
   readonly lib: PackedLib;
   /** [destination, appSeq, header, ...body] per logged message. */
-  readonly log: readonly (readonly [number, number, Buffer, ...Buffer[]])[];
+  readonly log: readonly LogEntry[];
 }
+
+type LogEntry = readonly [number, number, Buffer, ...Buffer[]];
+
+/** A checkpoint as a successor that holds an older one (`base`) is sent it (see packedLogCodec). */
+interface PackedDelta {
+  readonly s: Buffer;
+  readonly lib: PackedLib;
+  /** Per destination, the first message the checkpoint's log holds: the base's older ones are gone. */
+  readonly logFrom: readonly number[];
+  /** The log's messages the base did not have (sent after it), in the log's order. */
+  readonly logAdd: readonly LogEntry[];
+}
+
+function isPacked(v: unknown): v is Packed {
+  if (typeof v !== "object" || v === null) return false;
+  const p = v as Partial<Packed>;
+  return Buffer.isBuffer(p.s) && typeof p.lib === "object" && p.lib !== null && Array.isArray(p.lib.appSeqOut) && Array.isArray(p.log);
+}
+
+function isPackedDelta(v: unknown): v is PackedDelta {
+  if (typeof v !== "object" || v === null) return false;
+  const d = v as Partial<PackedDelta>;
+  return Buffer.isBuffer(d.s) && typeof d.lib === "object" && d.lib !== null && Array.isArray(d.logFrom) && Array.isArray(d.logAdd);
+}
+
+/** Per destination, the first message a checkpoint's log holds (its appSeqOut when none). */
+function logFromOf(p: Packed): number[] {
+  const from = [...p.lib.appSeqOut];
+  const seen = new Set<number>();
+  for (const [dest, seq] of p.log) {
+    if (seen.has(dest)) continue;
+    seen.add(dest);
+    from[dest] = seq;
+  }
+  return from;
+}
+
+/**
+ * A checkpoint's sender log is most of what its replica carries, and each message in it stays
+ * there until its receiver's next safe checkpoint: a rank that checkpoints more often than its
+ * receivers would send the same messages to its successors at every checkpoint. So a successor
+ * that holds the rank's safe checkpoint is sent only what the log gained since (with the first
+ * message it still holds per destination), and rebuilds the whole checkpoint from the two. The
+ * messages are the same Buffers in both: nothing is copied.
+ */
+export const packedLogCodec: ReplicaCodec = {
+  diff(base: unknown, next: unknown): PackedDelta | undefined {
+    if (!isPacked(base) || !isPacked(next) || base.lib.appSeqOut.length !== next.lib.appSeqOut.length) return undefined;
+    const baseFrom = logFromOf(base);
+    const logFrom = logFromOf(next);
+    // The base must hold every message of `next` that it could have (logs lose messages only at their start).
+    if (logFrom.some((from, dest) => from < baseFrom[dest]!)) return undefined;
+    const logAdd = next.log.filter(([dest, seq]) => seq >= base.lib.appSeqOut[dest]!);
+    if (logAdd.length === next.log.length) return undefined; // nothing saved
+    return { s: next.s, lib: next.lib, logFrom, logAdd };
+  },
+  patch(base: unknown, delta: unknown): Packed {
+    if (!isPacked(base) || !isPackedDelta(delta) || delta.logFrom.length !== base.lib.appSeqOut.length) {
+      throw new LifelineError("CPR_PROTOCOL", "retry-one: a checkpoint sent as a difference does not fit the checkpoint it is based on");
+    }
+    const baseFrom = logFromOf(base);
+    delta.logFrom.forEach((from, dest) => {
+      if (from < baseFrom[dest]!) {
+        throw new LifelineError(
+          "CPR_PROTOCOL",
+          `retry-one: a checkpoint's log starts at message ${from} to rank ${dest}, before its base's (${baseFrom[dest]})`,
+        );
+      }
+    });
+    const log: LogEntry[] = [];
+    for (const e of base.log) if (e[1] >= delta.logFrom[e[0]]!) log.push(e);
+    for (const e of delta.logAdd) log.push(e);
+    return { s: delta.s, lib: delta.lib, log };
+  },
+};
 
 /**
  * A message in the sender log. Its large body frames are copies in pooled memory (fresh memory
@@ -267,6 +343,7 @@ export class RetryOneMode extends LoggedMode implements AppLog {
       setGate: (open) => core.channel.setGate(open),
       peerSafe: (rank, consumed) => this.dropLogged(rank, consumed),
       sendControl: (msg) => core.sendControl(msg),
+      replicaCodec: packedLogCodec,
     };
   }
 
