@@ -200,11 +200,11 @@ describe("RetryOneRank: replicas as differences", () => {
       }),
     ).toEqual([{ kind: "send", to: 0, frame: { t: "rnak", view: [0, 0], version: 7 } }]);
     // The owner's pending checkpoint, refused as a difference: sent again whole, then safe.
-    for (const e of ms[0]!.step(ckpt(["m1", "m2"]))) {
-      if (e.kind === "send" && e.frame.t === "replica")
-        expect(e.frame.base).toBe(1); // dropped: as if lost to a holder without the base
-      else if (e.kind !== "send") seen[0]!.push(e);
-    }
+    // Its sends are dropped: as if the difference went to a holder without the base.
+    const effects2 = ms[0]!.step(ckpt(["m1", "m2"]));
+    const replicas = effects2.flatMap((e) => (e.kind === "send" && e.frame.t === "replica" ? [e.frame] : []));
+    expect(replicas).toMatchObject([{ version: 2, base: 1, state: { add: ["m2"] } }]);
+    for (const e of effects2) if (e.kind !== "send") seen[0]!.push(e);
     expect(seen[0]).not.toContainEqual({ kind: "checkpointed", version: 2 });
     route(0, { kind: "frame", from: 1, attempt: 0, frame: { t: "rnak", view: [0, 0], version: 2 } });
     const whole = sent.filter((s) => s.from === 0 && s.frame.t === "replica").map((s) => s.frame as Extract<ProtoFrame, { t: "replica" }>);

@@ -254,11 +254,6 @@ export class RetryOneRank {
 
   /** Own checkpoints: the newest safe one, and the one whose replicas are being acknowledged. */
   private safe: OwnCheckpoint | null = null;
-  /**
-   * Successors known to hold `safe`, with their incarnation then: a replica to one of them may
-   * be a difference from it (see sendReplica). Another incarnation holds nothing of ours.
-   */
-  private safeHeldBy = new Map<number, number>();
   /** How replicas may travel as differences (RetryOneOptions.replicaCodec). */
   private readonly codec: ReplicaCodec | undefined;
   private pending: OwnCheckpoint | null = null;
@@ -684,12 +679,14 @@ export class RetryOneRank {
    * Sends checkpoint `c` to successor `to`. A new checkpoint (not a push) to a successor that
    * holds our safe one goes as what it adds to that (the codec's difference), unless `whole`
    * (the successor said it cannot take the difference) or the codec finds nothing to leave out.
+   * The successor holds it if it is the incarnation the safe one was pushed to: that one
+   * acknowledged it (it is safe), and keeps it until a newer one of ours is safe.
    */
   private sendReplica(to: number, c: OwnCheckpoint, safe: boolean, whole = false): void {
     const state = c.state.lend();
     const base = this.safe;
     const delta =
-      !safe && !whole && this.codec !== undefined && base !== null && base !== c && this.safeHeldBy.get(to) === this.attempts[to]
+      !safe && !whole && this.codec !== undefined && base !== null && base.pushed?.[to] === this.attempts[to]
         ? this.codec.diff(base.state.get(), state)
         : undefined;
     this.send(to, {
@@ -740,8 +737,6 @@ export class RetryOneRank {
     const old = this.safe;
     this.safe = p;
     this.pending = null;
-    // Every successor acknowledged it (each incarnation that did still holds it).
-    this.safeHeldBy = new Map(this.succ.map((s) => [s, this.attempts[s]!]));
     if (old !== null) {
       this.recycle(old.state.unlent);
       // Clean: checkpoint() took it, and it went out only in its pushes to the successors, each
@@ -971,18 +966,13 @@ export class RetryOneRank {
       case "replica":
         return this.onReplica(from, frame);
       case "rack":
-        // A push of our safe checkpoint (after a restart) acknowledged: this incarnation holds it.
-        if (this.safe !== null && this.safe.version === frame.version) this.safeHeldBy.set(from, this.attempts[from]!);
         if (this.pending !== null && this.pending.version === frame.version) {
           this.pending.acks.add(from);
           this.checkSafe();
         }
         return;
       case "rnak":
-        if (this.pending !== null && this.pending.version === frame.version && this.succ.includes(from)) {
-          this.safeHeldBy.delete(from);
-          this.sendReplica(from, this.pending, false, true);
-        }
+        if (this.pending !== null && this.pending.version === frame.version && this.succ.includes(from)) this.sendReplica(from, this.pending, false, true);
         return;
       case "dets":
         return this.onHeldDets(from, frame.from, frame.entries);
