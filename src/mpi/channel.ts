@@ -25,7 +25,7 @@ import { byteLengthOf, decodeBody, type EncodedBody, encodeBody } from "./codec.
 import { DEFAULT_MAX_MESSAGE_BYTES } from "./env.ts";
 import type { LibState, RawFrame } from "./cpr-hook.ts";
 import type { Host, Timer, Transport } from "./host.ts";
-import { decodeHeader, Encoding, encodeHeader, encodeHeaderInto, Flag, type Header, HEADER_BYTES, Kind, restamp } from "./wire.ts";
+import { bulkMarkOf, decodeHeader, Encoding, encodeHeader, encodeHeaderInto, Flag, type Header, HEADER_BYTES, Kind, restamp } from "./wire.ts";
 
 /** Protocol-frame tag of a receipt for messages sent from bounce buffers (see sendApp). */
 export const PROTO_RECEIPT = 0x102;
@@ -46,6 +46,13 @@ const BOUNCE_BYTES_MIN = 64 * 1024;
  * From here on the receiver's own page faults bound both alike, and a copy only costs memory.
  */
 const RENDEZVOUS_BYTES_MIN = 32 * 1024 * 1024;
+/**
+ * Payloads from this size on (below {@link RENDEZVOUS_BYTES_MIN}) go from the program's memory
+ * on the transport's bulk connection, when it has one, instead of being copied: the send
+ * resolves once the transport has written them (see Transport.sendBulk). At this size the
+ * copy costs more CPU than the bulk connection's mark and fences.
+ */
+export const BULK_BYTES_MIN = 2 * 1024 * 1024;
 /** A receiver owing receipts for this many bytes to one sender sends one at the end of its turn. */
 const RECEIPT_WINDOW_BYTES = 4 * 1024 * 1024;
 /**
@@ -109,6 +116,22 @@ export interface AppLog {
   record(dest: number, frame: LoggedFrame): void;
 }
 
+/** An arrived frame waiting for its place in its channel's order (see Channel.inOrder). */
+interface HeldFrame {
+  readonly header: Header;
+  readonly body: Buffer[];
+  readonly rawHeader: Buffer;
+}
+
+/** One source's bulk messages and marks not matched yet, of one incarnation of it. */
+interface BulkOrder {
+  readonly attempt: number;
+  /** Frames after a mark whose message has not arrived (the first one is that mark), in arrival order. */
+  readonly held: HeldFrame[];
+  /** Bulk messages that arrived before their marks, in order. */
+  readonly early: HeldFrame[];
+}
+
 /** A frame held back by the closed output gate (see {@link Channel.setGate}). */
 interface Gated {
   readonly dest: number;
@@ -132,6 +155,8 @@ export interface ChannelOptions {
   readonly host: Host;
   /** The longest message body sent or accepted (default {@link DEFAULT_MAX_MESSAGE_BYTES}). */
   readonly maxMessageBytes?: number;
+  /** Application payloads from this size on use the transport's bulk connection (default {@link BULK_BYTES_MIN}). */
+  readonly bulkBytesMin?: number;
   /**
    * A validated frame from a peer (`classify`: first arrival from the network), a send to
    * self or a re-injected one.
@@ -168,6 +193,7 @@ export class Channel {
   private readonly bounce = new BouncePool(BOUNCE_POOL_BYTES_MAX);
   private garbageWarnings = 0;
   readonly maxMessageBytes: number;
+  private readonly bulkBytesMin: number;
   /** The keys of this rank's channels, from the coordinator's table (src/mpi/wire.ts). */
   private readonly keysOut: Uint32Array;
   /** What an arriving header must match: the keys of the channels to this rank, the job's size. */
@@ -183,6 +209,7 @@ export class Channel {
     this.transport = opts.host.transport;
     this.deliver = opts.deliver;
     this.maxMessageBytes = opts.maxMessageBytes ?? DEFAULT_MAX_MESSAGE_BYTES;
+    this.bulkBytesMin = opts.bulkBytesMin ?? BULK_BYTES_MIN;
     this.keysOut = new Uint32Array(opts.size);
     this.expect = { keysIn: new Uint32Array(opts.size), size: opts.size };
     this.attempts = new Uint16Array(opts.size);
@@ -207,6 +234,8 @@ export class Channel {
   /** `rank` runs again as incarnation `attempt`: frames of the older ones are refused from now on. */
   peerRestarted(rank: number, attempt: number): void {
     if (attempt > this.attempts[rank]!) this.attempts[rank] = attempt;
+    const o = this.bulkOrders[rank];
+    if (o !== undefined && o.attempt < attempt) this.dropBulkOrder(rank);
   }
 
   // ---- send --------------------------------------------------------------------------------
@@ -233,8 +262,12 @@ export class Channel {
     return h;
   }
 
-  /** Encodes `h` once and sends it with `body` (to self: queued without a socket). */
-  transmit(dest: number, h: Header, body: EncodedBody, onSuppressed?: () => void): Promise<void> {
+  /**
+   * Encodes `h` once and sends it with `body` (to self: queued without a socket). `bulk`: on
+   * the transport's bulk connection, with a mark in its place on the channel (an app message
+   * to a peer with `sendBulk`; see sendApp).
+   */
+  transmit(dest: number, h: Header, body: EncodedBody, onSuppressed?: () => void, bulk = false): Promise<void> {
     if (h.kind !== Kind.protocol && this.stamper.suppress(dest, h)) {
       onSuppressed?.();
       return Promise.resolve();
@@ -260,6 +293,7 @@ export class Channel {
       return Promise.resolve();
     }
     const frames = body.frames;
+    if (bulk) return this.outBulk(dest, h, frames);
     if (frames.length === 1) {
       const only = frames[0]!;
       if (only.byteLength > this.maxMessageBytes) return Promise.reject(this.tooLong(dest, only.byteLength));
@@ -284,6 +318,19 @@ export class Channel {
     // collective whose receive failed first) must not see an unhandled rejection.
     p.catch(() => undefined);
     return p;
+  }
+
+  /**
+   * A bulk message: its mark goes on the channel, the message itself on the bulk connection
+   * from the program's memory. Resolves when both are sent and the transport has written the
+   * message (the program may change its arrays then).
+   */
+  private outBulk(dest: number, h: Header, frames: readonly (Buffer | Uint8Array)[]): Promise<void> {
+    h.flags |= Flag.bulk;
+    const head = encodeHeader(h);
+    const marked = this.transport.send(dest, [bulkMarkOf(head)]);
+    const sent = this.transport.sendBulk!(dest, [head, ...frames]);
+    return Promise.all([marked, sent]).then(() => undefined);
   }
 
   /**
@@ -400,8 +447,11 @@ export class Channel {
     // its receipt rides on what the destination sends next, and the copy is saved. So does an
     // isend's (see above).
     const rendezvous = nonBlocking || userBytes >= RENDEZVOUS_BYTES_MIN || (reply && this.lent[dest]!.size === 0);
+    // Large enough that the copy costs more than the bulk connection (never while the gate
+    // holds frames back: the gate keeps one order, and the bulk connection is not gated).
+    const bulk = !rendezvous && userBytes >= this.bulkBytesMin && this.gated === undefined && this.transport.sendBulk !== undefined;
     const bufs: Buffer[] = [];
-    if (!rendezvous) {
+    if (!rendezvous && !bulk) {
       for (let i = first; i < frames.length; i++) {
         const f = frames[i]!;
         const b = this.bounce.acquire(f.byteLength);
@@ -419,12 +469,18 @@ export class Channel {
     byDest.set(seq, entry);
     this.lentBytes[dest] = this.lentBytes[dest]! + entry.bytes;
     let suppressed = false;
-    const sent = this.transmit(dest, header, body, () => {
-      // Not sent after all (a suppressed re-send): no receipt will come.
-      suppressed = true;
-      byDest.delete(seq);
-      this.returnLent(dest, entry);
-    });
+    const sent = this.transmit(
+      dest,
+      header,
+      body,
+      () => {
+        // Not sent after all (a suppressed re-send): no receipt will come.
+        suppressed = true;
+        byDest.delete(seq);
+        this.returnLent(dest, entry);
+      },
+      bulk,
+    );
     if (!rendezvous) {
       // A message the transport refused gets no receipt: it holds no credit. Its buffers are
       // left to the collector, not pooled (which ZeroMQ still reads is not known here).
@@ -577,6 +633,12 @@ export class Channel {
     }
     // A replaced incarnation's late frames: refused quietly (the coordinator said it is gone).
     if (header.attempt < this.attempts[header.source]!) return;
+    if (this.bulkHeld > 0 || (header.flags & (Flag.bulk | Flag.bulkMark)) !== 0) this.inOrder(header, body, rawHeader!);
+    else this.arrive(header, body, rawHeader!);
+  }
+
+  /** A validated frame in its channel's order. */
+  private arrive(header: Header, body: Buffer[], rawHeader: Buffer): void {
     if ((body.length === 1 ? body[0]!.byteLength : byteLengthOf(body)) > this.maxMessageBytes) {
       this.warnGarbage(new Error(`a message longer than the job's limit of ${this.maxMessageBytes} bytes (--max-message)`), header.source);
       return;
@@ -614,7 +676,96 @@ export class Channel {
         this.receiptIdle ??= this.host.after(RECEIPT_IDLE_MS, this.receiptPause);
       }
     }
-    this.deliver(header, body, rawHeader!, true);
+    this.deliver(header, body, rawHeader, true);
+  }
+
+  /** Frames held in all {@link bulkOrders} (0: every frame arrives at once). */
+  private bulkHeld = 0;
+  /** Per source, where its bulk messages and the frames after their marks wait (see inOrder). */
+  private readonly bulkOrders: (BulkOrder | undefined)[] = [];
+
+  /**
+   * Puts bulk messages back in their channel's order. A bulk message and its mark travel on
+   * two connections, each FIFO: the mark where the message was sent, the message on its own.
+   * Whichever comes first waits for the other: a mark holds every later frame from its
+   * source until its message arrives, and a message that overtook its mark waits for it. The
+   * n-th mark from a source is its n-th bulk message's.
+   */
+  private inOrder(header: Header, body: Buffer[], rawHeader: Buffer): void {
+    const src = header.source;
+    let o = this.bulkOrders[src];
+    if (o !== undefined && o.attempt !== header.attempt) {
+      // Another incarnation's. A newer one means the source restarted: what its old one left
+      // waiting here will never be completed. An older one's frame is stale once a newer one
+      // has sent bulk messages.
+      if (header.attempt < o.attempt && (o.held.length > 0 || o.early.length > 0)) return;
+      this.dropBulkOrder(src);
+      o = undefined;
+    }
+    const f: HeldFrame = { header, body, rawHeader };
+    if ((header.flags & Flag.bulk) !== 0) {
+      if (o !== undefined && o.held.length > 0) {
+        // The first held frame is the mark this message was waiting for.
+        this.bulkHeld--;
+        this.arriveBulk(o.held.shift()!, f);
+        this.releaseHeld(o);
+      } else {
+        (o ?? this.newBulkOrder(src, header.attempt)).early.push(f);
+      }
+      return;
+    }
+    // Messages wait early only while no mark waits (else the first would have taken them).
+    if ((header.flags & Flag.bulkMark) !== 0 && o !== undefined && o.early.length > 0) {
+      this.arriveBulk(f, o.early.shift()!);
+      return;
+    }
+    if ((header.flags & Flag.bulkMark) !== 0 || (o !== undefined && o.held.length > 0)) {
+      (o ?? this.newBulkOrder(src, header.attempt)).held.push(f);
+      this.bulkHeld++;
+      return;
+    }
+    this.arrive(header, body, rawHeader);
+  }
+
+  private newBulkOrder(src: number, attempt: number): BulkOrder {
+    const o: BulkOrder = { attempt, held: [], early: [] };
+    this.bulkOrders[src] = o;
+    return o;
+  }
+
+  /** A bulk message at its mark's place. */
+  private arriveBulk(mark: HeldFrame, msg: HeldFrame): void {
+    if (mark.header.channelSeq !== msg.header.channelSeq) {
+      // The connections are FIFO, so this is a sender's fault; the message is delivered anyway.
+      this.warnGarbage(new Error(`bulk message ${msg.header.channelSeq} arrived for the mark of ${mark.header.channelSeq}`), msg.header.source);
+    }
+    this.arrive(msg.header, msg.body, msg.rawHeader);
+  }
+
+  /** Delivers the frames a source's marks held, up to the next mark whose message has not come. */
+  private releaseHeld(o: BulkOrder): void {
+    while (o.held.length > 0) {
+      const f = o.held[0]!;
+      if ((f.header.flags & Flag.bulkMark) !== 0) {
+        const msg = o.early.shift();
+        if (msg === undefined) return;
+        o.held.shift();
+        this.bulkHeld--;
+        this.arriveBulk(f, msg);
+      } else {
+        o.held.shift();
+        this.bulkHeld--;
+        this.arrive(f.header, f.body, f.rawHeader);
+      }
+    }
+  }
+
+  /** Forgets what a source's replaced incarnation left waiting for bulk messages. */
+  private dropBulkOrder(src: number): void {
+    const o = this.bulkOrders[src];
+    if (o === undefined) return;
+    this.bulkHeld -= o.held.length;
+    this.bulkOrders[src] = undefined;
   }
 
   /** Per peer, 1 when an application message from it arrived since our last one to it (see sendApp). */

@@ -31,6 +31,14 @@ export interface Transport {
   connect(rank: number, endpoint: string, serverKey?: string): void;
   /** Queues a message; resolves once the transport holds it (FIFO per destination). */
   send(rank: number, frames: readonly (Buffer | Uint8Array)[]): Promise<void>;
+  /**
+   * Sends a large message from the caller's memory on a second connection to `rank`, and
+   * resolves once every byte of it has left that memory (the caller may change it then).
+   * Bulk messages to a rank keep their order among themselves, not with `send`'s: the
+   * receiver puts each where its mark (a frame sent with `send`) says. Optional: without it,
+   * large messages are copied and go with `send`.
+   */
+  sendBulk?(rank: number, frames: readonly (Buffer | Uint8Array)[]): Promise<void>;
   /** Whether a send has not been taken by the transport yet (waits at a full queue, say). */
   sending?(): boolean;
   close(): Promise<void>;

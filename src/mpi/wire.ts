@@ -41,7 +41,21 @@ export const Flag = {
   ack: 8,
   /** A `receipt` message whose send waits for its receipt (sent from the program's memory): acknowledge it at once. */
   rendezvous: 16,
+  /**
+   * A mark, without a body: the app message with this header's channel sequence went on the
+   * sender's bulk connection, and is delivered where this mark arrived (see Channel.onFrames).
+   */
+  bulkMark: 32,
+  /** An app message that went on the bulk connection: delivered where its mark arrived. */
+  bulk: 64,
 } as const;
+
+/** The mark of a bulk message whose encoded header is `head`: the same header, flagged {@link Flag.bulkMark} alone. */
+export function bulkMarkOf(head: Buffer): Buffer {
+  const mark = Buffer.from(head);
+  mark[6] = Flag.bulkMark;
+  return mark;
+}
 
 /** How the body frames are encoded (see codec.ts). */
 export const Encoding = { none: 0, msgpack: 1, typedArray: 2 } as const;

@@ -7,6 +7,10 @@
  * source rank travels in the frame header. One reader loop drains the Pull socket and hands
  * every multipart message to `onFrames` (never two receivers on one socket).
  *
+ * Large messages a sender must not copy go on a second Push socket per peer, the bulk
+ * connection (see sendBulk), which tells the sender when ZeroMQ is done with its memory. The
+ * channel puts them back in order (see Channel.onFrames).
+ *
  * zeromq.js allows one send in flight per socket (EBUSY otherwise), so sends to a peer are
  * queued behind each other (SerialSender); sends to different peers proceed independently.
  *
@@ -34,11 +38,19 @@ export const HIGH_WATER_MARK = 1000;
 /** ZeroMQ drops a connection whose frame is longer than the message limit plus this (see onFrames' own check). */
 export const FRAME_SLACK_BYTES = 64 * 1024;
 
+/**
+ * What follows each bulk message on its connection (see sendBulk): one empty frame, which the
+ * reader loop drops.
+ */
+const FENCE = Buffer.alloc(0);
+
 interface Peer {
   socket: zmq.Push;
   endpoint: string;
   serverKey: string | undefined;
   sender: SerialSender;
+  /** The bulk connection (see sendBulk), made at its first use. */
+  bulk?: { socket: zmq.Push; sender: SerialSender };
 }
 
 export interface BindOptions {
@@ -111,7 +123,12 @@ export class ZmqTransport implements Transport {
     this.reading = (async () => {
       const pull = this.pull;
       try {
-        while (!this.closed) onFrames(await pull.receive());
+        while (!this.closed) {
+          const frames = await pull.receive();
+          // A bulk connection's fence (see sendBulk): nothing to deliver.
+          if (frames.length === 1 && frames[0]!.length === 0) continue;
+          onFrames(frames);
+        }
       } catch (err) {
         if (!this.closed) onError(err);
       }
@@ -128,16 +145,24 @@ export class ZmqTransport implements Transport {
       if (old.endpoint === endpoint && old.serverKey === serverKey) return;
       // The peer restarted at a new endpoint: messages queued for the dead incarnation are
       // worthless; fail them and start afresh.
-      old.sender.rejectQueued(new LifelineError("MPI_ABORTED", `rank ${rank} restarted while a send to it was queued`));
+      const err = new LifelineError("MPI_ABORTED", `rank ${rank} restarted while a send to it was queued`);
+      old.sender.rejectQueued(err);
       old.socket.close();
+      old.bulk?.sender.rejectQueued(err);
+      old.bulk?.socket.close();
     }
+    const socket = this.pushTo(endpoint, serverKey, HIGH_WATER_MARK);
+    this.peers.set(rank, { socket, endpoint, serverKey, sender: new SerialSender(socket) });
+  }
+
+  private pushTo(endpoint: string, serverKey: string | undefined, highWaterMark: number): zmq.Push {
     const socket = new zmq.Push({
       linger: 0,
-      sendHighWaterMark: HIGH_WATER_MARK,
+      sendHighWaterMark: highWaterMark,
       ...(this.member === undefined || serverKey === undefined ? {} : curveClient(this.member, serverKey)),
     });
     socket.connect(endpoint);
-    this.peers.set(rank, { socket, endpoint, serverKey, sender: new SerialSender(socket) });
+    return socket;
   }
 
   /** Hands a multipart message to the transport; resolves once libzmq has queued it. */
@@ -147,8 +172,29 @@ export class ZmqTransport implements Transport {
     return peer.sender.send(frames);
   }
 
+  /**
+   * Sends `frames` on the peer's bulk connection, a second Push socket whose queue holds one
+   * message, and two empty fences after them; resolves once the second fence is queued. The
+   * I/O thread takes a message from the queue only when it has written the one before it
+   * whole (ZeroMQ sends large frames from the caller's memory, without a copy), so by then
+   * the first fence has left the queue and every byte of `frames` is in the kernel: the
+   * caller may change them. The receiver's reader loop drops the fences.
+   */
+  sendBulk(rank: number, frames: readonly (Buffer | Uint8Array)[]): Promise<void> {
+    const peer = this.peers.get(rank);
+    if (peer === undefined) return Promise.reject(new LifelineError("MPI_RANK", `no connection to rank ${rank}`));
+    if (peer.bulk === undefined) {
+      const socket = this.pushTo(peer.endpoint, peer.serverKey, 1);
+      peer.bulk = { socket, sender: new SerialSender(socket) };
+    }
+    const out = peer.bulk.sender;
+    const sent = out.send(frames);
+    void out.send([FENCE]).catch(() => undefined);
+    return Promise.all([sent, out.send([FENCE])]).then(() => undefined);
+  }
+
   sending(): boolean {
-    for (const peer of this.peers.values()) if (peer.sender.sending) return true;
+    for (const peer of this.peers.values()) if (peer.sender.sending || peer.bulk?.sender.sending === true) return true;
     return false;
   }
 
@@ -157,8 +203,11 @@ export class ZmqTransport implements Transport {
     if (this.closed) return;
     this.closed = true;
     for (const [rank, peer] of this.peers) {
-      peer.sender.rejectQueued(new LifelineError("MPI_FINALIZED", `transport closed with a send to rank ${rank} queued`));
+      const err = new LifelineError("MPI_FINALIZED", `transport closed with a send to rank ${rank} queued`);
+      peer.sender.rejectQueued(err);
       peer.socket.close();
+      peer.bulk?.sender.rejectQueued(err);
+      peer.bulk?.socket.close();
     }
     this.peers.clear();
     this.pull.close();
