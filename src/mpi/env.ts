@@ -96,6 +96,12 @@ export interface RankPlace {
   maxMessageBytes: number;
   /** Bytes of unmatched messages held before the job stops. */
   maxUnexpectedBytes: number;
+  /**
+   * Application payloads from this size on go on the transport's bulk connection (default
+   * 2 MiB; not set from the environment: the simulator lowers it so that its programs'
+   * messages take that path too).
+   */
+  bulkBytesMin?: number | undefined;
 }
 
 function intFrom(name: string, raw: string | undefined): number | undefined {

@@ -238,6 +238,7 @@ export class World implements WorldApi {
       attempt: this.attempt,
       host,
       maxMessageBytes: this.place.maxMessageBytes,
+      ...(this.place.bulkBytesMin === undefined ? {} : { bulkBytesMin: this.place.bulkBytesMin }),
       deliver: (header, body, rawHeader, classify) => this.arrive(header, body, rawHeader, classify),
     });
     // The runner asks the mode for its query scope and liveness on every use; the adapter is

@@ -19,7 +19,7 @@
 import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
 import { isDeepStrictEqual } from "node:util";
-import { decodeHeader, type Header, HEADER_BYTES, Kind } from "../mpi/wire.ts";
+import { decodeHeader, Flag, type Header, HEADER_BYTES, Kind } from "../mpi/wire.ts";
 import { decodeValue } from "../mpi/codec.ts";
 import type { LibState, RawFrame } from "../mpi/cpr-hook.ts";
 import { type CommittedLine, finishedOk, type SimCluster } from "./sim-cluster.ts";
@@ -84,12 +84,31 @@ export function clusterInvariants(cluster: SimCluster): ClusterInvariants {
     if (h.source !== src.rank) net.violation(`${d.src} sent a frame claiming source ${h.source}`);
     if (h.attempt !== src.attempt) net.violation(`${d.src} sent a frame claiming attempt ${h.attempt}`);
     if (h.kind === Kind.protocol) return;
+    const bulk = (h.flags & Flag.bulk) !== 0;
+    const mark = (h.flags & Flag.bulkMark) !== 0;
+    if (bulk !== d.bulk)
+      net.violation(`${d.src} sent ${d.dst} a frame ${bulk ? "flagged bulk on the data connection" : "on the bulk connection without the bulk flag"}`);
     const retry = cluster.mode === "retry-one";
     if (retry) {
-      if (h.kind === Kind.app) sameContent(d, h);
+      if (h.kind === Kind.app && !mark) sameContent(d, h);
       return;
     }
     const key = `${d.src}>${dst.rank}`;
+    // The receiver's incarnation too: a restarted receiver's channel starts empty.
+    const order = inOrder.get(`${key}.${dst.attempt}`) ?? { waiting: [], marks: [], bulks: [] };
+    inOrder.set(`${key}.${dst.attempt}`, order);
+    if (bulk) {
+      // Numbered at its mark; it pairs with the oldest mark that has no message yet.
+      order.bulks.push(h.channelSeq);
+      pair(key, order);
+      arrive(d.dst, h.source, order);
+      return;
+    }
+    if (mark) {
+      order.marks.push(h.channelSeq);
+      pair(key, order);
+    }
+    order.waiting.push({ seq: h.channelSeq, mark });
     const want = expectSeq.get(key);
     // Numbering is 0, 1, 2, … in a first attempt. A restored rank continues from its line's
     // counters, and skips the early messages its peers already hold (suppressed, never sent).
@@ -100,9 +119,36 @@ export function clusterInvariants(cluster: SimCluster): ClusterInvariants {
       );
     }
     expectSeq.set(key, h.channelSeq + 1);
-    let counts = arrived.get(d.dst);
-    if (counts === undefined) arrived.set(d.dst, (counts = new Array<number>(cluster.size).fill(0)));
-    counts[h.source] = h.channelSeq + 1;
+    arrive(d.dst, h.source, order);
+  };
+  /**
+   * Per src>dst incarnation pair, a reference model of the receiver's order (Channel.inOrder):
+   * frames from the data connection not yet passed on, the numbers of marks and of bulk
+   * messages not yet paired, and how many bulk messages arrived for marks still waiting.
+   */
+  const inOrder = new Map<string, { waiting: { seq: number; mark: boolean }[]; marks: number[]; bulks: number[]; paired?: number }>();
+  /** The n-th bulk message on a channel is the n-th mark's: they carry one number. */
+  const pair = (key: string, o: { marks: number[]; bulks: number[]; paired?: number }): void => {
+    while (o.marks.length > 0 && o.bulks.length > 0) {
+      const m = o.marks.shift()!;
+      const b = o.bulks.shift()!;
+      if (m !== b) net.violation(`channel ${key}: bulk message #${b} arrived for the mark of #${m}`);
+      o.paired = (o.paired ?? 0) + 1;
+    }
+  };
+  /** Passes on what the receiver's channel delivers now: frames up to the first mark whose message has not come. */
+  const arrive = (dst: string, source: number, o: { waiting: { seq: number; mark: boolean }[]; paired?: number }): void => {
+    let counts = arrived.get(dst);
+    if (counts === undefined) arrived.set(dst, (counts = new Array<number>(cluster.size).fill(0)));
+    while (o.waiting.length > 0) {
+      const f = o.waiting[0]!;
+      if (f.mark) {
+        if ((o.paired ?? 0) === 0) return;
+        o.paired!--;
+      }
+      o.waiting.shift();
+      counts[source] = f.seq + 1;
+    }
   };
   /** retry-one: per channel and application message number, its tag and bytes (as first sent). */
   const appContent = new Map<string, string>();

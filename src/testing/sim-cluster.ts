@@ -201,6 +201,8 @@ export interface SimOutcome {
   readonly steps: number;
   readonly simMs: number;
   readonly framesDelivered: number;
+  /** Of those, bulk messages (the transport's second connection). */
+  readonly bulkFramesDelivered: number;
   readonly restarts: number;
   /** retry-one: restarts of every rank from the durable floor (failures beyond the replicas). */
   readonly fallbacks: number;
@@ -246,6 +248,14 @@ export interface SimOutcome {
 }
 
 const JOB_KEY_SALT = 0x5eed;
+
+/**
+ * The bulk connection's threshold in the runs of even seeds: the programs' large messages
+ * (64 KiB and a few bytes) take that path there, and the copy path in the others.
+ */
+export function simBulkBytesMin(seed: number): number | undefined {
+  return seed % 2 === 0 ? 64 * 1024 : undefined;
+}
 
 /**
  * The coordinator of a simulated job: the real membership machine (src/launch/membership.ts:
@@ -756,6 +766,7 @@ export class SimCluster {
       failureTimeoutMs: this.retryOne?.failureTimeoutMs ?? 5000,
       maxMessageBytes: DEFAULT_MAX_MESSAGE_BYTES,
       maxUnexpectedBytes: DEFAULT_MAX_UNEXPECTED_BYTES,
+      bulkBytesMin: simBulkBytesMin(this.opts.seed),
     };
   }
 
@@ -1237,6 +1248,7 @@ export class SimCluster {
       steps: this.net.steps,
       simMs: this.net.now,
       framesDelivered: this.net.framesDelivered,
+      bulkFramesDelivered: this.net.bulkFramesDelivered,
       restarts: this.restarts,
       fallbacks: this.fallbacks,
       fallbackLines: [...this.fallbackLines],

@@ -30,7 +30,7 @@ import type { CoordinatorEvent, MembershipEffect, MembershipInput } from "../lau
 import { makeData, type DataKind } from "./programs.ts";
 import { mix32, Prng } from "./prng.ts";
 import { simHost } from "./sim-host.ts";
-import type { SimClusterOptions } from "./sim-cluster.ts";
+import { type SimClusterOptions, simBulkBytesMin } from "./sim-cluster.ts";
 import { COORDINATOR, drain, heartbeatNode, rankNode, SimNetwork } from "./sim-network.ts";
 
 /** An elastic program: it finalizes itself (inside its loop, as elastic programs must). */
@@ -251,6 +251,7 @@ export class ElasticSim {
       transport: "tcp",
       maxMessageBytes: DEFAULT_MAX_MESSAGE_BYTES,
       maxUnexpectedBytes: DEFAULT_MAX_UNEXPECTED_BYTES,
+      bulkBytesMin: simBulkBytesMin(this.opts.seed),
       runDir: undefined,
       faults: "",
       watchFd: undefined,

@@ -2,8 +2,8 @@
  * The simulated network and clock of the deterministic simulator.
  *
  * Nodes are rank incarnations (`sim://r<rank>.<attempt>`) and the coordinator. Between two
- * nodes there is one FIFO channel per direction and per plane (data frames, control
- * messages); a node's `defer`red callbacks form one more FIFO queue. One {@link SimNetwork.step}
+ * nodes there is one FIFO channel per direction and per plane (data frames, bulk data frames
+ * (the transport's second connection), control messages); a node's `defer`red callbacks form one more FIFO queue. One {@link SimNetwork.step}
  * performs exactly ONE event, chosen by the seeded PRNG among everything that could happen
  * next: deliver the head frame of any ready channel (so any interleaving across channels,
  * FIFO within one), run a node's next deferred callback, or advance the simulated clock to the
@@ -54,6 +54,9 @@ export function drain(): Promise<void> {
   return new Promise((resolve) => setImmediate(resolve));
 }
 
+/** What a channel between two nodes carries. */
+export type Plane = "data" | "bulk" | "control";
+
 export type SchedulePolicy =
   /** Any ready event, chosen by the PRNG. */
   | "random"
@@ -93,7 +96,7 @@ interface Channel {
   readonly key: string;
   readonly src: string;
   readonly dst: string;
-  readonly plane: "data" | "control";
+  readonly plane: Plane;
   readonly queue: Frame[];
   nextSeq: number;
   /** Sequence number the next delivery must carry. */
@@ -143,6 +146,8 @@ export interface DataDelivery {
   readonly src: string;
   readonly dst: string;
   readonly frames: readonly Buffer[];
+  /** The bulk plane's (the transport's second connection), or the data plane's. */
+  readonly bulk: boolean;
 }
 
 type Ready = { kind: "channel"; ch: Channel; gid: number; sinceMs: number } | { kind: "defer"; node: SimNode; gid: number; sinceMs: number };
@@ -168,6 +173,8 @@ export class SimNetwork {
   readonly dataObservers: ((d: DataDelivery) => void)[] = [];
   steps = 0;
   framesDelivered = 0;
+  /** Of those, on the bulk plane. */
+  bulkFramesDelivered = 0;
   framesDropped = 0;
 
   constructor(private readonly opts: SimNetworkOptions) {
@@ -209,7 +216,7 @@ export class SimNetwork {
     return n;
   }
 
-  private channel(src: string, dst: string, plane: "data" | "control"): Channel {
+  private channel(src: string, dst: string, plane: Plane): Channel {
     const key = `${plane}:${src}>${dst}`;
     let ch = this.channels.get(key);
     if (ch === undefined) {
@@ -232,8 +239,11 @@ export class SimNetwork {
     if (!node.alive) this.violation(`dead node ${node.id} tried to ${what} (a killed process runs no code)`);
   }
 
-  /** Queues a data frame (copied, as a socket would) on src→dst. Frames to a dead node are dropped. */
-  sendData(src: string, dst: string, frames: readonly (Buffer | Uint8Array)[]): void {
+  /**
+   * Queues a data frame (copied, as a socket would) on src→dst, on the data plane or on the
+   * bulk one (the transport's second connection). Frames to a dead node are dropped.
+   */
+  sendData(src: string, dst: string, frames: readonly (Buffer | Uint8Array)[], plane: "data" | "bulk" = "data"): void {
     const from = this.node(src);
     this.assertLive(from, "send data");
     if (from.dataClosed) this.violation(`${src} sent data after closing its transport`);
@@ -242,7 +252,7 @@ export class SimNetwork {
       this.framesDropped++;
       return;
     }
-    const ch = this.channel(src, dst, "data");
+    const ch = this.channel(src, dst, plane);
     const delay = this.opts.policy === "random" && (this.opts.delayMaxMs ?? 0) > 0 ? this.opts.prng.index(this.opts.delayMaxMs! + 1) : 0;
     // A frame may not become deliverable before the one ahead of it (FIFO): clamp to the tail's time.
     const tail = ch.queue[ch.queue.length - 1];
@@ -347,7 +357,7 @@ export class SimNetwork {
   }
 
   /** Frames queued from `src` to `dst` (a socket's send queue, for a high-water mark). */
-  queued(src: string, dst: string, plane: "data" | "control"): number {
+  queued(src: string, dst: string, plane: Plane): number {
     return this.channels.get(`${plane}:${src}>${dst}`)?.queue.length ?? 0;
   }
 
@@ -494,13 +504,14 @@ export class SimNetwork {
       return;
     }
     this.framesDelivered++;
+    if (ch.plane === "bulk") this.bulkFramesDelivered++;
     this.record({ kind: "deliver", channel: ch.key, seq: frame.seq, atMs: this.nowMs });
     if (ch.plane === "control") {
       const msg = decodeControl(frame.control);
       this.guard(dst.id, () => dst.onControl!(ch.src, msg));
     } else {
       const frames = frame.data!;
-      for (const obs of this.dataObservers) obs({ src: ch.src, dst: ch.dst, frames });
+      for (const obs of this.dataObservers) obs({ src: ch.src, dst: ch.dst, frames, bulk: ch.plane === "bulk" });
       this.guard(dst.id, () => dst.onFrames!(frames));
     }
   }

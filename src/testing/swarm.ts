@@ -10,11 +10,20 @@ import { generateProgram, type ProgramSpec, programOf } from "./programs.ts";
 import { Prng } from "./prng.ts";
 import { SimCluster, type SimOutcome } from "./sim-cluster.ts";
 
+/**
+ * Half the programs send a quarter of their point-to-point messages large (64 KiB and more):
+ * copied into bounce buffers, or on the bulk connection in the runs of even seeds
+ * (simBulkBytesMin).
+ */
+function withBigMessages(spec: ProgramSpec, prng: Prng): ProgramSpec {
+  return prng.chance(0.5) ? { ...spec, p2pBigChance: 0.25 } : spec;
+}
+
 /** Mode none: a random program under the reference (fifo) schedule and under the seeded one. */
 export async function runNoneSeed(seed: number): Promise<{ spec: ProgramSpec; ref: SimOutcome; out: SimOutcome }> {
   const prng = new Prng(seed);
   const size = prng.rangeInclusive(2, 4);
-  const spec = generateProgram(prng.fork(1), { size, opsMax: 10 });
+  const spec = withBigMessages(generateProgram(prng.fork(1), { size, opsMax: 10 }), prng.fork(3));
   const program = programOf(spec);
   const knobs = prng.fork(2);
   const ref = await new SimCluster({ seed, size, mode: "none", program, policy: "fifo", stepsMax: 20_000 }).run();
@@ -39,7 +48,7 @@ export async function runNoneSeed(seed: number): Promise<{ spec: ProgramSpec; re
 export async function runCprSeed(seed: number): Promise<{ spec: ProgramSpec; ref: SimOutcome; out: SimOutcome }> {
   const prng = new Prng(seed);
   const size = prng.rangeInclusive(2, 4);
-  const spec = generateProgram(prng.fork(1), { size, opsMax: 14, checkpointChance: 0.3 });
+  const spec = withBigMessages(generateProgram(prng.fork(1), { size, opsMax: 14, checkpointChance: 0.3 }), prng.fork(3));
   const program = programOf(spec);
   const knobs = prng.fork(2);
   const ref = await new SimCluster({ seed, size, mode: "none", program, policy: "fifo", stepsMax: 20_000 }).run();

@@ -24,6 +24,7 @@ describe("simulation, mode cpr", () => {
     let restarts = 0;
     let lines = 0;
     let linesAfterRestart = 0;
+    let bulk = 0;
     for (const seed of seeds) {
       try {
         const { spec, ref, out } = await runCprSeed(seed);
@@ -34,6 +35,7 @@ describe("simulation, mode cpr", () => {
         restarts += out.restarts;
         lines += out.linesCommitted.length;
         linesAfterRestart += out.linesAfterRestart;
+        bulk += out.bulkFramesDelivered;
       } catch (err) {
         throw new Error(`${(err as Error).message}\nsimulation failed, reproduce with SEED=${seed}`, { cause: err });
       }
@@ -44,6 +46,8 @@ describe("simulation, mode cpr", () => {
       // A restored job goes on taking lines (regression: ranks restored from a line without
       // non-deterministic events never checkpointed again).
       expect(linesAfterRestart, "restored jobs should commit lines after their restart").toBeGreaterThan(0);
+      // Half the seeds send their large messages on the bulk connection (simBulkBytesMin).
+      expect(bulk, "the swarm should send bulk messages").toBeGreaterThan(0);
     }
   }, 600_000);
 });

@@ -34,15 +34,19 @@ function check(seed: number, { spec, ref, out }: Awaited<ReturnType<typeof runNo
 describe("simulation, mode none", () => {
   it(`every schedule of a random program gives the reference result (${SEEDS.length} seeds from ${SEEDS[0]})`, async () => {
     let steps = 0;
+    let bulk = 0;
     for (const seed of SEEDS) {
       try {
         const r = await runNoneSeed(seed);
         steps += r.out.steps;
+        bulk += r.out.bulkFramesDelivered;
         check(seed, r);
       } catch (err) {
         throw new Error(`${(err as Error).message}\nsimulation failed, reproduce with SEED=${seed}`, { cause: err });
       }
     }
     expect(steps).toBeGreaterThan(0);
+    // Half the seeds send their large messages on the bulk connection (simBulkBytesMin).
+    if (SEEDS.length >= 100) expect(bulk, "the swarm should send bulk messages").toBeGreaterThan(0);
   }, 600_000);
 });
