@@ -77,6 +77,12 @@ describe("point to point over real processes", () => {
     for (const rank of r.json!.ranks) expect(rank.fails).toEqual([]);
   });
 
+  it("the same under cpr with 3 ranks: its stamps on marks and bulk messages too (lines with them: the cpr swarm)", async () => {
+    const r = await run(3, "p2p.ts", [], 60_000, "cpr");
+    expect(r.code, r.stderr).toBe(0);
+    for (const rank of r.json!.ranks) expect(rank.fails).toEqual([]);
+  });
+
   it("ignores garbage from a stray process with a warning and delivers only real messages", async () => {
     const r = await run(2, "garbage.ts");
     expect(r.code, r.stderr).toBe(0);
