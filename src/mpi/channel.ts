@@ -5,7 +5,9 @@
  * collective sequence/signature) → transmit (small bodies inline in the header's frame; sends
  * to self queued without a socket). Large application payloads are copied into pooled bounce
  * buffers that come back with the receiver's receipt (one per turn of its event loop and
- * sender, for every such message that arrived in it; carried by a reply when there is one). Receive: validate the header (garbage
+ * sender, for every such message that arrived in it; carried by a reply when there is one);
+ * from {@link BULK_BYTES_MIN} they go uncopied on the transport's bulk connection, with a mark
+ * in their place on the channel (see sendApp and inOrder). Receive: validate the header (garbage
  * from stray processes is dropped with a rate-limited warning; a frame must carry the key of
  * the channel it claims, and come from the source's current incarnation or a newer one), send the
  * receipt a sender waits for, and hand the frame to the communicator. A message longer than
@@ -407,8 +409,10 @@ export class Channel {
    * arrival (not on a matching receive, so it cannot deadlock); while the destination holds
    * more than {@link LENT_WINDOW_BYTES} of them (or {@link LENT_MESSAGES_MIN} messages of this
    * size, if more) the send resolves only once receipts bring them back (a slow receiver slows
-   * its sender). Very large ones ({@link RENDEZVOUS_BYTES_MIN}) are not copied at all (a
-   * rendezvous): ZeroMQ reads the program's own memory, and the send resolves when the
+   * its sender). From {@link BULK_BYTES_MIN} (the transport permitting) they are not copied
+   * but sent on the bulk connection, and the send resolves once the transport has written
+   * them (they count against the same window). Very large ones ({@link RENDEZVOUS_BYTES_MIN})
+   * are not copied at all (a rendezvous): ZeroMQ reads the program's own memory, and the send resolves when the
    * receipt says every byte arrived. So is a large reply — a message to a rank that sent us
    * one since our last to it, with nothing of ours still unacknowledged there (ping-pong,
    * request and answer): that rank waits for it, and its receipt rides on what it sends next.
