@@ -83,6 +83,12 @@ describe("point to point over real processes", () => {
     for (const rank of r.json!.ranks) expect(rank.fails).toEqual([]);
   });
 
+  it("the same over tcp, every link CURVE-authenticated and encrypted, the bulk connections too", async () => {
+    const r = await run(2, "p2p.ts", [], 60_000, "none", ["--transport", "tcp"]);
+    expect(r.code, r.stderr).toBe(0);
+    for (const rank of r.json!.ranks) expect(rank.fails).toEqual([]);
+  });
+
   it("ignores garbage from a stray process with a warning and delivers only real messages", async () => {
     const r = await run(2, "garbage.ts");
     expect(r.code, r.stderr).toBe(0);
