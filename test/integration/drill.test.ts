@@ -28,9 +28,9 @@ const DRILL_TEST_MS = 30_000;
 const HEAT = ["examples/heat.ts", "--rows", "128", "--cols", "128", "--iters", "300"];
 const LOGREG = ["examples/logreg.ts", "--samples", "4096", "--steps", "150"];
 
-async function drill(flags: Omit<DrillFlags, "np" | "app" | "appArgs">, app: string[]): Promise<DrillOutcome & { stderr: string }> {
+async function drill(flags: Omit<DrillFlags, "np" | "app" | "appArgs">, app: string[], np = "2"): Promise<DrillOutcome & { stderr: string }> {
   const stderr = new Sink();
-  const config = resolveDrillConfig({ np: "2", ...flags, app: app[0], appArgs: app.slice(1) }, { cwd: ROOT });
+  const config = resolveDrillConfig({ np, ...flags, app: app[0], appArgs: app.slice(1) }, { cwd: ROOT });
   const outcome = await runDrill(config, { stdout: new Sink(), stderr, env: { ...process.env, NO_COLOR: "1" }, handleSignals: false });
   // Every rank of every run has ended (runJob resolves only then); check it anyway.
   const pids = outcome.report.runs.flatMap((r) => r.events.flatMap((e) => (e.ev.kind === "rank-spawned" ? [e.ev.pid] : [])));
@@ -129,6 +129,18 @@ describe("lifeline drill, mode cpr", () => {
       // -1 for a missing figure, so that a failure prints the drill's context.
       expect(fault!.restoreEpoch ?? -1, context(o)).toBeGreaterThan(0);
       expect(fault!.workLostSteps ?? Infinity, context(o)).toBeLessThan(fault!.stepsAtHit ?? -1);
+    },
+    DRILL_TEST_MS,
+  );
+
+  it(
+    "a ring of 3 MiB messages on the bulk connection, 3 ranks, random:2 (seeded): identical results",
+    async () => {
+      // Every step's large message goes without a copy on the second connection, with its
+      // mark on the first: kills land with marks, messages and their receipts on the way.
+      const o = await drill({ ...cpr, kill: ["random:2"], seed: "77" }, ["test/fixtures/world/bulk-ring.ts"], "3");
+      expect(o.exitCode, context(o)).toBe(0);
+      expect(o.report.runs[1]!.result.restarts, context(o)).toBe(2);
     },
     DRILL_TEST_MS,
   );
