@@ -412,8 +412,8 @@ export class Channel {
    * its sender). From {@link BULK_BYTES_MIN} (the transport permitting) they are not copied
    * but sent on the bulk connection, and the send resolves once the transport has written
    * them (they count against the same window). Very large ones ({@link RENDEZVOUS_BYTES_MIN})
-   * are not copied at all (a rendezvous): ZeroMQ reads the program's own memory, and the send resolves when the
-   * receipt says every byte arrived. So is a large reply — a message to a rank that sent us
+   * are not copied at all (a rendezvous): ZeroMQ reads the program's own memory, and the send
+   * resolves when the receipt says every byte arrived. So is a large reply — a message to a rank that sent us
    * one since our last to it, with nothing of ours still unacknowledged there (ping-pong,
    * request and answer): that rank waits for it, and its receipt rides on what it sends next.
    *

@@ -3,12 +3,12 @@
  *
  * Nodes are rank incarnations (`sim://r<rank>.<attempt>`) and the coordinator. Between two
  * nodes there is one FIFO channel per direction and per plane (data frames, bulk data frames
- * (the transport's second connection), control messages); a node's `defer`red callbacks form one more FIFO queue. One {@link SimNetwork.step}
- * performs exactly ONE event, chosen by the seeded PRNG among everything that could happen
- * next: deliver the head frame of any ready channel (so any interleaving across channels,
- * FIFO within one), run a node's next deferred callback, or advance the simulated clock to the
- * next timer or delayed frame. Nothing here reads a wall clock or arms a real timer, so a seed
- * replays exactly.
+ * (the transport's second connection), control messages); a node's `defer`red callbacks form
+ * one more FIFO queue. One {@link SimNetwork.step} performs exactly ONE event, chosen by the
+ * seeded PRNG among everything that could happen next: deliver the head frame of any ready
+ * channel (so any interleaving across channels, FIFO within one), run a node's next deferred
+ * callback, or advance the simulated clock to the next timer or delayed frame. Nothing here
+ * reads a wall clock or arms a real timer, so a seed replays exactly.
  *
  * Invariants checked on every delivery (a violation throws at once, inside the step that
  * broke it): frames on a channel are delivered in send order, each exactly once, and never to
