@@ -581,6 +581,11 @@ export class Channel {
     this.credit(source);
   }
 
+  /** Frames that arrived and wait behind a mark for its bulk message (see inOrder). */
+  get heldCount(): number {
+    return this.bulkHeld;
+  }
+
   /** Messages whose bounce buffers are still lent (waiting for their receipt). */
   get lentCount(): number {
     let n = 0;

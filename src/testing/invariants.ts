@@ -45,6 +45,17 @@ interface PartView {
   late: RawFrame[];
 }
 
+/** The invariants' model of one channel's order at its receiver (see clusterInvariants). */
+interface BulkOrderModel {
+  /** Frames from the data connection not passed on yet, in arrival order. */
+  readonly waiting: { readonly seq: number; readonly mark: boolean }[];
+  /** Numbers of marks, and of bulk messages, not paired yet. */
+  readonly marks: number[];
+  readonly bulks: number[];
+  /** Bulk messages paired with a mark that is still waiting in `waiting`. */
+  paired: number;
+}
+
 /** Parses `sim://r<rank>.<attempt>`. */
 export function parseRankNode(id: string): { rank: number; attempt: number } {
   const m = /^sim:\/\/r(\d+)\.(\d+)$/.exec(id);
@@ -95,8 +106,8 @@ export function clusterInvariants(cluster: SimCluster): ClusterInvariants {
     }
     const key = `${d.src}>${dst.rank}`;
     // The receiver's incarnation too: a restarted receiver's channel starts empty.
-    const order = inOrder.get(`${key}.${dst.attempt}`) ?? { waiting: [], marks: [], bulks: [] };
-    inOrder.set(`${key}.${dst.attempt}`, order);
+    let order = inOrder.get(`${key}.${dst.attempt}`);
+    if (order === undefined) inOrder.set(`${key}.${dst.attempt}`, (order = { waiting: [], marks: [], bulks: [], paired: 0 }));
     if (bulk) {
       // Numbered at its mark; it pairs with the oldest mark that has no message yet.
       order.bulks.push(h.channelSeq);
@@ -121,30 +132,26 @@ export function clusterInvariants(cluster: SimCluster): ClusterInvariants {
     expectSeq.set(key, h.channelSeq + 1);
     arrive(d.dst, h.source, order);
   };
-  /**
-   * Per src>dst incarnation pair, a reference model of the receiver's order (Channel.inOrder):
-   * frames from the data connection not yet passed on, the numbers of marks and of bulk
-   * messages not yet paired, and how many bulk messages arrived for marks still waiting.
-   */
-  const inOrder = new Map<string, { waiting: { seq: number; mark: boolean }[]; marks: number[]; bulks: number[]; paired?: number }>();
+  /** Per src>dst incarnation pair, a reference model of the receiver's order (Channel.inOrder). */
+  const inOrder = new Map<string, BulkOrderModel>();
   /** The n-th bulk message on a channel is the n-th mark's: they carry one number. */
-  const pair = (key: string, o: { marks: number[]; bulks: number[]; paired?: number }): void => {
+  const pair = (key: string, o: BulkOrderModel): void => {
     while (o.marks.length > 0 && o.bulks.length > 0) {
       const m = o.marks.shift()!;
       const b = o.bulks.shift()!;
       if (m !== b) net.violation(`channel ${key}: bulk message #${b} arrived for the mark of #${m}`);
-      o.paired = (o.paired ?? 0) + 1;
+      o.paired++;
     }
   };
   /** Passes on what the receiver's channel delivers now: frames up to the first mark whose message has not come. */
-  const arrive = (dst: string, source: number, o: { waiting: { seq: number; mark: boolean }[]; paired?: number }): void => {
+  const arrive = (dst: string, source: number, o: BulkOrderModel): void => {
     let counts = arrived.get(dst);
     if (counts === undefined) arrived.set(dst, (counts = new Array<number>(cluster.size).fill(0)));
     while (o.waiting.length > 0) {
       const f = o.waiting[0]!;
       if (f.mark) {
-        if ((o.paired ?? 0) === 0) return;
-        o.paired!--;
+        if (o.paired === 0) return;
+        o.paired--;
       }
       o.waiting.shift();
       counts[source] = f.seq + 1;

@@ -232,4 +232,17 @@ describe("bulk messages", () => {
     w.channels[1]!.peerRestarted(0, 1);
     expect(w.delivered.map((d) => d.tag)).toEqual([2]);
   });
+
+  it("the coordinator's word that a sender restarted drops what its old incarnation left held", () => {
+    const w = wire(2, { attempts: [0, 0] });
+    void w.channels[0]!.sendApp(payload(BULK_BYTES_MIN, 3), 1, 1);
+    void w.channels[0]!.sendApp(payload(16, 4), 1, 2);
+    w.step(1, false); // the mark
+    w.step(1, false); // the small message, held behind it; the bulk message is lost
+    w.queues[1]![1]!.length = 0;
+    expect(w.channels[1]!.heldCount).toBe(2);
+    w.channels[1]!.peerRestarted(0, 1);
+    expect(w.channels[1]!.heldCount).toBe(0);
+    expect(w.delivered).toEqual([]);
+  });
 });

@@ -169,16 +169,19 @@ interface PackedDelta {
   readonly logAdd: readonly LogEntry[];
 }
 
-function isPacked(v: unknown): v is Packed {
+/** The state Buffer and the library's counters, which a checkpoint and a difference both carry. */
+function hasStateAndLib(v: unknown): v is { s: Buffer; lib: PackedLib } {
   if (typeof v !== "object" || v === null) return false;
   const p = v as Partial<Packed>;
-  return Buffer.isBuffer(p.s) && typeof p.lib === "object" && p.lib !== null && Array.isArray(p.lib.appSeqOut) && Array.isArray(p.log);
+  return Buffer.isBuffer(p.s) && typeof p.lib === "object" && p.lib !== null && Array.isArray(p.lib.appSeqOut);
+}
+
+function isPacked(v: unknown): v is Packed {
+  return hasStateAndLib(v) && Array.isArray((v as Partial<Packed>).log);
 }
 
 function isPackedDelta(v: unknown): v is PackedDelta {
-  if (typeof v !== "object" || v === null) return false;
-  const d = v as Partial<PackedDelta>;
-  return Buffer.isBuffer(d.s) && typeof d.lib === "object" && d.lib !== null && Array.isArray(d.logFrom) && Array.isArray(d.logAdd);
+  return hasStateAndLib(v) && Array.isArray((v as Partial<PackedDelta>).logFrom) && Array.isArray((v as Partial<PackedDelta>).logAdd);
 }
 
 /** Per destination, the first message a checkpoint's log holds (its appSeqOut when none). */
