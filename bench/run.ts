@@ -60,6 +60,7 @@ import {
   type Sizes,
 } from "./lib/plan.ts";
 import { installCleanup, killAllSync } from "./lib/procs.ts";
+import { renderChart } from "./lib/chart.ts";
 import { columnsOf, renderTables, type CaseResult, type VariantResult } from "./lib/report.ts";
 import { recoveryRun, renderRecoveryTable, type RecoveryConfig, type RecoveryParts } from "./lib/recovery.ts";
 import {
@@ -639,6 +640,8 @@ async function runCase(c: Case, pool: JobPool, opts: Options, peers: PeersFile):
         ? null
         : {
             text: t.text,
+            bound: t.bound,
+            atMost: t.atMost,
             met: ratio === null ? null : t.met(ratio),
             withinNoise: ratioQ1 === null || ratioQ3 === null ? null : t.met(ratioQ1) !== t.met(ratioQ3),
           },
@@ -694,6 +697,7 @@ async function main(): Promise<void> {
     if (missing !== undefined) usage(`the Lifeline jobs need the built package: ${missing}`);
   }
   const sessions = sessionsOf(cases);
+  const loadAtStart = os.loadavg();
   progress(
     `bench: ${cases.length} cases, ${opts.reps} reps, ~${opts.targetMs} ms per timing, transport ${opts.transport}, variant ${opts.variant}` +
       `, ${os.cpus().length} CPUs, load ${os
@@ -866,6 +870,16 @@ async function main(): Promise<void> {
   mkdirSync(path.dirname(opts.out), { recursive: true });
   writeFileSync(opts.out, `${JSON.stringify(report, null, 2)}\n`);
   progress(`bench: ${results.length} cases in ${report.durationS.toFixed(0)} s; JSON written to ${path.relative(process.cwd(), opts.out) || opts.out}`);
+  if (results.some((r) => r.ratio !== null)) {
+    // The picture of the ratios against their targets, beside the JSON.
+    const svg = opts.out.replace(/\.json$/, "") + ".svg";
+    const title = `npm run bench -- ${process.argv.slice(2).join(" ")}`.trim().replace(/ --$/, "");
+    const note =
+      `at ${report.commit ?? "(no git checkout)"}, ${startedAt.toISOString().slice(0, 16).replace("T", " ")} UTC; transport ${opts.transport}, ` +
+      `${os.cpus().length} CPUs, load ${loadAtStart.map((x) => x.toFixed(1)).join(" ")} at the start`;
+    writeFileSync(svg, renderChart(results, { title, note }));
+    progress(`bench: the ratios against their targets drawn in ${path.relative(process.cwd(), svg) || svg}`);
+  }
   clearTimeout(watchdog);
   const failed =
     results.filter((r) => r.errors.length > 0).length +

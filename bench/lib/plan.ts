@@ -278,8 +278,17 @@ export function ratioOf(c: Case, subjectPerOpS: number, referencePerOpS: number)
 
 export interface Target {
   text: string;
-  /** Judges the ratio to the case's baseline (see {@link jobsOf}). */
+  /** The ratio to the case's baseline (see {@link jobsOf}) that the target allows at most, or asks for at least. */
+  bound: number;
+  /** The ratio must stay at or under {@link bound} (times); false: at or over it (bandwidths). */
+  atMost: boolean;
+  /** Judges the ratio to the case's baseline. */
   met: (ratioToBaseline: number) => boolean;
+}
+
+/** A target that the ratio must not exceed (`atMost`) or must reach. */
+function target(text: string, bound: number, atMost: boolean): Target {
+  return { text, bound, atMost, met: atMost ? (r) => r <= bound : (r) => r >= bound };
 }
 
 /**
@@ -315,11 +324,11 @@ export function warmupOf(c: Case, warmupMs: number): { ms: number; minOps: numbe
 export function targetFor(c: Case, curve = false): Target | undefined {
   if (curve) {
     // The security work's targets for CURVE against the same job without it.
-    if (c.bench === "pingpong" && c.bytes === 8) return { text: "<= 1.15x insecure", met: (r) => r <= 1.15 };
-    if (c.bench === "allreduce" && c.bytes === MiB && c.np === 4) return { text: "<= 1.5x insecure", met: (r) => r <= 1.5 };
+    if (c.bench === "pingpong" && c.bytes === 8) return target("<= 1.15x insecure", 1.15, true);
+    if (c.bench === "allreduce" && c.bytes === MiB && c.np === 4) return target("<= 1.5x insecure", 1.5, true);
     if (!isModeBenchmark(c.bench)) return undefined;
   }
-  const atMost = (x: number, of: string): Target => ({ text: `<= ${Number.isInteger(x) ? x.toFixed(1) : x}x ${of}`, met: (r) => r <= x });
+  const atMost = (x: number, of: string): Target => target(`<= ${Number.isInteger(x) ? x.toFixed(1) : x}x ${of}`, x, true);
   switch (c.bench) {
     case "retry-one":
     case "retry-one-pingpong":
@@ -328,13 +337,13 @@ export function targetFor(c: Case, curve = false): Target | undefined {
       return atMost(1.1, "none");
     case "retry-one-stream":
     case "cpr-stream":
-      return { text: ">= 0.9x none MB/s", met: (r) => r >= 1 / 1.1 };
+      return target(">= 0.9x none MB/s", 1 / 1.1, false);
     case "pingpong":
       if (c.bytes === 8) return atMost(1.15, "raw");
       return c.bytes === 64 * KiB || c.bytes === MiB ? atMost(1.2, "raw") : undefined;
     case "stream":
     case "stream-isend":
-      return { text: ">= 0.9x raw MB/s", met: (r) => r >= 0.9 };
+      return target(">= 0.9x raw MB/s", 0.9, false);
     case "allreduce":
       if (c.np === 4 && c.bytes === 8) return atMost(0.5, "raw ring");
       return c.bytes >= MiB || (c.np === 4 && c.bytes >= 64 * KiB) ? atMost(1.0, "raw ring") : undefined;

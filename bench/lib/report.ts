@@ -74,7 +74,7 @@ export interface CaseResult {
    * `met` judges the ratio of the medians; `withinNoise` is true when the interquartile range
    * of the paired ratios reaches across the threshold, i.e. this run cannot tell.
    */
-  target: { text: string; met: boolean | null; withinNoise: boolean | null } | null;
+  target: { text: string; bound: number; atMost: boolean; met: boolean | null; withinNoise: boolean | null } | null;
   /** Each prefixed with the variant it concerns: "subject (...)" or "baseline (...)". */
   errors: string[];
 }

@@ -41,6 +41,7 @@ import {
   type PeersFile,
 } from "../../bench/lib/plan.ts";
 import { columnsOf, renderTables, type CaseResult, type VariantResult } from "../../bench/lib/report.ts";
+import { renderChart, verdictOf } from "../../bench/lib/chart.ts";
 import { HEAT_RECOVERY_FULL, heatRecoveryRatio, renderHeatRecoveryTable, type HeatRecoveryRun } from "../../bench/lib/heat-recovery.ts";
 import { DURABLE_FULL, renderDurableTable, smallestMeeting, summarizeDurable, type DurableRun } from "../../bench/lib/durable.ts";
 
@@ -251,7 +252,7 @@ function result(bench: Benchmark, bytes: number, subject: VariantResult | null, 
     ratioQ3: ratio,
     mpiTcp: null,
     ratioMpiTcp: null,
-    target: t === undefined ? null : { text: t.text, met: ratio === null ? null : t.met(ratio), withinNoise: false },
+    target: t === undefined ? null : { text: t.text, bound: t.bound, atMost: t.atMost, met: ratio === null ? null : t.met(ratio), withinNoise: false },
     errors: [],
     ...extra,
   };
@@ -483,5 +484,81 @@ describe("bench tables: heat-recovery and durable", () => {
     expect(t).toContain("| 5 | 2 | 2.450 | 1.195x [1.19–1.20] | 2.350 | 1.205x | 12.3 | 1.23x | 18.5 | <= 1.05x | NOT met |");
     expect(t).toContain("| error | | | | | | | | | | --durable-every 5 run 3: exit 1 |");
     expect(t).toContain("N meeting <= 1.05x: 20, 50; smallest: 20.");
+  });
+});
+
+describe("bench picture: the ratios against their targets", () => {
+  const raw = (us: number): VariantResult => variant("rawpush4", "raw-pushpull", us, us);
+  const ll = (us: number): VariantResult => variant("lifeline4", "lifeline:none", us, us);
+  const p2p = (bench: Benchmark, bytes: number, s: VariantResult, b: VariantResult, extra: Partial<CaseResult> = {}): CaseResult =>
+    result(bench, bytes, s, b, { np: 2, label: sizeLabel(bytes), key: caseKey({ bench, np: 2, bytes, label: "" }), ...extra });
+  /** The attribute `name` of every `tag` element, in order. */
+  const attrs = (svg: string, tag: string, name: string): number[] =>
+    [...svg.matchAll(new RegExp(`<${tag} [^>]*\\b${name}="([^"]+)"`, "g"))].map((m) => Number(m[1]));
+  const circles = (svg: string): { cx: number; cls: string; fill: string }[] =>
+    [...svg.matchAll(/<circle cx="([^"]+)"[^>]*fill="([^"]+)"[^>]*class="([^"]+)"/g)].map((m) => ({ cx: Number(m[1]), fill: m[2]!, cls: m[3]! }));
+
+  it("targets carry their bound and direction", () => {
+    const c = (bench: Benchmark, bytes: number, np = 2): Case => ({ bench, np, bytes, label: "" });
+    expect(targetFor(c("pingpong", 8))).toMatchObject({ bound: 1.15, atMost: true });
+    expect(targetFor(c("stream", MiB))).toMatchObject({ bound: 0.9, atMost: false });
+    expect(targetFor(c("retry-one-stream", MiB))!.bound).toBeCloseTo(1 / 1.1);
+    expect(targetFor(c("allreduce", 8, 4))).toMatchObject({ bound: 0.5, atMost: true });
+    for (const t of [targetFor(c("pingpong", 8))!, targetFor(c("stream", MiB))!]) {
+      expect(t.met(t.bound)).toBe(true);
+      expect(t.met(t.atMost ? t.bound * 1.01 : t.bound * 0.99)).toBe(false);
+    }
+  });
+
+  it("a dot per case with a ratio, in the tables' order, placed on a log scale and coloured by verdict", () => {
+    const results = [
+      // Listed out of order: the picture groups by benchmark as the tables do.
+      result("allreduce", 8, ll(400), raw(1000)), // 0.40x, target <= 0.5x: met
+      p2p("pingpong", 8, ll(130), raw(100)), // 1.30x, target <= 1.15x: missed
+      p2p("pingpong", 1024, ll(100), raw(100)), // 1.00x, no target
+      p2p("stream", MiB, ll(1000), raw(950), { ratioQ1: 0.8, ratioQ3: 1.1 }), // 0.95x, IQR across 0.9: cannot tell
+      result("retry-one", 8, null, ll(1000), { errors: ["subject: boom"] }), // no ratio: not drawn
+    ];
+    results[3]!.target!.withinNoise = true;
+    const svg = renderChart(results, { title: "t", note: "n" });
+    const dots = circles(svg);
+    expect(dots.map((d) => d.cls)).toEqual(["missed", "none", "unclear", "met"]);
+    expect(results.map(verdictOf)).toEqual(["met", "missed", "none", "unclear", "none"]);
+    // Hollow when the run cannot tell; the others filled.
+    expect(dots.map((d) => d.fill === "#ffffff")).toEqual([false, false, true, false]);
+    // 0.40x < 0.95x < 1.00x < 1.30x on the scale.
+    const [miss, none, unclear, met] = dots.map((d) => d.cx);
+    expect(met!).toBeLessThan(unclear!);
+    expect(unclear!).toBeLessThan(none!);
+    expect(none!).toBeLessThan(miss!);
+    // Equal ratios of the scale's powers of two are equal steps apart (log scale).
+    const grid = attrs(svg, "line", "x1").slice(0, 4);
+    expect(grid[1]! - grid[0]!).toBeCloseTo(grid[2]! - grid[1]!, 5);
+    expect(svg).toContain("1.30x (≤ 1.15x) missed</text>");
+    expect(svg).toContain("0.95x (≥ 0.90x) met?</text>");
+    expect(svg).toContain("Targets met: 2 of 3.");
+    expect(svg).not.toContain("retry-one");
+  });
+
+  it("shades the side of each target that meets it: left of a time bound, right of a bandwidth bound", () => {
+    const svg = renderChart([p2p("pingpong", 8, ll(100), raw(100)), p2p("stream", MiB, ll(100), raw(100))], { title: "t" });
+    const bands = [...svg.matchAll(/<rect x="([^"]+)" y="[^"]+" width="([^"]+)"[^>]*fill="#e3f3e8"/g)].map((m) => [Number(m[1]), Number(m[2])]);
+    const bounds = [...svg.matchAll(/<line x1="([^"]+)" y1="[^"]+" x2="[^"]+" y2="[^"]+" stroke="#2e8b57" stroke-width="2"/g)].map((m) => Number(m[1]));
+    expect(bands).toHaveLength(2);
+    const [[timeFrom, timeWidth], [bwFrom, bwWidth]] = bands as [[number, number], [number, number]];
+    expect(timeFrom + timeWidth).toBeCloseTo(bounds[0]!, 0); // the band ends at the 1.15x bound
+    expect(bwFrom).toBeCloseTo(bounds[1]!, 0); // the band starts at the 0.9x bound
+    expect(timeFrom).toBeLessThan(bwFrom);
+    expect(bwFrom + bwWidth).toBeGreaterThan(bounds[0]!);
+  });
+
+  it("escapes text, and says so when there is nothing to draw", () => {
+    const svg = renderChart([p2p("pingpong", 8, ll(100), raw(100), { label: "8 B <&>" })], { title: 'a "b" <c>' });
+    expect(svg).toContain(">8 B &lt;&amp;&gt;</text>");
+    expect(svg).toContain("a &quot;b&quot; &lt;c&gt;");
+    expect(svg).not.toMatch(/<c>|<&>/);
+    const empty = renderChart([result("retry-one", 8, null, ll(1000))], { title: "t" });
+    expect(empty).toContain("No case of this run has a ratio to draw.");
+    expect(empty).not.toContain("<circle");
   });
 });

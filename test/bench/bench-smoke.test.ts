@@ -34,6 +34,7 @@ interface Variant {
 }
 interface Result {
   key: string;
+  label: string;
   bench: string;
   op: string;
   np: number;
@@ -154,6 +155,8 @@ describe("bench --quick", () => {
       expect(r.unit).toBe(r.bench === "stream" || r.bench === "stream-isend" ? "MB/s" : "us");
       expect(r.mpiTcp === null || r.mpiTcp > 0).toBe(true);
     }
+    // No ratio in the run, so no picture beside its JSON.
+    expect(existsSync(path.join(tmp, "raw.svg"))).toBe(false);
   }, 60_000);
 
   const built = existsSync(path.join(ROOT, "dist/cli.js")) && existsSync(path.join(ROOT, "dist/index.js"));
@@ -221,6 +224,13 @@ describe("bench --quick", () => {
         if (r.mpiTcp !== null) expect(r.ratioMpiTcp).toBeGreaterThan(0);
         if (r.target !== null) expect(typeof r.target.met).toBe("boolean");
       }
+      // The picture beside the JSON: a dot for every case with a ratio, each under its label.
+      const svg = readFileSync(path.join(tmp, "both.svg"), "utf8");
+      const drawn = report.results.filter((r) => r.ratio !== null);
+      expect(drawn.length).toBeGreaterThan(10);
+      expect(svg.match(/<circle /g)?.length).toBe(drawn.length);
+      for (const r of drawn) expect(svg).toContain(`>${r.label}</text>`);
+      expect(svg).toMatch(/Targets met: \d+ of \d+\./);
       expect(report.results.filter((r) => r.bench === "retry-one").map((r) => r.key)).toEqual(["retry-one np4 8 B", "retry-one np4 64 KiB"]);
       expect(report.results.filter((r) => r.bench.startsWith("retry-one-")).map((r) => r.key)).toEqual([
         "retry-one-pingpong np2 8 B",
