@@ -1,7 +1,8 @@
 /**
- * The picture of a run: every case's ratio to its baseline (the median, and the interquartile
- * range of the paired ratios as a bar) against its target, one row per case, on one log scale
- * around 1x, as a self-contained SVG. `npm run bench` writes it next to the JSON report.
+ * The picture of a run: every case's ratio to its baseline (the ratio of the medians as a dot,
+ * and the interquartile range of the paired ratios as a bar) against its target, one row per
+ * case, on one log scale around 1x, as a self-contained SVG. `npm run bench` writes it next to
+ * the JSON report.
  *
  * Each row shades the side of its target that meets it: the left for times (Lifeline's time
  * over the baseline's, lower is better), the right for bandwidths (higher is better). The dot
@@ -12,10 +13,9 @@
  * @example
  * writeFileSync("run.svg", renderChart(results, { title: "npm run bench at 6cbf7f2", note: "ipc, 2 cores" }));
  */
-import { columnsOf } from "./report.ts";
 import { BENCHMARKS, type Benchmark } from "./plan.ts";
+import { columnsOf, targetsMet, type CaseResult } from "./report.ts";
 import { fmtRatio } from "./stats.ts";
-import type { CaseResult } from "./report.ts";
 
 /** What each benchmark's rows are called in the picture. */
 const NAMES: Record<Benchmark, string> = {
@@ -161,17 +161,10 @@ export function renderChart(results: readonly CaseResult[], opts: ChartOptions):
   }
   out.push(
     `<text x="${LABEL_X}" y="${height - 24}" fill="#444">${esc("Dot: the ratio of the medians. Bar: the interquartile range of the paired ratios (block k of one job with block k of the other).")}</text>`,
-    `<text x="${LABEL_X}" y="${height - 8}" fill="#444">${esc(`Green band: where the target is met. Hollow dot and ?: this run cannot tell. ${tally(results)}`)}</text>`,
+    `<text x="${LABEL_X}" y="${height - 8}" fill="#444">${esc(`Green band: where the target is met. Hollow dot and ?: this run cannot tell. ${targetsMet(results)}`)}</text>`,
     "</svg>",
   );
   return out.join("\n");
-}
-
-/** "Targets met: m of n." as the tables end. */
-function tally(results: readonly CaseResult[]): string {
-  const judged = results.filter((r) => r.target !== null && r.target.met !== null);
-  if (judged.length === 0) return "";
-  return `Targets met: ${judged.filter((r) => r.target!.met === true).length} of ${judged.length}.`;
 }
 
 function fmtScale(r: number): string {

@@ -178,14 +178,20 @@ export function renderTables(results: readonly CaseResult[], transport: string):
     for (const r of errs) for (const e of r.errors) out.push(`- ${r.key}: ${e.split("\n")[0]}`);
     out.push("");
   }
-  const targets = results.filter((r) => r.target !== null);
-  if (targets.length > 0) {
-    const met = targets.filter((r) => r.target!.met === true).length;
-    const noisy = targets.filter((r) => r.target!.withinNoise === true).length;
+  const met = targetsMet(results);
+  if (met !== "") {
+    const noisy = results.filter((r) => r.target?.withinNoise === true).length;
     out.push(
-      `Targets met: ${met} of ${targets.length}.${noisy > 0 ? ` * = ${noisy} verdict(s) within noise: the interquartile range of the paired ratios reaches across the threshold.` : ""}`,
+      `${met}${noisy > 0 ? ` * = ${noisy} verdict(s) within noise: the interquartile range of the paired ratios reaches across the threshold.` : ""}`,
       "",
     );
   }
   return out.join("\n");
+}
+
+/** "Targets met: m of n." over the cases that have a target; "" when none has. */
+export function targetsMet(results: readonly CaseResult[]): string {
+  const targets = results.filter((r) => r.target !== null);
+  if (targets.length === 0) return "";
+  return `Targets met: ${targets.filter((r) => r.target!.met === true).length} of ${targets.length}.`;
 }
