@@ -92,7 +92,7 @@ export class CprRestartPolicy implements RestartPolicy {
         if (this.perHost) this.records.set(record.epoch, record);
       },
       onLineCommitted: (eff) => {
-        this.ctx?.report({ kind: "line-committed", epoch: eff.epoch, durationMs: Math.round(eff.durationMs), bytes: eff.bytes });
+        this.ctx?.report({ kind: "line-committed", epoch: eff.epoch, durationMs: Math.round(eff.durationMs), bytes: eff.bytes, steps: eff.steps });
       },
       onAborted: (epoch, reason) =>
         this.ctx?.report({ kind: "warning", message: `recovery line ${epoch} aborted: ${reason}; the last committed line stays in force` }),

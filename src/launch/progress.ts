@@ -74,8 +74,11 @@ export type JobEvent =
   /** The job is being stopped for a reason that is not one rank's fault (or not only). */
   | { kind: "job-stopping"; reason: string; rank?: number | undefined; stderrTail?: string[] | undefined; error?: string | undefined }
   | { kind: "warning"; message: string }
-  /** cpr: recovery line `epoch` is committed (every rank's part durable). */
-  | { kind: "line-committed"; epoch: number; durationMs: number; bytes: number }
+  /**
+   * cpr: recovery line `epoch` is committed (every rank's part durable); `steps`: the fewest
+   * steps any rank had reported when the line was asked for.
+   */
+  | { kind: "line-committed"; epoch: number; durationMs: number; bytes: number; steps?: number }
   /** cpr: every rank restarts (attempt) from line `epoch`, or from the beginning (`epoch` 0). */
   | { kind: "job-restarting"; attempt: number; epoch: number; restarts: number }
   /**

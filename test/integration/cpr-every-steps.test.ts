@@ -7,12 +7,16 @@
  *
  * Method: the built launcher runs test/fixtures/cpr/table-steps.ts (a 2 ms spin per step, 4 to
  * 6 ms a step with 4 ranks on 2 cores) on 4 ranks with `--checkpoint-every 5steps` and
- * `--keep-lines 1000`; then the step each rank's state holds in the first committed line is
- * read from the store. The request follows the 5th step's report, and each rank takes it at one
- * of its next calls (the count alignment): a few steps later. Measured here: step 8, and 11-13
- * beside two CPU burners; with the report at the 5th step disabled (as before the change),
- * 33-35 (the report 200 ms after the first one). The bound leaves room for a loaded machine:
- * with 7 ms steps and a bound of 13, one full `npm test` took its line at step 16.
+ * `--keep-lines 1000`.
+ * - The first line must have been asked for at the slowest rank's 5th step, exactly: its
+ *   `line-committed` event says at how many steps the coordinator asked (`steps`). Each rank
+ *   reports its 5th step the moment it makes it, so the request comes with 5 whatever the load;
+ *   with only the 200 ms reports (the report at the 5th step disabled, as before the change)
+ *   the first request came with 33-35 steps here.
+ * - The step each rank's state holds in that line, read from the store, is at least 5: the
+ *   ranks take the request at one of their next calls. How many steps later depends on how soon
+ *   the request reaches them: 8 here, 11-13 beside two CPU burners, once 28 in a loaded CI run
+ *   (which is why that is not bounded).
  */
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
@@ -24,8 +28,12 @@ const runs = runDirFor("lifeline-cpr-every-steps-");
 const EVERY = 5;
 
 describe("cpr: --checkpoint-every Nsteps", () => {
-  it("the first line is taken a few steps after the Nth, not at the next step report", async () => {
+  it("the first line is asked for at the Nth step, not at the next step report", async () => {
+    const committed: Record<string, unknown>[] = [];
     const r = await runLauncher({
+      onEvent: (ev) => {
+        if (ev.event === "line-committed") committed.push(ev);
+      },
       np: 4,
       program: join("test", "fixtures", "cpr", "table-steps.ts"),
       args: ["--steps", "120", "--n", "1024", "--spin-ms", "2"],
@@ -47,10 +55,11 @@ describe("cpr: --checkpoint-every Nsteps", () => {
       steps.push((decodeValue(part.state) as { step: number }).step);
       await parts.close();
     }
+    expect(
+      committed.find((ev) => ev.epoch === first.epoch),
+      JSON.stringify(committed),
+    ).toMatchObject({ steps: EVERY });
     expect(steps.length).toBe(4);
-    for (const s of steps) {
-      expect(s, JSON.stringify(steps)).toBeGreaterThanOrEqual(EVERY);
-      expect(s, JSON.stringify(steps)).toBeLessThanOrEqual(EVERY + 20);
-    }
+    for (const s of steps) expect(s, JSON.stringify(steps)).toBeGreaterThanOrEqual(EVERY);
   }, 90_000);
 });

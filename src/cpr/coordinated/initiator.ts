@@ -54,7 +54,8 @@ export type InitiatorEffect =
   | { readonly kind: "commit"; readonly epoch: number; readonly refs: readonly PartRefLike[] }
   /** Record that `epoch` will not be committed. */
   | { readonly kind: "abort-line"; readonly epoch: number; readonly reason: string }
-  | { readonly kind: "line-committed"; readonly epoch: number; readonly durationMs: number; readonly bytes: number };
+  /** `steps`: the fewest steps any rank had reported when the line was asked for. */
+  | { readonly kind: "line-committed"; readonly epoch: number; readonly durationMs: number; readonly bytes: number; readonly steps: number };
 
 export interface InitiatorOptions {
   readonly size: number;
@@ -130,6 +131,7 @@ export class CprInitiator {
           epoch: input.epoch,
           durationMs: input.nowMs - this.startedMs,
           bytes: [...this.parts.values()].reduce((n, p) => n + p.bytes, 0),
+          steps: this.stepsAtStart,
         });
         out.push({ kind: "broadcast", msg: { t: "cpr-committed", epoch: input.epoch, keep: [...input.keep] } });
         break;
