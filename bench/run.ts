@@ -700,10 +700,7 @@ async function main(): Promise<void> {
   const loadAtStart = os.loadavg();
   progress(
     `bench: ${cases.length} cases, ${opts.reps} reps, ~${opts.targetMs} ms per timing, transport ${opts.transport}, variant ${opts.variant}` +
-      `, ${os.cpus().length} CPUs, load ${os
-        .loadavg()
-        .map((x) => x.toFixed(2))
-        .join(" ")}`,
+      `, ${os.cpus().length} CPUs, load ${loadAtStart.map((x) => x.toFixed(2)).join(" ")}`,
   );
 
   const results: CaseResult[] = [];
