@@ -7,9 +7,10 @@
  */
 import { describe, expect, it } from "vitest";
 import { BULK_BYTES_MIN, Channel } from "../../src/mpi/channel.ts";
-import type { Host, Transport } from "../../src/mpi/host.ts";
+import type { Transport } from "../../src/mpi/host.ts";
 import { decodeHeader, Flag, Kind } from "../../src/mpi/wire.ts";
 import { Prng } from "../../src/testing/prng.ts";
+import { memHost } from "./mem-channels.ts";
 
 interface Wire {
   readonly channels: Channel[];
@@ -29,7 +30,7 @@ interface Wire {
   writeNow(): void;
 }
 
-function wire(size: number, opts: { bulk?: boolean; attempts?: number[]; bulkBytesMin?: number } = {}): Wire {
+function wire(size: number, opts: { bulk?: boolean; attempts?: number[]; bulkBytesMin?: number; maxMessageBytes?: number } = {}): Wire {
   let held: (() => void)[] | undefined;
   const w: Wire = {
     channels: [],
@@ -78,22 +79,13 @@ function wire(size: number, opts: { bulk?: boolean; attempts?: number[]; bulkByt
             },
           }),
     };
-    const host = {
-      transport,
-      defer: (fn: () => void) => void setImmediate(fn),
-      now: () => performance.now(),
-      after: (ms: number, fn: () => void) => {
-        const t = setTimeout(fn, ms);
-        return { stop: () => clearTimeout(t) };
-      },
-      warn: (line: string) => void w.warnings.push(line),
-    } as unknown as Host;
     const ch = new Channel({
       rank,
       size,
       attempt: opts.attempts?.[rank] ?? 0,
-      host,
+      host: memHost(transport, w.warnings),
       ...(opts.bulkBytesMin === undefined ? {} : { bulkBytesMin: opts.bulkBytesMin }),
+      ...(opts.maxMessageBytes === undefined ? {} : { maxMessageBytes: opts.maxMessageBytes }),
       deliver: (h, body) => {
         if (h.kind !== Kind.app) return;
         w.delivered.push({ at: rank, source: h.source, tag: h.tag, data: Buffer.concat(body).toString("latin1") });
@@ -244,5 +236,21 @@ describe("bulk messages", () => {
     w.channels[1]!.peerRestarted(0, 1);
     expect(w.channels[1]!.heldCount).toBe(0);
     expect(w.delivered).toEqual([]);
+  });
+});
+
+describe("bulk messages: the job's message limit", () => {
+  it("a bulk message over --max-message is refused at the sender, as a copied one is, and sends nothing", async () => {
+    const w = wire(2, { maxMessageBytes: BULK_BYTES_MIN });
+    const err = await w.channels[0]!.sendApp(payload(BULK_BYTES_MIN + 8, 3), 1, 5).catch((e: unknown) => e);
+    expect(err).toMatchObject({ code: "MPI_LIMIT" });
+    expect(w.bulkFrames).toEqual([]);
+    expect(w.queues[1]![0]!).toEqual([]);
+    expect(w.channels[0]!.lentCount).toBe(0);
+    // Within the limit the same path is taken and delivered.
+    await w.channels[0]!.sendApp(payload(BULK_BYTES_MIN, 4), 1, 6);
+    w.drain(1, () => 0.5);
+    expect(w.bulkFrames).toHaveLength(1);
+    expect(w.delivered.map((d) => [d.tag, d.data.length])).toEqual([[6, BULK_BYTES_MIN]]);
   });
 });

@@ -53,17 +53,7 @@ export function memChannels(size: number, opts: { maxMessageBytes?: number; key?
       },
       close: async () => undefined,
     };
-    const host = {
-      transport,
-      defer: (fn: () => void) => void setImmediate(fn),
-      now: () => performance.now(),
-      after: (ms: number, fn: () => void) => {
-        if (opts.timers === false) return { stop: () => undefined };
-        const t = setTimeout(fn, ms);
-        return { stop: () => clearTimeout(t) };
-      },
-      warn: (line: string) => void out.warnings.push(line),
-    } as unknown as Host;
+    const host = memHost(transport, out.warnings, opts.timers);
     const ch = new Channel({
       rank,
       size,
@@ -90,4 +80,22 @@ export function memChannels(size: number, opts: { maxMessageBytes?: number; key?
   };
   for (let r = 0; r < size; r++) out.channels.push(make(r));
   return out;
+}
+
+/**
+ * The host a channel under test runs on: `transport`, deferred calls on later turns, real
+ * timers (none fire with `timers` false), and warnings collected in `warnings`.
+ */
+export function memHost(transport: Transport, warnings: string[], timers = true): Host {
+  return {
+    transport,
+    defer: (fn: () => void) => void setImmediate(fn),
+    now: () => performance.now(),
+    after: (ms: number, fn: () => void) => {
+      if (!timers) return { stop: () => undefined };
+      const t = setTimeout(fn, ms);
+      return { stop: () => clearTimeout(t) };
+    },
+    warn: (line: string) => void warnings.push(line),
+  } as unknown as Host;
 }
