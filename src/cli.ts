@@ -223,6 +223,10 @@ function addRunOptions(cmd: Command): void {
       "retry-one: bound on each rank's log of sent messages its receivers' checkpoints do not cover yet, e.g. 256MiB (default 1GiB)",
     )
     .option("--no-spare", "do not keep warm spare processes for restarts (one in retry-one, one per rank in cpr; restarted ranks then start cold)")
+    .option(
+      "--no-malloc-tuning",
+      "leave glibc's malloc settings of ranks at their defaults (the launcher sets GLIBC_TUNABLES for fewer page faults on large messages)",
+    )
     .option("--min-np <n>", "elastic: the fewest ranks the job goes on with; below, it waits --elastic-timeout for ranks to join, then fails (default 1)")
     .option("--max-np <n>", "elastic: the most ranks at once; -n start, the others join when up (default -n)")
     .option("--elastic-timeout <dur>", `elastic: how long a job below --min-np waits for ranks to join (default ${DEFAULTS.elasticTimeoutMs / 1000}s)`)
@@ -292,6 +296,7 @@ function toFlags(app: string, args: string[], o: Record<string, unknown>): RunFl
     logLimit: str("logLimit"),
     durableEvery: str("durableEvery"),
     spare: o.spare === false ? false : undefined,
+    mallocTuning: o.mallocTuning === false ? false : undefined,
     minNp: str("minNp"),
     maxNp: str("maxNp"),
     elasticTimeout: str("elasticTimeout"),

@@ -119,6 +119,8 @@ export interface RunConfig {
   replicas?: number | undefined;
   /** retry-one: keep a warm spare process for the next restart (`--no-spare` turns it off; default on). */
   spare?: boolean | undefined;
+  /** Ranks and spares get glibc's malloc tunables of RANK_MALLOC_TUNABLES (`--no-malloc-tuning` turns it off; default on). */
+  mallocTuning?: boolean | undefined;
   /** retry-one: bound on each rank's sender log in bytes (`--log-limit`; the rank's default when undefined). */
   logLimitBytes?: number | undefined;
   /** retry-one: every how many own checkpoints a rank writes one to `--store` too (0: no durable floor). */
@@ -170,6 +172,8 @@ export interface RunFlags {
   durableEvery?: string | undefined;
   /** false for `--no-spare`. */
   spare?: boolean | undefined;
+  /** false for `--no-malloc-tuning`. */
+  mallocTuning?: boolean | undefined;
   insecure?: boolean | undefined;
   keys?: string | undefined;
   maxMessage?: string | undefined;
@@ -612,6 +616,7 @@ export function resolveRunConfig(flags: RunFlags, ctx: { cwd: string; env?: Node
     faults,
     replicas: replicas!,
     spare: flags.spare !== false,
+    mallocTuning: flags.mallocTuning !== false,
     logLimitBytes,
     durableEvery: durableEvery ?? 0,
     insecure: flags.insecure === true,

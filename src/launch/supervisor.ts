@@ -41,7 +41,7 @@ import { RetryOnePolicy } from "./retry-one-policy.ts";
 import type { RunConfig } from "./options.ts";
 import type { Reporter } from "./progress.ts";
 import { addressOf, Placement } from "./hosts.ts";
-import { spawnSpare, type RankExit, type RankOutputSink, type RankProcess, type RankSpawnSpec, type SpareProcess } from "./rank-process.ts";
+import { spawnSpare, withMallocTunables, type RankExit, type RankOutputSink, type RankProcess, type RankSpawnSpec, type SpareProcess } from "./rank-process.ts";
 import { rankLauncherFor, type RankLauncher } from "./spawners.ts";
 
 /** Grace between SIGTERM and SIGKILL when a failure stops the job (fail fast: all gone within 1 s). */
@@ -392,7 +392,7 @@ export class Supervisor {
   private spareEnv(): NodeJS.ProcessEnv {
     const env: NodeJS.ProcessEnv = {};
     for (const [k, v] of Object.entries(this.deps.baseEnv)) if (!k.startsWith("LIFELINE_")) env[k] = v;
-    return env;
+    return this.config.mallocTuning === false ? env : withMallocTunables(env);
   }
 
   // ---- starting -------------------------------------------------------------------------
@@ -427,12 +427,15 @@ export class Supervisor {
 
   /**
    * Starts a rank's process: here, or on its host through the launcher (`--launcher`); a rank on
-   * another host gets its keys on stdin (LIFELINE_KEYS=-, see rankEnv).
+   * another host gets its keys on stdin (LIFELINE_KEYS=-, see rankEnv), and the malloc tunables
+   * from its shell line (its `env` stays on this host).
    */
   private startProcess(spec: RankSpawnSpec): Promise<RankProcess> {
-    const remote = this.placement !== undefined;
-    const stdin = remote ? rankKeyText(this.deps.keys, spec.rank, spec.attempt) : undefined;
-    return this.launcher.start(stdin === undefined ? spec : { ...spec, stdin }, this.placement?.hostOf(spec.rank), this.outputSink());
+    const started =
+      this.placement === undefined
+        ? spec
+        : { ...spec, stdin: rankKeyText(this.deps.keys, spec.rank, spec.attempt), mallocTuning: this.config.mallocTuning !== false };
+    return this.launcher.start(started, this.placement?.hostOf(spec.rank), this.outputSink());
   }
 
   /** Writes the key file of incarnation `attempt` of `rank` (0600, in the run dir's private `keys/`); returns its path. */
@@ -493,7 +496,7 @@ export class Supervisor {
     env[ENV.keys] = this.placement === undefined ? this.keyFile(rank, attempt) : "-";
     if (this.config.maxMessageBytes !== undefined) env[ENV.maxMessageBytes] = String(this.config.maxMessageBytes);
     if (this.config.maxUnexpectedBytes !== undefined) env[ENV.maxUnexpectedBytes] = String(this.config.maxUnexpectedBytes);
-    return env;
+    return this.config.mallocTuning === false ? env : withMallocTunables(env);
   }
 
   private outputSink(): RankOutputSink {

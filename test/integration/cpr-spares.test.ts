@@ -13,7 +13,7 @@ import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { RANK_INITIAL_OLD_SPACE_MIB } from "../../src/launch/rank-process.ts";
+import { RANK_INITIAL_OLD_SPACE_MIB, RANK_MALLOC_TUNABLES } from "../../src/launch/rank-process.ts";
 import { waitGone } from "../launch/helpers.ts";
 import { CLI, context, runLauncher } from "./cpr-run.ts";
 
@@ -42,6 +42,7 @@ describe("cpr: warm spares take the restarted ranks' places", () => {
       expect(ref.code, context(ref)).toBe(0);
       const spares: number[] = [];
       const cmdlines: string[][] = [];
+      const environs: string[][] = [];
       const spawned: { rank: number; attempt: number; pid: number; warm: boolean }[] = [];
       const o = await runLauncher({
         np: NP,
@@ -57,6 +58,7 @@ describe("cpr: warm spares take the restarted ranks' places", () => {
           if (ev.event === "spare-ready") {
             spares.push(ev.pid as number);
             cmdlines.push(readFileSync(`/proc/${ev.pid as number}/cmdline`, "utf8").split("\0"));
+            environs.push(readFileSync(`/proc/${ev.pid as number}/environ`, "utf8").split("\0"));
             if (spares.length === NP) process.kill(spawned.find((s) => s.rank === 1 && s.attempt === 0)!.pid, "SIGKILL");
           }
         },
@@ -69,6 +71,11 @@ describe("cpr: warm spares take the restarted ranks' places", () => {
       expect(again.map((s) => s.pid).sort()).toEqual(spares.slice(0, NP).sort());
       // A spare's node runs with the ranks' V8 flags (rank-process.ts).
       for (const argv of cmdlines) expect(argv).toContain(`--initial-old-space-size=${RANK_INITIAL_OLD_SPACE_MIB}`);
+      // And glibc's malloc tunables, which glibc reads when the process starts, before it is a
+      // rank. /proc shows the environment as the process got it, except that glibc ends each
+      // tunable's value it parsed there with a NUL: only the first shows whole.
+      const first = `GLIBC_TUNABLES=${RANK_MALLOC_TUNABLES.split(":")[0]!}`;
+      for (const env of environs) expect(env.find((kv) => kv.startsWith("GLIBC_TUNABLES="))).toMatch(new RegExp(`^${first}(:|$)`));
       expect(await waitGone([...spares, ...spawned.map((s) => s.pid)], 10_000)).toEqual([]);
     },
     3 * TIMEOUT_MS,

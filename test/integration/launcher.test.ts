@@ -14,7 +14,7 @@
 import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
-import { RANK_INITIAL_OLD_SPACE_MIB } from "../../src/launch/rank-process.ts";
+import { RANK_INITIAL_OLD_SPACE_MIB, RANK_MALLOC_TUNABLES } from "../../src/launch/rank-process.ts";
 import { CliProcess, FIXTURES, killAll, ROOT, tempDir, waitGone } from "../launch/helpers.ts";
 
 const { dir, cleanup } = tempDir("lifeline-launcher-");
@@ -32,8 +32,8 @@ afterEach(() => {
 });
 afterAll(cleanup);
 
-function launch(args: string[]): CliProcess {
-  const cli = new CliProcess(["run", "--mode", "none", "--json", ...args], { timeoutMs: 40_000 });
+function launch(args: string[], env?: NodeJS.ProcessEnv): CliProcess {
+  const cli = new CliProcess(["run", "--mode", "none", "--json", ...args], { timeoutMs: 40_000, ...(env === undefined ? {} : { env }) });
   started.push(cli);
   return cli;
 }
@@ -51,7 +51,8 @@ async function expectNoSurvivors(cli: CliProcess): Promise<void> {
 describe("a clean job", () => {
   it("4 ranks of a .ts app: every result in --results, output prefixed by rank, exit 0", async () => {
     const results = join(dir, "ok.json");
-    const cli = launch(["-n", "4", "--results", results, join(FIXTURES, "ok.ts"), "3"]);
+    // A glibc tunable of the user's own: it comes after the launcher's, so it wins (rank-process.ts).
+    const cli = launch(["-n", "4", "--results", results, join(FIXTURES, "ok.ts"), "3"], { ...process.env, GLIBC_TUNABLES: "glibc.malloc.tcache_count=7" });
     const r = await cli.done;
     expect(r.code, r.stderr).toBe(0);
     const doc = JSON.parse(readFileSync(results, "utf8"));
@@ -71,6 +72,8 @@ describe("a clean job", () => {
     // Every rank's V8 starts with the larger first old-generation limit (rank-process.ts).
     for (let rank = 0; rank < 4; rank++)
       expect(r.stdout).toMatch(new RegExp(`^\\[${rank}\\] rank ${rank} node flags: .*--initial-old-space-size=${RANK_INITIAL_OLD_SPACE_MIB}\\b`, "m"));
+    // And glibc's malloc tunables, the user's after the launcher's.
+    for (let rank = 0; rank < 4; rank++) expect(r.stdout).toContain(`[${rank}] rank ${rank} malloc: ${RANK_MALLOC_TUNABLES}:glibc.malloc.tcache_count=7\n`);
     const events = cli.events.all;
     expect(ofKind(events, "rank-spawned")).toHaveLength(4);
     expect(ofKind(events, "rank-up")).toHaveLength(4);
@@ -87,14 +90,18 @@ describe("a clean job", () => {
     await expectNoSurvivors(cli);
   });
 
-  it("a .js app over tcp, with plain progress lines on a pipe", async () => {
-    const cli = new CliProcess(["run", "-n", "2", "--mode", "none", "--transport", "tcp", join(FIXTURES, "ok.js")], { timeoutMs: 40_000 });
+  it("a .js app over tcp, with plain progress lines on a pipe (and glibc's malloc defaults)", async () => {
+    const cli = new CliProcess(["run", "-n", "2", "--mode", "none", "--transport", "tcp", "--no-malloc-tuning", join(FIXTURES, "ok.js")], {
+      timeoutMs: 40_000,
+    });
     started.push(cli);
     const r = await cli.done;
     expect(r.code, r.stderr).toBe(0);
     expect(r.stdout).toContain("[0] js rank 0: total 3\n");
     expect(r.stdout).toContain("[1] js rank 1: total 3\n");
     expect(r.stdout).toMatch(new RegExp(`^\\[1\\] js rank 1 node flags: .*--initial-old-space-size=${RANK_INITIAL_OLD_SPACE_MIB}\\b`, "m"));
+    // --no-malloc-tuning: the ranks get the launcher's environment's tunables (if any) and no more.
+    expect(r.stdout).toContain(`[1] js rank 1 malloc: ${process.env.GLIBC_TUNABLES ?? "(unset)"}\n`);
 
     expect(r.stderr).not.toMatch(/[\x00-\x09\x0b-\x1f]/);
     expect(r.stderr).toMatch(/^lifeline: job ok-[0-9a-f]{8}: starting 2 ranks of .*ok\.js \(mode none\)$/m);

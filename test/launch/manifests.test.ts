@@ -20,6 +20,7 @@ import { Service } from "kubernetes-models/v1/Service";
 import { afterAll, describe, expect, it } from "vitest";
 import { parseAllDocuments } from "yaml";
 import { main } from "../../src/cli.ts";
+import { RANK_INITIAL_OLD_SPACE_MIB, RANK_MALLOC_TUNABLES } from "../../src/launch/rank-process.ts";
 import { makeJobKeys, writeKeyDir } from "../../src/mpi/keys.ts";
 
 const ROOT = fileURLToPath(new URL("../..", import.meta.url));
@@ -82,6 +83,9 @@ describe("docs/kubernetes/lifeline-job.yaml", () => {
     expect(flag("--keys")).toMatch(/\/coordinator\.key$/);
     expect(env.LIFELINE_KEYS).toBe(keyFile(ranks));
     expect(env.LIFELINE_KEYS).toMatch(/\/ranks\.key$/);
+    // What `lifeline run` gives its ranks besides their place (rank-process.ts).
+    expect(pod(ranks).containers[0]!.command).toContain(`--initial-old-space-size=${RANK_INITIAL_OLD_SPACE_MIB}`);
+    expect(env.GLIBC_TUNABLES).toBe(RANK_MALLOC_TUNABLES);
     // The CLI takes the coordinator's command line: run it here, with this machine's address,
     // a temporary store, any port and the .ts program, until no rank joins (not a usage error).
     const args = cmd.slice(cmd.indexOf("coordinator") + 1).map((a) => (a === "examples/heat.js" ? "examples/heat.ts" : a));
@@ -142,5 +146,9 @@ describe("docs/slurm/lifeline.sbatch", () => {
     expect(used.length).toBeGreaterThan(3);
     for (const opt of used) expect(help, `lifeline coordinator has no ${opt}`).toContain(opt);
     expect(script).toMatch(/#SBATCH --requeue/);
+    // The ranks get what `lifeline run` gives its ranks (rank-process.ts).
+    expect(script).toContain(`node --initial-old-space-size=${RANK_INITIAL_OLD_SPACE_MIB} `);
+    expect(script).toContain(`TUNABLES=${RANK_MALLOC_TUNABLES}\n`);
+    expect(script).toContain('GLIBC_TUNABLES="$TUNABLES${GLIBC_TUNABLES:+:$GLIBC_TUNABLES}"');
   });
 });
