@@ -7,7 +7,8 @@
  * time per iteration (ms, process.cpuUsage: every thread of the process, ZeroMQ's I/O thread
  * included) and its main thread's share of that (ms; JavaScript, garbage collection and the
  * native calls made from it, as bench/lib/thread-cpu.ts reads it; 0 where the system does not
- * say), all over the `--iters` iterations after the
+ * say) and the minor page faults of the process (every thread) during the allreduce, all over
+ * the `--iters` iterations after the
  * warm-up (`--warmup` iterations, and more until `--warmup-ms`, default 1500). `--cpu-prof <dir>`: a V8 CPU profile per rank
  * (summarize with bench/tools/cpuprofile-top.ts). `--settle-ms` (default 1500): the ranks wait
  * this long after joining before they start, so that what starts with the job (cpr's and
@@ -51,8 +52,9 @@ let done = 0;
 const mainCpu = threadCpuClock();
 
 /** One iteration; its allreduce's time, CPU and main-thread CPU (ms). */
-async function iteration(): Promise<{ ms: number; cpuMs: number; mainMs: number }> {
+async function iteration(): Promise<{ ms: number; cpuMs: number; mainMs: number; faults: number }> {
   await world.barrier();
+  const f0 = process.resourceUsage().minorPageFault;
   const c0 = process.cpuUsage();
   const m0 = mainCpu?.() ?? 0;
   const t0 = performance.now();
@@ -60,9 +62,10 @@ async function iteration(): Promise<{ ms: number; cpuMs: number; mainMs: number 
   const ms = performance.now() - t0;
   const m = (mainCpu?.() ?? 0) - m0;
   const c = process.cpuUsage(c0);
+  const faults = process.resourceUsage().minorPageFault - f0;
   if (r[0] !== expect || r[n - 1] !== expect) throw new Error(`allreduce gave ${r[0]}, expected ${expect}`);
   if (++done % checkpointEvery === 0) await world.checkpoint(null);
-  return { ms, cpuMs: (c.user + c.system) / 1000, mainMs: m / 1e6 };
+  return { ms, cpuMs: (c.user + c.system) / 1000, mainMs: m / 1e6, faults };
 }
 
 // Warm-up: `--warmup` iterations, then 20 more at a time while rank 0 has spent less than
@@ -76,13 +79,20 @@ while ((await world.bcast(performance.now() - w0 < Number(values["warmup-ms"]), 
 const times: number[] = [];
 let cpuMs = 0;
 let mainMs = 0;
+let faults = 0;
 const stopProfile = values["cpu-prof"] === undefined ? undefined : await startProfile();
 for (let i = 0; i < iters; i++) {
   const it = await iteration();
   times.push(it.ms);
   cpuMs += it.cpuMs;
   mainMs += it.mainMs;
+  faults += it.faults;
 }
 await stopProfile?.(path.join(values["cpu-prof"]!, `${world.mode}-${world.rank}.cpuprofile`));
 times.sort((a, b) => a - b);
-await world.finalize({ medianMs: times[Math.floor(times.length / 2)]!, cpuMsPerIter: cpuMs / iters, mainMsPerIter: mainMs / iters });
+await world.finalize({
+  medianMs: times[Math.floor(times.length / 2)]!,
+  cpuMsPerIter: cpuMs / iters,
+  mainMsPerIter: mainMs / iters,
+  faultsPerIter: faults / iters,
+});

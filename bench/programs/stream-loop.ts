@@ -2,8 +2,9 @@
  * The program of bench/tools/stream-ab.ts: rank 0 sends `--iters` messages of `--bytes`
  * (a Float64Array, each `send` awaited) to rank 1, which receives them and answers with a
  * 1-value ack; `--blocks` such blocks after ~`--warmup-ms` (default 1500) of warm-up blocks. Finalizes, per block, the
- * bandwidth (MB/s, rank 0's time including the ack) and this rank's CPU per message (us,
- * every thread). `--cpu-prof <dir>`: a V8 CPU profile per rank of its timed blocks (summarize
+ * bandwidth (MB/s, rank 0's time including the ack), this rank's CPU per message (us,
+ * every thread) and its minor page faults per message (every thread: ZeroMQ's I/O thread
+ * faults in the pages of each received message it copies into new memory). `--cpu-prof <dir>`: a V8 CPU profile per rank of its timed blocks (summarize
  * with bench/tools/cpuprofile-top.ts); `--v8-flags <flags>`: V8 flags set before the rank joins
  * (diagnostics, e.g. `--v8-flags=--trace-gc`); `--window <n>`: rank 0 `isend`s in windows of n
  * and `waitAll`s each window instead of awaiting each `send` (MPI's way to stream: an isend's
@@ -54,6 +55,7 @@ do await block(Math.max(10, iters >> 3));
 while ((await world.bcast(performance.now() - w0 < Number(values["warmup-ms"]), 0)) === true);
 const mbps: number[] = [];
 const cpuUs: number[] = [];
+const faults: number[] = [];
 const stopProfile = values["cpu-prof"] === undefined ? undefined : await startProfile();
 for (let b = 0; b < Number(values.blocks); b++) {
   await world.barrier();
@@ -64,6 +66,7 @@ for (let b = 0; b < Number(values.blocks); b++) {
   const r1 = process.resourceUsage();
   mbps.push((bytes * iters) / ms / 1000);
   cpuUs.push((r1.userCPUTime + r1.systemCPUTime - r0.userCPUTime - r0.systemCPUTime) / iters);
+  faults.push((r1.minorPageFault - r0.minorPageFault) / iters);
 }
 await stopProfile?.(path.join(values["cpu-prof"]!, `stream-${world.rank}.cpuprofile`));
-await world.finalize({ mbps, cpuUs });
+await world.finalize({ mbps, cpuUs, faults });

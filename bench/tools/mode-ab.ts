@@ -18,7 +18,16 @@
  * `--iters` round trips (default 3000) of `--sizes` bytes, a checkpoint every `--checkpoint-every`
  * round trips (default 250), the same figures per round trip (the checkpoints included).
  *
- *   npm run build && node --import tsx bench/tools/mode-ab.ts [--bench allreduce|pingpong] [--np 4]
+ * `--bench stream`: bench/programs/stream-loop.ts, on 2 ranks: 3 blocks of `--iters` messages
+ * (default 200) of `--sizes` bytes from rank 0 to rank 1, no checkpoints; per message, the
+ * median block's time, both ranks' CPU (every thread; main threads are not told apart) and
+ * their minor page faults.
+ *
+ * A `--modes` entry may add `lifeline run` flags after `+`: `none,none+--no-malloc-tuning`
+ * measures the same mode with and without the launcher's malloc tunables. Page faults (every
+ * thread of every rank) are in the table for allreduce and stream.
+ *
+ *   npm run build && node --import tsx bench/tools/mode-ab.ts [--bench allreduce|pingpong|stream] [--np 4]
  *        [--sizes 4194304,16777216,41943040] [--iters 40] [--rounds 3] [--modes none,retry-one]
  *        [--checkpoint-every 1]
  */
@@ -44,10 +53,10 @@ const { values } = parseArgs({
   },
 });
 const bench = values.bench;
-if (bench !== "allreduce" && bench !== "pingpong") throw new RangeError(`--bench ${bench}: expected allreduce or pingpong`);
-const np = bench === "pingpong" ? 2 : Number(values.np);
+if (bench !== "allreduce" && bench !== "pingpong" && bench !== "stream") throw new RangeError(`--bench ${bench}: expected allreduce, pingpong or stream`);
+const np = bench === "allreduce" ? Number(values.np) : 2;
 const checkpointEvery = values["checkpoint-every"] ?? (bench === "pingpong" ? "250" : "1");
-const iters = values.iters ?? (bench === "pingpong" ? "3000" : "40");
+const iters = values.iters ?? (bench === "pingpong" ? "3000" : bench === "stream" ? "200" : "40");
 const sizes = values.sizes.split(",").map(Number);
 const modes = values.modes.split(",");
 const rounds = Number(values.rounds);
@@ -60,43 +69,57 @@ interface Run {
   ms: number;
   cpuMs: number;
   mainMs: number;
+  /** Minor page faults per operation, every rank (undefined: the program does not say). */
+  faults: number | undefined;
 }
 
-function runOnce(mode: string, bytes: number): Run {
+/** A `--modes` entry: the mode, then any `lifeline run` flags of its own after `+`. */
+function runOnce(spec: string, bytes: number): Run {
+  const [mode, ...extra] = spec.split("+") as [string, ...string[]];
   const results = path.join(dir, "r.json");
   // A store under the temp dir in every mode (never the repository's `.lifeline/`); retry-one
   // without its durable floor, as the retry-one benchmarks of `npm run bench` (bench/lib/jobs.ts).
   const store = ["--store", path.join(dir, "store")];
-  const flags =
-    mode === "cpr"
+  const flags = [
+    ...(mode === "cpr"
       ? ["--mode", "cpr", ...store, "--checkpoint-every", "1000000s"]
-      : ["--mode", mode, ...store, ...(mode === "retry-one" ? ["--durable-every", "0"] : [])];
-  execFileSync(
-    process.execPath,
-    [
-      path.join(ROOT, "dist/cli.js"),
-      "run",
-      "-n",
-      String(np),
-      ...flags,
-      "--quiet",
-      "--results",
-      results,
-      bench === "pingpong" ? "bench/programs/pingpong-loop.ts" : "bench/programs/allreduce-loop.ts",
-      "--bytes",
-      String(bytes),
-      "--iters",
-      iters,
-      "--checkpoint-every",
-      checkpointEvery,
-    ],
-    { cwd: ROOT, stdio: ["ignore", "ignore", "inherit"], timeout: 600_000 },
-  );
-  const doc = JSON.parse(readFileSync(results, "utf8")) as { ranks: { medianMs: number; cpuMsPerIter: number; mainMsPerIter: number }[] };
+      : ["--mode", mode, ...store, ...(mode === "retry-one" ? ["--durable-every", "0"] : [])]),
+    ...extra,
+  ];
+  const program =
+    bench === "stream"
+      ? ["bench/programs/stream-loop.ts", "--bytes", String(bytes), "--iters", iters, "--blocks", "3"]
+      : [
+          bench === "pingpong" ? "bench/programs/pingpong-loop.ts" : "bench/programs/allreduce-loop.ts",
+          "--bytes",
+          String(bytes),
+          "--iters",
+          iters,
+          "--checkpoint-every",
+          checkpointEvery,
+        ];
+  execFileSync(process.execPath, [path.join(ROOT, "dist/cli.js"), "run", "-n", String(np), ...flags, "--quiet", "--results", results, ...program], {
+    cwd: ROOT,
+    stdio: ["ignore", "ignore", "inherit"],
+    timeout: 600_000,
+  });
+  if (bench === "stream") {
+    const doc = JSON.parse(readFileSync(results, "utf8")) as { ranks: { mbps: number[]; cpuUs: number[]; faults: number[] }[] };
+    return {
+      ms: bytes / (median(doc.ranks[0]!.mbps) * 1000),
+      cpuMs: doc.ranks.reduce((s, r) => s + median(r.cpuUs) / 1000, 0),
+      mainMs: 0,
+      faults: doc.ranks.reduce((s, r) => s + median(r.faults), 0),
+    };
+  }
+  const doc = JSON.parse(readFileSync(results, "utf8")) as {
+    ranks: { medianMs: number; cpuMsPerIter: number; mainMsPerIter: number; faultsPerIter?: number }[];
+  };
   return {
     ms: Math.max(...doc.ranks.map((r) => r.medianMs)),
     cpuMs: doc.ranks.reduce((s, r) => s + r.cpuMsPerIter, 0),
     mainMs: doc.ranks.reduce((s, r) => s + r.mainMsPerIter, 0),
+    faults: doc.ranks.every((r) => r.faultsPerIter !== undefined) ? doc.ranks.reduce((s, r) => s + r.faultsPerIter!, 0) : undefined,
   };
 }
 
@@ -104,18 +127,23 @@ try {
   const what =
     bench === "pingpong"
       ? `ping-pong round trip, checkpoint every ${checkpointEvery} round trips, 2 ranks`
-      : `allreduce per iteration, checkpoint every ${checkpointEvery}, ${np} ranks`;
-  const per = bench === "pingpong" ? "round trip" : "iteration";
+      : bench === "stream"
+        ? `stream per message (${iters} per block), 2 ranks`
+        : `allreduce per iteration, checkpoint every ${checkpointEvery}, ${np} ranks`;
+  const per = bench === "pingpong" ? "round trip" : bench === "stream" ? "message" : "iteration";
+  // Page faults: the minor faults of every thread of every rank (the loop programs but ping-pong count them).
+  const withFaults = bench !== "pingpong";
+  const modeCols = withFaults ? ["ms", "CPU ms", "main ms", "faults"] : ["ms", "CPU ms", "main ms"];
   const lines = [
     `### ${what}, one job at a time (median of ${rounds} rounds; load ${os.loadavg()[0]!.toFixed(2)})`,
     "",
-    "CPU: every thread of every rank; main: the CPU time of the ranks' main threads alone.",
+    `CPU: every thread of every rank; main: the CPU time of the ranks' main threads alone${withFaults ? "; faults: minor page faults of every rank" : ""}.`,
     "",
-    `| size | ${modes.map((m) => `${m} ms | ${m} CPU ms | ${m} main ms`).join(" | ")} | ${modes
+    `| size | ${modes.map((m) => modeCols.map((c) => `${m} ${c}`).join(" | ")).join(" | ")} | ${modes
       .slice(1)
       .map((m) => `${m}/${modes[0]} time | CPU | main`)
       .join(" | ")} |`,
-    `| --- | ${modes.map(() => "---: | ---: | ---:").join(" | ")} | ${modes
+    `| --- | ${modes.map(() => modeCols.map(() => "---:").join(" | ")).join(" | ")} | ${modes
       .slice(1)
       .map(() => "---: | ---: | ---:")
       .join(" | ")} |`,
@@ -126,7 +154,10 @@ try {
       for (const m of k % 2 === 0 ? modes : [...modes].reverse()) {
         const r = runOnce(m, bytes);
         by.get(m)!.push(r);
-        process.stderr.write(`${sizeLabel(bytes)} round ${k + 1} ${m}: ${fmt(r.ms)} ms, CPU ${fmt(r.cpuMs)} ms, main ${fmt(r.mainMs)} ms per ${per}\n`);
+        const faults = r.faults === undefined ? "" : `, ${r.faults.toFixed(1)} page faults`;
+        process.stderr.write(
+          `${sizeLabel(bytes)} round ${k + 1} ${m}: ${fmt(r.ms)} ms, CPU ${fmt(r.cpuMs)} ms, main ${fmt(r.mainMs)} ms${faults} per ${per}\n`,
+        );
       }
     }
     const med = (m: string, f: (r: Run) => number): number => median(by.get(m)!.map(f));
@@ -135,8 +166,12 @@ try {
     const cell = (m: string, f: (r: Run) => number): string => (med(m, f) > 0 ? fmt(med(m, f)) : "–");
     const ratio = (m: string, f: (r: Run) => number): string =>
       med(m, f) > 0 && med(modes[0]!, f) > 0 ? `${(med(m, f) / med(modes[0]!, f)).toFixed(2)}x` : "–";
+    const faults = (m: string): string => {
+      const f = by.get(m)!.flatMap((r) => (r.faults === undefined ? [] : [r.faults]));
+      return f.length === rounds ? median(f).toFixed(1) : "–";
+    };
     lines.push(
-      `| ${sizeLabel(bytes)} | ${modes.map((m) => fields.map((f) => cell(m, f)).join(" | ")).join(" | ")} | ` +
+      `| ${sizeLabel(bytes)} | ${modes.map((m) => [...fields.map((f) => cell(m, f)), ...(withFaults ? [faults(m)] : [])].join(" | ")).join(" | ")} | ` +
         `${modes
           .slice(1)
           .map((m) => fields.map((f) => ratio(m, f)).join(" | "))
