@@ -60,7 +60,7 @@ import {
   type Sizes,
 } from "./lib/plan.ts";
 import { installCleanup, killAllSync } from "./lib/procs.ts";
-import { renderChart } from "./lib/chart.ts";
+import { chartPathFor, renderChart } from "./lib/chart.ts";
 import { columnsOf, renderTables, type CaseResult, type VariantResult } from "./lib/report.ts";
 import { recoveryRun, renderRecoveryTable, type RecoveryConfig, type RecoveryParts } from "./lib/recovery.ts";
 import {
@@ -869,7 +869,7 @@ async function main(): Promise<void> {
   progress(`bench: ${results.length} cases in ${report.durationS.toFixed(0)} s; JSON written to ${path.relative(process.cwd(), opts.out) || opts.out}`);
   if (results.some((r) => r.ratio !== null)) {
     // The picture of the ratios against their targets, beside the JSON.
-    const svg = opts.out.replace(/\.json$/, "") + ".svg";
+    const svg = chartPathFor(opts.out);
     const title = `npm run bench -- ${process.argv.slice(2).join(" ")}`.trim().replace(/ --$/, "");
     const note =
       `at ${report.commit ?? "(no git checkout)"}, ${startedAt.toISOString().slice(0, 16).replace("T", " ")} UTC; transport ${opts.transport}, ` +

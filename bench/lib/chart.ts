@@ -81,6 +81,16 @@ export function verdictOf(r: CaseResult): "met" | "missed" | "unclear" | "none" 
   return t.met ? "met" : "missed";
 }
 
+/**
+ * Where the picture of a report goes: beside it, `.svg` for its `.json` (or appended).
+ *
+ * @example
+ * chartPathFor("bench/results/2026-11-30T12-00-00-000Z.json"); // → "bench/results/2026-11-30T12-00-00-000Z.svg"
+ */
+export function chartPathFor(reportPath: string): string {
+  return `${reportPath.replace(/\.json$/, "")}.svg`;
+}
+
 /** An SVG of `results` (see the file comment); a picture with a line saying so when no case has a ratio. */
 export function renderChart(results: readonly CaseResult[], opts: ChartOptions): string {
   const groups = rowsOf(results);

@@ -6,7 +6,7 @@
  *   node --import tsx bench/tools/chart.ts bench/results/<run>.json [out.svg]
  */
 import { readFileSync, writeFileSync } from "node:fs";
-import { renderChart } from "../lib/chart.ts";
+import { chartPathFor, renderChart } from "../lib/chart.ts";
 import { targetFor } from "../lib/plan.ts";
 import type { CaseResult } from "../lib/report.ts";
 
@@ -38,7 +38,7 @@ const results = report.results.map((r): CaseResult => {
   const t = targetFor({ bench: r.bench, np: r.np, bytes: r.bytes, label: r.label }, report.options?.curve === true);
   return t === undefined ? r : { ...r, target: { ...r.target, bound: t.bound, atMost: t.atMost } };
 });
-const out = output ?? input.replace(/\.json$/, "") + ".svg";
+const out = output ?? chartPathFor(input);
 const when = report.startedAt === undefined ? "" : `, ${report.startedAt.slice(0, 16).replace("T", " ")} UTC`;
 writeFileSync(
   out,

@@ -41,7 +41,7 @@ import {
   type PeersFile,
 } from "../../bench/lib/plan.ts";
 import { columnsOf, renderTables, type CaseResult, type VariantResult } from "../../bench/lib/report.ts";
-import { renderChart, verdictOf } from "../../bench/lib/chart.ts";
+import { chartPathFor, renderChart, verdictOf } from "../../bench/lib/chart.ts";
 import { HEAT_RECOVERY_FULL, heatRecoveryRatio, renderHeatRecoveryTable, type HeatRecoveryRun } from "../../bench/lib/heat-recovery.ts";
 import { DURABLE_FULL, renderDurableTable, smallestMeeting, summarizeDurable, type DurableRun } from "../../bench/lib/durable.ts";
 
@@ -562,5 +562,11 @@ describe("bench picture: the ratios against their targets", () => {
     const empty = renderChart([result("retry-one", 8, null, ll(1000))], { title: "t" });
     expect(empty).toContain("No case of this run has a ratio to draw.");
     expect(empty).not.toContain("<circle");
+  });
+
+  it("goes beside its report: .svg for .json", () => {
+    expect(chartPathFor("bench/results/2026-11-30T12-00-00-000Z.json")).toBe("bench/results/2026-11-30T12-00-00-000Z.svg");
+    expect(chartPathFor("/tmp/run")).toBe("/tmp/run.svg");
+    expect(chartPathFor("/tmp/a.json.json")).toBe("/tmp/a.json.svg");
   });
 });
