@@ -3,7 +3,9 @@
  * garbage collector run — as Linux counts it in /proc/thread-self/schedstat (nanoseconds on a
  * CPU), so that a benchmark can tell work on the main thread from work elsewhere (ZeroMQ's I/O
  * thread, the kernel on its behalf): process.cpuUsage() counts every thread together, and Node
- * 20 has no per-thread counter. One read costs a system call (about 2 µs here).
+ * 20 has no per-thread counter. One read costs a system call (about 2 µs here): the file stays
+ * open for the life of the process (a benchmark reads it thousands of times; opening it each
+ * time would double that), and the clock is bound to the thread that made it.
  *
  * @example
  * const cpu = threadCpuClock();
