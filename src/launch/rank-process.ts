@@ -151,12 +151,13 @@ const RANK_V8_FLAGS: readonly string[] = [`--initial-old-space-size=${RANK_INITI
  * the garbage collector drops its buffer. With glibc's defaults the I/O thread has an arena of
  * its own, made of 64 MiB heaps that go back to the system as soon as they are empty, and
  * freed memory at a heap's top goes back too; so the next message's pages are new, and the
- * kernel faults each one in as it copies the message in. A rank receiving 16 MiB messages
- * faulted in about half of every message that way. One arena, a high mmap threshold and a high
- * trim threshold keep that memory for the next message: `lifeline run -n 2
- * bench/programs/stream-loop.ts --bytes 16777216 --iters 100 --blocks 3` made about 84,000 page
- * faults instead of 250,000-310,000. Small messages take no lock for this (glibc's per-thread
- * cache serves them).
+ * kernel faults each one in as it copies the message in. One arena, a high mmap threshold and a
+ * high trim threshold keep that memory for the next message; either half alone does not. One
+ * job at a time (`node --import tsx bench/tools/mode-ab.ts --np 4 --sizes 1048576,16777216
+ * --iters 40 --modes none,none+--no-malloc-tuning`), the 4-rank allreduce of 1 and 16 MiB made
+ * 3.4 and 142 page faults per operation instead of 191 and 2,246, and took 1.17x and 1.14x as
+ * long without them (docs/cli.md, "The C allocator", has the other cases). Small blocks come
+ * from glibc's per-thread cache, without the arena's lock.
  *
  * The cost: a rank keeps up to 256 MiB of freed memory in its heap, and blocks above 32 MiB
  * (glibc's largest mmap threshold) still come from mmap.

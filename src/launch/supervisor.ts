@@ -496,7 +496,9 @@ export class Supervisor {
     env[ENV.keys] = this.placement === undefined ? this.keyFile(rank, attempt) : "-";
     if (this.config.maxMessageBytes !== undefined) env[ENV.maxMessageBytes] = String(this.config.maxMessageBytes);
     if (this.config.maxUnexpectedBytes !== undefined) env[ENV.maxUnexpectedBytes] = String(this.config.maxUnexpectedBytes);
-    return this.config.mallocTuning === false ? env : withMallocTunables(env);
+    // glibc's malloc tunables: a rank on another host gets them from its shell line, before its
+    // host's own (spawnRemoteRank); this environment may reach that host too (srun's).
+    return this.config.mallocTuning === false || this.placement !== undefined ? env : withMallocTunables(env);
   }
 
   private outputSink(): RankOutputSink {

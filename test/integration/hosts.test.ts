@@ -21,6 +21,7 @@
 import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { afterEach, beforeAll, beforeEach, describe, expect, it } from "vitest";
+import { RANK_MALLOC_TUNABLES } from "../../src/launch/rank-process.ts";
 import { clusterSupport, netnsRshAgent, TestCluster } from "../../src/testing/netns.ts";
 import { CLI, context, ROOT, runDirFor, runLauncher, spawnedOn, watchRun, type WatchedRun } from "./cpr-run.ts";
 
@@ -177,6 +178,21 @@ describe("a job across hosts", () => {
       expect(r.doc!.ranks).toEqual(ref);
       expect(spawnedOn(r)).toEqual({ 0: "198.18.0.1", 1: "198.18.0.1", 2: "198.18.0.2", 3: "198.18.0.2" });
       expect(r.events.find((e) => e.event === "job-starting")).toMatchObject({ coordinator: expect.stringMatching(/^tcp:\/\/198\.18\.0\.1:\d+$/) });
+    },
+    TIMEOUT_MS,
+  );
+
+  it(
+    "ranks on the hosts start with the launcher's malloc tunables once, before their host's own",
+    async () => {
+      const r = await runOnHost(0, "tunables", ["-n", "4", "--mode", "none"], ["test/fixtures/launch/ok.ts", "1"]);
+      expect(r.code, context(r)).toBe(0);
+      const own = process.env.GLIBC_TUNABLES === undefined || process.env.GLIBC_TUNABLES === "" ? "" : `:${process.env.GLIBC_TUNABLES}`;
+      const printed = r.events
+        .filter((e) => e.event === "output" && / malloc: /.test(e.line as string))
+        .map((e) => e.line as string)
+        .sort();
+      expect(printed).toEqual([0, 1, 2, 3].map((rank) => `rank ${rank} malloc: ${RANK_MALLOC_TUNABLES}${own}`));
     },
     TIMEOUT_MS,
   );
