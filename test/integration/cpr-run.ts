@@ -10,6 +10,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { afterAll, beforeAll } from "vitest";
+import { RANK_MALLOC_TUNABLES } from "../../src/launch/rank-process.ts";
 import { onJsonLines } from "../../src/testing/json-lines.ts";
 
 export const ROOT = fileURLToPath(new URL("../..", import.meta.url));
@@ -150,6 +151,22 @@ export const spawnedOn = (r: WatchedRun, attempt?: number): Record<number, strin
   Object.fromEntries(
     r.events.filter((e) => e.event === "rank-spawned" && (attempt === undefined || e.attempt === attempt)).map((e) => [e.rank as number, e.host as string]),
   );
+
+/**
+ * What test/fixtures/launch/ok.ts's ranks printed of their GLIBC_TUNABLES (on stderr: output
+ * events), sorted, and what they print when they got the launcher's tunables once, before the
+ * ones this process's environment gives.
+ */
+export function tunablesPrinted(r: WatchedRun, np: number): { printed: string[]; launchers: string[] } {
+  const own = process.env.GLIBC_TUNABLES === undefined || process.env.GLIBC_TUNABLES === "" ? "" : `:${process.env.GLIBC_TUNABLES}`;
+  return {
+    printed: r.events
+      .filter((e) => e.event === "output" && / malloc: /.test(e.line as string))
+      .map((e) => e.line as string)
+      .sort(),
+    launchers: Array.from({ length: np }, (_, rank) => `rank ${rank} malloc: ${RANK_MALLOC_TUNABLES}${own}`),
+  };
+}
 
 /** The tail of a run's stderr without step events, for assertion messages. */
 export const context = (o: { code: number | null; stderr: string }): string =>

@@ -21,9 +21,8 @@
 import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { afterEach, beforeAll, beforeEach, describe, expect, it } from "vitest";
-import { RANK_MALLOC_TUNABLES } from "../../src/launch/rank-process.ts";
 import { clusterSupport, netnsRshAgent, TestCluster } from "../../src/testing/netns.ts";
-import { CLI, context, ROOT, runDirFor, runLauncher, spawnedOn, watchRun, type WatchedRun } from "./cpr-run.ts";
+import { CLI, context, ROOT, runDirFor, runLauncher, spawnedOn, tunablesPrinted, watchRun, type WatchedRun } from "./cpr-run.ts";
 
 const TIMEOUT_MS = 90_000;
 /**
@@ -187,12 +186,8 @@ describe("a job across hosts", () => {
     async () => {
       const r = await runOnHost(0, "tunables", ["-n", "4", "--mode", "none"], ["test/fixtures/launch/ok.ts", "1"]);
       expect(r.code, context(r)).toBe(0);
-      const own = process.env.GLIBC_TUNABLES === undefined || process.env.GLIBC_TUNABLES === "" ? "" : `:${process.env.GLIBC_TUNABLES}`;
-      const printed = r.events
-        .filter((e) => e.event === "output" && / malloc: /.test(e.line as string))
-        .map((e) => e.line as string)
-        .sort();
-      expect(printed).toEqual([0, 1, 2, 3].map((rank) => `rank ${rank} malloc: ${RANK_MALLOC_TUNABLES}${own}`));
+      const { printed, launchers } = tunablesPrinted(r, 4);
+      expect(printed).toEqual(launchers);
     },
     TIMEOUT_MS,
   );

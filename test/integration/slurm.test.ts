@@ -24,10 +24,9 @@ import { spawn } from "node:child_process";
 import { existsSync, readdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { afterEach, beforeAll, beforeEach, describe, expect, it } from "vitest";
-import { RANK_MALLOC_TUNABLES } from "../../src/launch/rank-process.ts";
 import { slurmSupport, SlurmTestCluster, type SlurmStep } from "../../src/testing/slurm.ts";
 import { waitGone } from "../launch/helpers.ts";
-import { CLI, context, ROOT, runDirFor, runLauncher, spawnedOn, watchRun, type WatchedRun } from "./cpr-run.ts";
+import { CLI, context, ROOT, runDirFor, runLauncher, spawnedOn, tunablesPrinted, watchRun, type WatchedRun } from "./cpr-run.ts";
 
 const TIMEOUT_MS = 100_000;
 const runs = runDirFor("lifeline-slurm-");
@@ -143,12 +142,8 @@ describe("a job as Slurm job steps", () => {
       // rank's shell line alone, not from that environment too.
       const r = await runInAllocation("tunables", ["-n", "4", "--mode", "none"], ["test/fixtures/launch/ok.ts", "1"]);
       expect(r.code, context(r)).toBe(0);
-      const own = process.env.GLIBC_TUNABLES === undefined || process.env.GLIBC_TUNABLES === "" ? "" : `:${process.env.GLIBC_TUNABLES}`;
-      const printed = r.events
-        .filter((e) => e.event === "output" && / malloc: /.test(e.line as string))
-        .map((e) => e.line as string)
-        .sort();
-      expect(printed).toEqual([0, 1, 2, 3].map((rank) => `rank ${rank} malloc: ${RANK_MALLOC_TUNABLES}${own}`));
+      const { printed, launchers } = tunablesPrinted(r, 4);
+      expect(printed).toEqual(launchers);
     },
     TIMEOUT_MS,
   );
