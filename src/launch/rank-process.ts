@@ -144,8 +144,9 @@ const RANK_V8_FLAGS: readonly string[] = [`--initial-old-space-size=${RANK_INITI
 
 /**
  * glibc's malloc settings for rank and spare processes (`GLIBC_TUNABLES`; `--no-malloc-tuning`
- * leaves glibc's defaults): one arena for every thread, blocks up to 32 MiB from the heap
- * rather than mmap, and up to 256 MiB of freed heap kept rather than given back.
+ * leaves glibc's defaults): one arena for every thread, every block from the heap rather than
+ * mmap (blocks up to 32 MiB even where mmap is allowed back), and up to 256 MiB of freed heap
+ * kept rather than given back.
  *
  * Why: ZeroMQ's I/O thread allocates each received message, and the main thread frees it when
  * the garbage collector drops its buffer. With glibc's defaults the I/O thread has an arena of
@@ -156,13 +157,16 @@ const RANK_V8_FLAGS: readonly string[] = [`--initial-old-space-size=${RANK_INITI
  * job at a time (`node --import tsx bench/tools/mode-ab.ts --np 4 --sizes 1048576,16777216
  * --iters 40 --modes none,none+--no-malloc-tuning`), the 4-rank allreduce of 1 and 16 MiB made
  * 3.4 and 142 page faults per operation instead of 191 and 2,246, and took 1.17x and 1.14x as
- * long without them (docs/cli.md, "The C allocator", has the other cases). Small blocks come
- * from glibc's per-thread cache, without the arena's lock.
+ * long without them (docs/cli.md, "The C allocator", has the other cases). Blocks over 32 MiB
+ * (glibc's largest mmap threshold: the 32 MiB halves of a 2-rank allreduce of 64 MiB, its
+ * 64 MiB result) would still come from mmap, fresh each time, without `mmap_max=0`. Small
+ * blocks come from glibc's per-thread cache, without the arena's lock.
  *
- * The cost: a rank keeps up to 256 MiB of freed memory in its heap, and blocks above 32 MiB
- * (glibc's largest mmap threshold) still come from mmap.
+ * The cost: a rank keeps up to 256 MiB of freed memory at its heap's top, and memory freed
+ * below blocks still in use stays the rank's until they go.
  */
-export const RANK_MALLOC_TUNABLES = "glibc.malloc.arena_max=1:glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=268435456";
+export const RANK_MALLOC_TUNABLES =
+  "glibc.malloc.arena_max=1:glibc.malloc.mmap_threshold=33554432:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=268435456";
 
 /**
  * `env` with {@link RANK_MALLOC_TUNABLES} in `GLIBC_TUNABLES`, before any of the environment's

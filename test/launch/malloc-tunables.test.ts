@@ -28,7 +28,8 @@ describe("withMallocTunables", () => {
 
   it("are settings this machine's glibc knows and takes, each once", () => {
     // The dynamic loader node runs under lists the tunables as it parsed them from the
-    // environment: a name it does not know, or a value out of its range, would not show.
+    // environment (sizes in hex, counts in decimal): a name it does not know, or a value out of
+    // its range, would not show.
     const loader = readFileSync("/proc/self/maps", "utf8")
       .split("\n")
       .map((l) => l.split(/\s+/)[5] ?? "")
@@ -37,9 +38,12 @@ describe("withMallocTunables", () => {
     const listed = execFileSync(loader!, ["--list-tunables"], { env: { GLIBC_TUNABLES: RANK_MALLOC_TUNABLES }, encoding: "utf8" });
     const given = RANK_MALLOC_TUNABLES.split(":").map((kv) => kv.split("="));
     expect(new Set(given.map(([name]) => name)).size).toBe(given.length);
-    for (const [name, value] of given) expect(listed).toMatch(new RegExp(`^${name!.replaceAll(".", "\\.")}: 0x${Number(value).toString(16)} `, "m"));
-    // malloc ignores an mmap threshold above half its largest heap (32 MiB on 64-bit systems).
+    for (const [name, value] of given)
+      expect(listed).toMatch(new RegExp(`^${name!.replaceAll(".", "\\.")}: (0x${Number(value).toString(16)}|${Number(value)}) `, "m"));
+    // malloc ignores an mmap threshold above half its largest heap (32 MiB on 64-bit systems);
+    // above it, no block comes from mmap at all.
     expect(Number(given.find(([name]) => name === "glibc.malloc.mmap_threshold")![1])).toBeLessThanOrEqual(32 * 1024 * 1024);
+    expect(given.find(([name]) => name === "glibc.malloc.mmap_max")?.[1]).toBe("0");
   });
 });
 
