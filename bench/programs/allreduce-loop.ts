@@ -51,7 +51,7 @@ let done = 0;
 
 const mainCpu = threadCpuClock();
 
-/** One iteration; its allreduce's time, CPU and main-thread CPU (ms). */
+/** One iteration; its allreduce's time, CPU and main-thread CPU (ms), and the process's minor page faults. */
 async function iteration(): Promise<{ ms: number; cpuMs: number; mainMs: number; faults: number }> {
   await world.barrier();
   const f0 = process.resourceUsage().minorPageFault;

@@ -390,9 +390,19 @@ export class Supervisor {
 
   /** A spare's environment: the ranks' without their own LIFELINE_ variables (the assignment brings those). */
   private spareEnv(): NodeJS.ProcessEnv {
+    return this.inheritedEnv(true);
+  }
+
+  /**
+   * The launcher's environment without LIFELINE_ variables (those of an enclosing job, when a
+   * launcher is started from inside a rank, must not leak in), with glibc's malloc tunables for
+   * a process on this host (`local`). A rank on another host gets them from its shell line,
+   * before its host's own (spawnRemoteRank); this environment may reach that host too (srun's).
+   */
+  private inheritedEnv(local: boolean): NodeJS.ProcessEnv {
     const env: NodeJS.ProcessEnv = {};
     for (const [k, v] of Object.entries(this.deps.baseEnv)) if (!k.startsWith("LIFELINE_")) env[k] = v;
-    return this.config.mallocTuning === false ? env : withMallocTunables(env);
+    return local && this.config.mallocTuning !== false ? withMallocTunables(env) : env;
   }
 
   // ---- starting -------------------------------------------------------------------------
@@ -470,9 +480,7 @@ export class Supervisor {
 
   /** The environment of one rank (docs/cli.md, "What each rank gets"; src/mpi/env.ts). */
   private rankEnv(rank: number, attempt: number, coordinator: string): NodeJS.ProcessEnv {
-    const env: NodeJS.ProcessEnv = {};
-    // Variables of an enclosing job (a launcher started from inside a rank) must not leak in.
-    for (const [k, v] of Object.entries(this.deps.baseEnv)) if (!k.startsWith("LIFELINE_")) env[k] = v;
+    const env = this.inheritedEnv(this.placement === undefined);
     env[ENV.rank] = String(rank);
     env[ENV.size] = String(this.config.size);
     env[ENV.coordinator] = coordinator;
@@ -496,9 +504,7 @@ export class Supervisor {
     env[ENV.keys] = this.placement === undefined ? this.keyFile(rank, attempt) : "-";
     if (this.config.maxMessageBytes !== undefined) env[ENV.maxMessageBytes] = String(this.config.maxMessageBytes);
     if (this.config.maxUnexpectedBytes !== undefined) env[ENV.maxUnexpectedBytes] = String(this.config.maxUnexpectedBytes);
-    // glibc's malloc tunables: a rank on another host gets them from its shell line, before its
-    // host's own (spawnRemoteRank); this environment may reach that host too (srun's).
-    return this.config.mallocTuning === false || this.placement !== undefined ? env : withMallocTunables(env);
+    return env;
   }
 
   private outputSink(): RankOutputSink {

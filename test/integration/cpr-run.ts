@@ -157,10 +157,10 @@ export const spawnedOn = (r: WatchedRun, attempt?: number): Record<number, strin
  * events), sorted, and what they print when they got the launcher's tunables once, before the
  * ones this process's environment gives.
  */
-export function tunablesPrinted(r: WatchedRun, np: number): { printed: string[]; launchers: string[] } {
+export function tunablesPrinted(events: readonly Record<string, unknown>[], np: number): { printed: string[]; launchers: string[] } {
   const own = process.env.GLIBC_TUNABLES === undefined || process.env.GLIBC_TUNABLES === "" ? "" : `:${process.env.GLIBC_TUNABLES}`;
   return {
-    printed: r.events
+    printed: events
       .filter((e) => e.event === "output" && / malloc: /.test(e.line as string))
       .map((e) => e.line as string)
       .sort(),

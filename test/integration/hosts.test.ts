@@ -186,7 +186,7 @@ describe("a job across hosts", () => {
     async () => {
       const r = await runOnHost(0, "tunables", ["-n", "4", "--mode", "none"], ["test/fixtures/launch/ok.ts", "1"]);
       expect(r.code, context(r)).toBe(0);
-      const { printed, launchers } = tunablesPrinted(r, 4);
+      const { printed, launchers } = tunablesPrinted(r.events, 4);
       expect(printed).toEqual(launchers);
     },
     TIMEOUT_MS,

@@ -16,6 +16,7 @@ import { join } from "node:path";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 import { RANK_INITIAL_OLD_SPACE_MIB, RANK_MALLOC_TUNABLES } from "../../src/launch/rank-process.ts";
 import { CliProcess, FIXTURES, killAll, ROOT, tempDir, waitGone } from "../launch/helpers.ts";
+import { tunablesPrinted } from "./cpr-run.ts";
 
 const { dir, cleanup } = tempDir("lifeline-launcher-");
 let started: CliProcess[] = [];
@@ -74,12 +75,7 @@ describe("a clean job", () => {
       expect(r.stdout).toMatch(new RegExp(`^\\[${rank}\\] rank ${rank} node flags: .*--initial-old-space-size=${RANK_INITIAL_OLD_SPACE_MIB}\\b`, "m"));
     const events = cli.events.all;
     // And glibc's malloc tunables (on stderr: an event each), the user's after the launcher's.
-    expect(
-      ofKind(events, "output")
-        .map((e) => e.line as string)
-        .filter((l) => l.includes(" malloc: "))
-        .sort(),
-    ).toEqual([0, 1, 2, 3].map((rank) => `rank ${rank} malloc: ${RANK_MALLOC_TUNABLES}:glibc.malloc.tcache_count=7`));
+    expect(tunablesPrinted(events, 4).printed).toEqual([0, 1, 2, 3].map((rank) => `rank ${rank} malloc: ${RANK_MALLOC_TUNABLES}:glibc.malloc.tcache_count=7`));
     expect(ofKind(events, "rank-spawned")).toHaveLength(4);
     expect(ofKind(events, "rank-up")).toHaveLength(4);
     expect(ofKind(events, "job-started")).toHaveLength(1);

@@ -142,7 +142,7 @@ describe("a job as Slurm job steps", () => {
       // rank's shell line alone, not from that environment too.
       const r = await runInAllocation("tunables", ["-n", "4", "--mode", "none"], ["test/fixtures/launch/ok.ts", "1"]);
       expect(r.code, context(r)).toBe(0);
-      const { printed, launchers } = tunablesPrinted(r, 4);
+      const { printed, launchers } = tunablesPrinted(r.events, 4);
       expect(printed).toEqual(launchers);
     },
     TIMEOUT_MS,
