@@ -136,10 +136,19 @@ export function resolveTsxLoader(): string {
  * `lifeline run -n 4 --mode retry-one bench/programs/allreduce-loop.ts --bytes 1048576 --iters
  * 350 --checkpoint-every 7 --v8-flags=--trace-gc`: 60–79 mark-compacts per rank without this
  * limit, 4–6 with it, and a median allreduce of 4.7–4.9 against 3.5–3.6 ms (mode none: 1 and
- * 0 mark-compacts, 3.1–3.3 ms either way). The cost: up to this much garbage in the old
- * generation before the first mark-compact.
+ * 0 mark-compacts, 3.1–3.3 ms either way).
+ *
+ * 128 rather than the 64 MiB first chosen: the limit never falls below this value (the trace of
+ * `--v8-flags=--trace-incremental-marking` shows it at every start of marking), and V8 starts
+ * marking once the old generation and the external memory allocated since the last
+ * mark-compact come within the young generation's capacity of it. retry-one keeps every
+ * result since the last checkpoint, so its ranks got there at 64 MiB about once a second:
+ * `lifeline run -n 4 --mode retry-one --durable-every 0 bench/programs/allreduce-loop.ts
+ * --bytes 65536 --iters 3000 --checkpoint-every 72 --v8-flags=--trace-gc` made 10–16
+ * mark-compacts (all ranks together) at 64 MiB and none at 128. The cost: a rank may hold up
+ * to this much garbage, its own and received messages', before a mark-compact.
  */
-export const RANK_INITIAL_OLD_SPACE_MIB = 64;
+export const RANK_INITIAL_OLD_SPACE_MIB = 128;
 const RANK_V8_FLAGS: readonly string[] = [`--initial-old-space-size=${RANK_INITIAL_OLD_SPACE_MIB}`];
 
 /**
