@@ -141,8 +141,8 @@ export function resolveTsxLoader(): string {
  * 128 rather than the 64 MiB first chosen: the limit never falls below this value (the trace of
  * `--v8-flags=--trace-incremental-marking` shows it at every start of marking), and V8 starts
  * marking once the old generation and the external memory allocated since the last
- * mark-compact come within the young generation's capacity of it. retry-one keeps every
- * result since the last checkpoint, so its ranks got there at 64 MiB about once a second:
+ * mark-compact come within the young generation's capacity of it. retry-one's ranks got there
+ * at 64 MiB about once a second (which of their allocations does it was not pinned down):
  * `lifeline run -n 4 --mode retry-one --durable-every 0 bench/programs/allreduce-loop.ts
  * --bytes 65536 --iters 3000 --checkpoint-every 72 --v8-flags=--trace-gc` made 10–16
  * mark-compacts (all ranks together) at 64 MiB and none at 128. The cost: a rank may hold up
