@@ -23,6 +23,10 @@
  * median block's time, both ranks' CPU (every thread; main threads are not told apart) and
  * their minor page faults.
  *
+ * For allreduce, a second table gives a checkpoint() call per mode: the slowest rank's median
+ * time and the CPU of every rank during one (what the checkpoint's messages cost a rank after
+ * the call returned is not in it).
+ *
  * A `--modes` entry may add `lifeline run` flags after `+`: `none,none+--no-malloc-tuning`
  * measures the same mode with and without the launcher's malloc tunables. Page faults (every
  * thread of every rank) are in the table for allreduce and stream.
@@ -71,6 +75,11 @@ interface Run {
   mainMs: number;
   /** Minor page faults per operation, every rank (undefined: the program does not say). */
   faults: number | undefined;
+  /**
+   * A checkpoint() call: the slowest rank's median time and the CPU of every rank during one,
+   * ms (undefined: the program does not say, or no measured iteration checkpointed).
+   */
+  ckpt: { ms: number; cpuMs: number } | undefined;
 }
 
 /** A `--modes` entry: the mode, then any `lifeline run` flags of its own after `+`. */
@@ -110,16 +119,27 @@ function runOnce(spec: string, bytes: number): Run {
       cpuMs: doc.ranks.reduce((s, r) => s + median(r.cpuUs) / 1000, 0),
       mainMs: 0,
       faults: doc.ranks.reduce((s, r) => s + median(r.faults), 0),
+      ckpt: undefined,
     };
   }
   const doc = JSON.parse(readFileSync(results, "utf8")) as {
-    ranks: { medianMs: number; cpuMsPerIter: number; mainMsPerIter: number; faultsPerIter?: number }[];
+    ranks: {
+      medianMs: number;
+      cpuMsPerIter: number;
+      mainMsPerIter: number;
+      faultsPerIter?: number;
+      checkpointMedianMs?: number;
+      checkpointCpuMs?: number;
+    }[];
   };
   return {
     ms: Math.max(...doc.ranks.map((r) => r.medianMs)),
     cpuMs: doc.ranks.reduce((s, r) => s + r.cpuMsPerIter, 0),
     mainMs: doc.ranks.reduce((s, r) => s + r.mainMsPerIter, 0),
     faults: doc.ranks.every((r) => r.faultsPerIter !== undefined) ? doc.ranks.reduce((s, r) => s + r.faultsPerIter!, 0) : undefined,
+    ckpt: doc.ranks.every((r) => r.checkpointMedianMs !== undefined && r.checkpointCpuMs !== undefined)
+      ? { ms: Math.max(...doc.ranks.map((r) => r.checkpointMedianMs!)), cpuMs: doc.ranks.reduce((s, r) => s + r.checkpointCpuMs!, 0) }
+      : undefined,
   };
 }
 
@@ -148,6 +168,8 @@ try {
       .map(() => "---: | ---: | ---:")
       .join(" | ")} |`,
   ];
+  // A checkpoint() call per mode, for the programs that report it (allreduce-loop).
+  const ckptLines: string[] = [];
   for (const bytes of sizes) {
     const by = new Map<string, Run[]>(modes.map((m) => [m, []]));
     for (let k = 0; k < rounds; k++) {
@@ -176,6 +198,33 @@ try {
           .slice(1)
           .map((m) => fields.map((f) => ratio(m, f)).join(" | "))
           .join(" | ")} |`,
+    );
+    const ckpts = modes.map((m) => by.get(m)!.flatMap((r) => (r.ckpt === undefined ? [] : [r.ckpt])));
+    if (ckpts.every((c) => c.length === rounds)) {
+      const ms = ckpts.map((c) => median(c.map((k) => k.ms)));
+      const cpu = ckpts.map((c) => median(c.map((k) => k.cpuMs)));
+      ckptLines.push(
+        `| ${sizeLabel(bytes)} | ${modes.map((_, i) => `${fmt(ms[i]!)} | ${fmt(cpu[i]!)}`).join(" | ")} | ${modes
+          .slice(1)
+          .map((_, i) => `${(ms[i + 1]! / ms[0]!).toFixed(2)}x | ${(cpu[i + 1]! / cpu[0]!).toFixed(2)}x`)
+          .join(" | ")} |`,
+      );
+    }
+  }
+  if (ckptLines.length > 0) {
+    lines.push(
+      "",
+      `A checkpoint() call (median of ${rounds} rounds): the slowest rank's median time, and the CPU of every rank during one (every thread; what the checkpoint's messages cost after the call returned is not in it).`,
+      "",
+      `| size | ${modes.map((m) => `${m} ms | ${m} CPU ms`).join(" | ")} | ${modes
+        .slice(1)
+        .map((m) => `${m}/${modes[0]} time | CPU`)
+        .join(" | ")} |`,
+      `| --- | ${modes.map(() => "---: | ---:").join(" | ")} | ${modes
+        .slice(1)
+        .map(() => "---: | ---:")
+        .join(" | ")} |`,
+      ...ckptLines,
     );
   }
   process.stdout.write(`\n${lines.join("\n")}\n`);
