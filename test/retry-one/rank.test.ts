@@ -65,7 +65,8 @@ describe("RetryOneRank: failure-free path", () => {
     seen.forEach((s) => (s.length = 0));
     route(ms, 0, ckpt("s0", 3), seen, sent);
     // Its successor (rank 1) holds it, but rank 2 has not done collective #0: not safe yet.
-    expect(sent.map((f) => f.t)).toEqual(["replica", "ask", "ask", "rack", "done"]);
+    // The replica is also rank 0's ask to rank 1 (which answers `done`); rank 2 gets an ask.
+    expect(sent.map((f) => f.t)).toEqual(["replica", "ask", "rack", "done"]);
     expect(seen[0]).toEqual([]);
     // Rank 2 does the collective: it tells rank 0, whose checkpoint is safe; the others need not checkpoint.
     collectiveAll(ms, seen, [0, 0], [2]);
@@ -76,7 +77,7 @@ describe("RetryOneRank: failure-free path", () => {
     expect(seen[2]).toContainEqual({ kind: "peer-safe", rank: 0, consumed: 0 });
   });
 
-  it("an ask says its sender has done the collectives: checkpoints at the same index send no done", () => {
+  it("an ask, or a replica, says its sender has done the collectives: checkpoints at the same index send no done", () => {
     // Crossing asks: every rank checkpoints before any frame is delivered.
     const ms = machines(3, 1);
     const seen: RankEffect[][] = [[], [], []];
@@ -86,18 +87,24 @@ describe("RetryOneRank: failure-free path", () => {
     const sent: ProtoFrame[] = inFlight.map((f) => f.frame);
     for (const f of inFlight) route(ms, f.to, { kind: "frame", from: f.from, attempt: 0, frame: f.frame }, seen, sent);
     const count = (t: string): number => sent.filter((f) => f.t === t).length;
-    expect(count("ask")).toBe(6);
+    // Each rank's replica asks its successor; its one ask goes to the other rank.
+    expect(count("replica")).toBe(3);
+    expect(count("ask")).toBe(3);
     expect(count("done")).toBe(0);
     for (let r = 0; r < 3; r++) expect(seen[r]).toContainEqual({ kind: "checkpointed", version: 1 });
 
-    // One after another: the first rank's asks tell the others where it is, so they do not ask
-    // it back; each pair exchanges one ask and one done.
+    // One after another: the first rank's replica and ask tell the others where it is, so they
+    // do not ask it back. Rank 0 asks rank 2 (its replica asks rank 1), and ranks 1 and 2 answer
+    // `done`; rank 1's replica asks rank 2, which answers; rank 2's replica asks rank 0, which
+    // told rank 2 already. One ask and three dones, against an ask and a done per pair (six)
+    // when replicas did not ask.
     const ms2 = machines(3, 1);
     const seen2: RankEffect[][] = [[], [], []];
     const sent2: ProtoFrame[] = [];
     collectiveAll(ms2, seen2, [0, 0]);
     for (let r = 0; r < 3; r++) route(ms2, r, ckpt(`s${r}`, 3), seen2, sent2);
-    expect(sent2.filter((f) => f.t === "ask").length + sent2.filter((f) => f.t === "done").length).toBe(6);
+    expect(sent2.filter((f) => f.t === "ask").length).toBe(1);
+    expect(sent2.filter((f) => f.t === "done").length).toBe(3);
     for (let r = 0; r < 3; r++) expect(seen2[r]).toContainEqual({ kind: "checkpointed", version: 1 });
   });
 

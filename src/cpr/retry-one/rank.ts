@@ -670,13 +670,18 @@ export class RetryOneRank {
     this.moved();
     for (const to of this.succ) this.sendReplica(to, ckpt, false);
     // It is safe only once every rank has done the collectives before it (else a result only
-    // this rank holds could be lost with it): ask those not known to have.
-    for (let r = 0; r < this.size; r++) if (r !== this.rank && this.knownIndex[r]! < ckpt.index) this.ask(r, ckpt.index);
+    // this rank holds could be lost with it): ask those not known to have. A successor's
+    // replica asks it already (see onReplica).
+    for (let r = 0; r < this.size; r++) {
+      if (r !== this.rank && !this.succ.includes(r) && this.knownIndex[r]! < ckpt.index) this.ask(r, ckpt.index);
+    }
     this.checkSafe();
   }
 
   /**
-   * Sends checkpoint `c` to successor `to`. A new checkpoint (not a push) to a successor that
+   * Sends checkpoint `c` to successor `to`. One not yet safe is also this rank's `ask` for its
+   * index (see onReplica): it tells the successor that this rank has done those collectives.
+   * A new checkpoint (not a push) to a successor that
    * holds our safe one goes as what it adds to that (the codec's difference), unless `whole`
    * (the successor said it cannot take the difference) or the codec finds nothing to leave out.
    * The successor holds it if it is the incarnation the safe one was pushed to: that one
@@ -689,6 +694,7 @@ export class RetryOneRank {
       !safe && !whole && this.codec !== undefined && base !== null && base.pushed?.[to] === this.attempts[to]
         ? this.codec.diff(base.state.get(), state)
         : undefined;
+    if (!safe && c.index > this.told[to]!) this.told[to] = c.index;
     this.send(to, {
       t: "replica",
       view: this.viewNow(),
@@ -756,6 +762,7 @@ export class RetryOneRank {
     for (let r = 0; r < this.size; r++) {
       if (r === this.rank) continue;
       this.send(r, { t: "stored", view: this.viewNow(), version: p.version, index: p.index, detCount: p.detCount, consumed: p.consumed[r] ?? 0 });
+      if (p.index > this.told[r]!) this.told[r] = p.index; // it learns our index from it (onStored)
     }
     if (this.ckptCall) {
       this.ckptCall = false;
@@ -885,6 +892,7 @@ export class RetryOneRank {
     this.attempts = attempts;
     this.viewIdNow = attempts.reduce((s, a) => s + a, 0);
     this.down.delete(rank);
+    this.told[rank] = 0; // what we told its previous incarnation
     // Its previous incarnation's copies of our data died with it: push them again.
     if (this.succ.includes(rank) && !this.restoring) this.pushTo(rank);
     if (this.logsAcked !== null) {
@@ -893,9 +901,8 @@ export class RetryOneRank {
       this.updateGate();
     }
     // Its previous incarnation would have told us when it had done the collectives before
-    // our pending checkpoint: ask the new one.
-    this.told[rank] = 0; // what we told its previous incarnation
-    if (this.pending !== null && this.knownIndex[rank]! < this.pending.index) this.ask(rank, this.pending.index);
+    // our pending checkpoint: ask the new one (the push above asked a successor already).
+    if (this.pending !== null && this.knownIndex[rank]! < this.pending.index && this.told[rank]! < this.pending.index) this.ask(rank, this.pending.index);
     // The data it held for us is gone; the data we held for it stays (it restores from us).
     this.enterRecovery(true);
     const held = this.heldFrames;
@@ -985,10 +992,7 @@ export class RetryOneRank {
       case "stored":
         return this.onStored(from, frame);
       case "ask":
-        // It asks for the index it is at: it has done that many.
-        this.learnIndex(from, frame.index);
-        this.wants.set(from, Math.max(this.wants.get(from) ?? 0, frame.index));
-        return this.answerWants();
+        return this.onAsk(from, frame.index);
       case "done":
         return this.learnIndex(from, frame.index);
       case "logs":
@@ -1004,6 +1008,13 @@ export class RetryOneRank {
     }
   }
 
+  /** `from` asks to hear once this rank has done `index` collectives; it is at that index: it has done that many. */
+  private onAsk(from: number, index: number): void {
+    this.learnIndex(from, index);
+    this.wants.set(from, Math.max(this.wants.get(from) ?? 0, index));
+    this.answerWants();
+  }
+
   private heldFor(owner: number): HeldData {
     let h = this.held.get(owner);
     if (h === undefined) {
@@ -1014,7 +1025,17 @@ export class RetryOneRank {
     return h;
   }
 
+  /**
+   * A predecessor's checkpoint to hold. One not yet safe is also the owner's `ask` for its
+   * index: a checkpoint waits for every rank to have done the collectives before it, and its
+   * owner has done them (so successors are not sent an `ask` of their own).
+   */
   private onReplica(from: number, f: Extract<ProtoFrame, { t: "replica" }>): void {
+    this.holdReplica(from, f);
+    if (!f.safe) this.onAsk(from, f.index);
+  }
+
+  private holdReplica(from: number, f: Extract<ProtoFrame, { t: "replica" }>): void {
     const h = this.heldFor(from);
     let state = f.state;
     if (f.base !== undefined) {

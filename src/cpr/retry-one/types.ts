@@ -234,7 +234,10 @@ export type TransferPart =
 export type ProtoFrame =
   | { readonly t: "summary"; readonly view: readonly number[]; readonly round: number; readonly summary: Summary }
   | { readonly t: "xfer"; readonly view: readonly number[]; readonly round: number; readonly part: TransferPart }
-  /** The sender's checkpoint `version`, for a successor to hold (`safe`: already safe, a push after a restart). */
+  /**
+   * The sender's checkpoint `version`, for a successor to hold (`safe`: already safe, a push
+   * after a restart). Not yet safe, it is also the sender's `ask` for `index`.
+   */
   | {
       readonly t: "replica";
       readonly view: readonly number[];
