@@ -681,11 +681,11 @@ export class RetryOneRank {
   /**
    * Sends checkpoint `c` to successor `to`. One not yet safe is also this rank's `ask` for its
    * index (see onReplica): it tells the successor that this rank has done those collectives.
-   * A new checkpoint (not a push) to a successor that
-   * holds our safe one goes as what it adds to that (the codec's difference), unless `whole`
-   * (the successor said it cannot take the difference) or the codec finds nothing to leave out.
-   * The successor holds it if it is the incarnation the safe one was pushed to: that one
-   * acknowledged it (it is safe), and keeps it until a newer one of ours is safe.
+   * A new checkpoint (not a push) to a successor that holds our safe one goes as what it adds
+   * to that (the codec's difference), unless `whole` (the successor said it cannot take the
+   * difference) or the codec finds nothing to leave out. The successor holds it if it is the
+   * incarnation the safe one was pushed to: that one acknowledged it (it is safe), and keeps it
+   * until a newer one of ours is safe.
    */
   private sendReplica(to: number, c: OwnCheckpoint, safe: boolean, whole = false): void {
     const state = c.state.lend();
