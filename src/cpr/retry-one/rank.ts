@@ -902,7 +902,7 @@ export class RetryOneRank {
     }
     // Its previous incarnation would have told us when it had done the collectives before
     // our pending checkpoint: ask the new one (the push above asked a successor already).
-    if (this.pending !== null && this.knownIndex[rank]! < this.pending.index && this.told[rank]! < this.pending.index) this.ask(rank, this.pending.index);
+    if (this.pending !== null && this.knownIndex[rank]! < this.pending.index && this.told[rank] < this.pending.index) this.ask(rank, this.pending.index);
     // The data it held for us is gone; the data we held for it stays (it restores from us).
     this.enterRecovery(true);
     const held = this.heldFrames;
