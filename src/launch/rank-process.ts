@@ -144,9 +144,9 @@ export function resolveTsxLoader(): string {
  * mark-compact come within the young generation's capacity of it. retry-one's ranks got there
  * at 64 MiB about once a second (which of their allocations does it was not pinned down):
  * `lifeline run -n 4 --mode retry-one --durable-every 0 bench/programs/allreduce-loop.ts
- * --bytes 65536 --iters 3000 --checkpoint-every 72 --v8-flags=--trace-gc` made 10–16
- * mark-compacts (all ranks together) at 64 MiB and none at 128. The cost: a rank may hold up
- * to this much garbage, its own and received messages', before a mark-compact.
+ * --bytes 65536 --iters 3000 --checkpoint-every 72 --v8-flags=--trace-gc` made 13–15
+ * mark-compacts (all ranks together, three runs) at 64 MiB and none at 128. The cost: a rank
+ * may hold up to this much garbage, its own and received messages', before a mark-compact.
  */
 export const RANK_INITIAL_OLD_SPACE_MIB = 128;
 const RANK_V8_FLAGS: readonly string[] = [`--initial-old-space-size=${RANK_INITIAL_OLD_SPACE_MIB}`];

@@ -354,7 +354,8 @@ export class Supervisor {
 
   private startSpare(): void {
     this.sparesStarting++;
-    spawnSpare(this.runApp, this.spareEnv(), this.config.cwd).then(
+    // A spare runs on this host; the assignment brings its LIFELINE_ variables.
+    spawnSpare(this.runApp, this.inheritedEnv(true), this.config.cwd).then(
       (s) => {
         this.sparesStarting--;
         if (this.sparesUsable >= this.sparesWanted) {
@@ -386,11 +387,6 @@ export class Supervisor {
     this.spareTimer = undefined;
     for (const s of this.spares) s.kill();
     this.spares = [];
-  }
-
-  /** A spare's environment: the ranks' without their own LIFELINE_ variables (the assignment brings those). */
-  private spareEnv(): NodeJS.ProcessEnv {
-    return this.inheritedEnv(true);
   }
 
   /**

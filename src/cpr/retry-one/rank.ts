@@ -694,7 +694,7 @@ export class RetryOneRank {
       !safe && !whole && this.codec !== undefined && base !== null && base.pushed?.[to] === this.attempts[to]
         ? this.codec.diff(base.state.get(), state)
         : undefined;
-    if (!safe && c.index > this.told[to]!) this.told[to] = c.index;
+    if (!safe) this.toldIndex(to, c.index);
     this.send(to, {
       t: "replica",
       view: this.viewNow(),
@@ -711,6 +711,14 @@ export class RetryOneRank {
   /** Asks `r` to say once it has done `index` collectives; which says that this rank has. */
   private ask(r: number, index: number): void {
     this.send(r, { t: "ask", view: this.viewNow(), index });
+    this.toldIndex(r, index);
+  }
+
+  /**
+   * This rank just sent `r` a frame that says it has done `index` collectives: an ask, a replica
+   * not yet safe, or `stored`.
+   */
+  private toldIndex(r: number, index: number): void {
     if (index > this.told[r]!) this.told[r] = index;
   }
 
@@ -762,7 +770,7 @@ export class RetryOneRank {
     for (let r = 0; r < this.size; r++) {
       if (r === this.rank) continue;
       this.send(r, { t: "stored", view: this.viewNow(), version: p.version, index: p.index, detCount: p.detCount, consumed: p.consumed[r] ?? 0 });
-      if (p.index > this.told[r]!) this.told[r] = p.index; // it learns our index from it (onStored)
+      this.toldIndex(r, p.index); // it learns our index from it (onStored)
     }
     if (this.ckptCall) {
       this.ckptCall = false;
