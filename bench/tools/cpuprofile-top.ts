@@ -45,15 +45,21 @@ function label(cf: CallFrame): string {
   return `${cf.functionName || "(anonymous)"}${file}`;
 }
 
-function summarize(file: string, top: number): void {
+function summarize(file: string, top: number, lastS: number | undefined): void {
   const p = JSON.parse(readFileSync(file, "utf8")) as Profile;
   const byId = new Map<number, ProfileNode>(p.nodes.map((n) => [n.id, n]));
+  const fromUs = lastS === undefined ? p.startTime : Math.max(p.startTime, p.endTime - lastS * 1e6);
   const self = new Map<number, number>();
+  // A sample's time delta is the time since the one before: each sample stands for that much.
+  let t = p.startTime;
   for (let i = 0; i < p.samples.length; i++) {
+    const dt = p.timeDeltas[i] ?? 0;
+    t += dt;
+    if (t < fromUs) continue;
     const id = p.samples[i]!;
-    self.set(id, (self.get(id) ?? 0) + (p.timeDeltas[i] ?? 0));
+    self.set(id, (self.get(id) ?? 0) + dt);
   }
-  const totalUs = p.endTime - p.startTime;
+  const totalUs = p.endTime - fromUs;
   const areas = new Map<string, number>();
   const fns = new Map<string, number>();
   for (const [id, us] of self) {
@@ -63,7 +69,7 @@ function summarize(file: string, top: number): void {
   }
   const busyUs = totalUs - (areas.get("idle") ?? 0);
   process.stdout.write(
-    `\n== ${path.basename(file)}: ${(totalUs / 1e6).toFixed(2)} s profiled, main thread busy ${(busyUs / 1e6).toFixed(2)} s (${((100 * busyUs) / totalUs).toFixed(0)}%)\n`,
+    `\n== ${path.basename(file)}: ${(totalUs / 1e6).toFixed(2)} s profiled${lastS === undefined ? "" : " (its last)"}, main thread busy ${(busyUs / 1e6).toFixed(2)} s (${((100 * busyUs) / totalUs).toFixed(0)}%)\n`,
   );
   process.stdout.write("  by area (self time, share of busy):\n");
   for (const [a, us] of [...areas].filter(([a]) => a !== "idle").sort((x, y) => y[1] - x[1])) {
@@ -77,13 +83,15 @@ function summarize(file: string, top: number): void {
 
 const argv = process.argv.slice(2);
 let top = 25;
+let lastS: number | undefined;
 const files: string[] = [];
 for (let i = 0; i < argv.length; i++) {
   if (argv[i] === "--top") top = Number(argv[++i]);
+  else if (argv[i] === "--last-s") lastS = Number(argv[++i]);
   else files.push(argv[i]!);
 }
-if (files.length === 0) {
-  process.stderr.write("usage: node --import tsx bench/tools/cpuprofile-top.ts [--top N] <file.cpuprofile>...\n");
+if (files.length === 0 || !(top > 0) || (lastS !== undefined && !(lastS > 0))) {
+  process.stderr.write("usage: node --import tsx bench/tools/cpuprofile-top.ts [--top N] [--last-s S] <file.cpuprofile>...\n");
   process.exit(2);
 }
-for (const f of files) summarize(f, top);
+for (const f of files) summarize(f, top, lastS);
