@@ -481,17 +481,21 @@ interface Measured {
   cpuPerOpS: number;
   loopPerOpS: number;
   faultsPerOp: number;
+  gcPerOpS: number;
+  majorGcsPerOp: number;
 }
 
 async function measure(job: Job, c: Case, iters: number): Promise<Measured> {
   const op = opOf(c.bench);
-  const { seconds, cpuS, loopS, minorFaults } = await job.run(op, c.bytes, iters);
+  const { seconds, cpuS, loopS, minorFaults, gcS, majorGcs } = await job.run(op, c.bytes, iters);
   return {
     wallS: Math.max(...seconds),
     perOpS: perOpSeconds(op, iters, seconds),
     cpuPerOpS: cpuPerOpSeconds(op, iters, cpuS),
     loopPerOpS: cpuPerOpSeconds(op, iters, loopS),
     faultsPerOp: cpuPerOpSeconds(op, iters, minorFaults),
+    gcPerOpS: cpuPerOpSeconds(op, iters, gcS),
+    majorGcsPerOp: cpuPerOpSeconds(op, iters, majorGcs),
   };
 }
 
@@ -546,6 +550,8 @@ async function runCase(c: Case, pool: JobPool, opts: Options, peers: PeersFile):
       cpuPerOpS: number[];
       loopPerOpS: number[];
       faultsPerOp: number[];
+      gcPerOpS: number[];
+      majorGcsPerOp: number[];
     }
   >();
   const drop = (role: Role, err: unknown): void => {
@@ -560,7 +566,17 @@ async function runCase(c: Case, pool: JobPool, opts: Options, peers: PeersFile):
       const warm = await warmUp(job, c, cal.iters, warmupOf(c, opts.warmupMs));
       // Calibrated while still warming up: scaled to the target by the last warm-up block.
       const iters = opts.warmupMs === 0 ? cal.iters : Math.min(100_000, Math.max(1, Math.round((cal.iters * targetS) / Math.max(warm.lastWallS, 1e-9))));
-      state.set(role, { iters, calibration: cal.probes, warmupPerOpS: warm.perOpS, perOpS: [], cpuPerOpS: [], loopPerOpS: [], faultsPerOp: [] });
+      state.set(role, {
+        iters,
+        calibration: cal.probes,
+        warmupPerOpS: warm.perOpS,
+        perOpS: [],
+        cpuPerOpS: [],
+        loopPerOpS: [],
+        faultsPerOp: [],
+        gcPerOpS: [],
+        majorGcsPerOp: [],
+      });
     } catch (err) {
       drop(role, err);
     }
@@ -577,6 +593,8 @@ async function runCase(c: Case, pool: JobPool, opts: Options, peers: PeersFile):
         s.cpuPerOpS.push(m.cpuPerOpS);
         s.loopPerOpS.push(m.loopPerOpS);
         s.faultsPerOp.push(m.faultsPerOp);
+        s.gcPerOpS.push(m.gcPerOpS);
+        s.majorGcsPerOp.push(m.majorGcsPerOp);
       } catch (err) {
         drop(role, err);
       }
@@ -602,6 +620,8 @@ async function runCase(c: Case, pool: JobPool, opts: Options, peers: PeersFile):
       medianCpuUs: median(s.cpuPerOpS) * 1e6,
       medianLoopUs: median(s.loopPerOpS) * 1e6,
       medianMinorFaults: median(s.faultsPerOp),
+      medianGcUs: median(s.gcPerOpS) * 1e6,
+      medianMajorGcs: median(s.majorGcsPerOp),
     };
   };
   const subject = variant("subject");
@@ -764,7 +784,7 @@ async function main(): Promise<void> {
             `    ${col.subject} ${fmt(r.subject?.value)} ${u} (${r.subject?.iters ?? "-"} ops/timing)` +
               `, ${col.baseline} ${fmt(r.baseline?.value)} ${u} (${r.baseline?.iters ?? "-"} ops/timing)` +
               `, CPU/op ${fmt(r.subject?.medianCpuUs)} / ${fmt(r.baseline?.medianCpuUs)} us` +
-              ` (main loop ${fmt(r.subject?.medianLoopUs)} / ${fmt(r.baseline?.medianLoopUs)} us; page faults ${fmt(r.subject?.medianMinorFaults)} / ${fmt(r.baseline?.medianMinorFaults)})` +
+              ` (main loop ${fmt(r.subject?.medianLoopUs)} / ${fmt(r.baseline?.medianLoopUs)} us; page faults ${fmt(r.subject?.medianMinorFaults)} / ${fmt(r.baseline?.medianMinorFaults)}; GC ${fmt(r.subject?.medianGcUs)} / ${fmt(r.baseline?.medianGcUs)} us, mark-compacts ${fmt(r.subject?.medianMajorGcs)} / ${fmt(r.baseline?.medianMajorGcs)})` +
               `, ${col.subjectShort}/${col.baselineShort} ${fmtRatio(r.ratio)}` +
               (col.peers ? `, ${col.subjectShort}/MPI-TCP ${fmtRatio(r.ratioMpiTcp)}` : "") +
               (r.target ? `, target ${r.target.text}: ${r.target.met === null ? "n/a" : r.target.met ? "met" : "NOT met"}` : "") +
@@ -820,6 +840,7 @@ async function main(): Promise<void> {
     method: {
       cpu: "CPU seconds per op summed over the job's processes (process.cpuUsage, all threads)",
       minorFaults: "minor page faults per op summed over the job's processes (process.resourceUsage)",
+      gc: "garbage-collection pauses (us) and full mark-compacts per op summed over the job's processes (Node's gc performance entries; one that ends a block may count toward the next)",
       loop: "event-loop-active seconds per op summed over the job's processes (performance.eventLoopUtilization: main thread not waiting in epoll)",
       variants:
         "each case compares a subject job with a baseline job (results[].kinds; each figure names its job and kind): " +

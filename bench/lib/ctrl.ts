@@ -23,8 +23,11 @@ export type ProcMessage =
   | { t: "hello"; rank: number; size: number; pid: number; endpoint?: string; transport?: string; info?: Record<string, unknown> }
   /** A raw process has connected to its peers and can run commands. */
   | { t: "ready"; rank: number }
-  /** A command finished: this rank's wall, process CPU and event-loop-active time for the block. */
-  | { t: "done"; seq: number; rank: number; seconds: number; cpuS: number; loopS: number; minorFaults: number }
+  /**
+   * A command finished: this rank's wall, process CPU and event-loop-active time for the block,
+   * its page faults, and its garbage collections (pauses, and how many were full ones).
+   */
+  | { t: "done"; seq: number; rank: number; seconds: number; cpuS: number; loopS: number; minorFaults: number; gcS: number; majorGcs: number }
   /** A command failed in this process (the harness stops the job). */
   | { t: "error"; seq: number; rank: number; message: string };
 

@@ -77,7 +77,11 @@ export abstract class Job {
   abstract tail(): string;
 
   /** Runs one timed block on every rank; resolves to each rank's wall and CPU seconds. */
-  async run(bench: BenchName, bytes: number, iters: number): Promise<{ seconds: number[]; cpuS: number[]; loopS: number[]; minorFaults: number[] }> {
+  async run(
+    bench: BenchName,
+    bytes: number,
+    iters: number,
+  ): Promise<{ seconds: number[]; cpuS: number[]; loopS: number[]; minorFaults: number[]; gcS: number[]; majorGcs: number[] }> {
     if (this.broken !== undefined) throw this.broken;
     const seq = ++this.seq;
     try {
@@ -87,6 +91,8 @@ export abstract class Job {
       const cpuS: number[] = [];
       const loopS: number[] = [];
       const minorFaults: number[] = [];
+      const gcS: number[] = [];
+      const majorGcs: number[] = [];
       replies.forEach((m, r) => {
         if (m.t === "error") throw new Error(`${this.name} rank ${r}: ${m.message}`);
         if (m.t !== "done" || m.seq !== seq) throw new Error(`${this.name} rank ${r}: unexpected reply ${JSON.stringify(m)}`);
@@ -95,8 +101,10 @@ export abstract class Job {
         cpuS.push(m.cpuS);
         loopS.push(m.loopS);
         minorFaults.push(m.minorFaults);
+        gcS.push(m.gcS);
+        majorGcs.push(m.majorGcs);
       });
-      return { seconds, cpuS, loopS, minorFaults };
+      return { seconds, cpuS, loopS, minorFaults, gcS, majorGcs };
     } catch (err) {
       this.broken = err as Error;
       throw err;

@@ -5,6 +5,7 @@
  */
 import { CtrlClient, exitWithParent, programArgs, type HarnessMessage } from "./ctrl.ts";
 import path from "node:path";
+import { constants as perfConstants, type PerformanceEntry, PerformanceObserver } from "node:perf_hooks";
 import type { BenchName } from "./plan.ts";
 import { startProfile } from "./profile.ts";
 
@@ -75,10 +76,35 @@ export interface BlockTime {
   loopS: number;
   /** Minor page faults of the process during the block (fresh memory being touched). */
   minorFaults: number;
+  /** V8's garbage-collection pauses on the main thread during the block (seconds; see gcTally). */
+  gcS: number;
+  /** Full (mark-compact) collections during the block. */
+  majorGcs: number;
+}
+
+/**
+ * Garbage collections of this process so far, as Node reports them (`gc` performance entries:
+ * every pause, and whether it was a full mark-compact). Node delivers an entry shortly after
+ * its pause, so one at the very end of a block may count toward the next block; over many
+ * blocks that evens out.
+ */
+const gcTally = { s: 0, majors: 0, observer: undefined as PerformanceObserver | undefined };
+
+function countGc(entries: readonly PerformanceEntry[]): void {
+  for (const e of entries) {
+    gcTally.s += e.duration / 1000;
+    if ((e as PerformanceEntry & { detail?: { kind?: number } }).detail?.kind === perfConstants.NODE_PERFORMANCE_GC_MAJOR) gcTally.majors++;
+  }
 }
 
 /** Starts the clocks; the returned function reads them all. */
 export function startClock(): () => BlockTime {
+  if (gcTally.observer === undefined) {
+    gcTally.observer = new PerformanceObserver((list) => countGc(list.getEntries()));
+    gcTally.observer.observe({ entryTypes: ["gc"] });
+  }
+  const gcS0 = gcTally.s;
+  const majors0 = gcTally.majors;
   const faults0 = process.resourceUsage().minorPageFault;
   const elu0 = performance.eventLoopUtilization();
   const cpu0 = process.cpuUsage();
@@ -88,7 +114,8 @@ export function startClock(): () => BlockTime {
     const cpu = process.cpuUsage(cpu0);
     const elu = performance.eventLoopUtilization(elu0);
     const minorFaults = process.resourceUsage().minorPageFault - faults0;
-    return { seconds, cpuS: (cpu.user + cpu.system) / 1e6, loopS: elu.active / 1000, minorFaults };
+    countGc(gcTally.observer?.takeRecords() ?? []);
+    return { seconds, cpuS: (cpu.user + cpu.system) / 1e6, loopS: elu.active / 1000, minorFaults, gcS: gcTally.s - gcS0, majorGcs: gcTally.majors - majors0 };
   };
 }
 

@@ -42,6 +42,10 @@ export interface VariantResult {
   medianLoopUs: number;
   /** Median minor page faults per operation, summed over processes (fresh memory touched). */
   medianMinorFaults: number;
+  /** Median garbage-collection pause per operation, summed over processes (us). */
+  medianGcUs: number;
+  /** Median full (mark-compact) collections per operation, summed over processes. */
+  medianMajorGcs: number;
 }
 
 export interface CaseResult {

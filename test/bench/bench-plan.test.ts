@@ -229,6 +229,8 @@ function variant(job: string, kind: JobKind, us: number, cpuUs: number): Variant
     medianCpuUs: cpuUs,
     medianLoopUs: cpuUs / 2,
     medianMinorFaults: 1,
+    medianGcUs: cpuUs / 10,
+    medianMajorGcs: 0,
   };
 }
 
