@@ -104,6 +104,8 @@ export class World implements WorldApi {
    */
   private abortWaiters: (() => void)[] | undefined;
   private abortWait: Timer | undefined;
+  /** The bound on unmatched messages was passed: the job is stopping (see checkBacklog). */
+  private overBacklog = false;
   private readonly faults: FaultPlan;
   private steps = 0;
   private lastStepReport = 0;
@@ -392,6 +394,8 @@ export class World implements WorldApi {
    * `classify`: show it to the mode first (frames from peers, first arrival).
    */
   private arrive(header: Header, body: Buffer[], rawHeader: Buffer, classify: boolean): void {
+    // Past the bound on unmatched messages the job is stopping: nothing more is kept meanwhile.
+    if (this.overBacklog && header.kind !== Kind.protocol) return;
     // An application message that does not decode is dropped before the mode sees it (cpr
     // would log it, and deliver it again after a restore).
     let data: unknown;
@@ -431,7 +435,8 @@ export class World implements WorldApi {
    */
   private checkBacklog(): void {
     const bytes = this.matcher.unexpectedBytes + this.runner.colls.filedBytes;
-    if (bytes <= this.place.maxUnexpectedBytes || this.failure !== undefined) return;
+    if (bytes <= this.place.maxUnexpectedBytes || this.failure !== undefined || this.overBacklog) return;
+    this.overBacklog = true;
     const from = this.matcher.largestSource();
     this.fatal(
       new LifelineError(
@@ -439,7 +444,9 @@ export class World implements WorldApi {
         `rank ${this.rank} holds ${bytes} bytes of messages no receive has taken (${this.matcher.unexpectedCount} application messages${from < 0 ? "" : `, most from rank ${from}`}), more than the job's bound of ${this.place.maxUnexpectedBytes} bytes (--max-unexpected): post receives for them, or raise the bound`,
       ),
     );
-    this.abortLocal(new LifelineError("MPI_LIMIT", "too many unmatched messages (see the error above)"));
+    // As for every fatal error: the program's calls fail once the coordinator has the abort, or
+    // a program that dies of the error could exit first, and the launcher would report a crash.
+    this.afterAbort(() => this.abortLocal(new LifelineError("MPI_LIMIT", "too many unmatched messages (see the error above)")));
   }
 
   private onProtocol(header: Header, body: Buffer[]): void {

@@ -120,6 +120,8 @@ export interface SimClusterOptions {
   readonly partitions?: SimPartitionOptions;
   /** Data sends to a dead incarnation wait until the sender connects its successor, or (`"until-close"`) until its transport closes (see SimHostOptions). */
   readonly blockSendsToDead?: boolean | "until-close";
+  /** Every rank's bound on unmatched messages (`--max-unexpected`; default the launcher's). */
+  readonly maxUnexpectedBytes?: number;
 }
 
 export interface SimLeaseOptions {
@@ -182,7 +184,16 @@ export interface CommittedLine {
 export type RankEnd =
   | { readonly kind: "running" }
   | { readonly kind: "finalized"; readonly returned: unknown }
-  | { readonly kind: "rejected"; readonly code: string; readonly message: string }
+  | {
+      readonly kind: "rejected";
+      readonly code: string;
+      readonly message: string;
+      /**
+       * The coordinator had this rank's own abort when the program's error came (a real rank
+       * whose program dies of the error exits then: the launcher must know why first).
+       */
+      readonly ownAbortHeard: boolean;
+    }
   | { readonly kind: "crashed" }
   /** Declared dead (silent for the failure timeout) while cut off: it may still run, in isolation. */
   | { readonly kind: "lost" }
@@ -765,7 +776,7 @@ export class SimCluster {
       heartbeatMs: 500,
       failureTimeoutMs: this.retryOne?.failureTimeoutMs ?? 5000,
       maxMessageBytes: DEFAULT_MAX_MESSAGE_BYTES,
-      maxUnexpectedBytes: DEFAULT_MAX_UNEXPECTED_BYTES,
+      maxUnexpectedBytes: this.opts.maxUnexpectedBytes ?? DEFAULT_MAX_UNEXPECTED_BYTES,
       bulkBytesMin: simBulkBytesMin(this.opts.seed),
     };
   }
@@ -867,7 +878,12 @@ export class SimCluster {
         this.processEnds(rank, attempt);
         if (!mine()) return;
         const e = err as { code?: unknown; message?: unknown };
-        this.ends[rank] = { kind: "rejected", code: typeof e?.code === "string" ? e.code : "NONE", message: String(e?.message ?? err) };
+        this.ends[rank] = {
+          kind: "rejected",
+          code: typeof e?.code === "string" ? e.code : "NONE",
+          message: String(e?.message ?? err),
+          ownAbortHeard: this.coordinator.aborts.some((a) => a.rank === rank),
+        };
       },
     );
   }

@@ -16,6 +16,17 @@ const ring: SimProgram = async (world) => {
   return { got: got.data.from, sum };
 };
 
+/** Rank 0 floods rank 1 with messages no receive takes; rank 1 waits for one that never comes. */
+const flood: SimProgram = async (world) => {
+  if (world.rank === 0) {
+    for (let i = 0; i < 64; i++) await world.send(new Uint8Array(4096), 1, 9);
+    await world.recv(1, 1);
+  } else {
+    await world.recv(world.rank === 1 ? 2 : 1, 1);
+  }
+  return null;
+};
+
 describe("SimCluster", () => {
   it("runs a ring and an allreduce to the expected results", async () => {
     for (const seed of [1, 2, 3]) {
@@ -50,5 +61,16 @@ describe("SimCluster", () => {
     }
     // Some seeds must really crash a rank before the release, or this checks nothing.
     expect(failed).toBeGreaterThan(0);
+  });
+
+  it("a rank past --max-unexpected aborts the job before its program sees the error", async () => {
+    // A real rank's program that dies of the error exits at once: had the coordinator not
+    // heard the abort by then, the launcher would report a crash instead of MPI_LIMIT.
+    for (let seed = 0; seed < 10; seed++) {
+      const out = await new SimCluster({ seed, size: 3, mode: "none", program: flood, delayMaxMs: 5, maxUnexpectedBytes: 64 * 1024 }).run();
+      expect(out.status, out.report).toBe("failed");
+      expect(out.aborts[0], out.report).toMatchObject({ rank: 1, code: "MPI_LIMIT", message: expect.stringMatching(/most from rank 0/) });
+      expect(out.ends[1], out.report).toMatchObject({ kind: "rejected", ownAbortHeard: true });
+    }
   });
 });
