@@ -28,7 +28,7 @@ describe("startClock", () => {
   });
 
   it("does not count collections from before the block", async () => {
-    // The first clock starts the tally; this one's collections end before the next block.
+    // A block with a collection, then one without: the second counts none of the first's.
     const first = startClock();
     gc();
     await turn();
