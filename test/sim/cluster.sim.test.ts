@@ -1,6 +1,8 @@
 /**
  * Goal: the simulator itself works — real Worlds rendezvous, talk and finalize over the
- * simulated network, a seed replays exactly, crashes in mode none fail the job without a hang.
+ * simulated network, a seed replays exactly, crashes in mode none fail the job without a hang,
+ * and a rank past its bound on unmatched messages has the coordinator hear its abort before its
+ * program sees the error.
  * Method: small hand-written programs under a few seeds; the swarm tests build on this.
  */
 import { describe, expect, it } from "vitest";
