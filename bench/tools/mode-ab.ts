@@ -199,14 +199,12 @@ try {
           .map((m) => fields.map((f) => ratio(m, f)).join(" | "))
           .join(" | ")} |`,
     );
-    const ckpts = modes.map((m) => by.get(m)!.flatMap((r) => (r.ckpt === undefined ? [] : [r.ckpt])));
-    if (ckpts.every((c) => c.length === rounds)) {
-      const ms = ckpts.map((c) => median(c.map((k) => k.ms)));
-      const cpu = ckpts.map((c) => median(c.map((k) => k.cpuMs)));
+    if (modes.every((m) => by.get(m)!.every((r) => r.ckpt !== undefined))) {
+      const ckptFields: ((r: Run) => number)[] = [(r) => r.ckpt!.ms, (r) => r.ckpt!.cpuMs];
       ckptLines.push(
-        `| ${sizeLabel(bytes)} | ${modes.map((_, i) => `${fmt(ms[i]!)} | ${fmt(cpu[i]!)}`).join(" | ")} | ${modes
+        `| ${sizeLabel(bytes)} | ${modes.map((m) => ckptFields.map((f) => fmt(med(m, f))).join(" | ")).join(" | ")} | ${modes
           .slice(1)
-          .map((_, i) => `${(ms[i + 1]! / ms[0]!).toFixed(2)}x | ${(cpu[i + 1]! / cpu[0]!).toFixed(2)}x`)
+          .map((m) => ckptFields.map((f) => ratio(m, f)).join(" | "))
           .join(" | ")} |`,
       );
     }
