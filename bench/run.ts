@@ -483,11 +483,13 @@ interface Measured {
   faultsPerOp: number;
   gcPerOpS: number;
   majorGcsPerOp: number;
+  /** The processes' mean young-generation size at the block's end (MiB). */
+  youngMiB: number;
 }
 
 async function measure(job: Job, c: Case, iters: number): Promise<Measured> {
   const op = opOf(c.bench);
-  const { seconds, cpuS, loopS, minorFaults, gcS, majorGcs } = await job.run(op, c.bytes, iters);
+  const { seconds, cpuS, loopS, minorFaults, gcS, majorGcs, youngMiB } = await job.run(op, c.bytes, iters);
   return {
     wallS: Math.max(...seconds),
     perOpS: perOpSeconds(op, iters, seconds),
@@ -496,6 +498,7 @@ async function measure(job: Job, c: Case, iters: number): Promise<Measured> {
     faultsPerOp: cpuPerOpSeconds(op, iters, minorFaults),
     gcPerOpS: cpuPerOpSeconds(op, iters, gcS),
     majorGcsPerOp: cpuPerOpSeconds(op, iters, majorGcs),
+    youngMiB: youngMiB.reduce((a, b) => a + b, 0) / youngMiB.length,
   };
 }
 
@@ -552,6 +555,7 @@ async function runCase(c: Case, pool: JobPool, opts: Options, peers: PeersFile):
       faultsPerOp: number[];
       gcPerOpS: number[];
       majorGcsPerOp: number[];
+      youngMiB: number[];
     }
   >();
   const drop = (role: Role, err: unknown): void => {
@@ -576,6 +580,7 @@ async function runCase(c: Case, pool: JobPool, opts: Options, peers: PeersFile):
         faultsPerOp: [],
         gcPerOpS: [],
         majorGcsPerOp: [],
+        youngMiB: [],
       });
     } catch (err) {
       drop(role, err);
@@ -595,6 +600,7 @@ async function runCase(c: Case, pool: JobPool, opts: Options, peers: PeersFile):
         s.faultsPerOp.push(m.faultsPerOp);
         s.gcPerOpS.push(m.gcPerOpS);
         s.majorGcsPerOp.push(m.majorGcsPerOp);
+        s.youngMiB.push(m.youngMiB);
       } catch (err) {
         drop(role, err);
       }
@@ -622,6 +628,7 @@ async function runCase(c: Case, pool: JobPool, opts: Options, peers: PeersFile):
       medianMinorFaults: median(s.faultsPerOp),
       medianGcUs: median(s.gcPerOpS) * 1e6,
       medianMajorGcs: median(s.majorGcsPerOp),
+      medianYoungMiB: median(s.youngMiB),
     };
   };
   const subject = variant("subject");
@@ -784,7 +791,7 @@ async function main(): Promise<void> {
             `    ${col.subject} ${fmt(r.subject?.value)} ${u} (${r.subject?.iters ?? "-"} ops/timing)` +
               `, ${col.baseline} ${fmt(r.baseline?.value)} ${u} (${r.baseline?.iters ?? "-"} ops/timing)` +
               `, CPU/op ${fmt(r.subject?.medianCpuUs)} / ${fmt(r.baseline?.medianCpuUs)} us` +
-              ` (main loop ${fmt(r.subject?.medianLoopUs)} / ${fmt(r.baseline?.medianLoopUs)} us; page faults ${fmt(r.subject?.medianMinorFaults)} / ${fmt(r.baseline?.medianMinorFaults)}; GC ${fmt(r.subject?.medianGcUs)} / ${fmt(r.baseline?.medianGcUs)} us, mark-compacts ${fmt(r.subject?.medianMajorGcs)} / ${fmt(r.baseline?.medianMajorGcs)})` +
+              ` (main loop ${fmt(r.subject?.medianLoopUs)} / ${fmt(r.baseline?.medianLoopUs)} us; page faults ${fmt(r.subject?.medianMinorFaults)} / ${fmt(r.baseline?.medianMinorFaults)}; GC ${fmt(r.subject?.medianGcUs)} / ${fmt(r.baseline?.medianGcUs)} us, mark-compacts ${fmt(r.subject?.medianMajorGcs)} / ${fmt(r.baseline?.medianMajorGcs)}; young gen ${fmt(r.subject?.medianYoungMiB)} / ${fmt(r.baseline?.medianYoungMiB)} MiB)` +
               `, ${col.subjectShort}/${col.baselineShort} ${fmtRatio(r.ratio)}` +
               (col.peers ? `, ${col.subjectShort}/MPI-TCP ${fmtRatio(r.ratioMpiTcp)}` : "") +
               (r.target ? `, target ${r.target.text}: ${r.target.met === null ? "n/a" : r.target.met ? "met" : "NOT met"}` : "") +
@@ -841,6 +848,7 @@ async function main(): Promise<void> {
       cpu: "CPU seconds per op summed over the job's processes (process.cpuUsage, all threads)",
       minorFaults: "minor page faults per op summed over the job's processes (process.resourceUsage)",
       gc: "garbage-collection pauses (us) and full mark-compacts per op summed over the job's processes (Node's gc performance entries; one that ends a block may count toward the next)",
+      young: "the capacity of V8's young generation (new space) at each timed block's end, MiB, mean over the job's processes; median over the blocks",
       loop: "event-loop-active seconds per op summed over the job's processes (performance.eventLoopUtilization: main thread not waiting in epoll)",
       variants:
         "each case compares a subject job with a baseline job (results[].kinds; each figure names its job and kind): " +

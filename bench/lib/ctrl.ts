@@ -25,9 +25,10 @@ export type ProcMessage =
   | { t: "ready"; rank: number }
   /**
    * A command finished: this rank's wall, process CPU and event-loop-active time for the block,
-   * its page faults, and its garbage collections (pauses, and how many were full ones).
+   * its page faults, its garbage collections (pauses, and how many were full ones), and the
+   * size of its young generation at the end (MiB).
    */
-  | { t: "done"; seq: number; rank: number; seconds: number; cpuS: number; loopS: number; minorFaults: number; gcS: number; majorGcs: number }
+  | { t: "done"; seq: number; rank: number; seconds: number; cpuS: number; loopS: number; minorFaults: number; gcS: number; majorGcs: number; youngMiB: number }
   /** A command failed in this process (the harness stops the job). */
   | { t: "error"; seq: number; rank: number; message: string };
 

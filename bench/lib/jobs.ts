@@ -81,7 +81,7 @@ export abstract class Job {
     bench: BenchName,
     bytes: number,
     iters: number,
-  ): Promise<{ seconds: number[]; cpuS: number[]; loopS: number[]; minorFaults: number[]; gcS: number[]; majorGcs: number[] }> {
+  ): Promise<{ seconds: number[]; cpuS: number[]; loopS: number[]; minorFaults: number[]; gcS: number[]; majorGcs: number[]; youngMiB: number[] }> {
     if (this.broken !== undefined) throw this.broken;
     const seq = ++this.seq;
     try {
@@ -93,6 +93,7 @@ export abstract class Job {
       const minorFaults: number[] = [];
       const gcS: number[] = [];
       const majorGcs: number[] = [];
+      const youngMiB: number[] = [];
       replies.forEach((m, r) => {
         if (m.t === "error") throw new Error(`${this.name} rank ${r}: ${m.message}`);
         if (m.t !== "done" || m.seq !== seq) throw new Error(`${this.name} rank ${r}: unexpected reply ${JSON.stringify(m)}`);
@@ -103,8 +104,9 @@ export abstract class Job {
         minorFaults.push(m.minorFaults);
         gcS.push(m.gcS);
         majorGcs.push(m.majorGcs);
+        youngMiB.push(m.youngMiB);
       });
-      return { seconds, cpuS, loopS, minorFaults, gcS, majorGcs };
+      return { seconds, cpuS, loopS, minorFaults, gcS, majorGcs, youngMiB };
     } catch (err) {
       this.broken = err as Error;
       throw err;

@@ -6,6 +6,7 @@
 import { CtrlClient, exitWithParent, programArgs, type HarnessMessage } from "./ctrl.ts";
 import path from "node:path";
 import { constants as perfConstants, type PerformanceEntry, PerformanceObserver } from "node:perf_hooks";
+import { getHeapSpaceStatistics } from "node:v8";
 import type { BenchName } from "./plan.ts";
 import { startProfile } from "./profile.ts";
 
@@ -80,6 +81,18 @@ export interface BlockTime {
   gcS: number;
   /** Full (mark-compact) collections during the block. */
   majorGcs: number;
+  /**
+   * The capacity of V8's young generation (its new space) at the block's end, in MiB. V8 sizes
+   * it by how much survives its collections and shrinks it when the process allocates little
+   * (an idle one); a smaller one is collected more often and promotes more to the old one.
+   */
+  youngMiB: number;
+}
+
+/** The young generation's capacity now, in MiB (read after a block's clocks stopped). */
+function youngGenerationMiB(): number {
+  for (const s of getHeapSpaceStatistics()) if (s.space_name === "new_space") return s.space_size / (1024 * 1024);
+  return 0;
 }
 
 /**
@@ -115,7 +128,15 @@ export function startClock(): () => BlockTime {
     const elu = performance.eventLoopUtilization(elu0);
     const minorFaults = process.resourceUsage().minorPageFault - faults0;
     countGc(gcTally.observer?.takeRecords() ?? []);
-    return { seconds, cpuS: (cpu.user + cpu.system) / 1e6, loopS: elu.active / 1000, minorFaults, gcS: gcTally.s - gcS0, majorGcs: gcTally.majors - majors0 };
+    return {
+      seconds,
+      cpuS: (cpu.user + cpu.system) / 1e6,
+      loopS: elu.active / 1000,
+      minorFaults,
+      gcS: gcTally.s - gcS0,
+      majorGcs: gcTally.majors - majors0,
+      youngMiB: youngGenerationMiB(),
+    };
   };
 }
 

@@ -46,6 +46,8 @@ export interface VariantResult {
   medianGcUs: number;
   /** Median full (mark-compact) collections per operation, summed over processes. */
   medianMajorGcs: number;
+  /** Median over the timed blocks of the processes' mean young-generation size at a block's end (MiB). */
+  medianYoungMiB: number;
 }
 
 export interface CaseResult {

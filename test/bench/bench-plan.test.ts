@@ -231,6 +231,7 @@ function variant(job: string, kind: JobKind, us: number, cpuUs: number): Variant
     medianMinorFaults: 1,
     medianGcUs: cpuUs / 10,
     medianMajorGcs: 0,
+    medianYoungMiB: 8,
   };
 }
 
