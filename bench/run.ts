@@ -502,28 +502,59 @@ async function measure(job: Job, c: Case, iters: number): Promise<Measured> {
   };
 }
 
+/** One variant of a case while it warms up (see warmUp). */
+interface Warming {
+  readonly role: Role;
+  readonly job: Job;
+  /** Operations per block (the calibrated count), and the calibration's probes `[iters, seconds]`. */
+  readonly iters: number;
+  readonly calibration: [number, number][];
+  /** Seconds per operation of each warm-up block, in order. */
+  readonly perOpS: number[];
+  /** The wall time of the last block (the slowest rank's), to scale the timed blocks by. */
+  lastWallS: number;
+  ops: number;
+  /** The harness's time spent on this variant's blocks, in ms. */
+  ownMs: number;
+}
+
 /**
- * Untimed blocks of case `c` for about `ms` (at least one); their seconds per operation, in
- * order. A process runs the message path up to 3x slower for its first thousands of
+ * Untimed blocks of case `c` in every variant, alternating between them as the timed blocks
+ * do (S B, B S, ...), until each has run about `w.ms` of its own blocks (at least one block;
+ * for the mode families also `w.minOps` operations, within `w.maxMs`). A variant that is done
+ * keeps running blocks while another is not, so that none of them sits idle before the timing.
+ *
+ * Why warm up: a process runs the message path up to 3x slower for its first thousands of
  * operations, while V8 compiles it and grows its heap (a 4-rank allreduce of 8 B: 400–810 us
  * per operation in its first warm-up blocks, 256–276 in its last, in one run; bench/README.md,
  * Method); timing inside that window measures the warm-up, not the message path, and tilts
- * each session's first cases against the larger program.
+ * each session's first cases against the larger program. Why alternate: warmed one after the
+ * other, the first variant sat idle while the others warmed (12 s in the mode families). V8
+ * resizes a process's young generation at its collections, and shrinks it when the process
+ * allocated less than about 1 MB a second lately (V8's Heap::ShouldResizeNewSpace), as an idle
+ * one does; it grows again only as more survives. A smaller one is collected more often and
+ * promotes more: that variant was timed out of its steady state (the retry-one family at
+ * 64 KiB: retry-one's ranks at 2 MiB against mode none's 4, and 1.22x mode none's time; see
+ * bench/README.md, Method). `drop` takes out a variant whose block failed.
  */
-async function warmUp(job: Job, c: Case, iters: number, w: { ms: number; minOps: number; maxMs: number }): Promise<{ perOpS: number[]; lastWallS: number }> {
-  const perOpS: number[] = [];
-  const t0 = performance.now();
-  let lastWallS: number;
-  let ops = 0;
-  let elapsed: number;
-  do {
-    const m = await measure(job, c, iters);
-    perOpS.push(m.perOpS);
-    lastWallS = m.wallS;
-    ops += iters;
-    elapsed = performance.now() - t0;
-  } while (elapsed < w.ms || (ops < w.minOps && elapsed < w.maxMs));
-  return { perOpS, lastWallS };
+async function warmUp(c: Case, variants: Warming[], w: { ms: number; minOps: number; maxMs: number }, drop: (role: Role, err: unknown) => void): Promise<void> {
+  const done = (v: Warming): boolean => v.perOpS.length > 0 && v.ownMs >= w.ms && (v.ops >= w.minOps || v.ownMs >= w.maxMs);
+  let live = variants;
+  for (let round = 0; live.some((v) => !done(v)); round++) {
+    for (const v of round % 2 === 0 ? live : [...live].reverse()) {
+      const t0 = performance.now();
+      try {
+        const m = await measure(v.job, c, v.iters);
+        v.perOpS.push(m.perOpS);
+        v.lastWallS = m.wallS;
+        v.ops += v.iters;
+        v.ownMs += performance.now() - t0;
+      } catch (err) {
+        drop(v.role, err);
+        live = live.filter((x) => x !== v);
+      }
+    }
+  }
 }
 
 async function runCase(c: Case, pool: JobPool, opts: Options, peers: PeersFile): Promise<CaseResult> {
@@ -564,27 +595,32 @@ async function runCase(c: Case, pool: JobPool, opts: Options, peers: PeersFile):
     jobs.delete(role);
     state.delete(role);
   };
+  const warming: Warming[] = [];
   for (const [role, job] of jobs) {
     try {
       const cal = await calibrate(async (iters) => (await measure(job, c, iters)).wallS, { targetS, itersMax: 100_000 });
-      const warm = await warmUp(job, c, cal.iters, warmupOf(c, opts.warmupMs));
-      // Calibrated while still warming up: scaled to the target by the last warm-up block.
-      const iters = opts.warmupMs === 0 ? cal.iters : Math.min(100_000, Math.max(1, Math.round((cal.iters * targetS) / Math.max(warm.lastWallS, 1e-9))));
-      state.set(role, {
-        iters,
-        calibration: cal.probes,
-        warmupPerOpS: warm.perOpS,
-        perOpS: [],
-        cpuPerOpS: [],
-        loopPerOpS: [],
-        faultsPerOp: [],
-        gcPerOpS: [],
-        majorGcsPerOp: [],
-        youngMiB: [],
-      });
+      warming.push({ role, job, iters: cal.iters, calibration: cal.probes, perOpS: [], lastWallS: 0, ops: 0, ownMs: 0 });
     } catch (err) {
       drop(role, err);
     }
+  }
+  await warmUp(c, warming, warmupOf(c, opts.warmupMs), drop);
+  for (const warm of warming) {
+    if (!jobs.has(warm.role)) continue; // dropped during the warm-up
+    // Calibrated while still warming up: scaled to the target by the last warm-up block.
+    const iters = opts.warmupMs === 0 ? warm.iters : Math.min(100_000, Math.max(1, Math.round((warm.iters * targetS) / Math.max(warm.lastWallS, 1e-9))));
+    state.set(warm.role, {
+      iters,
+      calibration: warm.calibration,
+      warmupPerOpS: warm.perOpS,
+      perOpS: [],
+      cpuPerOpS: [],
+      loopPerOpS: [],
+      faultsPerOp: [],
+      gcPerOpS: [],
+      majorGcsPerOp: [],
+      youngMiB: [],
+    });
   }
   for (let rep = 0; rep < opts.reps; rep++) {
     const order = [...jobs.keys()];

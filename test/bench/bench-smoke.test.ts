@@ -31,6 +31,8 @@ interface Variant {
   value: number;
   spread: number;
   calibration: [number, number][];
+  warmupPerOpS: number[];
+  medianYoungMiB: number;
 }
 interface Result {
   key: string;
@@ -124,6 +126,10 @@ function expectVariant(v: Variant | null, reps: number, what: string): void {
   expect(v!.value).toBeGreaterThan(0);
   expect(Number.isFinite(v!.spread)).toBe(true);
   expect(v!.calibration.length).toBeGreaterThanOrEqual(1);
+  // Every variant warms up (one block each under --quick), and reports its young generation.
+  expect(v!.warmupPerOpS.length, what).toBeGreaterThanOrEqual(1);
+  for (const x of v!.warmupPerOpS) expect(x, what).toBeGreaterThan(0);
+  expect(v!.medianYoungMiB, what).toBeGreaterThan(0);
 }
 
 async function quickReport(name: string, args: string[], timeoutMs: number): Promise<Report> {
