@@ -3,7 +3,7 @@
  * busy time went, by area (Lifeline, zeromq.js, the bench program, Node internals, GC) and by
  * function (self time), so that Lifeline's per-message overhead can be read off.
  *
- *   node --import tsx bench/tools/cpuprofile-top.ts [--top 25] <file.cpuprofile>...
+ *   node --import tsx bench/tools/cpuprofile-top.ts [--top 25] [--last-s S] <file.cpuprofile>...
  */
 import { readFileSync } from "node:fs";
 import path from "node:path";
@@ -82,16 +82,36 @@ function summarize(file: string, top: number, lastS: number | undefined): void {
 }
 
 const argv = process.argv.slice(2);
+// Piped into \`head\`: stop quietly once the reader has gone.
+process.stdout.on("error", (err: NodeJS.ErrnoException) => {
+  if (err.code !== "EPIPE") throw err;
+  process.exit(0);
+});
+const USAGE = "usage: node --import tsx bench/tools/cpuprofile-top.ts [--top N] [--last-s S] <file.cpuprofile>...\n";
 let top = 25;
 let lastS: number | undefined;
+let unknown: string | undefined;
 const files: string[] = [];
 for (let i = 0; i < argv.length; i++) {
-  if (argv[i] === "--top") top = Number(argv[++i]);
-  else if (argv[i] === "--last-s") lastS = Number(argv[++i]);
-  else files.push(argv[i]!);
+  const a = argv[i]!;
+  if (a === "-h" || a === "--help") {
+    process.stdout.write(USAGE);
+    process.exit(0);
+  }
+  if (a === "--top") top = Number(argv[++i]);
+  else if (a === "--last-s") lastS = Number(argv[++i]);
+  else if (a.startsWith("-")) unknown ??= a;
+  else files.push(a);
 }
-if (files.length === 0 || !(top > 0) || (lastS !== undefined && !(lastS > 0))) {
-  process.stderr.write("usage: node --import tsx bench/tools/cpuprofile-top.ts [--top N] [--last-s S] <file.cpuprofile>...\n");
+if (unknown !== undefined || files.length === 0 || !(top > 0) || (lastS !== undefined && !(lastS > 0))) {
+  process.stderr.write(`${unknown === undefined ? "" : `unknown option ${unknown}\n`}${USAGE}`);
   process.exit(2);
 }
-for (const f of files) summarize(f, top, lastS);
+for (const f of files) {
+  try {
+    summarize(f, top, lastS);
+  } catch (err) {
+    process.stderr.write(`cpuprofile-top: cannot summarize ${f}: ${(err as Error).message}\n`);
+    process.exitCode = 1;
+  }
+}
