@@ -506,8 +506,9 @@ async function measure(job: Job, c: Case, iters: number): Promise<Measured> {
 interface Warming {
   readonly role: Role;
   readonly job: Job;
-  /** Operations per block (the calibrated count), and the calibration's probes `[iters, seconds]`. */
+  /** Operations per block (the calibrated count). */
   readonly iters: number;
+  /** The calibration's probes, `[iters, seconds]`. */
   readonly calibration: [number, number][];
   /** Seconds per operation of each warm-up block, in order. */
   readonly perOpS: number[];
@@ -532,10 +533,10 @@ interface Warming {
  * other, the first variant sat idle while the others warmed (12 s in the mode families). V8
  * resizes a process's young generation at its collections, and shrinks it when the process
  * allocated less than about 1 MB a second lately (V8's Heap::ShouldResizeNewSpace), as an idle
- * one does; it grows again only as more survives. A smaller one is collected more often and
- * promotes more: that variant was timed out of its steady state (the retry-one family at
- * 64 KiB: retry-one's ranks at 2 MiB against mode none's 4, and 1.22x mode none's time; see
- * bench/README.md, Method). `drop` takes out a variant whose block failed.
+ * one does; it grows again only as more survives. A smaller one is collected more often: that
+ * variant was timed out of its steady state (the retry-one family at 64 KiB: retry-one's ranks
+ * at 2 MiB against mode none's 4, and 1.22x mode none's time; see bench/README.md, Method).
+ * `drop` takes out a variant whose block failed.
  */
 async function warmUp(c: Case, variants: Warming[], w: { ms: number; minOps: number; maxMs: number }, drop: (role: Role, err: unknown) => void): Promise<void> {
   const done = (v: Warming): boolean => v.perOpS.length > 0 && v.ownMs >= w.ms && (v.ops >= w.minOps || v.ownMs >= w.maxMs);

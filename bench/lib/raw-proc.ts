@@ -82,9 +82,9 @@ export interface BlockTime {
   /** Full (mark-compact) collections during the block. */
   majorGcs: number;
   /**
-   * The capacity of V8's young generation (its new space) at the block's end, in MiB. V8 sizes
-   * it by how much survives its collections and shrinks it when the process allocates little
-   * (an idle one); a smaller one is collected more often and promotes more to the old one.
+   * The capacity of V8's young generation (its new space) at the block's end, in MiB. V8 grows
+   * it as more survives its collections and shrinks it when the process allocates little (an
+   * idle one does); a smaller one is collected more often.
    */
   youngMiB: number;
 }
