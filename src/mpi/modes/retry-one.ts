@@ -82,14 +82,12 @@ const RESULT_POOL_BYTES_MIN = 64 * 1024;
 /**
  * Results from this size up to {@link RESULT_CHUNKS_BYTES_FROM} are kept as a pooled copy even
  * when the algorithm offers its own immutable chunks: those chunks (ZeroMQ's receive buffers,
- * mostly) are held for every call until a checkpoint lets them go, and from here on that costs
- * more (CPU, page faults) than the copy into reused memory. Below the bound the chunks spare the
- * copy. It was 512 KiB, measured before ranks kept their freed malloc memory (the launcher's
- * malloc tunables); with them, one job at a time (`node --import tsx bench/tools/mode-ab.ts
- * --modes none,retry-one --checkpoint-every 10`), the chunks are faster at 1 MiB and the copy
- * at 2 MiB (figures in docs/performance.md, "Copies of results").
+ * mostly) are fresh memory for every call while they are kept, and faulting in their pages
+ * costs more than the copy into reused memory. Measured with `node --import tsx
+ * bench/tools/mode-ab.ts --modes none,retry-one --checkpoint-every 10`: the copy wins at 1 MiB,
+ * the two are even at 256 KiB; below the bound the chunks spare the copy.
  */
-const RESULT_CHUNKS_BYTES_MAX = 2 * 1024 * 1024;
+const RESULT_CHUNKS_BYTES_MAX = 512 * 1024;
 /**
  * Results of at least this size are kept as the algorithm's chunks again: copying them costs
  * more than their pages. One job at a time (`node --import tsx bench/tools/mode-ab.ts --sizes
