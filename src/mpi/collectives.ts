@@ -14,7 +14,8 @@
  *   0.64x the raw ring's time against 0.98x, `npm run bench -- --only allreduce --np 4`);
  * - reduce / allreduce, otherwise small or user op: binomial tree / recursive doubling with the
  *   lower-ranked operand first (so user ops need only be associative);
- * - allreduce, large typed arrays with a built-in op on a power-of-two number of ranks:
+ * - allreduce, large typed arrays with a built-in op on a power-of-two number of ranks (on 2
+ *   ranks from 768 KiB: below it recursive doubling's one exchange of the whole array wins):
  *   recursive halving then doubling, 2·log2(p) steps; otherwise (and reduce) ring
  *   reduce-scatter (+ ring allgather, or a gather of chunks to the root); both move
  *   2(p-1)/p of the data per rank, bandwidth optimal; built-in ops are commutative bit for
@@ -79,6 +80,23 @@ export interface CollectiveIo {
  * and doubling won at 1 MiB.
  */
 export const RING_BYTES_MIN = 256 * 1024;
+
+/**
+ * On 2 ranks an allreduce takes halving and doubling only from this size. Below it recursive
+ * doubling, which there is one exchange of the whole array, is faster: it moves the same bytes
+ * per rank as halving and doubling's two exchanges of half, in one step instead of two, and
+ * combines straight into the array that arrived (no result array to assemble). What it costs
+ * is a copy of the caller's array, sent while the call may return before the partner has it;
+ * from about 768 KiB that copy and the whole-array combine cost as much as the second step.
+ * `npm run bench -- --only allreduce --np 2 --sizes 262144,524288,786432,1048576,2097152`,
+ * alternating builds with and without (docs/performance.md, "The allreduce from 64 KiB").
+ */
+export const TWO_RANK_HALVING_BYTES_MIN = 768 * 1024;
+
+/** The size from which an allreduce on `size` ranks takes the bandwidth-optimal algorithms (see useRing). */
+export function largeAllreduceBytesMin(size: number): number {
+  return size === 2 ? TWO_RANK_HALVING_BYTES_MIN : RING_BYTES_MIN;
+}
 
 type TA =
   | Float64Array
@@ -198,7 +216,7 @@ export const DIRECT_BYTES_MAX = 8 * 1024;
 export function allreduce<T>(io: CollectiveIo, data: T, op: ReduceOp): Promise<T> {
   try {
     if (io.size === 1) return Promise.resolve(copyValue(data));
-    if (useRing(data, op, io.size)) {
+    if (useRing(data, op, io.size) && data.byteLength >= largeAllreduceBytesMin(io.size)) {
       const pof2 = (io.size & (io.size - 1)) === 0;
       return (pof2 ? halvingDoublingAllreduce(io, data, op) : ringAllreduce(io, data, op)) as Promise<T>;
     }

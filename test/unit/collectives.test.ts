@@ -72,7 +72,7 @@ const sizes = [1, 2, 3, 4, 5, 6, 7, 8, 9];
 describe("collective algorithms over 1..9 virtual ranks", () => {
   it.each(sizes)("large allreduce: the same bits on every rank and under every delivery order, retained parts = result (p=%i)", async (p) => {
     // Order-sensitive sums: 1e16 + 1 - 1e16 is 0 or 1 (or 2) depending on the combining order.
-    const n = coll.RING_BYTES_MIN / 8 + p;
+    const n = coll.largeAllreduceBytesMin(p) / 8 + p;
     const input = (r: number): Float64Array =>
       Float64Array.from({ length: n }, (_, i) => ((r + i) % 3 === 0 ? 1e16 : (r + i) % 3 === 1 ? 1 : -1e16) + i * 1e-7);
     const seen = new Set<string>();
@@ -89,6 +89,30 @@ describe("collective algorithms over 1..9 virtual ranks", () => {
       for (let r = 0; r < p; r++) if (retained[r] !== undefined) expect(Buffer.concat(retained[r]!).toString("hex")).toBe(bytes(sums[r]!));
     }
     expect(seen.size).toBe(1);
+  });
+
+  it("on 2 ranks an allreduce is one exchange below TWO_RANK_HALVING_BYTES_MIN and two from it, with the same bits on both", async () => {
+    // Values far apart in magnitude: both ranks must end with the same bits, the exact sums.
+    const input = (r: number, n: number): Float64Array => Float64Array.from({ length: n }, (_, i) => (r === 0 ? 1e16 : 1) + i * 1e-7 - (i % 2) * 1e16);
+    for (const [size, exchanges] of [
+      [coll.RING_BYTES_MIN, 1],
+      [coll.TWO_RANK_HALVING_BYTES_MIN - 8, 1],
+      [coll.TWO_RANK_HALVING_BYTES_MIN, 2],
+    ] as const) {
+      const n = size / 8;
+      const sends = [0, 0];
+      const ios = cluster(2, n).map((io) => ({
+        ...io,
+        send: (dest: number, step: number, body: EncodedBody) => {
+          sends[io.rank]!++;
+          return io.send(dest, step, body);
+        },
+      }));
+      const sums = await Promise.all(ios.map((io) => coll.allreduce(io, input(io.rank, n), "sum")));
+      expect(sends, `${size} bytes`).toEqual([exchanges, exchanges]);
+      expect(bytes(sums[0]!)).toBe(bytes(sums[1]!));
+      for (const i of [0, 1, n - 1]) expect(sums[0]![i]).toBe(input(0, n)[i]! + input(1, n)[i]!);
+    }
   });
 
   it("the retry-one fixture's allreduces (16 MiB of Float64, sum and max, 4 ranks) offer their chunks on every rank", async () => {
