@@ -93,7 +93,7 @@ export const RING_BYTES_MIN = 256 * 1024;
  */
 export const TWO_RANK_HALVING_BYTES_MIN = 768 * 1024;
 
-/** The size from which an allreduce on `size` ranks takes the bandwidth-optimal algorithms (see useRing). */
+/** The size from which an allreduce on `size` ranks takes the bandwidth-optimal algorithms. */
 export function largeAllreduceBytesMin(size: number): number {
   return size === 2 ? TWO_RANK_HALVING_BYTES_MIN : RING_BYTES_MIN;
 }
@@ -203,8 +203,9 @@ function highestPowerOfTwoBelow(n: number): number {
 
 // ---- allreduce / reduce --------------------------------------------------------------------
 
-function useRing(data: unknown, op: ReduceOp, size: number): data is TA {
-  return size > 1 && isTypedArray(data) && isBuiltinOp(op) && data.byteLength >= RING_BYTES_MIN && data.length >= size;
+/** Whether the bandwidth-optimal algorithms take `data`, from `minBytes` (an allreduce's: {@link largeAllreduceBytesMin}). */
+function useRing(data: unknown, op: ReduceOp, size: number, minBytes = RING_BYTES_MIN): data is TA {
+  return size > 1 && isTypedArray(data) && isBuiltinOp(op) && data.byteLength >= minBytes && data.length >= size;
 }
 
 /** Up to this many ranks, a small allreduce is one round of direct exchange. */
@@ -216,7 +217,7 @@ export const DIRECT_BYTES_MAX = 8 * 1024;
 export function allreduce<T>(io: CollectiveIo, data: T, op: ReduceOp): Promise<T> {
   try {
     if (io.size === 1) return Promise.resolve(copyValue(data));
-    if (useRing(data, op, io.size) && data.byteLength >= largeAllreduceBytesMin(io.size)) {
+    if (useRing(data, op, io.size, largeAllreduceBytesMin(io.size))) {
       const pof2 = (io.size & (io.size - 1)) === 0;
       return (pof2 ? halvingDoublingAllreduce(io, data, op) : ringAllreduce(io, data, op)) as Promise<T>;
     }
