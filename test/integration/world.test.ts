@@ -63,6 +63,19 @@ describe("collectives over real processes", () => {
     if (cpr) expect(r.json!.recovery!.linesCommitted.length).toBeGreaterThan(5);
   });
 
+  it.each([
+    [2, "none"],
+    [2, "cpr"],
+    [2, "retry-one"],
+  ])("a result the program dropped is not kept alive by the communicator (%i ranks, mode %s)", async (np, mode) => {
+    const r = await run(np, "result-dropped.ts", [], 60_000, mode);
+    expect(r.code, r.stderr).toBe(0);
+    for (const rank of r.json!.ranks) {
+      expect(rank.fails).toEqual([]);
+      expect(rank.alive).toBe(0);
+    }
+  });
+
   it("gives bit-identical reductions on a re-run with the same size", async () => {
     const r = await run(3, "collectives.ts", [], 120_000);
     expect(r.code, r.stderr).toBe(0);

@@ -116,6 +116,9 @@ const HELD_APP_BYTES_MAX = 1024 * 1024 * 1024;
 
 const frameBytes = (f: RawFrame): number => f.header.byteLength + byteLengthOf(f.body);
 
+/** The collective queue with nothing in flight (see RetryOneMode.queue). */
+const IDLE: Promise<unknown> = Promise.resolve();
+
 /** The internal signal that ends a collective the protocol abandoned (never user-visible). */
 class Abandoned extends Error {}
 
@@ -577,8 +580,12 @@ export class RetryOneMode extends LoggedMode implements AppLog {
 
   // ---- collectives -------------------------------------------------------------------------------
 
-  /** The collective calls not finished yet, in program order: each starts when the one before ended. */
-  private queue: Promise<unknown> = Promise.resolve();
+  /**
+   * The collective calls not finished yet, in program order: each starts when the one before
+   * ended. Back to {@link IDLE} once none is in flight, so that it holds no finished call's
+   * result (the program may have dropped it; the protocol keeps its own copy).
+   */
+  private queue: Promise<unknown> = IDLE;
   private inFlight = 0;
 
   /**
@@ -676,7 +683,7 @@ export class RetryOneMode extends LoggedMode implements AppLog {
         d = await hook.resumeCollective();
       }
     } finally {
-      this.inFlight--;
+      if (--this.inFlight === 0) this.queue = IDLE;
     }
   }
 
