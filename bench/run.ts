@@ -581,13 +581,8 @@ async function runCase(c: Case, pool: JobPool, opts: Options, peers: PeersFile):
       iters: number;
       calibration: [number, number][];
       warmupPerOpS: number[];
-      perOpS: number[];
-      cpuPerOpS: number[];
-      loopPerOpS: number[];
-      faultsPerOp: number[];
-      gcPerOpS: number[];
-      majorGcsPerOp: number[];
-      youngMiB: number[];
+      /** The timed blocks, in run order. */
+      blocks: Measured[];
     }
   >();
   const drop = (role: Role, err: unknown): void => {
@@ -614,13 +609,7 @@ async function runCase(c: Case, pool: JobPool, opts: Options, peers: PeersFile):
       iters,
       calibration: warm.calibration,
       warmupPerOpS: warm.perOpS,
-      perOpS: [],
-      cpuPerOpS: [],
-      loopPerOpS: [],
-      faultsPerOp: [],
-      gcPerOpS: [],
-      majorGcsPerOp: [],
-      youngMiB: [],
+      blocks: [],
     });
   }
   for (let rep = 0; rep < opts.reps; rep++) {
@@ -630,14 +619,7 @@ async function runCase(c: Case, pool: JobPool, opts: Options, peers: PeersFile):
       const s = state.get(role);
       if (s === undefined) continue;
       try {
-        const m = await measure(jobs.get(role)!, c, s.iters);
-        s.perOpS.push(m.perOpS);
-        s.cpuPerOpS.push(m.cpuPerOpS);
-        s.loopPerOpS.push(m.loopPerOpS);
-        s.faultsPerOp.push(m.faultsPerOp);
-        s.gcPerOpS.push(m.gcPerOpS);
-        s.majorGcsPerOp.push(m.majorGcsPerOp);
-        s.youngMiB.push(m.youngMiB);
+        s.blocks.push(await measure(jobs.get(role)!, c, s.iters));
       } catch (err) {
         drop(role, err);
       }
@@ -647,25 +629,28 @@ async function runCase(c: Case, pool: JobPool, opts: Options, peers: PeersFile):
   const variant = (role: Role): VariantResult | null => {
     const s = state.get(role);
     const job = jobs.get(role);
-    if (s === undefined || job === undefined || s.perOpS.length === 0) return null;
-    const med = median(s.perOpS);
+    if (s === undefined || job === undefined || s.blocks.length === 0) return null;
+    const of = (f: (m: Measured) => number): number[] => s.blocks.map(f);
+    const perOpS = of((m) => m.perOpS);
+    const cpuPerOpS = of((m) => m.cpuPerOpS);
+    const med = median(perOpS);
     return {
       job: job.name,
       kind: kinds[role]!,
       iters: s.iters,
       calibration: s.calibration,
       warmupPerOpS: s.warmupPerOpS,
-      perOpS: s.perOpS,
+      perOpS,
       medianPerOpS: med,
       value: display(c, med),
-      spread: spread(s.perOpS),
-      cpuPerOpS: s.cpuPerOpS,
-      medianCpuUs: median(s.cpuPerOpS) * 1e6,
-      medianLoopUs: median(s.loopPerOpS) * 1e6,
-      medianMinorFaults: median(s.faultsPerOp),
-      medianGcUs: median(s.gcPerOpS) * 1e6,
-      medianMajorGcs: median(s.majorGcsPerOp),
-      medianYoungMiB: median(s.youngMiB),
+      spread: spread(perOpS),
+      cpuPerOpS,
+      medianCpuUs: median(cpuPerOpS) * 1e6,
+      medianLoopUs: median(of((m) => m.loopPerOpS)) * 1e6,
+      medianMinorFaults: median(of((m) => m.faultsPerOp)),
+      medianGcUs: median(of((m) => m.gcPerOpS)) * 1e6,
+      medianMajorGcs: median(of((m) => m.majorGcsPerOp)),
+      medianYoungMiB: median(of((m) => m.youngMiB)),
     };
   };
   const subject = variant("subject");
