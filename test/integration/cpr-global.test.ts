@@ -6,7 +6,8 @@
  * Method: the built launcher runs test/fixtures/cpr/table-steps.ts (a 256 KiB read-only table as
  * the global, the same on every rank at every step; a small state per rank that every step
  * folds a table entry into) on 4 ranks, once with `--mode none` and once with `--mode cpr
- * --checkpoint-every 5steps` and rank 1 killed at its 50th checkpoint() call; each committed
+ * --checkpoint-every 5steps` and rank 1 killed at its first checkpoint() call after line 2 is
+ * committed (so there is always a line to roll back to, however slow the machine); each committed
  * line's size (its `line-committed` event) must hold the table once, not four times.
  */
 import { join } from "node:path";
@@ -29,7 +30,7 @@ describe("cpr: a line's global stored once", () => {
       const cpr = await runLauncher({
         np: 4,
         program: PROGRAM,
-        flags: ["--mode", "cpr", "--checkpoint-every", "5steps", "--inject", "1@step:50"],
+        flags: ["--mode", "cpr", "--checkpoint-every", "5steps", "--inject", "1@line:2"],
         args: ARGS,
         dir: runs.path,
         name: "cpr",
