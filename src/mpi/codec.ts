@@ -366,7 +366,19 @@ export function decodeBody(encoding: Encoding, arrayType: number, frames: Buffer
 /** Encodes a value to one self-contained buffer (frames length-prefixed); for stores and logs. */
 export function encodeValue(data: unknown, alloc?: (bytes: number) => Buffer): Buffer {
   // The head is written straight into the result (retry-one encodes every small collective
-  // result this way): no separate head buffer or chunk list as encodeValueChunks makes.
+  // result this way): no separate head buffer or chunk list as encodeValueChunks makes. Nothing
+  // (a barrier's result) and a typed array, the results of nearly every collective, are written
+  // without a body in between (the same bytes as below).
+  if (data === undefined) return writeValueHead6(alloc === undefined ? Buffer.allocUnsafe(6) : alloc(6), Encoding.none, 0, 0);
+  const code = typedArrayCode(data);
+  if (code !== 0) {
+    const v = data as ArrayBufferView;
+    const n = v.byteLength;
+    const out = writeValueHead6(alloc === undefined ? Buffer.allocUnsafe(10 + n) : alloc(10 + n), Encoding.typedArray, code, 1);
+    out.writeUInt32LE(n, 6);
+    out.set(new Uint8Array(v.buffer, v.byteOffset, n), 10);
+    return out;
+  }
   const body = encodeBody(data, { copy: false });
   const headBytes = 6 + 4 * body.frames.length;
   const total = headBytes + byteLengthOf(body.frames);
@@ -421,10 +433,16 @@ export function encodedValueHead(encoding: Encoding, arrayType: number, frameByt
 }
 
 function writeValueHead(out: Buffer, encoding: Encoding, arrayType: number, frameBytes: readonly number[]): void {
+  writeValueHead6(out, encoding, arrayType, frameBytes.length);
+  frameBytes.forEach((n, i) => out.writeUInt32LE(n, 6 + 4 * i));
+}
+
+/** The head's first 6 bytes: encoding, array type and the count of frames (their lengths follow). */
+function writeValueHead6(out: Buffer, encoding: Encoding, arrayType: number, frames: number): Buffer {
   out[0] = encoding;
   out[1] = arrayType;
-  out.writeUInt32LE(frameBytes.length, 2);
-  frameBytes.forEach((n, i) => out.writeUInt32LE(n, 6 + 4 * i));
+  out.writeUInt32LE(frames, 2);
+  return out;
 }
 
 /** Inverse of {@link encodeValue}. Typed arrays in the result may view `buf`. */

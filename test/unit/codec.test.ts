@@ -178,6 +178,27 @@ describe("encodeValueChunks", () => {
     expect(chunks.some((c) => c.buffer === state.buffer && c.byteOffset === state.byteOffset && c.byteLength === state.byteLength)).toBe(true);
   });
 
+  it("encodeValue's own way for nothing and typed arrays writes the same bytes, into memory from alloc when given", () => {
+    const backing = new Uint8Array(64).map((_, i) => i * 3);
+    const values: unknown[] = [
+      undefined,
+      new Float64Array([0.1, -0, Number.NaN]),
+      new Uint8Array(backing.buffer, 3, 17), // a view at an odd offset
+      new Int16Array(backing.buffer, 2, 0), // empty
+      Buffer.from("bytes"),
+      new BigInt64Array([-1n, 2n ** 60n]),
+    ];
+    for (const v of values) {
+      const generic = Buffer.concat(encodeValueChunks(v));
+      expect(encodeValue(v).equals(generic)).toBe(true);
+      const arena = Buffer.alloc(128, 0xee);
+      const into = encodeValue(v, (n) => arena.subarray(0, n));
+      expect(into.buffer).toBe(arena.buffer);
+      expect(into.equals(generic)).toBe(true);
+      expect(decodeValue(into)).toEqual(v);
+    }
+  });
+
   it("an encoded value split back into its chunks decodes from them; an array in a chunk of its own is viewed, not copied", () => {
     const model = Float64Array.from({ length: 1000 }, (_, i) => i / 7);
     const values: unknown[] = [undefined, "text", model, { step: 4, w: model, tags: ["a"] }];
