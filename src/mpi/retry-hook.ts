@@ -124,8 +124,11 @@ export interface RetryOneHook {
    * durable line); before the transport delivers.
    */
   beforeStart(table: Extract<CoordinatorToRank, { t: "table" }>): Promise<void>;
-  /** A collective call, before anything is sent. `bootstrapKey` for bootstrap collectives. */
-  beforeCollective(call: { readonly ident: RetryCollIdentity; readonly bootstrapKey?: string }): Promise<RetryDecision>;
+  /**
+   * A collective call, before anything is sent. `bootstrapKey` for bootstrap collectives. The
+   * decision itself when the protocol took it at once (the common case), else its promise.
+   */
+  beforeCollective(call: { readonly ident: RetryCollIdentity; readonly bootstrapKey?: string }): RetryDecision | Promise<RetryDecision>;
   /** The collective of the last `run` decision was abandoned: how it goes on now. */
   resumeCollective(): Promise<RetryDecision>;
   /**

@@ -357,7 +357,7 @@ export class RetryOneSim {
     }
   }
 
-  private handle(n: Node, effects: RankEffect[]): void {
+  private handle(n: Node, effects: readonly RankEffect[]): void {
     for (const e of effects) {
       if (!n.alive) return;
       switch (e.kind) {

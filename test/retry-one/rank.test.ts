@@ -40,7 +40,7 @@ function route(ms: RetryOneRank[], r: number, input: RankInput, seen: RankEffect
   }
 }
 
-const kinds = (es: RankEffect[]): string[] => es.map((e) => e.kind);
+const kinds = (es: readonly RankEffect[]): string[] => es.map((e) => e.kind);
 /** Every rank runs one collective with result `result` (the wire is not modelled here). */
 function collectiveAll(ms: RetryOneRank[], seen: RankEffect[][], result: unknown, ranks = ms.map((_, r) => r)): void {
   for (const r of ranks) route(ms, r, { kind: "collective", ident: sum }, seen);
@@ -175,7 +175,7 @@ describe("RetryOneRank: determinants", () => {
     const out = ms[0]!.step({ kind: "dets", from: 0, entries: ["d0"] });
     expect(out.map((e) => (e.kind === "send" ? `${e.frame.t}->${e.to}` : e.kind))).toEqual(["logs->1", "logs->2", "logs->3", "dets->1", "dets->2", "gate"]);
     expect(out.at(-1)).toEqual({ kind: "gate", open: false });
-    const feed = (from: number, f: ProtoFrame): RankEffect[] => ms[0]!.step({ kind: "frame", from, attempt: 0, frame: f });
+    const feed = (from: number, f: ProtoFrame): readonly RankEffect[] => ms[0]!.step({ kind: "frame", from, attempt: 0, frame: f });
     for (const r of [1, 2, 3]) expect(feed(r, { t: "lack", view: [0, 0, 0, 0] })).toEqual([]);
     expect(feed(1, { t: "dack", view: [0, 0, 0, 0], upTo: 1 })).toEqual([]);
     expect(feed(2, { t: "dack", view: [0, 0, 0, 0], upTo: 1 })).toEqual([{ kind: "gate", open: true }]);

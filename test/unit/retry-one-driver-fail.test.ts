@@ -75,9 +75,10 @@ describe("retry-one: a rank's failure reaches the coordinator before its program
   it("the pending collective and the next one fail only once the abort was heard", async () => {
     const h = harness();
     await h.driver.beforeStart({ t: "table", keysIn: [0, 0], keysOut: [0, 0], endpoints: [], attempts: [0, 0], down: [1] } as never);
-    const outcome = (p: Promise<unknown>) => {
+    // A decision taken at once comes back as it is (no promise): it counts as a success.
+    const outcome = (p: unknown) => {
       const o: { err?: Error } = {};
-      p.then(
+      Promise.resolve(p).then(
         () => undefined,
         (err: Error) => (o.err = err),
       );
@@ -97,5 +98,28 @@ describe("retry-one: a rank's failure reaches the coordinator before its program
     h.abortHeard();
     await settle();
     for (const o of [pending, later, resumed]) expect((o.err as { code?: string } | undefined)?.code).toBe(h.aborts[0]!.code);
+  });
+});
+
+describe("retry-one: how a collective's decision comes back", () => {
+  const ident = { op: "allreduce", root: -1, type: "Float64Array", length: 4 };
+
+  it("at once, not as a promise, when the protocol can decide at once; numbered in call order", async () => {
+    const h = harness();
+    await h.driver.beforeStart({ t: "table", keysIn: [0, 0], keysOut: [0, 0], endpoints: [], attempts: [0, 0] } as never);
+    for (let seq = 0; seq < 3; seq++) {
+      const d = h.driver.beforeCollective({ ident });
+      expect(d).not.toBeInstanceOf(Promise);
+      expect(d).toEqual({ run: { wireSeq: seq, viewId: 0, purgeBelow: 0 } });
+      h.driver.afterCollective(Buffer.from([seq]));
+    }
+    expect(h.driver.progress.seqno).toBe(3);
+    // A second call while one runs is a program error, and it comes back as the failure.
+    expect(h.driver.beforeCollective({ ident })).not.toBeInstanceOf(Promise);
+    const second = h.driver.beforeCollective({ ident });
+    expect(second).toBeInstanceOf(Promise);
+    h.abortHeard();
+    await expect(second).rejects.toMatchObject({ code: "CPR_PROTOCOL" });
+    expect(h.aborts.map((a) => a.code)).toEqual(["CPR_PROTOCOL"]);
   });
 });

@@ -113,6 +113,9 @@ export class RetryOneDriver implements RetryOneHook {
   /** The pending collective's next decision (a new one after each abandon). */
   private call: Deferred<RetryDecision> | undefined;
   private decision: Promise<RetryDecision> | undefined;
+  /** beforeCollective's step runs: a decision taken now is returned, not resolved (see decide). */
+  private deciding = false;
+  private decided: RetryDecision | undefined;
   private ckpt: Deferred<void> | undefined;
   private restoring: Deferred<RetryRestored> | undefined;
   /** The restored checkpoint's global, when the machine restored without it (`globalPending`). */
@@ -200,11 +203,22 @@ export class RetryOneDriver implements RetryOneHook {
   beforeCollective(call: {
     readonly ident: { op: string; root: number; type: string; length: number };
     readonly bootstrapKey?: string;
-  }): Promise<RetryDecision> {
+  }): RetryDecision | Promise<RetryDecision> {
     if (this.failure !== undefined) return this.failed(this.failure);
-    const d = this.newCall();
-    this.input(call.bootstrapKey === undefined ? { kind: "collective", ident: call.ident } : { kind: "boot", key: call.bootstrapKey, ident: call.ident });
-    return d;
+    this.call = undefined;
+    this.decision = undefined;
+    // The machine decides at once in the common case (run it on the wire, or answer it from
+    // the buffer): that decision is returned as it is, with no promise to wait on (see decide).
+    this.deciding = true;
+    try {
+      this.input(call.bootstrapKey === undefined ? { kind: "collective", ident: call.ident } : { kind: "boot", key: call.bootstrapKey, ident: call.ident });
+    } finally {
+      this.deciding = false;
+    }
+    const now = this.decided;
+    this.decided = undefined;
+    // Else a decision to come; or the one this call failed with (fail() set it).
+    return now ?? this.decision ?? this.newCall();
   }
 
   resumeCollective(): Promise<RetryDecision> {
@@ -422,6 +436,20 @@ export class RetryOneDriver implements RetryOneHook {
 
   // ---- the machine loop ----------------------------------------------------------------------
 
+  /**
+   * The pending collective's decision: returned by beforeCollective when it was taken there,
+   * else the waiting call's.
+   */
+  private decide(d: RetryDecision): void {
+    const c = this.call;
+    if (c === undefined && this.deciding) {
+      this.decided = d;
+      return;
+    }
+    this.call = undefined;
+    c?.resolve(d);
+  }
+
   private newCall(): Promise<RetryDecision> {
     const d = deferred<RetryDecision>();
     this.call = d;
@@ -453,14 +481,11 @@ export class RetryOneDriver implements RetryOneHook {
       case "send":
         this.access.sendProtocol(e.to, TAG[e.frame.t], e.frame);
         return;
-      case "execute": {
+      case "execute":
         // The first collective a restarted rank runs on the wire: it has caught up.
         this.reportCaughtUp();
-        const c = this.call;
-        this.call = undefined;
-        c?.resolve({ run: { wireSeq: e.wireSeq, viewId: e.viewId, purgeBelow: e.purgeBelow } });
+        this.decide({ run: { wireSeq: e.wireSeq, viewId: e.viewId, purgeBelow: e.purgeBelow } });
         return;
-      }
       case "abandon":
         // World asks resumeCollective() for the next decision of the same call.
         this.abandonedBelow = Math.max(this.abandonedBelow, e.wireSeq + 1);
@@ -470,9 +495,7 @@ export class RetryOneDriver implements RetryOneHook {
       case "complete": {
         if (!e.replayed) return; // World has the result of its own run already
         if (this.replaying !== undefined) this.replaying++;
-        const c = this.call;
-        this.call = undefined;
-        c?.resolve({ result: asBuffer(e.result) });
+        this.decide({ result: asBuffer(e.result) });
         return;
       }
       case "restored": {

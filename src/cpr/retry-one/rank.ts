@@ -211,6 +211,13 @@ function posKind(p: Position): string {
   }
 }
 
+/**
+ * The effects of a step that had none, shared (never pushed to: {@link RetryOneRank.emit} makes
+ * a step's own array at its first effect). A collective's steps run in every call of the
+ * program, and each array less is memory the rank's cache need not hold.
+ */
+const NO_EFFECTS: RankEffect[] = [];
+
 export class RetryOneRank {
   readonly rank: number;
   readonly size: number;
@@ -310,7 +317,8 @@ export class RetryOneRank {
   private readonly earlyXfers = new Map<number, Map<string, TransferPart>>();
   private heldFrames: { from: number; attempt: number; frame: ProtoFrame }[] = [];
 
-  private out: RankEffect[] = [];
+  /** This step's effects; {@link NO_EFFECTS} until the first (most steps of a collective have one or none). */
+  private out: RankEffect[] = NO_EFFECTS;
 
   constructor(opts: RetryOneOptions) {
     if (!Number.isInteger(opts.size) || opts.size < 1) throw new RangeError(`size must be a positive integer, got ${opts.size}`);
@@ -454,10 +462,10 @@ export class RetryOneRank {
 
   // ---- the step function ---------------------------------------------------------------------
 
-  step(input: RankInput): RankEffect[] {
-    this.out = [];
+  step(input: RankInput): readonly RankEffect[] {
+    this.out = NO_EFFECTS;
     if (this.failure !== null) {
-      if (isProgramCall(input)) this.out.push(this.failure);
+      if (isProgramCall(input)) this.emit(this.failure);
       return this.take();
     }
     try {
@@ -471,9 +479,14 @@ export class RetryOneRank {
     return this.take();
   }
 
-  private take(): RankEffect[] {
+  private emit(e: RankEffect): void {
+    if (this.out === NO_EFFECTS) this.out = [e];
+    else this.out.push(e);
+  }
+
+  private take(): readonly RankEffect[] {
     const out = this.out;
-    this.out = [];
+    this.out = NO_EFFECTS;
     return out;
   }
 
@@ -541,7 +554,7 @@ export class RetryOneRank {
     const a = this.allRestart;
     if (a !== undefined) {
       const p = a.part;
-      this.out.push({
+      this.emit({
         kind: "restored",
         restored: { value: p === undefined ? undefined : { state: p.state, global: p.global, version: p.version }, dets: [], detFrom: 0 },
       });
@@ -550,7 +563,7 @@ export class RetryOneRank {
       return;
     }
     if (!this.restoring) {
-      this.out.push({ kind: "restored", restored: { value: undefined, dets: [], detFrom: 0 } });
+      this.emit({ kind: "restored", restored: { value: undefined, dets: [], detFrom: 0 } });
       return;
     }
     this.pos = { kind: "restore" };
@@ -584,7 +597,7 @@ export class RetryOneRank {
       this.index++;
       this.seqno++;
       this.pos = null;
-      this.out.push({ kind: "complete", result: e.result, replayed: true });
+      this.emit({ kind: "complete", result: e.result, replayed: true });
       this.answerWants();
       return true;
     }
@@ -592,7 +605,7 @@ export class RetryOneRank {
       const e = this.cache.get(p.key, p.ident);
       if (e === undefined) return false;
       this.pos = null;
-      this.out.push({ kind: "complete", result: e.result, replayed: true });
+      this.emit({ kind: "complete", result: e.result, replayed: true });
       return true;
     }
     return false;
@@ -622,7 +635,7 @@ export class RetryOneRank {
   private execute(ident: CollIdentity): void {
     const wireSeq = this.wireSeq++;
     this.executing = { wireSeq };
-    this.out.push({ kind: "execute", ident, wireSeq, viewId: this.viewId, purgeBelow: this.wireFloor });
+    this.emit({ kind: "execute", ident, wireSeq, viewId: this.viewId, purgeBelow: this.wireFloor });
   }
 
   private onExecuted(result: unknown, bytes: number): void {
@@ -639,7 +652,7 @@ export class RetryOneRank {
       this.cache.put({ key: p.key, ident: p.ident, result });
     }
     this.pos = null;
-    this.out.push({ kind: "complete", result, replayed: false });
+    this.emit({ kind: "complete", result, replayed: false });
     this.answerWants();
   }
 
@@ -758,7 +771,7 @@ export class RetryOneRank {
       // it on the same channel: no copy of it is on its way anywhere any more.
       const pushed = old.pushed;
       const clean = pushed !== undefined && old.state.lendCount === this.succ.length && this.succ.every((s) => pushed[s] === this.attempts[s]);
-      this.out.push({ kind: "own-released", version: old.version, clean });
+      this.emit({ kind: "own-released", version: old.version, clean });
     }
     // Determinants before the checkpoint are in its state's past: nobody replays them again.
     const drop = p.detCount - this.detBase;
@@ -774,7 +787,7 @@ export class RetryOneRank {
     }
     if (this.ckptCall) {
       this.ckptCall = false;
-      this.out.push({ kind: "checkpointed", version: p.version });
+      this.emit({ kind: "checkpointed", version: p.version });
     }
   }
 
@@ -823,7 +836,7 @@ export class RetryOneRank {
   }
 
   private recycle(results: unknown[]): void {
-    if (results.length > 0) this.out.push({ kind: "recycle", results });
+    if (results.length > 0) this.emit({ kind: "recycle", results });
   }
 
   // ---- determinants ------------------------------------------------------------------------------
@@ -861,7 +874,7 @@ export class RetryOneRank {
     if (this.logsAcked !== null && this.logsAcked.size < this.size - 1) open = false;
     if (open !== this.gateOpen) {
       this.gateOpen = open;
-      this.out.push({ kind: "gate", open });
+      this.emit({ kind: "gate", open });
     }
   }
 
@@ -944,7 +957,7 @@ export class RetryOneRank {
       this.awaiting = null;
     }
     if (this.executing !== null) {
-      this.out.push({ kind: "abandon", wireSeq: this.executing.wireSeq });
+      this.emit({ kind: "abandon", wireSeq: this.executing.wireSeq });
       this.executing = null;
     }
     this.wireFloor = this.wireSeq;
@@ -1100,7 +1113,7 @@ export class RetryOneRank {
         h.detFrom += drop;
       }
     }
-    this.out.push({ kind: "peer-safe", rank: from, consumed: f.consumed });
+    this.emit({ kind: "peer-safe", rank: from, consumed: f.consumed });
   }
 
   // ---- agreement rounds ------------------------------------------------------------------------
@@ -1331,7 +1344,7 @@ export class RetryOneRank {
       cell.lend(); // handed to the program: never recycled
       this.ownGlobals.set(g.version, { version: g.version, index: g.index, key: g.key, global: cell });
       this.globalWait = null;
-      this.out.push({ kind: "global", global: g.global });
+      this.emit({ kind: "global", global: g.global });
     }
     for (const part of parts) {
       switch (part.kind) {
@@ -1438,7 +1451,7 @@ export class RetryOneRank {
     this.pos = null;
     const value =
       part.version > 0 ? { state: part.state, global, version: part.version, ...(this.globalWait === null ? {} : { globalPending: true }) } : undefined;
-    this.out.push({ kind: "restored", restored: { value, dets: part.dets, detFrom: part.detCount } });
+    this.emit({ kind: "restored", restored: { value, dets: part.dets, detFrom: part.detCount } });
     // Our successors may have restarted while we were gone: they hold what we push now.
     for (const s of this.succ) this.pushTo(s);
     this.answerWants();
@@ -1447,7 +1460,7 @@ export class RetryOneRank {
   // ---- helpers ---------------------------------------------------------------------------------
 
   private send(to: number, frame: ProtoFrame): void {
-    this.out.push({ kind: "send", to, frame });
+    this.emit({ kind: "send", to, frame });
   }
 
   /** The view for an outgoing frame (a snapshot: `attempts` is replaced, not changed). */

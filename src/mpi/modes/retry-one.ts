@@ -630,7 +630,9 @@ export class RetryOneMode extends LoggedMode implements AppLog {
       const hook = this.hook;
       const { runner } = this.core;
       const ident = identOf(op ?? kind, root, data);
-      let d: RetryDecision = await hook.beforeCollective(bootstrapKey === undefined ? { ident } : { ident, bootstrapKey });
+      const first = hook.beforeCollective(bootstrapKey === undefined ? { ident } : { ident, bootstrapKey });
+      // Run at once when the protocol decided at once, as in mode none: no hop through a promise.
+      let d: RetryDecision = first instanceof Promise ? await first : first;
       for (;;) {
         const failure = this.core.failure();
         if (failure !== undefined) throw failure;
@@ -643,7 +645,8 @@ export class RetryOneMode extends LoggedMode implements AppLog {
         this.collEpoch = viewId;
         const mine: RetryRun = { seq: wireSeq, abandoned: hook.isAbandoned(wireSeq), abandon: undefined };
         this.retryRun = mine;
-        let result: { value: R } | undefined;
+        let ran = false;
+        let value!: R;
         let retained: { arrayType: number; parts: readonly Buffer[] } | undefined;
         // Abandoned before it started (the abandon overtook the decision): not run at all.
         if (!mine.abandoned) {
@@ -657,28 +660,27 @@ export class RetryOneMode extends LoggedMode implements AppLog {
             // closure, minor GCs kept every collective's result and received chunks until a
             // mark-compact (300 allreduces of 1 MiB on 4 ranks: 70-73 mark-compacts against 13-21;
             // `--v8-flags=--trace-gc` of bench/programs/allreduce-loop.ts).
-            result = {
-              value: await new Promise<R>((resolve, reject) => {
-                mine.abandon = reject;
-                if (mine.abandoned) reject(new Abandoned(`collective #${mine.seq} abandoned`)); // while it started
-                running.then(resolve, reject);
-              }),
-            };
+            value = await new Promise<R>((resolve, reject) => {
+              mine.abandon = reject;
+              if (mine.abandoned) reject(new Abandoned(`collective #${mine.seq} abandoned`)); // while it started
+              running.then(resolve, reject);
+            });
+            ran = true;
           } catch (err) {
             if (!(err instanceof Abandoned) && !mine.abandoned) throw err;
           }
         }
         if (this.retryRun === mine) this.retryRun = undefined;
-        if (result !== undefined && !mine.abandoned) {
+        if (ran && !mine.abandoned) {
           // The algorithm's own immutable chunks when it offered them, below one bound or from
           // the other (no copy), else a copy (see keepsResultChunks).
           const bytes = retained === undefined ? 0 : byteLengthOf(retained.parts);
           hook.afterCollective(
             retained !== undefined && retained.parts.length > 0 && keepsResultChunks(bytes)
               ? [encodedValueHead(Encoding.typedArray, retained.arrayType, [bytes]), ...retained.parts]
-              : encodeValue(result.value, this.allocResult),
+              : encodeValue(value, this.allocResult),
           );
-          return result.value;
+          return value;
         }
         d = await hook.resumeCollective();
       }
