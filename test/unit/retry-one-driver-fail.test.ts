@@ -5,6 +5,9 @@
  * and the launcher takes that for a crash of this rank (one more restart) instead of the
  * rank's abort — with CPR_LOST, the difference between restarting one rank and restarting
  * every rank from the durable floor. Seen in CI under load: the rank's exit overtook its abort.
+ *
+ * Also how a collective's decision comes back to the communicator: as a value when the
+ * protocol decides at once (no promise to wait on), as the failure's promise otherwise.
  */
 import { describe, expect, it } from "vitest";
 import { RetryOneDriver } from "../../src/cpr/retry-one/driver.ts";
