@@ -607,7 +607,9 @@ export class RetryOneMode extends LoggedMode implements AppLog {
     this.inFlight++;
     const go = (): Promise<R> => this.runOne(kind, identity, algorithm, op, root, data, bootstrapKey);
     const run = this.inFlight === 1 ? go() : this.queue.then(go, go);
-    this.queue = run;
+    // A call that ended at once (a replay answered from the buffer, or a failure) counted itself
+    // out already and left the queue IDLE: keep it so, not holding the result it returned.
+    if (this.inFlight !== 0) this.queue = run;
     return run;
   }
 
