@@ -42,7 +42,16 @@ export interface HostRecoveryConfig {
 
 const wallNow = (): number => performance.timeOrigin + performance.now();
 
+/**
+ * Wall time the job computes past the kill step at least. The kill is a race against the
+ * program: the step is seen in a heartbeat (every 100 ms), and taking a host down spawns `ip`
+ * and scans /proc, which on a loaded machine took longer than 10 steps of 20 ms, so the job
+ * had finished before its host went.
+ */
+const KILL_MARGIN_MS = 2_000;
+
 export async function hostRecoveryRun(c: HostRecoveryConfig): Promise<RecoveryParts> {
+  const steps = Math.max(c.steps, c.killStep + Math.ceil(KILL_MARGIN_MS / c.stepMs));
   const argv = [
     process.execPath,
     path.join(c.root, "dist", "cli.js"),
@@ -67,17 +76,18 @@ export async function hostRecoveryRun(c: HostRecoveryConfig): Promise<RecoveryPa
     "100",
     "--failure-timeout",
     "1s",
-    ...recoveryProgram({ ...c, failStep: c.steps + 1 }),
+    ...recoveryProgram({ ...c, steps, failStep: steps + 1 }),
   ];
   const { command, args } = c.cluster.wrap(0, argv, c.root);
   const child = spawnChild(c.name, command, args, { cwd: c.root, env: { ...process.env, ...c.cluster.agentEnv } });
   const events: { at: number; ev: Record<string, unknown> }[] = [];
   let killAt: number | undefined;
+  let downAt: number | undefined;
   onJsonLines(child.proc.stderr!, (ev) => {
     events.push({ at: wallNow(), ev });
     if (killAt === undefined && ev.event === "rank-step" && ev.rank === 2 && (ev.steps as number) >= c.killStep) {
       killAt = wallNow();
-      void c.cluster.killHost(1);
+      void c.cluster.killHost(1).then(() => (downAt = wallNow()));
     }
   });
   const timer = setTimeout(() => void child.kill(), c.timeoutMs ?? 180_000);
@@ -86,8 +96,13 @@ export async function hostRecoveryRun(c: HostRecoveryConfig): Promise<RecoveryPa
   const fail = (what: string): never => {
     throw new Error(`host recovery run ${c.name} (${c.mode}): ${what}\n${child.tail()}`);
   };
+  if (killAt === undefined) fail("the job ended before rank 2 reported the kill step");
+  const finalized = events.filter((e) => e.ev.event === "rank-finalized" && (downAt === undefined || e.at < downAt));
+  if (finalized.length === 4) {
+    const took = downAt === undefined ? "it never finished" : `it took ${Math.round(downAt - killAt!)} ms`;
+    fail(`every rank finished before host 2 was down (${took} from the kill step; ${steps} steps of ${c.stepMs} ms): not a host loss`);
+  }
   if (status.code !== 0) fail(`exit ${status.code}`);
-  if (killAt === undefined) fail("the job ended before the host was killed");
   const after = events.filter((e) => e.at >= killAt!);
   const failed = after.find((e) => e.ev.event === "rank-failed");
   if (failed === undefined) return fail("no rank-failed event after the kill");
