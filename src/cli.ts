@@ -227,6 +227,10 @@ function addRunOptions(cmd: Command): void {
       "--no-malloc-tuning",
       "leave glibc's malloc settings of ranks at their defaults (the launcher sets GLIBC_TUNABLES for fewer page faults on large messages)",
     )
+    .option(
+      "--no-gc-pacing",
+      "ranks leave garbage collection to V8 alone (by default a rank runs a young-generation collection after each 16 MiB it receives without one, which frees received messages before V8 starts a full one)",
+    )
     .option("--min-np <n>", "elastic: the fewest ranks the job goes on with; below, it waits --elastic-timeout for ranks to join, then fails (default 1)")
     .option("--max-np <n>", "elastic: the most ranks at once; -n start, the others join when up (default -n)")
     .option("--elastic-timeout <dur>", `elastic: how long a job below --min-np waits for ranks to join (default ${DEFAULTS.elasticTimeoutMs / 1000}s)`)
@@ -297,6 +301,7 @@ function toFlags(app: string, args: string[], o: Record<string, unknown>): RunFl
     durableEvery: str("durableEvery"),
     spare: o.spare === false ? false : undefined,
     mallocTuning: o.mallocTuning === false ? false : undefined,
+    gcPacing: o.gcPacing === false ? false : undefined,
     minNp: str("minNp"),
     maxNp: str("maxNp"),
     elasticTimeout: str("elasticTimeout"),

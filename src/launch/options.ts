@@ -121,6 +121,8 @@ export interface RunConfig {
   spare?: boolean | undefined;
   /** Ranks and spares get glibc's malloc tunables of RANK_MALLOC_TUNABLES (`--no-malloc-tuning` turns it off; default on). */
   mallocTuning?: boolean | undefined;
+  /** Ranks pace scavenges by the bytes they receive (src/mpi/zmq/gc-pacing.ts; `--no-gc-pacing` turns it off; default on). */
+  gcPacing?: boolean | undefined;
   /** retry-one: bound on each rank's sender log in bytes (`--log-limit`; the rank's default when undefined). */
   logLimitBytes?: number | undefined;
   /** retry-one: every how many own checkpoints a rank writes one to `--store` too (0: no durable floor). */
@@ -174,6 +176,8 @@ export interface RunFlags {
   spare?: boolean | undefined;
   /** false for `--no-malloc-tuning`. */
   mallocTuning?: boolean | undefined;
+  /** false for `--no-gc-pacing`. */
+  gcPacing?: boolean | undefined;
   insecure?: boolean | undefined;
   keys?: string | undefined;
   maxMessage?: string | undefined;
@@ -617,6 +621,7 @@ export function resolveRunConfig(flags: RunFlags, ctx: { cwd: string; env?: Node
     replicas: replicas!,
     spare: flags.spare !== false,
     mallocTuning: flags.mallocTuning !== false,
+    gcPacing: flags.gcPacing !== false,
     logLimitBytes,
     durableEvery: durableEvery ?? 0,
     insecure: flags.insecure === true,

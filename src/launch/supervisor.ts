@@ -500,6 +500,7 @@ export class Supervisor {
     env[ENV.keys] = this.placement === undefined ? this.keyFile(rank, attempt) : "-";
     if (this.config.maxMessageBytes !== undefined) env[ENV.maxMessageBytes] = String(this.config.maxMessageBytes);
     if (this.config.maxUnexpectedBytes !== undefined) env[ENV.maxUnexpectedBytes] = String(this.config.maxUnexpectedBytes);
+    if (this.config.gcPacing === false) env[ENV.gcPacing] = "0";
     return env;
   }
 

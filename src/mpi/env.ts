@@ -44,6 +44,8 @@ export const ENV = {
   maxMessageBytes: "LIFELINE_MAX_MESSAGE_BYTES",
   /** Bytes of unmatched messages a rank may hold (`--max-unexpected`). */
   maxUnexpectedBytes: "LIFELINE_MAX_UNEXPECTED_BYTES",
+  /** `0`: no scavenges paced by the bytes received (`--no-gc-pacing`); `1` or unset: paced. */
+  gcPacing: "LIFELINE_GC_PACING",
 } as const;
 
 /** The longest message body a rank sends or accepts, unless `--max-message` says otherwise. */
@@ -96,6 +98,8 @@ export interface RankPlace {
   maxMessageBytes: number;
   /** Bytes of unmatched messages held before the job stops. */
   maxUnexpectedBytes: number;
+  /** Scavenges paced by the bytes received (src/mpi/zmq/gc-pacing.ts; from the environment: on unless `0`). */
+  gcPacing?: boolean | undefined;
   /**
    * Application payloads from this size on go on the transport's bulk connection (default
    * 2 MiB; not set from the environment: the simulator lowers it so that its programs'
@@ -109,6 +113,12 @@ function intFrom(name: string, raw: string | undefined): number | undefined {
   const n = Number(raw);
   if (!Number.isInteger(n) || n < 0) throw new LifelineError("MPI_INIT", `${name}=${JSON.stringify(raw)} is not a non-negative integer`);
   return n;
+}
+
+function flagFrom(name: string, raw: string | undefined): boolean | undefined {
+  if (raw === undefined || raw === "") return undefined;
+  if (raw === "0" || raw === "1") return raw === "1";
+  throw new LifelineError("MPI_INIT", `${name}=${JSON.stringify(raw)} is not 0 or 1`);
 }
 
 function positive(name: string, raw: string | undefined): number | undefined {
@@ -170,5 +180,6 @@ export function resolveRankPlace(opts: InitOptions, env: NodeJS.ProcessEnv): Ran
     keys: opts.keys ?? (env[ENV.keys] === "" ? undefined : env[ENV.keys]),
     maxMessageBytes: positive(ENV.maxMessageBytes, env[ENV.maxMessageBytes]) ?? DEFAULT_MAX_MESSAGE_BYTES,
     maxUnexpectedBytes: positive(ENV.maxUnexpectedBytes, env[ENV.maxUnexpectedBytes]) ?? DEFAULT_MAX_UNEXPECTED_BYTES,
+    gcPacing: flagFrom(ENV.gcPacing, env[ENV.gcPacing]) ?? true,
   };
 }

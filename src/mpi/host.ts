@@ -104,6 +104,7 @@ export async function zmqHost(
     curve,
     maxMessageBytes: place.maxMessageBytes,
     refused,
+    gcPacing: place.gcPacing,
   });
   let control: ControlLink;
   try {

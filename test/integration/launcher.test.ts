@@ -73,6 +73,9 @@ describe("a clean job", () => {
     // Every rank's V8 starts with the larger first old-generation limit (rank-process.ts).
     for (let rank = 0; rank < 4; rank++)
       expect(r.stdout).toMatch(new RegExp(`^\\[${rank}\\] rank ${rank} node flags: .*--initial-old-space-size=${RANK_INITIAL_OLD_SPACE_MIB}\\b`, "m"));
+    // Each paces its scavenges (the default: no variable), and took V8's gc() for that without
+    // giving the program's global object one (gc-pacing.ts).
+    for (let rank = 0; rank < 4; rank++) expect(r.stdout).toContain(`[${rank}] rank ${rank} gc pacing: (unset); global gc: undefined\n`);
     const events = cli.events.all;
     // And glibc's malloc tunables (on stderr: an event each), the user's after the launcher's.
     expect(tunablesPrinted(events, 4).printed).toEqual([0, 1, 2, 3].map((rank) => `rank ${rank} malloc: ${RANK_MALLOC_TUNABLES}:glibc.malloc.tcache_count=7`));
@@ -91,8 +94,8 @@ describe("a clean job", () => {
     await expectNoSurvivors(cli);
   });
 
-  it("a .js app over tcp, with plain progress lines on a pipe (and glibc's malloc defaults)", async () => {
-    const cli = new CliProcess(["run", "-n", "2", "--mode", "none", "--transport", "tcp", "--no-malloc-tuning", join(FIXTURES, "ok.js")], {
+  it("a .js app over tcp, with plain progress lines on a pipe (and glibc's malloc defaults, V8's collections unpaced)", async () => {
+    const cli = new CliProcess(["run", "-n", "2", "--mode", "none", "--transport", "tcp", "--no-malloc-tuning", "--no-gc-pacing", join(FIXTURES, "ok.js")], {
       timeoutMs: 40_000,
     });
     started.push(cli);
@@ -103,6 +106,7 @@ describe("a clean job", () => {
     expect(r.stdout).toMatch(new RegExp(`^\\[1\\] js rank 1 node flags: .*--initial-old-space-size=${RANK_INITIAL_OLD_SPACE_MIB}\\b`, "m"));
     // --no-malloc-tuning: the ranks get the launcher's environment's tunables (if any) and no more.
     expect(r.stdout).toContain(`[1] js rank 1 malloc: ${process.env.GLIBC_TUNABLES ?? "(unset)"}\n`);
+    expect(r.stdout).toContain("[1] js rank 1 gc pacing: 0; global gc: undefined\n");
 
     expect(r.stderr).not.toMatch(/[\x00-\x09\x0b-\x1f]/);
     expect(r.stderr).toMatch(/^lifeline: job ok-[0-9a-f]{8}: starting 2 ranks of .*ok\.js \(mode none\)$/m);

@@ -29,6 +29,7 @@ import * as zmq from "zeromq";
 import { LifelineError } from "../../errors.ts";
 import { DEFAULT_TCP_HOST } from "../bind.ts";
 import type { CurveKeyPair } from "../keys.ts";
+import { ReceiveGcPacer } from "./gc-pacing.ts";
 import { SerialSender } from "./serial-sender.ts";
 import { curveClient, curveServer, registerZap, watchHandshakes, type ZapDomain } from "./zap.ts";
 import type { Transport } from "../host.ts";
@@ -67,6 +68,8 @@ export interface BindOptions {
   maxMessageBytes?: number | undefined;
   /** A connection to the data socket was refused: `why` is the kind of refusal, `what` says it with the peer's address if known (rate-limit the warnings by kind). */
   refused?: ((why: string, what: string) => void) | undefined;
+  /** Scavenges paced by the bytes received (see gc-pacing.ts); off unless true. */
+  gcPacing?: boolean | undefined;
 }
 
 export class ZmqTransport implements Transport {
@@ -81,6 +84,7 @@ export class ZmqTransport implements Transport {
     readonly curveKey: string | undefined,
     private readonly member: CurveKeyPair | undefined,
     private readonly zap: ZapDomain | undefined,
+    private readonly gcPacing: boolean,
   ) {}
 
   /** Binds the receiving socket: `ipc://<runDir>/<name>.sock` or `tcp://host:0` (a free port). */
@@ -113,13 +117,14 @@ export class ZmqTransport implements Transport {
       zap?.close();
       throw new LifelineError("MPI_INIT", `cannot bind the rank's socket at ${address}: ${(err as Error).message}`, { cause: err });
     }
-    return new ZmqTransport(pull, pull.lastEndpoint ?? address, own?.publicKey, curve?.member, zap);
+    return new ZmqTransport(pull, pull.lastEndpoint ?? address, own?.publicKey, curve?.member, zap, opts.gcPacing === true);
   }
 
   /** Starts the single reader loop. `onFrames` runs synchronously for each arriving message. */
   start(onFrames: (frames: Buffer[]) => void, onError: (err: unknown) => void): void {
     // receive() directly rather than `for await` over the socket: zeromq.js's async iterator
     // wraps every receive in an async function of its own (one promise and hop more).
+    const pacer = this.gcPacing ? ReceiveGcPacer.create() : undefined;
     this.reading = (async () => {
       const pull = this.pull;
       try {
@@ -128,6 +133,11 @@ export class ZmqTransport implements Transport {
           // A bulk connection's fence (see sendBulk): nothing to deliver.
           if (frames.length === 1 && frames[0]!.length === 0) continue;
           onFrames(frames);
+          if (pacer !== undefined) {
+            let bytes = 0;
+            for (const f of frames) bytes += f.length;
+            pacer.received(bytes);
+          }
         }
       } catch (err) {
         if (!this.closed) onError(err);
