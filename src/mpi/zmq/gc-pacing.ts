@@ -7,18 +7,17 @@
  * grown by 64 MiB since the last one. A scavenge (a young-generation collection) frees the
  * buffers of the messages already handled just as well, since they die young; but V8 runs
  * scavenges as the program allocates, and a rank that mostly receives allocates little. The
- * receiver of a stream of 1 MiB messages ran a mark-compact every 40-60 ms, 238 in a run, with
- * one scavenge per 30-40 messages in between (`lifeline run -n 2 --no-gc-pacing
- * bench/programs/stream-loop.ts --bytes 1048576 --iters 5000 --v8-flags=--trace-gc`); the
- * memory of each message was fresh to the allocator, where a freed buffer's would have been
- * reused warm.
+ * receiver of a stream of 1 MiB messages ran a mark-compact about every 20 ms, 229 and 246 in two
+ * runs, with about 600 scavenges in between (`lifeline run -n 2 --no-gc-pacing
+ * bench/programs/stream-loop.ts --bytes 1048576 --iters 5000 --v8-flags=--trace-gc`, rank 1's
+ * lines); and the memory of each message was fresh to the allocator, where a freed buffer's
+ * would have been reused warm.
  *
  * So the reader loop counts what arrives, and once 16 MiB came in with no collection in
  * between (the used heap did not shrink), it runs a scavenge itself: a pause of 0.1-0.3 ms
- * when little in the young generation is alive. The same run paced: 1-3 mark-compacts. A rank
- * whose own allocations keep V8 collecting (a collective makes its result arrays) is seldom
- * paced: a 4-rank allreduce of 1 MiB, never. With 32 MiB instead of 16, the stream's receiver
- * still ran most of its mark-compacts.
+ * when little in the young generation is alive. The same runs paced: 0 and 1 mark-compacts. A
+ * rank whose own allocations keep V8 collecting (a collective makes its result arrays) is
+ * seldom paced. docs/cli.md has what it changes in time.
  *
  * @example
  * const pacer = ReceiveGcPacer.create(); // undefined where V8's gc() cannot be had
