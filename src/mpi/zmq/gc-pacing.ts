@@ -33,19 +33,22 @@ export const GC_PACING_CHECK_BYTES = 4 * 1024 * 1024;
 
 /**
  * V8's `gc`, as a function that runs one synchronous scavenge, or undefined where it cannot
- * be had. The flag that exposes it is set only while a fresh context is made to take it from,
- * then cleared: the program's global object never gets a `gc`, and contexts it makes later do
- * not either.
+ * be had. A process started with `--expose-gc` has it on its global object already. Otherwise
+ * the flag that exposes it is set only while a fresh context is made to take it from, then
+ * cleared: the program's global object never gets a `gc`, and contexts it makes later do not
+ * either.
  */
 export function minorGc(): (() => void) | undefined {
-  let gc: unknown;
-  try {
-    setFlagsFromString("--expose-gc");
-    gc = runInNewContext("gc");
-  } catch {
-    gc = undefined;
-  } finally {
-    setFlagsFromString("--no-expose-gc");
+  let gc: unknown = (globalThis as { gc?: unknown }).gc;
+  if (typeof gc !== "function") {
+    try {
+      setFlagsFromString("--expose-gc");
+      gc = runInNewContext("gc");
+    } catch {
+      gc = undefined;
+    } finally {
+      setFlagsFromString("--no-expose-gc");
+    }
   }
   if (typeof gc !== "function") return undefined;
   const run = gc as (opts: { type: "minor"; execution: "sync" }) => void;
