@@ -24,7 +24,10 @@ import { killTogetherAt, RUN_TIMEOUT_MS, type Run, retryOneRuns } from "./retry-
 
 const NP = 4;
 const HEAT = "examples/heat.ts";
-const ARGS = ["--iters", "100", "--rows", "128", "--cols", "128"];
+// 400 steps: the kills below come on a rank's step event, which the launcher passes on with a
+// heartbeat, and heat at this size has run 50 steps between two of them (about 5 ms a step).
+// With 100 steps, a kill could land after the job's end or past the first durable line.
+const ARGS = ["--iters", "400", "--rows", "128", "--cols", "128"];
 let dir: string;
 const { run, expectOnlyRestarted } = retryOneRuns(() => dir, NP);
 let ref: Run | undefined;
@@ -59,7 +62,8 @@ describe("retry-one: the durable floor", () => {
       // protocol reuses once a version is dropped, while the durable write of that version may
       // still be reading it (the store writes the global as it is, without a joined copy).
       const MODEL = "test/fixtures/retry-one/model-steps.ts";
-      const args = ["--steps", "80", "--n", "32768"];
+      // Long enough that the kill (on a step event, which comes with a heartbeat) lands before the end.
+      const args = ["--steps", "200", "--n", "32768"];
       const want = await run(MODEL, ["--mode", "none"], args);
       expect(want.code, context(want)).toBe(0);
       const r = await run(MODEL, ["--mode", "retry-one", "--replicas", "1", "--durable-every", "1"], args, killTogetherAt(50, [1, 2]));
@@ -126,7 +130,8 @@ describe("retry-one: the durable floor", () => {
     "beyond the replicas before any durable line: every rank restarts from the beginning; without the floor the job fails with CPR_LOST",
     async () => {
       const want = await reference();
-      const early = await run(HEAT, ["--mode", "retry-one", "--replicas", "1", "--durable-every", "50"], ARGS, killTogetherAt(8, [1, 2]));
+      // The first durable line comes at step 300; the kill, on the first step event from 8 on.
+      const early = await run(HEAT, ["--mode", "retry-one", "--replicas", "1", "--durable-every", "300"], ARGS, killTogetherAt(8, [1, 2]));
       expect(early.code, context(early)).toBe(0);
       expect(early.doc?.ranks, context(early)).toEqual(want.doc?.ranks);
       expect(early.stderr).toMatch(/no durable line exists yet: every rank restarts from the beginning \(all work is lost\)/);
