@@ -23,13 +23,11 @@ import { resolveRunConfig, type RunFlags } from "../../src/launch/options.ts";
 import type { JobEvent, Reporter } from "../../src/launch/progress.ts";
 import { runJob } from "../../src/launch/run.ts";
 import type { FailureRecord, JobOutcome } from "../../src/launch/supervisor.ts";
-import { FIXTURES, ROOT, tempDir, waitGone } from "../launch/helpers.ts";
+import { FIXTURES, tempDir, requireBuild, ROOT, waitGone } from "../launch/helpers.ts";
 
 const { dir, cleanup } = tempDir("lifeline-detect-");
 afterAll(cleanup);
-beforeAll(() => {
-  if (!existsSync(join(ROOT, "dist", "index.js"))) throw new Error("dist/index.js is missing: run `npm run build` first");
-});
+beforeAll(requireBuild);
 
 const PACED = join(FIXTURES, "paced.ts");
 const TEST_MS = 40_000;

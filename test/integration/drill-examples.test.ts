@@ -12,15 +12,11 @@
  * drill whose fault did not fire would pass vacuously, so each test checks the hit. Needs
  * `npm run build` (the examples import "lifeline" from dist/).
  */
-import { existsSync } from "node:fs";
-import { join } from "node:path";
 import { beforeAll, describe, expect, it } from "vitest";
 import { resolveDrillConfig, runDrill, type DrillFlags, type DrillOutcome } from "../../src/launch/drill.ts";
-import { ROOT, Sink, waitGone } from "../launch/helpers.ts";
+import { requireBuild, ROOT, Sink, waitGone } from "../launch/helpers.ts";
 
-beforeAll(() => {
-  if (!existsSync(join(ROOT, "dist", "index.js"))) throw new Error("dist/index.js is missing: run `npm run build` first");
-});
+beforeAll(requireBuild);
 
 const DRILL_TEST_MS = 45_000;
 const TOKEN_RING = ["examples/token-ring.ts", "--laps", "30", "--len", "64", "--work", "100000"];

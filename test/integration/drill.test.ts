@@ -11,17 +11,15 @@
  * first), string sinks for the output, fixed seeds, and per-test checks that no rank process
  * outlives its drill. Each drill stays well under 30 s on a loaded 2-core machine.
  */
-import { existsSync, readFileSync } from "node:fs";
+import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { resolveDrillConfig, runDrill, type DrillFlags, type DrillOutcome } from "../../src/launch/drill.ts";
-import { ROOT, Sink, tempDir, waitGone } from "../launch/helpers.ts";
+import { tempDir, requireBuild, ROOT, Sink, waitGone } from "../launch/helpers.ts";
 
 const { dir, cleanup } = tempDir("lifeline-drill-");
 afterAll(cleanup);
-beforeAll(() => {
-  if (!existsSync(join(ROOT, "dist", "index.js"))) throw new Error("dist/index.js is missing: run `npm run build` first");
-});
+beforeAll(requireBuild);
 
 const DRILL_TEST_MS = 30_000;
 /** Small enough to be quick, long enough for cpr to commit lines before the faults. */

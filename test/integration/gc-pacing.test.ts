@@ -13,22 +13,17 @@
  *   to 38 on an idle machine, but 4 in a CI run. With zmqHost hard-wired to `gcPacing: false`,
  *   the paced run had 0 forced scavenges (and 6 full collections) and the test failed.
  */
-import { existsSync, readFileSync } from "node:fs";
+import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
-import { CliProcess, FIXTURES, killAll, ROOT, tempDir } from "../launch/helpers.ts";
+import { CliProcess, FIXTURES, killCli, tempDir, requireBuild } from "../launch/helpers.ts";
 
 const { dir, cleanup } = tempDir("lifeline-gc-pacing-");
 let started: CliProcess[] = [];
 
-beforeAll(() => {
-  if (!existsSync(join(ROOT, "dist", "index.js"))) throw new Error("dist/index.js is missing: run `npm run build` first");
-});
+beforeAll(requireBuild);
 afterEach(() => {
-  for (const cli of started) {
-    killAll(cli.rankPids());
-    if (cli.child.exitCode === null && cli.child.signalCode === null) cli.child.kill("SIGKILL");
-  }
+  for (const cli of started) killCli(cli);
   started = [];
 });
 afterAll(cleanup);

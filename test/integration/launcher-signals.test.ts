@@ -9,26 +9,21 @@
  * started, by pid. Each test's launchers get a private TMPDIR, where their run directories go:
  * after a SIGKILL, the next launcher must delete the one the killed launcher left.
  */
-import { existsSync, mkdtempSync, readdirSync, rmSync } from "node:fs";
+import { mkdtempSync, readdirSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeAll, beforeEach, describe, expect, it } from "vitest";
-import { CliProcess, FIXTURES, killAll, processExists, ROOT, waitGone } from "../launch/helpers.ts";
+import { CliProcess, FIXTURES, killCli, requireBuild, processExists, waitGone } from "../launch/helpers.ts";
 
 let started: CliProcess[] = [];
 let tmp = "";
 
-beforeAll(() => {
-  if (!existsSync(join(ROOT, "dist", "index.js"))) throw new Error("dist/index.js is missing: run `npm run build` first");
-});
+beforeAll(requireBuild);
 beforeEach(() => {
   tmp = mkdtempSync(join(tmpdir(), "signals-"));
 });
 afterEach(() => {
-  for (const cli of started) {
-    killAll(cli.rankPids());
-    if (cli.child.exitCode === null && cli.child.signalCode === null) cli.child.kill("SIGKILL");
-  }
+  for (const cli of started) killCli(cli);
   started = [];
   rmSync(tmp, { recursive: true, force: true });
 });

@@ -11,24 +11,19 @@
  * is measured inside the launcher, not across a loaded machine's process start-up. Jobs use
  * 2–4 ranks; every test kills what it started.
  */
-import { existsSync, readFileSync } from "node:fs";
+import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 import { RANK_INITIAL_OLD_SPACE_MIB, RANK_MALLOC_TUNABLES } from "../../src/launch/rank-process.ts";
-import { CliProcess, FIXTURES, killAll, ROOT, tempDir, waitGone } from "../launch/helpers.ts";
+import { CliProcess, FIXTURES, killCli, tempDir, requireBuild, waitGone } from "../launch/helpers.ts";
 import { tunablesPrinted } from "./cpr-run.ts";
 
 const { dir, cleanup } = tempDir("lifeline-launcher-");
 let started: CliProcess[] = [];
 
-beforeAll(() => {
-  if (!existsSync(join(ROOT, "dist", "index.js"))) throw new Error("dist/index.js is missing: run `npm run build` first");
-});
+beforeAll(requireBuild);
 afterEach(() => {
-  for (const cli of started) {
-    killAll(cli.rankPids());
-    if (cli.child.exitCode === null && cli.child.signalCode === null) cli.child.kill("SIGKILL");
-  }
+  for (const cli of started) killCli(cli);
   started = [];
 });
 afterAll(cleanup);

@@ -3,7 +3,7 @@
  * Dealer that speaks the rank side of src/mpi/control.ts, and process bookkeeping.
  */
 import { spawn, type ChildProcess } from "node:child_process";
-import { mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { createRequire } from "node:module";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -206,6 +206,17 @@ export class CliProcess {
   rankPids(): number[] {
     return this.events.all.filter((e) => e.event === "rank-spawned").map((e) => e.pid as number);
   }
+}
+
+/** Throws at once when dist/ is not built: the fixtures import "lifeline", which resolves there. */
+export function requireBuild(): void {
+  if (!existsSync(join(ROOT, "dist", "index.js"))) throw new Error("dist/index.js is missing: run `npm run build` first");
+}
+
+/** SIGKILLs whatever is left of a launcher and of the ranks it reported (test cleanup). */
+export function killCli(cli: CliProcess): void {
+  killAll(cli.rankPids());
+  if (cli.child.exitCode === null && cli.child.signalCode === null) cli.child.kill("SIGKILL");
 }
 
 /** Runs the CLI to completion. */

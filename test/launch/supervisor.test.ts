@@ -6,7 +6,6 @@
  * Method: run a Supervisor in-process on real rank programs (test/fixtures/launch, importing
  * "lifeline" from dist/), with a recording reporter and a custom policy.
  */
-import { existsSync } from "node:fs";
 import { join } from "node:path";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 import { resolveRunConfig } from "../../src/launch/options.ts";
@@ -14,14 +13,12 @@ import type { JobEvent, Reporter } from "../../src/launch/progress.ts";
 import { failFastPolicy, type JobView, type RankFailure, type RestartPolicy } from "../../src/launch/policy.ts";
 import { Supervisor } from "../../src/launch/supervisor.ts";
 import { makeJobKeys } from "../../src/mpi/keys.ts";
-import { FIXTURES, killAll, ROOT, tempDir, waitGone } from "./helpers.ts";
+import { FIXTURES, killAll, tempDir, requireBuild, ROOT, waitGone } from "./helpers.ts";
 
 const { dir, cleanup } = tempDir("lifeline-sup-");
 let pids: number[] = [];
 
-beforeAll(() => {
-  if (!existsSync(join(ROOT, "dist", "index.js"))) throw new Error("dist/index.js is missing: run `npm run build` first");
-});
+beforeAll(requireBuild);
 afterEach(() => {
   killAll(pids);
   pids = [];

@@ -63,24 +63,15 @@ describe("ReceiveGcPacer", () => {
   });
 
   it("refuses a look interval longer than the pacing interval", () => {
-    expect(
-      () =>
-        new ReceiveGcPacer(
-          () => undefined,
-          () => 0,
-          4 * MiB,
-          8 * MiB,
-        ),
-    ).toThrow(RangeError);
-    expect(
-      () =>
-        new ReceiveGcPacer(
-          () => undefined,
-          () => 0,
-          4 * MiB,
-          0,
-        ),
-    ).toThrow(RangeError);
+    const pacer = (afterBytes: number, checkBytes: number): ReceiveGcPacer =>
+      new ReceiveGcPacer(
+        () => undefined,
+        () => 0,
+        afterBytes,
+        checkBytes,
+      );
+    expect(() => pacer(4 * MiB, 8 * MiB)).toThrow(RangeError);
+    expect(() => pacer(4 * MiB, 0)).toThrow(RangeError);
   });
 });
 
