@@ -476,6 +476,25 @@ export function encodedValueChunks(buf: Buffer): Buffer[] {
 }
 
 /**
+ * {@link decodeValue} into memory of its own: nothing in the value shares `buf`'s memory, so the
+ * caller may hand `buf` to a transport (which reads it later, in place) and the value to a
+ * program (which may change it) at once. Each frame is copied once, into a block that aligns
+ * any typed array, which then views its copy.
+ *
+ * @example
+ * const mine = decodeValueOwned(served); send(encodedValueChunks(served)); (mine as Float64Array).fill(0);
+ */
+export function decodeValueOwned(buf: Buffer): unknown {
+  const [head, ...frames] = encodedValueChunks(buf);
+  const copies = frames.map((f) => {
+    const own = Buffer.allocUnsafeSlow(f.length);
+    f.copy(own);
+    return own;
+  });
+  return decodeValueChunks([head!, ...copies]);
+}
+
+/**
  * {@link decodeValue} of the concatenation of `chunks`. When they are the value's head and then
  * one chunk per frame ({@link encodedValueChunks}), nothing is joined; any other split is.
  */

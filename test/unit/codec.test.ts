@@ -6,6 +6,7 @@ import {
   decodeBody,
   decodeValue,
   decodeValueChunks,
+  decodeValueOwned,
   encodeBody,
   encodedValueChunks,
   encodeValue,
@@ -216,5 +217,28 @@ describe("encodeValueChunks", () => {
     expect(got).toEqual(model);
     expect(got.buffer).toBe(own[1]!.buffer);
     expect(() => encodedValueChunks(encodeValue(model).subarray(0, 40))).toThrow(/truncated/);
+  });
+
+  it("decodeValueOwned: the same value as decodeValue, sharing no memory with the bytes, at every offset", () => {
+    const model = Float64Array.from({ length: 1000 }, (_, i) => i / 7);
+    const values: unknown[] = [undefined, "text", model, new Uint8Array([1, 2, 3]), { step: 4, w: model, b: Buffer.from("xy"), tags: ["a"] }];
+    const arrays = (v: unknown): ArrayBufferView[] =>
+      ArrayBuffer.isView(v) ? [v] : typeof v === "object" && v !== null ? Object.values(v).flatMap(arrays) : [];
+    for (const v of values) {
+      const enc = encodeValue(v);
+      // At each offset in a larger buffer, where decodeValue views an array whose start is aligned.
+      for (let at = 0; at < 8; at++) {
+        const within = Buffer.alloc(at + enc.length);
+        enc.copy(within, at);
+        const bytes = within.subarray(at);
+        const got = decodeValueOwned(bytes);
+        expect(got).toEqual(decodeValue(bytes));
+        for (const a of arrays(got)) expect(a.buffer === within.buffer, `offset ${at}`).toBe(false);
+        const before = Buffer.from(bytes);
+        for (const a of arrays(got)) new Uint8Array(a.buffer, a.byteOffset, a.byteLength).fill(0xff);
+        expect(bytes.equals(before)).toBe(true);
+      }
+    }
+    expect(() => decodeValueOwned(encodeValue(model).subarray(0, 40))).toThrow(/truncated/);
   });
 });

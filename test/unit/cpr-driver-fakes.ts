@@ -53,14 +53,20 @@ export interface Sent {
   body: unknown;
   /** The body's encoded size: what crossed the network. */
   bytes: number;
+  /** The body as the driver handed it over: a real transport reads its arrays later, in place. */
+  given: unknown;
 }
 
 /**
  * Rank `rank` of `size`: its driver, the control messages it sent, its protocol frames (held),
  * its own parts (`own`, by epoch: pass another rank's map to restore from it) and the copies
- * it keeps for partners (`held`). `partner` makes the stores per-host ones.
+ * it keeps for partners (`held`). `partner` makes the stores per-host ones. `writeLater`: its
+ * stores read a part's bytes a tick after putPart is called, as a file write does.
  */
-export function fakeRank(rank: number, opts: { size?: number; partner?: number; own?: Map<number, Buffer>; maxMessageBytes?: number } = {}) {
+export function fakeRank(
+  rank: number,
+  opts: { size?: number; partner?: number; own?: Map<number, Buffer>; maxMessageBytes?: number; writeLater?: boolean } = {},
+) {
   const size = opts.size ?? 2;
   const controls: RankToCoordinator[] = [];
   const out: Sent[] = [];
@@ -74,7 +80,7 @@ export function fakeRank(rank: number, opts: { size?: number; partner?: number; 
     // As the wire does: the receiver sees decoded copies, never the sender's objects.
     sendProtocol: (dest, tag, body) => {
       const enc = encodeValue(body);
-      out.push({ dest, tag, body: decodeValue(enc), bytes: enc.byteLength });
+      out.push({ dest, tag, body: decodeValue(enc), bytes: enc.byteLength, given: body });
     },
     ...(opts.maxMessageBytes === undefined ? {} : { maxMessageBytes: opts.maxMessageBytes }),
     sendControl: (msg) => void controls.push(msg),
@@ -84,6 +90,8 @@ export function fakeRank(rank: number, opts: { size?: number; partner?: number; 
   };
   const store = (into: Map<number, Buffer>): PartStoreLike => ({
     putPart: async (epoch, bytes) => {
+      // writeLater: the bytes are read a little later, as a file write reads them.
+      if (opts.writeLater === true) await settle();
       const whole = Buffer.concat(bytes instanceof Uint8Array ? [bytes] : bytes);
       into.set(epoch, whole);
       return { rank, epoch, checksum: crc32(whole), bytes: whole.length };

@@ -10,7 +10,7 @@ import { createHash } from "node:crypto";
 import { describe, expect, it } from "vitest";
 import { PROTO_CPR_COUNT, PROTO_CPR_EARLY, PROTO_CPR_GLOBAL, PROTO_CPR_GLOBAL_SUM, PROTO_CPR_GLOBAL_WANT } from "../../src/cpr/coordinated/driver.ts";
 import { decodeValue, encodeValue } from "../../src/mpi/codec.ts";
-import { deliver, fakeRank, type FakeRank, protocolHeader, round, settle } from "./cpr-driver-fakes.ts";
+import { deliver, fakeRank, type FakeRank, protocolHeader, round, type Sent, settle } from "./cpr-driver-fakes.ts";
 
 const model = (seed: number, n = 20_000) => Float64Array.from({ length: n }, (_, i) => Math.cos(i * seed));
 
@@ -21,10 +21,10 @@ interface StoredPart {
 }
 
 /** Every rank of `size` takes checkpoint 1 (globals from `globalOf`); the sums are delivered; parts written. */
-async function line(size: number, globalOf: (rank: number) => unknown): Promise<FakeRank[]> {
+async function line(size: number, globalOf: (rank: number) => unknown, stateOf = (rank: number): unknown => ({ step: 10 + rank })): Promise<FakeRank[]> {
   const ranks = Array.from({ length: size }, (_, r) => fakeRank(r, { size }));
   for (const r of ranks) await r.driver.beforeStart(r.table);
-  for (const r of ranks) await round(r, 1, { step: 10 + r.rank }, globalOf(r.rank));
+  for (const r of ranks) await round(r, 1, stateOf(r.rank), globalOf(r.rank));
   for (const from of ranks) for (const to of ranks) if (to !== from) deliver(from, to, PROTO_CPR_GLOBAL_SUM);
   await settle();
   for (const r of ranks) expect(r.controls.filter((m) => m.t === "cpr-part").map((m) => (m as { epoch: number }).epoch)).toEqual([1]);
@@ -32,7 +32,7 @@ async function line(size: number, globalOf: (rank: number) => unknown): Promise<
 }
 
 /** The ranks restart from line 1: each restores from its own part; the exchange runs; resolves to what restore() gives. */
-async function restart(old: FakeRank[], tamper?: (body: { global?: Uint8Array[] }) => void, maxMessageBytes?: number) {
+async function restart(old: FakeRank[], tamper?: (body: { global?: Uint8Array[] }) => void, maxMessageBytes?: number, delivered?: Sent[]) {
   const ranks = old.map((o) => fakeRank(o.rank, { size: o.size, own: o.own, ...(maxMessageBytes === undefined ? {} : { maxMessageBytes }) }));
   for (const r of ranks) await r.driver.beforeStart(r.restoreTable(1));
   const started = ranks.map((r) =>
@@ -46,7 +46,8 @@ async function restart(old: FakeRank[], tamper?: (body: { global?: Uint8Array[] 
       for (const to of ranks) {
         if (to === from) continue;
         if (tag === PROTO_CPR_GLOBAL && tamper !== undefined) for (const s of from.out) if (s.tag === tag) tamper(s.body as { global?: Uint8Array[] });
-        deliver(from, to, tag);
+        const taken = deliver(from, to, tag);
+        delivered?.push(...taken);
       }
     await settle();
   }
@@ -76,6 +77,29 @@ describe("a line's global, stored once", () => {
       expect(Buffer.from((got!.global as Float64Array).buffer, (got!.global as Float64Array).byteOffset, g.byteLength).equals(Buffer.from(g.buffer))).toBe(
         true,
       );
+    }
+  });
+
+  it("the writer's restored global is memory of its own, not the bytes it serves to the others", async () => {
+    // A transport reads what the writer serves from the writer's memory, later, while the
+    // writer's program may already be changing its global. Where the global lies in the
+    // part's bytes shifts with the size of the state before it: every alignment is tried.
+    for (let pad = 0; pad < 8; pad++) {
+      const g = model(13);
+      const ranks = await line(
+        2,
+        () => g,
+        (rank) => ({ step: rank, pad: "x".repeat(pad) }),
+      );
+      const delivered: Sent[] = [];
+      const restored = await restart(ranks, undefined, undefined, delivered);
+      const served = delivered.filter((s) => s.tag === PROTO_CPR_GLOBAL).flatMap((s) => (s.given as { global: Uint8Array[] }).global);
+      expect(served.length).toBeGreaterThan(0);
+      const mine = restored[0]!.restored!.global as Float64Array;
+      for (const chunk of served) expect(mine.buffer === chunk.buffer, `pad ${pad}: the restored global views a served chunk`).toBe(false);
+      // What rank 1 got is the line's global, whatever the writer's program does with its own.
+      mine.fill(-1);
+      expect((restored[1]!.restored!.global as Float64Array)[1]).toBe(Math.cos(13));
     }
   });
 

@@ -160,3 +160,23 @@ describe("partner copies sent ahead", () => {
     ]);
   });
 });
+
+describe("a part the launcher fetched from the partner (this host lost its own)", () => {
+  it("the copy the rank keeps again is the line's bytes, whatever its program does with the restored state at once", async () => {
+    // The restored state views the fetched bytes where its arrays lie aligned in them, which
+    // shifts with what comes before them in the part: every alignment is tried.
+    for (let pad = 0; pad < 8; pad++) {
+      const first = fakeRank(0, { size: 1 });
+      await first.driver.beforeStart(first.table);
+      await round(first, 1, { pad: "x".repeat(pad), ...bigState(3) });
+      const fetched = first.own.get(1)!;
+      const again = fakeRank(0, { size: 1, writeLater: true });
+      const table = first.restoreTable(1) as { restore: object };
+      await again.driver.beforeStart({ ...table, restore: { ...table.restore, part: Buffer.from(fetched) } } as never);
+      await again.driver.afterStart();
+      (again.driver.restored()!.state as ReturnType<typeof bigState>).model.fill(-1);
+      await settle();
+      expect(again.own.get(1)?.equals(fetched), `pad ${pad}`).toBe(true);
+    }
+  });
+});

@@ -20,7 +20,7 @@
  */
 import { LifelineError, errorMessage } from "../../errors.ts";
 import { BouncePool } from "../../mpi/bounce-pool.ts";
-import { bytesOf, decodeValue, decodeValueChunks, encodedValueChunks, encodeValue, encodeValueChunks } from "../../mpi/codec.ts";
+import { bytesOf, decodeValue, decodeValueChunks, decodeValueOwned, encodedValueChunks, encodeValue, encodeValueChunks } from "../../mpi/codec.ts";
 import type { CoordinatorToRank, PartRefWire } from "../../mpi/control.ts";
 import type { CprHook, CprHookFactory, CprWorldAccess, LibState, NondetEntry, NondetTicket, RawFrame } from "../../mpi/cpr-hook.ts";
 import { PROTO_CPR_BASE } from "../../mpi/cpr-hook.ts";
@@ -243,7 +243,12 @@ export class CoordinatedDriver implements CprHook {
   /** State serialized at the current round's checkpoint, until its part is written. */
   private saved: Saved | undefined;
   private lateBytes = 0;
-  private restoredPart: { state: unknown; global: unknown; version: number } | undefined;
+  /**
+   * What restore() gives back. `encodedGlobal`: the global, still encoded, the very bytes this
+   * rank serves to the peers whose parts name it (PROTO_CPR_GLOBAL_WANT); restored() decodes
+   * them into memory of its own (see there).
+   */
+  private restoredPart: { state: unknown; global: unknown; version: number; encodedGlobal?: Buffer } | undefined;
   private restoreTaken = false;
   private bootstrap = new Map<string, Buffer>();
   private restoring = false;
@@ -348,10 +353,12 @@ export class CoordinatedDriver implements CprHook {
           `rank ${this.access.rank}: the partner copy of its part of line ${spec.epoch} does not match the commit record (${bytes.length} bytes, expected ${spec.ref.bytes})`,
         );
       }
-      // Kept here again, so the line has two copies once more.
+      // Kept here again, so the line has two copies once more: a copy of its own, for the store
+      // writes it after init() returns, and the program's restored state views `bytes`.
+      const kept = Buffer.from(bytes);
       this.writes = this.writes
         .then(async () => {
-          await parts.putPart(spec.epoch, bytes);
+          await parts.putPart(spec.epoch, kept);
         })
         .catch((err: unknown) =>
           this.host.warn(`lifeline: rank ${this.access.rank}: could not keep the restored part of line ${spec.epoch} in its own store: ${errorMessage(err)}`),
@@ -382,7 +389,8 @@ export class CoordinatedDriver implements CprHook {
     for (const f of part.late) this.access.inject(f);
     this.restoredPart = {
       state: decodeValue(part.state),
-      global: part.global === null ? undefined : decodeValue(part.global),
+      global: undefined,
+      ...(part.global === null ? {} : { encodedGlobal: part.global }),
       version: part.epoch,
     };
     // The global comes from its writer in afterStart; this rank's own may be asked for.
@@ -764,7 +772,13 @@ export class CoordinatedDriver implements CprHook {
     this.restoreTaken = true;
     const r = this.restoredPart;
     this.restoredPart = undefined;
-    return r;
+    if (r === undefined) return undefined;
+    const { encodedGlobal, ...value } = r;
+    // A copy, never a view of the bytes served: the transport may still be reading them (init()
+    // does not wait for those sends) while the program changes its global. Made here rather than
+    // at the restore, the copy runs while the sends go on instead of before they start.
+    if (encodedGlobal !== undefined) value.global = decodeValueOwned(encodedGlobal);
+    return value;
   }
 
   bootstrapResult(key: string): { value: unknown } | undefined {

@@ -52,7 +52,7 @@
 import { LifelineError } from "../../errors.ts";
 import { BouncePool } from "../bounce-pool.ts";
 import type { AppLog, LoggedFrame } from "../channel.ts";
-import { byteLengthOf, decodeValue, encodedValueHead, encodeValue, isTypedArray } from "../codec.ts";
+import { byteLengthOf, decodeValue, decodeValueOwned, encodedValueHead, encodeValue, isTypedArray } from "../codec.ts";
 import type { CollKind } from "../coll-runner.ts";
 import * as coll from "../collectives.ts";
 import type { CoordinatorToRank } from "../control.ts";
@@ -785,7 +785,9 @@ export class RetryOneMode extends LoggedMode implements AppLog {
         for (const f of this.log[dest]!) if (f.appSeq >= minSeq) channel.resend(dest, f);
       }
       this.core.versions = v.version;
-      restored = { state: decodeValue(Buffer.from(packed.s)), global: v.global === undefined ? undefined : decodeValue(v.global), version: v.version };
+      // The global into memory of its own: this rank keeps the bytes it came as and gives them to
+      // a peer that restarts from the same checkpoint, while its program changes its global.
+      restored = { state: decodeValue(Buffer.from(packed.s)), global: v.global === undefined ? undefined : decodeValueOwned(v.global), version: v.version };
     }
     // Counted as in the run that took the checkpoint (fault coordinates: version, seqno).
     this.core.resetCollectiveCount();
@@ -794,7 +796,7 @@ export class RetryOneMode extends LoggedMode implements AppLog {
     for (let r = 0; r < this.core.size; r++) this.drainAhead(r);
     // The checkpoint's global, if no rank kept it when this rank restored: a peer gives it once
     // it reaches that checkpoint (our log went out again above: it may need it to get there).
-    if (restored !== undefined && v?.globalLater !== undefined) restored = { ...restored, global: decodeValue(await v.globalLater) };
+    if (restored !== undefined && v?.globalLater !== undefined) restored = { ...restored, global: decodeValueOwned(await v.globalLater) };
     return restored;
   }
 
