@@ -478,16 +478,18 @@ export function encodedValueChunks(buf: Buffer): Buffer[] {
 /**
  * {@link decodeValue} into memory of its own: nothing in the value shares `buf`'s memory, so the
  * caller may hand `buf` to a transport (which reads it later, in place) and the value to a
- * program (which may change it) at once. Each frame is copied once, into a block that aligns
- * any typed array, which then views its copy.
+ * program (which may change it) at once. Each frame is copied once, into memory from `alloc`
+ * (which must start each block at an offset that aligns any typed array: a block of its own),
+ * and a typed array then views its copy. `decodeValue(Buffer.from(buf))` copies a typed array
+ * twice: its bytes follow the value's head, at an offset that does not align it.
  *
  * @example
  * const mine = decodeValueOwned(served); send(encodedValueChunks(served)); (mine as Float64Array).fill(0);
  */
-export function decodeValueOwned(buf: Buffer): unknown {
+export function decodeValueOwned(buf: Buffer, alloc: (bytes: number) => Buffer = Buffer.allocUnsafeSlow): unknown {
   const [head, ...frames] = encodedValueChunks(buf);
   const copies = frames.map((f) => {
-    const own = Buffer.allocUnsafeSlow(f.length);
+    const own = alloc(f.length);
     f.copy(own);
     return own;
   });

@@ -241,4 +241,25 @@ describe("encodeValueChunks", () => {
     }
     expect(() => decodeValueOwned(encodeValue(model).subarray(0, 40))).toThrow(/truncated/);
   });
+
+  it("decodeValueOwned copies each frame once, into memory from alloc, which a typed array views", () => {
+    const model = Float64Array.from({ length: 1000 }, (_, i) => i / 7);
+    const asked: number[] = [];
+    const blocks: Buffer[] = [];
+    const alloc = (n: number): Buffer => {
+      asked.push(n);
+      const b = Buffer.allocUnsafeSlow(n);
+      blocks.push(b);
+      return b;
+    };
+    const got = decodeValueOwned(encodeValue(model), alloc) as Float64Array;
+    expect(got).toEqual(model);
+    // One block, of the array's bytes: no second copy to align them.
+    expect(asked).toEqual([model.byteLength]);
+    expect(got.buffer).toBe(blocks[0]!.buffer);
+    asked.length = 0;
+    const v = decodeValueOwned(encodeValue({ w: model, step: 2 }), alloc) as { w: Float64Array };
+    expect(asked.filter((n) => n === model.byteLength)).toHaveLength(1);
+    expect(v.w.buffer).toBe(blocks.at(-1)!.buffer);
+  });
 });

@@ -27,7 +27,7 @@
  */
 import { LifelineError } from "../../errors.ts";
 import { BouncePool } from "../bounce-pool.ts";
-import { decodeValue, encodeValue } from "../codec.ts";
+import { decodeValueOwned, encodeValue } from "../codec.ts";
 import type { CollKind } from "../coll-runner.ts";
 import type * as coll from "../collectives.ts";
 import type { CoordinatorToRank } from "../control.ts";
@@ -216,7 +216,7 @@ export class ElasticMode extends NoneMode {
     if (this.hook.changed) throw worldChanged("a bootstrap collective");
     const cached = await this.hook.bootstrap(key);
     // A copy: the cache serves every rank that joins later.
-    if (cached !== undefined) return decodeValue(Buffer.from(cached)) as R;
+    if (cached !== undefined) return decodeValueOwned(cached) as R;
     const result = await run();
     this.hook.booted(key, encodeValue(result));
     return result;
@@ -230,15 +230,10 @@ export class ElasticMode extends NoneMode {
     // Copies: the checkpoint stays kept (and may be sent to a rank that joins) while the program
     // changes its objects. Into pooled memory, already faulted in (a rollback just gave back the
     // checkpoints it undid): the copy is the program's from now on, never recycled.
-    const copy = (buf: Buffer): Buffer => {
-      if (buf.byteLength < CKPT_POOL_BYTES_MIN) return Buffer.from(buf);
-      const out = this.pool.acquire(buf.byteLength);
-      out.set(buf);
-      return out;
-    };
+    const alloc = (bytes: number): Buffer => (bytes < CKPT_POOL_BYTES_MIN ? Buffer.allocUnsafeSlow(bytes) : this.pool.acquire(bytes));
     return {
-      state: decodeValue(copy(got.state)),
-      global: got.global === undefined ? undefined : decodeValue(copy(got.global)),
+      state: decodeValueOwned(got.state, alloc),
+      global: got.global === undefined ? undefined : decodeValueOwned(got.global, alloc),
       version: got.version,
     };
   }

@@ -52,7 +52,7 @@
 import { LifelineError } from "../../errors.ts";
 import { BouncePool } from "../bounce-pool.ts";
 import type { AppLog, LoggedFrame } from "../channel.ts";
-import { byteLengthOf, decodeValue, decodeValueOwned, encodedValueHead, encodeValue, isTypedArray } from "../codec.ts";
+import { byteLengthOf, decodeValueOwned, encodedValueHead, encodeValue, isTypedArray } from "../codec.ts";
 import type { CollKind } from "../coll-runner.ts";
 import * as coll from "../collectives.ts";
 import type { CoordinatorToRank } from "../control.ts";
@@ -640,7 +640,7 @@ export class RetryOneMode extends LoggedMode implements AppLog {
         if (failure !== undefined) throw failure;
         // A copy: the buffer's result may be served again (to another restarted peer), so the
         // program must not get a view of it that it could change.
-        if ("result" in d) return decodeValue(Buffer.from(d.result)) as R;
+        if ("result" in d) return decodeValueOwned(d.result) as R;
         const { wireSeq, viewId, purgeBelow } = d.run;
         runner.colls.restoreNextSeq(wireSeq);
         runner.colls.purge((a) => a.header.epoch === viewId && a.header.collSeq >= purgeBelow);
@@ -787,7 +787,7 @@ export class RetryOneMode extends LoggedMode implements AppLog {
       this.core.versions = v.version;
       // The global into memory of its own: this rank keeps the bytes it came as and gives them to
       // a peer that restarts from the same checkpoint, while its program changes its global.
-      restored = { state: decodeValue(Buffer.from(packed.s)), global: v.global === undefined ? undefined : decodeValueOwned(v.global), version: v.version };
+      restored = { state: decodeValueOwned(packed.s), global: v.global === undefined ? undefined : decodeValueOwned(v.global), version: v.version };
     }
     // Counted as in the run that took the checkpoint (fault coordinates: version, seqno).
     this.core.resetCollectiveCount();
