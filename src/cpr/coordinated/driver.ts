@@ -783,7 +783,9 @@ export class CoordinatedDriver implements CprHook {
 
   bootstrapResult(key: string): { value: unknown } | undefined {
     const b = this.bootstrap.get(key);
-    return b === undefined ? undefined : { value: decodeValue(b) };
+    // Memory of its own: the kept bytes go into every later checkpoint while the program may
+    // change what it got.
+    return b === undefined ? undefined : { value: decodeValueOwned(b) };
   }
 
   nondet(kind: NondetEntry["k"]): NondetTicket {
