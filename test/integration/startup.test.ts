@@ -46,7 +46,9 @@ describe("a rank frozen before it joins", () => {
           np: 3,
           program: c.program,
           args: c.args,
-          flags: ["--mode", c.mode, "--start-timeout", "3s", ...c.flags],
+          // Healthy ranks join 1.5 s (the fixture's wait) plus Node's start-up after they spawn:
+          // 2.3-3.1 s on a slow machine under a test run's load, so 3 s was too tight.
+          flags: ["--mode", c.mode, "--start-timeout", "6s", ...c.flags],
           dir: runs.path,
           name: c.mode,
           timeoutMs: TIMEOUT_MS,
@@ -69,12 +71,12 @@ describe("a rank frozen before it joins", () => {
           .map((l) => JSON.parse(l) as Record<string, unknown>);
         expect(failed).toEqual([expect.objectContaining({ rank: 1, pid: stoppedPid })]);
         expect(failed[0]!.reason).toMatch(
-          /^did not join the job within \d+ ms of starting \(--start-timeout 3000 ms\): still loading, stuck or frozen before init\(\), killed$/,
+          /^did not join the job within \d+ ms of starting \(--start-timeout 6000 ms\): still loading, stuck or frozen before init\(\), killed$/,
         );
         expect(o.doc!.ranks).toEqual(ref.doc!.ranks);
         expect(o.doc!.restarts).toBe(1);
         // Recovered by the start-up deadline, not by the 30 s rendezvous timeout.
-        expect(wallMs).toBeLessThan(20_000);
+        expect(wallMs).toBeLessThan(25_000);
         expect(o.stderr).not.toContain("LAUNCH_RENDEZVOUS");
       },
       3 * TIMEOUT_MS,
