@@ -493,7 +493,7 @@ export function decodeValueOwned(buf: Buffer, alloc: (bytes: number) => Buffer =
     f.copy(own);
     return own;
   });
-  return decodeValueChunks([head!, ...copies]);
+  return decodeBody(head![0] as Encoding, head![1]!, copies);
 }
 
 /**

@@ -15,6 +15,7 @@ import {
 } from "../../src/mpi/codec.ts";
 import { isLifelineError } from "../../src/errors.ts";
 import { Encoding } from "../../src/mpi/wire.ts";
+import { arrayViewsIn } from "./array-views.ts";
 
 const roundTrip = (v: unknown): unknown => {
   const body = encodeBody(v, { copy: true });
@@ -222,8 +223,6 @@ describe("encodeValueChunks", () => {
   it("decodeValueOwned: the same value as decodeValue, sharing no memory with the bytes, at every offset", () => {
     const model = Float64Array.from({ length: 1000 }, (_, i) => i / 7);
     const values: unknown[] = [undefined, "text", model, new Uint8Array([1, 2, 3]), { step: 4, w: model, b: Buffer.from("xy"), tags: ["a"] }];
-    const arrays = (v: unknown): ArrayBufferView[] =>
-      ArrayBuffer.isView(v) ? [v] : typeof v === "object" && v !== null ? Object.values(v).flatMap(arrays) : [];
     for (const v of values) {
       const enc = encodeValue(v);
       // At each offset in a larger buffer, where decodeValue views an array whose start is aligned.
@@ -233,9 +232,9 @@ describe("encodeValueChunks", () => {
         const bytes = within.subarray(at);
         const got = decodeValueOwned(bytes);
         expect(got).toEqual(decodeValue(bytes));
-        for (const a of arrays(got)) expect(a.buffer === within.buffer, `offset ${at}`).toBe(false);
+        for (const a of arrayViewsIn(got)) expect(a.buffer === within.buffer, `offset ${at}`).toBe(false);
         const before = Buffer.from(bytes);
-        for (const a of arrays(got)) new Uint8Array(a.buffer, a.byteOffset, a.byteLength).fill(0xff);
+        for (const a of arrayViewsIn(got)) new Uint8Array(a.buffer, a.byteOffset, a.byteLength).fill(0xff);
         expect(bytes.equals(before)).toBe(true);
       }
     }

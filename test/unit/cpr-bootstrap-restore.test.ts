@@ -5,6 +5,7 @@
  */
 import { describe, expect, it } from "vitest";
 import { encodeValue } from "../../src/mpi/codec.ts";
+import { arrayViewsIn } from "./array-views.ts";
 import { fakeRank } from "./cpr-driver-fakes.ts";
 
 describe("a bootstrap result after a restore", () => {
@@ -20,11 +21,10 @@ describe("a bootstrap result after a restore", () => {
     r.own.set(1, encodeValue({ v: 1, epoch: 1, state: encodeValue({ step: 4 }), global: null, lib, early: [], late: [], nondet: [] }));
     await r.driver.beforeStart(r.restoreTable(1));
     await r.driver.afterStart();
-    const views = (v: unknown): ArrayBufferView[] => (ArrayBuffer.isView(v) ? [v] : typeof v === "object" && v !== null ? Object.values(v).flatMap(views) : []);
     for (const [key, kept] of results) {
       const got = r.driver.bootstrapResult(key)!.value;
       expect(got).toEqual(kept);
-      for (const a of views(got)) new Uint8Array(a.buffer, a.byteOffset, a.byteLength).fill(0xee);
+      for (const a of arrayViewsIn(got)) new Uint8Array(a.buffer, a.byteOffset, a.byteLength).fill(0xee);
       expect(r.driver.bootstrapResult(key)!.value, key).toEqual(kept);
     }
   });
